@@ -1,0 +1,158 @@
+"""The job: its status enum, its record in Redis and the public job object of HTTP API v1."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import secrets
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class JobStatus(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED})
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+
+
+def new_job_id() -> str:
+    """``job_`` + 128 random bits in lower-case base32 (26 characters): unguessable, URL- and key-safe."""
+    return "job_" + base64.b32encode(secrets.token_bytes(16)).decode().rstrip("=").lower()
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def request_digest(request: dict[str, Any]) -> str:
+    """SHA-256 of the canonical request: the same idempotency key with another request is a conflict."""
+    return hashlib.sha256(canonical_json(request).encode()).hexdigest()
+
+
+def idempotency_digest(key: str) -> str:
+    """The client's idempotency key is hashed so any string (spaces, colons, unicode) makes a safe key name."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What a client submits (POST /v1/jobs), already validated."""
+
+    body: dict[str, Any]
+    url: str = "/v1/chat/completions"
+    metadata: dict[str, str] = field(default_factory=dict)
+    timeout_s: int | None = None
+    ttl_s: int | None = None
+    webhook_url: str | None = None
+    idempotency_key: str | None = None
+    traceparent: str | None = None
+
+    def digest(self) -> str:
+        return request_digest(
+            {
+                "body": self.body,
+                "url": self.url,
+                "metadata": self.metadata,
+                "timeout_s": self.timeout_s,
+                "ttl_s": self.ttl_s,
+                "webhook_url": self.webhook_url,
+            }
+        )
+
+
+def _seconds(ms: str | None) -> float | None:
+    if ms in (None, ""):
+        return None
+    return int(ms) / 1000.0  # type: ignore[arg-type]
+
+
+def _json(raw: str | None) -> Any:
+    if raw in (None, ""):
+        return None
+    return json.loads(raw)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as stored in ``inferq:{Q}:job:<id>``."""
+
+    id: str
+    tenant: str
+    status: JobStatus
+    url: str
+    body: dict[str, Any]
+    attempts: int
+    deliveries: int
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    dead_lettered: bool = False
+    cancel_requested: bool = False
+    metadata: dict[str, str] = field(default_factory=dict)
+    timeout_s: int | None = None
+    ttl_s: int | None = None
+    webhook_url: str | None = None
+    traceparent: str | None = None
+    entry: str | None = None
+
+    @classmethod
+    def from_hash(cls, record: dict[str, str]) -> Job:
+        return cls(
+            id=record["id"],
+            tenant=record["tenant"],
+            status=JobStatus(record["status"]),
+            url=record.get("url") or ENDPOINTS[0],
+            body=_json(record.get("body")) or {},
+            attempts=int(record.get("attempts") or 1),
+            deliveries=int(record.get("deliveries") or 0),
+            created_at=_seconds(record.get("created_at")) or 0.0,
+            started_at=_seconds(record.get("started_at")),
+            finished_at=_seconds(record.get("finished_at")),
+            result=_json(record.get("result")),
+            error=_json(record.get("error")),
+            dead_lettered=record.get("dead_lettered") == "1",
+            cancel_requested=record.get("cancel") == "1",
+            metadata=_json(record.get("metadata")) or {},
+            timeout_s=int(record["timeout_s"]) if record.get("timeout_s") else None,
+            ttl_s=int(record["ttl_s"]) if record.get("ttl_s") else None,
+            webhook_url=record.get("webhook_url") or None,
+            traceparent=record.get("trace") or None,
+            entry=record.get("entry") or None,
+        )
+
+    def to_api(self) -> dict[str, Any]:
+        """The job object of HTTP API v1 (DESIGN.md section 3)."""
+        return {
+            "id": self.id,
+            "object": "job",
+            "status": self.status.value,
+            "url": self.url,
+            "attempts": self.attempts,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "result": self.result,
+            "error": self.error,
+            "dead_lettered": self.dead_lettered,
+            "metadata": self.metadata,
+        }
+
+
+def error(type_: str, message: str) -> dict[str, str]:
+    return {"type": type_, "message": message}

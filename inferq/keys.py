@@ -1,0 +1,71 @@
+"""Every Redis key name of a queue, in one place (DESIGN.md section 4).
+
+All keys of queue ``Q`` start with ``inferq:{Q}:``: the hash tag puts one queue in one cluster slot, so every
+script touches a single slot and runs on ElastiCache Serverless (always cluster mode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GROUP = "workers"
+"""The consumer group every worker reads through."""
+
+WEBHOOK_GROUP = "webhooks"
+"""The consumer group that delivers webhooks from the terminal events stream."""
+
+
+@dataclass(frozen=True)
+class Keys:
+    queue: str
+
+    @property
+    def prefix(self) -> str:
+        return f"inferq:{{{self.queue}}}:"
+
+    @property
+    def stream(self) -> str:
+        return self.prefix + "stream"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.prefix}job:{job_id}"
+
+    def idem(self, tenant: str, digest: str) -> str:
+        return f"{self.prefix}idem:{tenant}:{digest}"
+
+    def done(self, job_id: str) -> str:
+        """A one-element list pushed when the job turns terminal: long-poll waiters block on it (BLMOVE)."""
+        return f"{self.prefix}done:{job_id}"
+
+    @property
+    def dlq(self) -> str:
+        return self.prefix + "dlq"
+
+    @property
+    def delayed(self) -> str:
+        return self.prefix + "delayed"
+
+    @property
+    def events(self) -> str:
+        return self.prefix + "events"
+
+    @property
+    def stats(self) -> str:
+        return self.prefix + "stats"
+
+    @property
+    def workers(self) -> str:
+        return self.prefix + "workers"
+
+    @property
+    def scale(self) -> str:
+        return self.prefix + "scale"
+
+    @property
+    def wake(self) -> str:
+        """``SET NX EX`` guard that rate-limits wake-on-enqueue calls to the scaler."""
+        return self.prefix + "wake"
+
+    @property
+    def mock_calls(self) -> str:
+        return self.prefix + "mock:calls"

@@ -1,0 +1,125 @@
+"""Loads the Lua scripts of ``inferq/scripts/`` once and calls them by SHA.
+
+Each script's header declares its keys (``KEYS[i]``, ``KEYS[i..n]`` for a variable tail, ``(optional)`` for a
+key that may be left out); every call is checked against it, so a caller can never pass the wrong keys.
+``--- @include "name"`` pulls in ``scripts/includes/name.lua`` (one ``local function`` per file, after BullMQ).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from enum import IntEnum
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+SCRIPTS_DIR = Path(__file__).parent / "scripts"
+_INCLUDE = re.compile(r'^--- @include "([A-Za-z]+)"\s*$', re.MULTILINE)
+_KEY = re.compile(r"^\s*KEYS\[(\d+)(\.\.n)?\][^\n]*?(\(optional\))?\s*$", re.MULTILINE)
+
+NAMES = ("enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive", "observe")
+
+
+class Code(IntEnum):
+    """The small negative codes scripts return on failure."""
+
+    NOT_FOUND = -1
+    CONFLICT = -2
+    QUEUE_FULL = -3
+    TERMINAL = -4
+    STALE = -5
+    NOT_DEAD_LETTERED = -6
+    ENDED = -7
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str
+    source: str
+    sha: str
+    min_keys: int
+    max_keys: int | None  # None: any number from min_keys up
+
+    def check_keys(self, keys: list[str]) -> None:
+        n = len(keys)
+        if n < self.min_keys or (self.max_keys is not None and n > self.max_keys):
+            bound = "or more" if self.max_keys is None else f"to {self.max_keys}"
+            raise TypeError(f"script {self.name} takes {self.min_keys} {bound} keys, got {n}")
+
+
+def _expand(source: str, seen: frozenset[str] = frozenset()) -> str:
+    def include(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name in seen:
+            return ""
+        return _expand((SCRIPTS_DIR / "includes" / f"{name}.lua").read_text(), seen | {name})
+
+    return _INCLUDE.sub(include, source)
+
+
+@cache
+def load(name: str) -> Script:
+    raw = (SCRIPTS_DIR / f"{name}.lua").read_text()
+    header = raw.split("]]", 1)[0]
+    required = optional = 0
+    variadic = False
+    for index, tail, opt in _KEY.findall(header):
+        if tail:
+            variadic = True
+        elif opt:
+            optional += 1
+        else:
+            required = max(required, int(index))
+    if not required:
+        raise ValueError(f"script {name} declares no KEYS in its header")
+    source = _expand(raw)
+    sha = hashlib.sha1(source.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA-1
+    return Script(name, source, sha, required, None if variadic else required + optional)
+
+
+def all_scripts() -> list[Script]:
+    return [load(name) for name in NAMES]
+
+
+class Scripts:
+    """Calls scripts on one client (standalone or cluster) by SHA, loading them again after a server restart."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def load_all(self) -> None:
+        for script in all_scripts():
+            await self.client.script_load(script.source)
+
+    async def __call__(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        script = load(name)
+        script.check_keys(keys)
+        try:
+            return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await self.client.script_load(script.source)
+            return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+
+    async def many(self, calls: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
+        """Run many script calls in one round trip (a non-transactional pipeline); each stays atomic alone."""
+        if not calls:
+            return []
+        if len(calls) == 1:
+            name, keys, args = calls[0]
+            return [await self(name, keys, args)]
+        pipe = self.client.pipeline(transaction=False)
+        for name, keys, args in calls:
+            script = load(name)
+            script.check_keys(keys)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        results = list(await pipe.execute(raise_on_error=False))
+        for i, result in enumerate(results):
+            if isinstance(result, NoScriptError):
+                results[i] = await self(*calls[i])
+            elif isinstance(result, Exception):
+                raise result
+        return results

@@ -1,0 +1,50 @@
+--[[
+  Cancel a job for its tenant. Queued (in the stream or waiting out a backoff): cancelled at once, its entry
+  removed. Running: cancellation is requested; the worker holding it sees the flag on its next lease renewal,
+  aborts the backend call and finishes it cancelled (or a reclaiming worker ends it, if that worker died).
+
+  KEYS[1] stream
+  KEYS[2] stats
+  KEYS[3] events
+  KEYS[4] delayed
+  KEYS[5] job record
+  KEYS[6] done (long-poll wakeup)
+
+  ARGV[1] tenant
+  ARGV[2] now (ms)
+  ARGV[3] result TTL (s)
+  ARGV[4] events max length
+
+  Returns
+    {0}            cancelled now
+    {1}            running: cancellation requested
+    -1 NOT_FOUND   unknown, or another tenant's
+    -4 TERMINAL    {-4, status}
+]]
+local rcall = redis.call
+local streamKey, statsKey, eventsKey, delayedKey, jobKey, doneKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local tenant, now, resultTtl, eventsMaxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+--- @include "ackEntry"
+--- @include "isTerminal"
+--- @include "terminate"
+
+local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'tenant')
+local jobId, status, entry, owner = job[1], job[2], job[3], job[4]
+if not jobId or owner ~= tenant then
+  return {-1}
+end
+if TERMINAL[status] then
+  return {-4, status}
+end
+if status == 'running' then
+  rcall('HSET', jobKey, 'cancel', '1')
+  return {1}
+end
+if entry and entry ~= '' then
+  ackEntry(streamKey, entry)
+end
+rcall('ZREM', delayedKey, jobId)
+terminate(jobKey, doneKey, statsKey, eventsKey, jobId, 'cancelled', now, resultTtl, eventsMaxlen,
+  {'error', '{"type":"cancelled","message":"the job was cancelled before it ran"}'})
+return {0}

@@ -1,0 +1,1 @@
+local TERMINAL = {succeeded = true, failed = true, cancelled = true, expired = true}

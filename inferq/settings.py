@@ -1,0 +1,222 @@
+"""Settings: every ``INFERQ_*`` variable of DESIGN.md section 8, read once and validated.
+
+A bad value raises :class:`SettingsError` naming the variable; entry points turn it into a one-line message and
+exit status 2, so a misconfigured process stops at start instead of misbehaving later.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+from urllib.parse import urlparse
+
+PREFIX = "INFERQ_"
+
+
+class SettingsError(ValueError):
+    """A configuration variable has a value the process cannot run with."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        super().__init__(f"{variable}: {problem}")
+        self.variable = variable
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> Callable[[str, str], int]:
+    def parse(name: str, raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise SettingsError(name, f"must be an integer, got {raw!r}") from None
+        if lo is not None and value < lo:
+            raise SettingsError(name, f"must be >= {lo}, got {value}")
+        if hi is not None and value > hi:
+            raise SettingsError(name, f"must be <= {hi}, got {value}")
+        return value
+
+    return parse
+
+
+def _float(lo: float | None = None) -> Callable[[str, str], float]:
+    def parse(name: str, raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise SettingsError(name, f"must be a number, got {raw!r}") from None
+        if value != value or (lo is not None and value < lo):
+            raise SettingsError(name, f"must be >= {lo}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def _bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off", ""}:
+        return False
+    raise SettingsError(name, f"must be true or false, got {raw!r}")
+
+
+def _str(name: str, raw: str) -> str:
+    return raw.strip()
+
+
+def _optional_str(name: str, raw: str) -> str | None:
+    return raw.strip() or None
+
+
+_QUEUE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _queue(name: str, raw: str) -> str:
+    value = raw.strip()
+    if not _QUEUE_RE.match(value):
+        raise SettingsError(name, f"must be 1-64 characters of letters, digits, '_', '.', '-', got {raw!r}")
+    return value
+
+
+def _redis_url(name: str, raw: str) -> str:
+    value = raw.strip()
+    parsed = urlparse(value)
+    if parsed.scheme not in {"redis", "rediss", "unix"}:
+        raise SettingsError(name, f"must be a redis://, rediss:// or unix:// URL, got scheme {parsed.scheme!r}")
+    if parsed.scheme != "unix" and not parsed.hostname:
+        raise SettingsError(name, "has no host")
+    return value
+
+
+def _http_url(name: str, raw: str) -> str:
+    value = raw.strip().rstrip("/")
+    parsed = urlparse(value)
+    if parsed.scheme not in {"http", "https"} or not parsed.hostname:
+        raise SettingsError(name, f"must be an http(s) URL, got {raw!r}")
+    return value
+
+
+_TENANT_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _api_keys(name: str, raw: str) -> dict[str, str] | None:
+    """``tenant:key,tenant:key`` -> {key: tenant}. Development only: production keys live in Secrets Manager."""
+    value = raw.strip()
+    if not value:
+        return None
+    keys: dict[str, str] = {}
+    for pair in value.split(","):
+        tenant, sep, key = pair.strip().partition(":")
+        if not sep or not tenant or not key:
+            raise SettingsError(name, "must be 'tenant:key,tenant:key' (a pair is missing its ':')")
+        if not _TENANT_RE.match(tenant):
+            raise SettingsError(name, f"tenant {tenant!r} must be 1-64 letters, digits, '_', '.', '-'")
+        if len(key) < 8:
+            raise SettingsError(name, f"the key of tenant {tenant!r} is shorter than 8 characters")
+        keys[key] = tenant
+    return keys
+
+
+def _backend(name: str, raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in {"mock", "openai", "vllm"}:
+        raise SettingsError(name, f"must be one of mock, openai, vllm; got {raw!r}")
+    return value
+
+
+def _log_level(name: str, raw: str) -> str:
+    value = raw.strip().upper()
+    if value not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+        raise SettingsError(name, f"must be a log level (DEBUG, INFO, WARNING, ERROR), got {raw!r}")
+    return value
+
+
+def _setting(default: Any, parse: Callable[[str, str], Any]) -> Any:
+    return field(default=default, metadata={"parse": parse})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All of inferq's configuration. Field ``x`` is read from ``INFERQ_X``."""
+
+    redis_url: str = _setting("redis://127.0.0.1:6379/0", _redis_url)
+    redis_timeout_s: float = _setting(2.0, _float(0.05))
+    queue: str = _setting("default", _queue)
+    api_keys: dict[str, str] | None = _setting(None, _api_keys)
+    api_keys_secret: str | None = _setting(None, _optional_str)
+    api_keys_cache_s: int = _setting(300, _int(0))
+    claim_idle_ms: int = _setting(30000, _int(100))
+    max_attempts: int = _setting(3, _int(1, 100))
+    max_deliveries: int = _setting(5, _int(1, 1000))
+    job_timeout_s: int = _setting(600, _int(1, 3600))
+    max_queue_depth: int = _setting(10000, _int(0))
+    max_body_bytes: int = _setting(262144, _int(1024))
+    result_ttl_s: int = _setting(86400, _int(1))
+    window: int = _setting(8, _int(1, 4096))
+    drain_s: int = _setting(25, _int(0, 3600))
+    backend: str = _setting("mock", _backend)
+    openai_base_url: str = _setting("http://127.0.0.1:8000", _http_url)
+    openai_api_key: str | None = _setting(None, _optional_str)
+    vllm_model: str | None = _setting(None, _optional_str)
+    metrics_port: int = _setting(9100, _int(0, 65535))
+    retry_base_ms: int = _setting(1000, _int(0))
+    retry_max_ms: int = _setting(60000, _int(0))
+    scale_min: int = _setting(0, _int(0, 10000))
+    scale_max: int = _setting(4, _int(0, 10000))
+    scale_target_per_worker: int | None = _setting(None, _int(1))
+    scale_down_cooldown_s: int = _setting(120, _int(0))
+    scale_to_zero_after_s: int = _setting(300, _int(0))
+    scaler_interval_s: float = _setting(60.0, _float(0.1))
+    scaler_function: str | None = _setting(None, _optional_str)
+    ecs_cluster: str | None = _setting(None, _optional_str)
+    ecs_service: str | None = _setting(None, _optional_str)
+    webhook_secret: str | None = _setting(None, _optional_str)
+    webhook_max_age_s: int = _setting(3600, _int(1))
+    events_maxlen: int = _setting(100000, _int(100))
+    worker_id: str | None = _setting(None, _optional_str)
+    log_level: str = _setting("INFO", _log_level)
+    log_payloads: bool = _setting(False, _bool)
+
+    def __post_init__(self) -> None:
+        if self.scale_min > self.scale_max:
+            raise SettingsError("INFERQ_SCALE_MIN", f"({self.scale_min}) must be <= INFERQ_SCALE_MAX ({self.scale_max})")
+        if self.retry_max_ms < self.retry_base_ms:
+            raise SettingsError("INFERQ_RETRY_MAX_MS", "must be >= INFERQ_RETRY_BASE_MS")
+
+    @property
+    def target_per_worker(self) -> int:
+        """Jobs one worker should carry; defaults to the window (DESIGN.md section 8)."""
+        return self.scale_target_per_worker or self.window
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            name = PREFIX + f.name.upper()
+            raw = env.get(name)
+            if raw is not None:
+                values[f.name] = f.metadata["parse"](name, raw)
+        values.update(overrides)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Settings:
+        current = {f.name: getattr(self, f.name) for f in fields(self)}
+        current.update(changes)
+        return Settings(**current)
+
+    @staticmethod
+    def variable(field_name: str) -> str:
+        return PREFIX + field_name.upper()
+
+
+def load_or_exit(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Read the settings for a process's ``main``; a bad value prints one line naming the variable and exits 2."""
+    try:
+        return Settings.from_env(environ, **overrides)
+    except SettingsError as exc:
+        import sys
+
+        print(f"inferq: invalid configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

