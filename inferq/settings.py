@@ -169,6 +169,7 @@ class Settings:
     scale_to_zero_after_s: int = _setting(300, _int(0))
     scaler_interval_s: float = _setting(60.0, _float(0.1))
     scaler_function: str | None = _setting(None, _optional_str)
+    scaler_wake_url: str | None = _setting(None, _optional_str)
     ecs_cluster: str | None = _setting(None, _optional_str)
     ecs_service: str | None = _setting(None, _optional_str)
     webhook_secret: str | None = _setting(None, _optional_str)
