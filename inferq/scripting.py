@@ -115,7 +115,7 @@ class Scripts:
         for name, keys, args in calls:
             script = load(name)
             script.check_keys(keys)
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
         results = list(await pipe.execute(raise_on_error=False))
         for i, result in enumerate(results):
             if isinstance(result, NoScriptError):

@@ -1,0 +1,166 @@
+"""Random interleavings of every transition across several simulated consumers, against a real Valkey.
+
+After every step: each job has exactly one status; ``unfinished`` equals the number of non-terminal jobs; a
+non-terminal job has exactly one live place (stream entry, pending or not, or the delayed set) and a terminal one
+none; a terminal status never changes; and a terminal job is never handed to the model again.
+Leases expire at once here (claim-idle 0), so every reclaim steals from a live consumer: the hardest case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections import Counter
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from emulator.valkey import ValkeyProcess
+from inferq.jobs import JobRequest, JobStatus
+from inferq.queue import Delivery, JobNotFound, JobTerminal, Queue, QueueFull, now_ms
+from inferq.settings import Settings
+
+CONSUMERS = ("c1", "c2", "c3")
+EXAMPLES = int(os.environ.get("INFERQ_STATEFUL_EXAMPLES", "1000"))
+
+
+class QueueMachine(RuleBasedStateMachine):
+    server: ValkeyProcess  # set by the test below
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        config = Settings(redis_url=self.server.url, queue="sm" + uuid.uuid4().hex[:10], claim_idle_ms=0,
+                          max_attempts=2, max_deliveries=3, max_queue_depth=12)
+        self.q = Queue.connect(config)
+        self.run(self.q.ensure_groups())
+        self.jobs: list[str] = []
+        self.held: dict[str, list[Delivery]] = {c: [] for c in CONSUMERS}
+        self.final: dict[str, str] = {}  # job -> terminal status once seen
+        self.clock = now_ms()
+
+    def run(self, awaitable: Any) -> Any:
+        return self.loop.run_until_complete(awaitable)
+
+    def teardown(self) -> None:
+        self.run(self.q.redis.delete(*(self.q.keys.job(j) for j in self.jobs), self.q.keys.stream,
+                                     self.q.keys.delayed, self.q.keys.stats, self.q.keys.dlq, self.q.keys.events))
+        self.run(self.q.close())
+        self.loop.close()
+
+    def _take(self, consumer: str, deliveries: list[Delivery]) -> None:
+        for d in deliveries:
+            assert d.job.id not in self.final, f"terminal job {d.job.id} handed to the model again"
+        self.held[consumer].extend(deliveries)
+
+    def _pop(self, index: int) -> Delivery | None:
+        """Any held delivery, whichever consumer holds it (several may hold one entry after a reclaim)."""
+        holders = [c for c in CONSUMERS if self.held[c]]
+        if not holders:
+            return None
+        held = self.held[holders[index % len(holders)]]
+        return held.pop(index % len(held))
+
+    def holding(self) -> bool:
+        return any(self.held.values())
+
+    # ------------------------------------------------------------ rules
+
+    @rule(idem=st.sampled_from([None, "a", "b"]), tenant=st.sampled_from(["t1", "t2"]))
+    def enqueue(self, idem: str | None, tenant: str) -> None:
+        try:
+            job, replayed = self.run(self.q.enqueue(tenant, JobRequest(body={"p": 1}, idempotency_key=idem)))
+        except QueueFull:
+            return
+        if not replayed:
+            self.jobs.append(job.id)
+
+    @rule(consumer=st.sampled_from(CONSUMERS), count=st.integers(1, 3))
+    def read(self, consumer: str, count: int) -> None:
+        self._take(consumer, self.run(self.q.read(consumer, count))[0])
+
+    @rule(consumer=st.sampled_from(CONSUMERS), count=st.integers(1, 3))
+    def reclaim(self, consumer: str, count: int) -> None:
+        self._take(consumer, self.run(self.q.reclaim(consumer, count))[0])
+
+    @precondition(holding)
+    @rule(index=st.integers(0, 5), status=st.sampled_from([JobStatus.SUCCEEDED, JobStatus.FAILED]))
+    def finish(self, index: int, status: JobStatus) -> None:
+        if d := self._pop(index):
+            self.run(self.q.finish(d, status, result={"ok": True} if status is JobStatus.SUCCEEDED else None,
+                                   error=None if status is JobStatus.SUCCEEDED else {"type": "x", "message": "y"}))
+
+    @precondition(holding)
+    @rule(index=st.integers(0, 5), delay=st.sampled_from([0, 0, 5_000]))
+    def fail_and_retry(self, index: int, delay: int) -> None:
+        if d := self._pop(index):
+            self.run(self.q.retry(d, delay_ms=delay, error={"type": "timeout", "message": "t"}, now=self.clock))
+
+    @precondition(holding)
+    @rule(index=st.integers(0, 5))
+    def release(self, index: int) -> None:
+        if d := self._pop(index):
+            self.run(self.q.release(d))
+
+    @rule(consumer=st.sampled_from(CONSUMERS))
+    def crash(self, consumer: str) -> None:
+        self.held[consumer].clear()  # its entries stay pending until someone reclaims them
+
+    @rule(consumer=st.sampled_from(CONSUMERS))
+    def renew(self, consumer: str) -> None:
+        self.run(self.q.renew(consumer, self.held[consumer]))
+
+    @precondition(lambda self: self.jobs)
+    @rule(index=st.integers(0, 50), tenant=st.sampled_from(["t1", "t2"]))
+    def cancel(self, index: int, tenant: str) -> None:
+        try:
+            self.run(self.q.cancel(tenant, self.jobs[index % len(self.jobs)]))
+        except (JobNotFound, JobTerminal):
+            pass
+
+    @rule()
+    def promote(self) -> None:
+        self.clock += 10_000
+        self.run(self.q.promote(now=self.clock))
+
+    # ------------------------------------------------------------ invariants
+
+    @invariant()
+    def every_job_has_one_status_one_place_and_counters_agree(self) -> None:
+        if not self.jobs:
+            return
+        records = self.run(self._records())
+        entries = Counter(f["job"] for _, f in self.run(self.q.redis.xrange(self.q.keys.stream)))
+        delayed = set(self.run(self.q.redis.zrange(self.q.keys.delayed, 0, -1)))
+        open_jobs = 0
+        for job_id, record in zip(self.jobs, records, strict=True):
+            status = JobStatus(record["status"])
+            places = entries[job_id] + (job_id in delayed)
+            if status.terminal:
+                assert places == 0, f"terminal {job_id} still has {places} live places"
+                previous = self.final.setdefault(job_id, status.value)
+                assert previous == status.value, f"{job_id} went from {previous} to {status.value}"
+            else:
+                open_jobs += 1
+                assert places == 1, f"{status.value} {job_id} has {places} live places"
+                if record.get("entry"):
+                    assert entries[job_id] == 1 and job_id not in delayed
+        unfinished = int(self.run(self.q.redis.hget(self.q.keys.stats, "unfinished")) or 0)
+        assert unfinished == open_jobs
+
+    async def _records(self) -> list[dict[str, str]]:
+        pipe = self.q.redis.pipeline(transaction=False)
+        for job_id in self.jobs:
+            pipe.hgetall(self.q.keys.job(job_id))
+        return list(await pipe.execute())
+
+
+def test_random_interleavings_keep_every_invariant(valkey: ValkeyProcess) -> None:
+    QueueMachine.server = valkey
+    from hypothesis.stateful import run_state_machine_as_test
+
+    run_state_machine_as_test(QueueMachine, settings=settings(
+        max_examples=EXAMPLES, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)))

@@ -1,0 +1,391 @@
+"""Every transition script and error code, against a real Valkey: standalone and in cluster mode (one node owning
+all slots), which proves each script touches one hash slot only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from emulator.valkey import ValkeyProcess
+from inferq.jobs import JobRequest, JobStatus
+from inferq.keys import GROUP
+from inferq.queue import (
+    IdempotencyConflict,
+    JobNotFound,
+    JobTerminal,
+    Lease,
+    NotDeadLettered,
+    Outcome,
+    Queue,
+    QueueFull,
+    now_ms,
+)
+from inferq.scripting import all_scripts, load
+from inferq.settings import Settings
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+async def q(request: pytest.FixtureRequest, queue_name: str) -> AsyncIterator[Queue]:
+    server: ValkeyProcess = request.getfixturevalue("valkey" if request.param == "standalone" else "valkey_cluster")
+    settings = Settings(redis_url=server.url, queue=queue_name, max_attempts=3, max_deliveries=2, claim_idle_ms=0)
+    queue = Queue.connect(settings)
+    await queue.ensure_groups()
+    yield queue
+    await queue.close()
+
+
+def req(**kw: object) -> JobRequest:
+    return JobRequest(body=dict(CHAT), **kw)  # type: ignore[arg-type]
+
+
+async def live_entries(q: Queue, job_id: str) -> list[str]:
+    return [e for e, f in await q.redis.xrange(q.keys.stream) if f["job"] == job_id]
+
+
+# ---------------------------------------------------------------- loading
+
+
+def test_every_script_declares_its_keys_and_loads() -> None:
+    names = {s.name for s in all_scripts()}
+    assert names == {"enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive",
+                     "observe"}
+    assert load("enqueue").min_keys == 3 and load("enqueue").max_keys == 4
+    assert load("renew").max_keys is None
+
+
+async def test_a_call_with_the_wrong_key_count_is_refused_before_reaching_redis(q: Queue) -> None:
+    with pytest.raises(TypeError, match="takes 6"):
+        await q.scripts("finish", [q.keys.stream], [])
+
+
+async def test_scripts_are_reloaded_after_the_server_forgets_them(q: Queue) -> None:
+    await q.redis.script_flush()
+    job, _ = await q.enqueue("t", req())
+    assert (await q.get(job.id)) is not None
+
+
+# ---------------------------------------------------------------- enqueue
+
+
+async def test_enqueue_writes_record_entry_and_counters_in_one_step(q: Queue) -> None:
+    job, replayed = await q.enqueue("t", req(metadata={"a": "b"}, timeout_s=5, ttl_s=60))
+    assert not replayed and job.status is JobStatus.QUEUED and job.id.startswith("job_")
+    stored = await q.get(job.id)
+    assert stored is not None and stored.metadata == {"a": "b"} and stored.timeout_s == 5
+    assert await live_entries(q, job.id) == [stored.entry]
+    assert (await q.stats())["unfinished"] == 1
+
+
+async def test_same_idempotency_key_and_request_replays_the_same_job(q: Queue) -> None:
+    first, _ = await q.enqueue("t", req(idempotency_key="k1"))
+    again, replayed = await q.enqueue("t", req(idempotency_key="k1"))
+    assert replayed and again.id == first.id
+    assert len(await live_entries(q, first.id)) == 1
+
+
+async def test_same_idempotency_key_with_another_request_is_a_conflict(q: Queue) -> None:
+    first, _ = await q.enqueue("t", req(idempotency_key="k1"))
+    with pytest.raises(IdempotencyConflict) as info:
+        await q.enqueue("t", JobRequest(body={"prompt": "other"}, idempotency_key="k1"))
+    assert info.value.job_id == first.id
+
+
+async def test_idempotency_keys_are_per_tenant(q: Queue) -> None:
+    a, _ = await q.enqueue("a", req(idempotency_key="k"))
+    b, replayed = await q.enqueue("b", req(idempotency_key="k"))
+    assert not replayed and a.id != b.id
+
+
+async def test_concurrent_identical_submits_make_exactly_one_job_and_one_entry(q: Queue) -> None:
+    results = await asyncio.gather(*(q.enqueue("t", req(idempotency_key="same")) for _ in range(20)))
+    assert len({job.id for job, _ in results}) == 1
+    assert sum(1 for _, replayed in results if not replayed) == 1
+    assert await q.redis.xlen(q.keys.stream) == 1
+
+
+async def test_depth_limit_rejects_past_max_unfinished(q: Queue) -> None:
+    q.settings = q.settings.replace(max_queue_depth=2)
+    await q.enqueue("t", req())
+    await q.enqueue("t", req())
+    with pytest.raises(QueueFull):
+        await q.enqueue("t", req())
+    assert await q.redis.xlen(q.keys.stream) == 2
+
+
+# ---------------------------------------------------------------- start / finish
+
+
+async def test_read_starts_the_job_and_returns_its_request(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req(traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01"))
+    deliveries, skipped = await q.read("w1", 10)
+    assert not skipped and len(deliveries) == 1
+    d = deliveries[0]
+    assert d.job.id == job.id and d.job.status is JobStatus.RUNNING and d.job.body == CHAT
+    assert d.job.traceparent and d.job.deliveries == 1 and d.job.started_at
+
+
+async def test_finish_is_first_writer_wins_and_counts_duplicates(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    (d,), _ = await q.read("w1", 1)
+    assert await q.finish(d, JobStatus.SUCCEEDED, result={"status_code": 200, "body": {"x": 1}}) is Outcome.WRITTEN
+    assert await q.finish(d, JobStatus.FAILED, error={"type": "x", "message": "late"}) is Outcome.DUPLICATE
+    stored = await q.get(job.id)
+    assert stored and stored.status is JobStatus.SUCCEEDED and stored.result == {"status_code": 200, "body": {"x": 1}}
+    stats = await q.stats()
+    assert stats["duplicate_results"] == 1 and stats["unfinished"] == 0 and stats["succeeded"] == 1
+    assert await q.redis.xlen(q.keys.stream) == 0  # acknowledged entries are deleted
+    assert 0 < await q.redis.ttl(q.keys.job(job.id)) <= q.settings.result_ttl_s
+    events = await q.redis.xrange(q.keys.events)
+    assert [(f["job"], f["status"]) for _, f in events] == [(job.id, "succeeded")]
+
+
+async def test_a_terminal_job_redelivered_is_acknowledged_without_running(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    (d,), _ = await q.read("w1", 1)
+    # simulate the crash window: the job ended, but its entry is still pending (another writer finished it)
+    await q.redis.hset(q.keys.job(job.id), "status", "succeeded")
+    deliveries, skipped = await q.reclaim("w2", 10)
+    assert deliveries == [] and skipped[0].status == "succeeded"
+    assert await q.redis.xlen(q.keys.stream) == 0
+
+
+async def test_start_dead_letters_past_max_deliveries(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    for consumer in ("w1", "w2"):
+        deliveries, _ = await (q.read(consumer, 1) if consumer == "w1" else q.reclaim(consumer, 1))
+        assert len(deliveries) == 1  # delivered, then "crashed" (never finished)
+    deliveries, skipped = await q.reclaim("w3", 1)
+    assert deliveries == [] and skipped[0].status == "failed"
+    stored = await q.get(job.id)
+    assert stored and stored.dead_lettered and stored.error and stored.error["type"] == "max_deliveries"
+    assert await q.redis.xlen(q.keys.dlq) == 1 and await q.redis.xlen(q.keys.stream) == 0
+
+
+async def test_start_expires_a_job_whose_ttl_passed_before_any_attempt(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req(ttl_s=1), now=now_ms() - 5000)
+    deliveries, skipped = await q.read("w1", 1)
+    assert deliveries == [] and skipped[0].status == "expired"
+    stored = await q.get(job.id)
+    assert stored and stored.status is JobStatus.EXPIRED and (await q.stats())["unfinished"] == 0
+
+
+# ---------------------------------------------------------------- retry
+
+
+async def test_retry_acks_and_re_adds_atomically(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    (d,), _ = await q.read("w1", 1)
+    assert await q.retry(d, delay_ms=0, error={"type": "timeout", "message": "t"}) is Outcome.RETRY_SCHEDULED
+    entries = await live_entries(q, job.id)
+    assert len(entries) == 1 and entries[0] != d.entry_id
+    assert (await q.redis.xpending(q.keys.stream, GROUP))["pending"] == 0
+    (d2,), _ = await q.read("w1", 1)
+    assert d2.attempt == 2 and d2.job.deliveries == 1
+
+
+async def test_retry_with_backoff_waits_in_the_delayed_set_until_promoted(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    (d,), _ = await q.read("w1", 1)
+    await q.retry(d, delay_ms=60_000, error={"type": "timeout", "message": "t"})
+    assert await live_entries(q, job.id) == []
+    assert await q.redis.zscore(q.keys.delayed, job.id)
+    assert await q.promote() == 0  # not due yet
+    assert await q.promote(now=now_ms() + 61_000) == 1
+    assert await q.promote(now=now_ms() + 61_000) == 0  # promoting twice adds nothing
+    assert len(await live_entries(q, job.id)) == 1
+
+
+async def test_retry_past_max_attempts_fails_and_dead_letters(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    for _ in range(3):
+        (d,), _ = await q.read("w1", 1)
+        outcome = await q.retry(d, delay_ms=0, error={"type": "server_error", "message": "503"})
+    assert outcome is Outcome.DEAD_LETTERED
+    stored = await q.get(job.id)
+    assert stored and stored.status is JobStatus.FAILED and stored.dead_lettered and stored.attempts == 3
+    assert stored.error == {"type": "server_error", "message": "503"}
+    assert [j.id for j in await q.dead_letters("t")] == [job.id]
+    assert await q.dead_letters("other-tenant") == []
+
+
+async def test_stale_retry_from_a_worker_that_lost_its_lease_adds_nothing(q: Queue) -> None:
+    """The crash window the original design left open: w1's lease expired, w2 reclaimed and retried the job;
+    w1's late retry must not add a second live entry."""
+    job, _ = await q.enqueue("t", req())
+    (d1,), _ = await q.read("w1", 1)
+    (d2,), _ = await q.reclaim("w2", 1)
+    assert d2.entry_id == d1.entry_id
+    assert await q.retry(d2, delay_ms=0, error={"type": "e", "message": "m"}) is Outcome.RETRY_SCHEDULED
+    assert await q.retry(d1, delay_ms=0, error={"type": "e", "message": "m"}) is Outcome.STALE
+    assert len(await live_entries(q, job.id)) == 1
+
+
+async def test_a_late_success_from_an_older_attempt_wins_and_removes_the_newer_entry(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    (d1,), _ = await q.read("w1", 1)
+    (d2,), _ = await q.reclaim("w2", 1)
+    await q.retry(d2, delay_ms=0, error={"type": "e", "message": "m"})
+    assert await q.finish(d1, JobStatus.SUCCEEDED, result={"status_code": 200, "body": {}}) is Outcome.WRITTEN
+    assert await live_entries(q, job.id) == []
+    stored = await q.get(job.id)
+    assert stored and stored.status is JobStatus.SUCCEEDED and (await q.stats())["unfinished"] == 0
+
+
+# ---------------------------------------------------------------- release / renew
+
+
+async def test_release_gives_the_job_back_without_spending_an_attempt(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    (d,), _ = await q.read("w1", 1)
+    assert await q.release(d) is Outcome.RELEASED
+    (d2,), _ = await q.read("w2", 1)
+    assert d2.job.id == job.id and d2.attempt == 1 and d2.job.deliveries == 1
+    assert await q.release(d) is Outcome.STALE
+
+
+async def test_renew_keeps_own_leases_and_reports_lost_ones(q: Queue) -> None:
+    await q.enqueue("t", req())
+    await q.enqueue("t", req())
+    held = (await q.read("w1", 2))[0]
+    await asyncio.sleep(0.05)
+    assert await q.renew("w1", held) == [Lease.HELD, Lease.HELD]
+    pending = await q.redis.xpending_range(q.keys.stream, GROUP, "-", "+", 10)
+    assert all(p["time_since_delivered"] < 50 for p in pending)
+    assert all(p["times_delivered"] == 1 for p in pending)  # renewal is not a delivery
+    (stolen,), _ = await q.reclaim("w2", 1)
+    leases = await q.renew("w1", held)
+    assert sorted(leases) == [Lease.HELD, Lease.LOST]
+    owners = {p["message_id"]: p["consumer"] for p in await q.redis.xpending_range(q.keys.stream, GROUP, "-", "+", 10)}
+    assert owners[stolen.entry_id] == "w2"  # renewal never steals back
+
+
+async def test_renew_reports_cancellation_and_terminal_jobs(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    held = (await q.read("w1", 1))[0]
+    await q.cancel("t", job.id)
+    assert await q.renew("w1", held) == [Lease.CANCEL_REQUESTED]
+    assert await q.finish(held[0], JobStatus.CANCELLED, error={"type": "cancelled", "message": "c"}) is Outcome.WRITTEN
+    assert await q.renew("w1", held) == [Lease.TERMINAL]
+
+
+# ---------------------------------------------------------------- cancel / redrive
+
+
+async def test_cancel_of_a_queued_job_is_immediate_and_removes_its_entry(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    cancelled = await q.cancel("t", job.id)
+    assert cancelled.status is JobStatus.CANCELLED and cancelled.error
+    assert await q.redis.xlen(q.keys.stream) == 0 and (await q.stats())["unfinished"] == 0
+    with pytest.raises(JobTerminal):
+        await q.cancel("t", job.id)
+
+
+async def test_cancel_of_a_delayed_job_removes_it_from_the_delayed_set(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    (d,), _ = await q.read("w1", 1)
+    await q.retry(d, delay_ms=60_000, error={"type": "e", "message": "m"})
+    await q.cancel("t", job.id)
+    assert await q.redis.zcard(q.keys.delayed) == 0
+    assert await q.promote(now=now_ms() + 120_000) == 0
+
+
+async def test_cancel_of_another_tenants_job_is_not_found(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    with pytest.raises(JobNotFound):
+        await q.cancel("intruder", job.id)
+    with pytest.raises(JobNotFound):
+        await q.cancel("t", "job_doesnotexist")
+
+
+async def test_a_cancel_requested_job_whose_worker_died_ends_cancelled_on_reclaim(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    await q.read("w1", 1)
+    await q.cancel("t", job.id)
+    deliveries, skipped = await q.reclaim("w2", 1)
+    assert deliveries == [] and skipped[0].status == "cancelled"
+    stored = await q.get(job.id)
+    assert stored and stored.status is JobStatus.CANCELLED
+
+
+async def test_redrive_re_enqueues_a_dead_lettered_job_with_attempts_reset(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    for _ in range(3):
+        (d,), _ = await q.read("w1", 1)
+        await q.retry(d, delay_ms=0, error={"type": "e", "message": "m"})
+    with pytest.raises(JobNotFound):
+        await q.redrive("intruder", job.id)
+    again = await q.redrive("t", job.id)
+    assert again.status is JobStatus.QUEUED and again.attempts == 1 and not again.dead_lettered
+    assert again.error is None and await q.redis.ttl(q.keys.job(job.id)) == -1
+    assert await q.dead_letters("t") == [] and (await q.stats())["unfinished"] == 1
+    (d,), _ = await q.read("w1", 1)
+    assert d.job.id == job.id
+    with pytest.raises(NotDeadLettered):
+        await q.redrive("t", job.id)
+
+
+# ---------------------------------------------------------------- observe / wait
+
+
+async def test_observe_reads_lag_pending_delayed_and_workers(q: Queue) -> None:
+    for _ in range(5):
+        await q.enqueue("t", req())
+    (d, *_), _ = await q.read("w1", 2)
+    await q.retry(d, delay_ms=60_000, error={"type": "e", "message": "m"})
+    await q.heartbeat("w1", 1)
+    await q.heartbeat("w-old", 3, now=now_ms() - 10 * 60_000)  # stale heartbeat: ignored
+    obs = await q.observe()
+    assert (obs.lag, obs.pending, obs.delayed, obs.unfinished) == (3, 1, 1, 5)
+    assert (obs.workers, obs.busy_workers, obs.in_flight) == (1, 1, 1)
+    assert obs.oldest_entry_ms > 0 and obs.backlog == 5
+
+
+async def test_observe_of_a_queue_that_was_never_used_is_empty(q: Queue) -> None:
+    fresh = Queue(q.redis, q.settings.replace(queue=q.settings.queue + "x"))
+    obs = await fresh.observe()
+    assert (obs.lag, obs.pending, obs.delayed, obs.unfinished, obs.workers) == (0, 0, 0, 0, 0)
+    assert obs.desired is None
+
+
+async def test_observe_of_a_stream_without_its_group_counts_everything_as_lag(q: Queue) -> None:
+    other = Queue(q.redis, q.settings.replace(queue=q.settings.queue + "g"))
+    await other.redis.xadd(other.keys.stream, {"job": "x", "attempt": "1"})
+    obs = await other.observe()
+    assert obs.group_missing and obs.lag == 1 and obs.pending == 0
+
+
+async def test_wait_returns_as_soon_as_the_job_is_terminal(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    (d,), _ = await q.read("w1", 1)
+
+    async def finish_soon() -> None:
+        await asyncio.sleep(0.2)
+        await q.finish(d, JobStatus.SUCCEEDED, result={"status_code": 200, "body": {}})
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    waiters = [q.wait(job.id, "t", 10) for _ in range(3)]  # every waiter wakes, not only the first
+    *results, _ = await asyncio.gather(*waiters, finish_soon())
+    assert all(r and r.status is JobStatus.SUCCEEDED for r in results)
+    assert loop.time() - started < 5
+    assert (await q.wait(job.id, "other", 1)) is None
+
+
+async def test_wait_times_out_with_the_job_as_it_is(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    result = await q.wait(job.id, "t", 0.3)
+    assert result and result.status is JobStatus.QUEUED
+
+
+async def test_job_object_matches_the_api_contract(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req(metadata={"k": "v"}))
+    api = job.to_api()
+    assert set(api) == {"id", "object", "status", "url", "attempts", "created_at", "started_at", "finished_at",
+                        "result", "error", "dead_lettered", "metadata"}
+    assert api["object"] == "job" and api["metadata"] == {"k": "v"}
+    json.dumps(api)
