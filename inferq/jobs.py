@@ -77,13 +77,13 @@ class JobRequest:
 def _seconds(ms: str | None) -> float | None:
     if ms in (None, ""):
         return None
-    return int(ms) / 1000.0  # type: ignore[arg-type]
+    return int(ms) / 1000.0
 
 
 def _json(raw: str | None) -> Any:
     if raw in (None, ""):
         return None
-    return json.loads(raw)  # type: ignore[arg-type]
+    return json.loads(raw)
 
 
 @dataclass(frozen=True)

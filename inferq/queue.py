@@ -340,7 +340,9 @@ class Queue:
                 skipped.append(Skipped(entry_id, job_id, Code(code), reply[1] if len(reply) > 1 else None))
         return deliveries, skipped
 
-    async def read(self, consumer: str, count: int, block_ms: int | None = None) -> tuple[list[Delivery], list[Skipped]]:
+    async def read(
+        self, consumer: str, count: int, block_ms: int | None = None
+    ) -> tuple[list[Delivery], list[Skipped]]:
         """Take up to ``count`` new entries for ``consumer`` and start them. ``block_ms`` must stay below the
         client's socket timeout."""
         if count <= 0:

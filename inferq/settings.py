@@ -181,7 +181,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.scale_min > self.scale_max:
-            raise SettingsError("INFERQ_SCALE_MIN", f"({self.scale_min}) must be <= INFERQ_SCALE_MAX ({self.scale_max})")
+            raise SettingsError("INFERQ_SCALE_MIN", f"{self.scale_min} must be <= INFERQ_SCALE_MAX {self.scale_max}")
         if self.retry_max_ms < self.retry_base_ms:
             raise SettingsError("INFERQ_RETRY_MAX_MS", "must be >= INFERQ_RETRY_BASE_MS")
 

@@ -146,7 +146,7 @@ async def test_finish_is_first_writer_wins_and_counts_duplicates(q: Queue) -> No
 
 async def test_a_terminal_job_redelivered_is_acknowledged_without_running(q: Queue) -> None:
     job, _ = await q.enqueue("t", req())
-    (d,), _ = await q.read("w1", 1)
+    await q.read("w1", 1)
     # simulate the crash window: the job ended, but its entry is still pending (another writer finished it)
     await q.redis.hset(q.keys.job(job.id), "status", "succeeded")
     deliveries, skipped = await q.reclaim("w2", 10)
