@@ -171,11 +171,7 @@ class Queue:
 
     # ------------------------------------------------------------------ the HTTP side
 
-    async def enqueue(self, tenant: str, request: JobRequest, *, now: int | None = None) -> tuple[Job, bool]:
-        """Accept a job in one round trip. Returns the job and whether it is an idempotent replay."""
-        now = now or now_ms()
-        job_id = new_job_id()
-        digest = request.digest()
+    def _enqueue_call(self, tenant: str, request: JobRequest, job_id: str, now: int) -> tuple:
         keys = [self.keys.stream, self.keys.stats, self.keys.job(job_id)]
         if request.idempotency_key is not None:
             keys.append(self.keys.idem(tenant, idempotency_digest(request.idempotency_key)))
@@ -190,8 +186,11 @@ class Queue:
             fields += ["webhook_url", request.webhook_url]
         if request.traceparent:
             fields += ["trace", request.traceparent]
-        args = [job_id, tenant, digest, self.settings.max_queue_depth, now, self.settings.result_ttl_s, *fields]
-        reply = await self.scripts("enqueue", keys, args)
+        args = [job_id, tenant, request.digest(), self.settings.max_queue_depth, now, self.settings.result_ttl_s,
+                *fields]
+        return ("enqueue", keys, args)
+
+    async def _enqueued(self, tenant: str, request: JobRequest, job_id: str, now: int, reply: Any) -> tuple[Job, bool]:
         code = int(reply[0])
         if code == 0:
             job = Job(
@@ -214,7 +213,7 @@ class Queue:
         if code == 1:
             replayed = await self.get(reply[1])
             if replayed is None:  # its record expired under a live key: the key no longer protects anything
-                await self.redis.delete(keys[3])
+                await self.redis.delete(self.keys.idem(tenant, idempotency_digest(request.idempotency_key or "")))
                 return await self.enqueue(tenant, request, now=now)
             return replayed, True
         if code == Code.CONFLICT:
@@ -222,6 +221,22 @@ class Queue:
         if code == Code.QUEUE_FULL:
             raise QueueFull(int(reply[1]))
         raise QueueError(f"enqueue returned {reply!r}")
+
+    async def enqueue(self, tenant: str, request: JobRequest, *, now: int | None = None) -> tuple[Job, bool]:
+        """Accept a job in one round trip. Returns the job and whether it is an idempotent replay."""
+        now = now or now_ms()
+        job_id = new_job_id()
+        reply = await self.scripts(*self._enqueue_call(tenant, request, job_id, now))
+        return await self._enqueued(tenant, request, job_id, now, reply)
+
+    async def enqueue_many(self, tenant: str, requests: Sequence[JobRequest]) -> list[tuple[Job, bool]]:
+        """Accept many jobs in one round trip, each still its own atomic script (batch clients, benchmarks)."""
+        now = now_ms()
+        ids = [new_job_id() for _ in requests]
+        calls = [self._enqueue_call(tenant, r, i, now) for r, i in zip(requests, ids, strict=True)]
+        replies = await self.scripts.many(calls)
+        return [await self._enqueued(tenant, r, i, now, reply)
+                for r, i, reply in zip(requests, ids, replies, strict=True)]
 
     async def get(self, job_id: str, tenant: str | None = None) -> Job | None:
         """The job, or None when unknown or (with ``tenant``) another tenant's."""
