@@ -109,7 +109,7 @@ class ValkeyProcess:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"valkey-server exited with {self.process.returncode}")
             try:
-                if _send(self.host, self.port, "PING").startswith(b"+PONG"):
+                if _send(self.host, self.port, "PING").startswith((b"+PONG", b"-NOAUTH")):
                     return
             except OSError:
                 pass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from functools import cache
 from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
@@ -26,7 +28,26 @@ def connect(settings: Settings, *, cluster: bool | None = None, socket_timeout: 
         "socket_connect_timeout": min(timeout, 2.0),
         "health_check_interval": 30,
     }
+    if settings.redis_auth_secret:
+        username, password = auth_from_secret(settings.redis_auth_secret)
+        options.update(username=username, password=password)
     if cluster:
         return RedisCluster.from_url(url, **options)
     options["retry"] = Retry(EqualJitterBackoff(cap=0.5, base=0.05), retries=1)
     return Redis.from_url(url, **options)
+
+
+@cache
+def auth_from_secret(secret_id: str) -> tuple[str | None, str]:
+    """The cache's AUTH token from Secrets Manager (JSON ``{"username": ..., "token": ...}`` or a bare string),
+    fetched once per process, so the token never sits in plain text in a Lambda or task definition."""
+    import boto3  # only processes that use a secret pay for the import
+
+    raw = boto3.client("secretsmanager").get_secret_value(SecretId=secret_id)["SecretString"]
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None, raw
+    if isinstance(value, dict):
+        return value.get("username") or None, value.get("token") or value.get("password") or ""
+    return None, str(value)

@@ -142,6 +142,7 @@ class Settings:
 
     redis_url: str = _setting("redis://127.0.0.1:6379/0", _redis_url)
     redis_timeout_s: float = _setting(2.0, _float(0.05))
+    redis_auth_secret: str | None = _setting(None, _optional_str)
     queue: str = _setting("default", _queue)
     api_keys: dict[str, str] | None = _setting(None, _api_keys)
     api_keys_secret: str | None = _setting(None, _optional_str)
