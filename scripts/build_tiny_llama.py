@@ -39,7 +39,7 @@ MODEL_CONFIG = {
     "rms_norm_eps": 1e-5,
     "rope_theta": 10000.0,
     "tie_word_embeddings": False,
-    "dtype": "float32",
+    "dtype": "bfloat16",  # what vLLM runs on CPU anyway (it downcasts fp32 with warnings)
 }
 TOKENIZER_CONFIG = {
     "vocab_size": 1024,
@@ -155,7 +155,7 @@ def build(out_dir: Path, force: bool = False) -> Path:
     vocab_size = len(tokenizer)
 
     cfg = dict(MODEL_CONFIG)
-    dtype = cfg.pop("dtype")
+    dtype = str(cfg.pop("dtype"))
     config = LlamaConfig(
         vocab_size=vocab_size,
         bos_token_id=tokenizer.bos_token_id,
@@ -164,6 +164,7 @@ def build(out_dir: Path, force: bool = False) -> Path:
         **cfg,
     )
     config.architectures = ["LlamaForCausalLM"]
+    config.dtype = dtype
     model = LlamaForCausalLM(config).to(getattr(torch, dtype))
     model.eval()
     model.generation_config = GenerationConfig(

