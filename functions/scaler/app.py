@@ -1,0 +1,155 @@
+"""The scaler Lambda: ``functions/scaler/app.handler``.
+
+Two kinds of event reach it. The EventBridge schedule (``source`` ``aws.events``) starts an invocation that
+evaluates every few seconds until its time is nearly over, so the fleet follows the queue faster than the
+one-minute schedule. Anything else (the gateway's wake-up, ``{"source": "inferq.gateway", ...}``, or a manual
+invoke) evaluates once, at once. The work itself is in :mod:`functions.scaler.scaler`.
+
+Settings are read on the first invocation; a bad or missing variable fails it with a message naming the variable
+(``INFERQ_ECS_CLUSTER`` and ``INFERQ_ECS_SERVICE`` are required here). Clients are created on first use: boto3's
+ECS client once per sandbox (``AWS_ENDPOINT_URL_ECS`` or ``AWS_ENDPOINT_URL`` point it elsewhere, e.g. at the
+emulator's moto server), the Redis client once per invocation, because an asyncio client belongs to the event
+loop it was opened on and every invocation runs its own loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from aws_lambda_powertools import Logger, Metrics
+
+from inferq.policy import ScalePolicy
+from inferq.queue import Queue
+from inferq.settings import Settings, SettingsError
+
+from .scaler import Cadence, EcsService, Scaler, Tick, WebhookPass
+
+logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME") or "inferq-scaler")
+# service="": no automatic ``service`` dimension, so each queue metric is identified by ``queue`` alone and
+# plain CloudWatch alarms can select it (Metrics Insights queries match either way).
+metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "inferq", service="")
+
+CADENCE = Cadence()
+SCHEDULE_PERIOD_S = 60.0
+"""EventBridge's ``rate(1 minute)``: one scheduled invocation never runs into the next one."""
+
+_settings: Settings | None = None
+_ecs_client: Any = None
+_T = TypeVar("_T")
+
+
+def load_settings() -> Settings:
+    global _settings
+    if _settings is None:
+        settings = Settings.from_env()
+        for name in ("ecs_cluster", "ecs_service"):
+            if not getattr(settings, name):
+                raise SettingsError(Settings.variable(name), "must be set: the scaler sizes that ECS service")
+        logger.setLevel(settings.log_level)
+        _settings = settings
+    return _settings
+
+
+def ecs_client() -> Any:
+    global _ecs_client
+    if _ecs_client is None:
+        import boto3
+        from botocore.config import Config
+
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_ECS") or os.environ.get("AWS_ENDPOINT_URL") or None
+        _ecs_client = boto3.client(
+            "ecs",
+            endpoint_url=endpoint,
+            # short timeouts: a tick must end inside the invocation even when ECS does not answer
+            config=Config(connect_timeout=2, read_timeout=3, retries={"mode": "standard", "total_max_attempts": 2}),
+        )
+    return _ecs_client
+
+
+def reset() -> None:
+    """Forget the settings and the ECS client (tests, or a process that changed its environment)."""
+    global _settings, _ecs_client
+    _settings, _ecs_client = None, None
+
+
+def trigger(event: Any) -> str:
+    """``schedule`` for EventBridge's scheduled event, ``wake`` for anything else."""
+    if isinstance(event, Mapping) and event.get("source") == "aws.events":
+        return "schedule"
+    return "wake"
+
+
+def remaining_s(context: Any) -> float:
+    get = getattr(context, "get_remaining_time_in_millis", None)
+    return get() / 1000.0 if callable(get) else 0.0  # no context: time for one evaluation only
+
+
+def handler(event: Any, context: Any) -> dict[str, Any]:
+    settings = load_settings()
+    kind = trigger(event)
+    logger.append_keys(request_id=getattr(context, "aws_request_id", None), trigger=kind, queue=settings.queue)
+    ticks = _run(invoke(settings, once=kind != "schedule", budget_s=remaining_s(context)))
+    last = ticks[-1]
+    return {
+        "trigger": kind,
+        "evaluations": len(ticks),
+        "desired": last.desired,
+        "reason": last.decision.reason if last.decision else None,
+        "changes": sum(1 for t in ticks if t.applied),
+        "errors": sorted({e for t in ticks for e in t.errors}),
+    }
+
+
+async def invoke(settings: Settings, *, once: bool, budget_s: float) -> list[Tick]:
+    queue = Queue.connect(settings)
+    try:
+        assert settings.ecs_cluster and settings.ecs_service  # load_settings checked them
+        scaler = Scaler(
+            queue,
+            EcsService(ecs_client(), settings.ecs_cluster, settings.ecs_service),
+            ScalePolicy.from_settings(settings),
+            metrics=metrics,
+            logger=logger,
+            webhooks=webhook_pass(settings),
+            cadence=CADENCE,
+        )
+        return await scaler.run(budget_s=budget_s, span_s=SCHEDULE_PERIOD_S, once=once)
+    finally:
+        await queue.close()
+
+
+_webhooks_missing_logged = False
+
+
+def webhook_pass(settings: Settings) -> WebhookPass | None:
+    """One webhook delivery pass per tick, when this artifact has the sender (``gpu_worker.webhooks``, httpx)."""
+    global _webhooks_missing_logged
+    try:
+        from gpu_worker.webhooks import deliver_webhooks
+    except ImportError as exc:
+        if not _webhooks_missing_logged:
+            _webhooks_missing_logged = True
+            logger.warning("scaler: webhook delivery unavailable here; workers deliver them", extra={"error": str(exc)})
+        return None
+
+    async def deliver(queue: Queue, budget_s: float, http_timeout_s: float) -> dict[str, int]:
+        report = await deliver_webhooks(
+            queue, settings, consumer="scaler", budget_s=budget_s, http_timeout_s=http_timeout_s
+        )
+        return {"delivered": report.delivered, "failed": report.failed, "abandoned": report.abandoned}
+
+    return deliver
+
+
+def _run(coro: Coroutine[Any, Any, _T]) -> _T:
+    """``asyncio.run``, also from a thread whose event loop is running (then on a helper thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(1, thread_name_prefix="scaler") as pool:
+        return pool.submit(asyncio.run, coro).result()

@@ -1,0 +1,251 @@
+"""One scaler invocation, outside the Lambda plumbing: observe, decide, apply, record, report.
+
+Each evaluation (a *tick*) reads the queue once (``Queue.observe``: one read-only script) and the ECS service
+once (``DescribeServices``), asks the pure policy (:mod:`inferq.policy`) for a count, calls ``UpdateService``
+only when that count differs from the service's, records the decision and the policy's memory in
+``inferq:{Q}:scale``, and prints the tick's CloudWatch metrics (EMF). A scheduled invocation ticks every
+:attr:`Cadence.every_s` until its time is nearly over; a wake-up from the gateway ticks once.
+
+Failure is never a guess: if Redis or ECS cannot be read, or the update fails, the service keeps its count, the
+tick is logged and counted (``ObserveErrors``, ``ApplyErrors``) and the next tick tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+from redis.exceptions import RedisError
+
+from inferq.policy import Decision, Demand, ScalePolicy, ScaleState, decide
+from inferq.queue import Observation, Queue
+
+REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+ECS_ERRORS: tuple[type[BaseException], ...] = (BotoCoreError, ClientError)
+
+
+class EcsUnavailable(Exception):
+    """The service cannot be read or updated (API error, missing or inactive service)."""
+
+
+@dataclass(frozen=True)
+class ServiceCounts:
+    desired: int
+    running: int
+    pending: int  # tasks still starting: provisioning an instance, pulling the image, loading the model
+
+
+class EcsService:
+    """The one GPU service the scaler sizes."""
+
+    def __init__(self, client: Any, cluster: str, service: str) -> None:
+        self.client = client
+        self.cluster = cluster
+        self.service = service
+
+    def counts(self) -> ServiceCounts:
+        try:
+            reply = self.client.describe_services(cluster=self.cluster, services=[self.service])
+        except ECS_ERRORS as exc:
+            raise EcsUnavailable(f"DescribeServices failed: {exc}") from exc
+        services = reply.get("services") or []
+        if not services:
+            reasons = ", ".join(f.get("reason", "?") for f in reply.get("failures") or []) or "not found"
+            raise EcsUnavailable(f"service {self.service} in cluster {self.cluster}: {reasons}")
+        found = services[0]
+        if found.get("status", "ACTIVE") != "ACTIVE":
+            raise EcsUnavailable(f"service {self.service} is {found.get('status')}")
+        return ServiceCounts(
+            desired=int(found.get("desiredCount", 0)),
+            running=int(found.get("runningCount", 0)),
+            pending=int(found.get("pendingCount", 0)),
+        )
+
+    def set_desired(self, count: int) -> None:
+        try:
+            self.client.update_service(cluster=self.cluster, service=self.service, desiredCount=count)
+        except ECS_ERRORS as exc:
+            raise EcsUnavailable(f"UpdateService failed: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Cadence:
+    every_s: float = 5.0
+    """Time between the starts of two evaluations within one scheduled invocation."""
+    reserve_s: float = 10.0
+    """Time kept free at the end of the invocation for the last evaluation to finish (timeouts included)."""
+    webhook_budget_s: float = 1.0
+    """Time one tick may spend starting webhook deliveries (each POST may take ``webhook_http_timeout_s`` more)."""
+    webhook_http_timeout_s: float = 3.0
+
+
+@dataclass
+class Tick:
+    """What one evaluation saw and did."""
+
+    at: float
+    observation: Observation | None = None
+    counts: ServiceCounts | None = None
+    decision: Decision | None = None
+    applied: bool = False
+    errors: list[str] = field(default_factory=list)
+    webhooks: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def desired(self) -> int | None:
+        """The count in force after this tick (None when ECS could not be read)."""
+        if self.applied and self.decision is not None:
+            return self.decision.desired
+        return self.counts.desired if self.counts is not None else None
+
+
+WebhookPass = Callable[[Queue, float, float], Awaitable[dict[str, int]]]
+
+
+class Scaler:
+    def __init__(
+        self,
+        queue: Queue,
+        ecs: EcsService,
+        policy: ScalePolicy,
+        *,
+        metrics: Any,
+        logger: Any,
+        webhooks: WebhookPass | None = None,
+        cadence: Cadence | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.queue = queue
+        self.ecs = ecs
+        self.policy = policy
+        self.metrics = metrics
+        self.logger = logger
+        self.webhooks = webhooks
+        self.cadence = cadence or Cadence()
+        self.clock = clock
+        self._redis_wait_s = 2 * queue.settings.redis_timeout_s + 1.0
+
+    async def run(self, *, budget_s: float, span_s: float, once: bool) -> list[Tick]:
+        """Tick now, then every ``every_s`` while the next tick can end ``reserve_s`` before both the time budget
+        (the Lambda's remaining time) and ``span_s`` (the schedule's period: invocations must not pile up)."""
+        start = time.monotonic()
+        end = start + min(budget_s, span_s) - self.cadence.reserve_s
+        ticks: list[Tick] = []
+        while True:
+            began = time.monotonic()
+            ticks.append(await self.tick())
+            next_at = began + self.cadence.every_s
+            if once or next_at > end:
+                return ticks
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    async def tick(self) -> Tick:
+        now = self.clock()
+        tick = Tick(at=now)
+        state_fields: dict[str, str] | None = None
+        try:
+            tick.observation = await asyncio.wait_for(self.queue.observe(now=int(now * 1000)), self._redis_wait_s)
+            state_fields = await asyncio.wait_for(self.queue.scale_state(), self._redis_wait_s)
+        except REDIS_ERRORS as exc:
+            tick.errors.append("redis")
+            self.logger.warning("scaler: Redis unreachable, desired count unchanged",
+                                extra={"error": f"{type(exc).__name__}: {exc}"})
+        try:
+            tick.counts = await asyncio.to_thread(self.ecs.counts)
+        except EcsUnavailable as exc:
+            tick.errors.append("ecs")
+            self.logger.warning("scaler: ECS unreachable, desired count unchanged", extra={"error": str(exc)})
+
+        if tick.observation is not None and tick.counts is not None and state_fields is not None:
+            await self._decide_and_apply(tick, tick.observation, tick.counts, state_fields, now)
+        if tick.observation is not None:
+            await self._housekeeping(tick, tick.observation)
+        self._emit(tick, now)
+        return tick
+
+    async def _decide_and_apply(
+        self, tick: Tick, observation: Observation, counts: ServiceCounts, state_fields: dict[str, str], now: float
+    ) -> None:
+        # The service's own desired count is the capacity: it includes tasks still starting, and it is what is in
+        # force if someone else changed it.
+        state = ScaleState.from_fields(state_fields).adopt(counts.desired, now)
+        decision = decide(self.policy, Demand.from_observation(observation), state, now)
+        tick.decision = decision
+        log_extra = {
+            "desired": decision.desired, "previous": counts.desired, "running": counts.running,
+            "starting": counts.pending, "lag": observation.lag, "pending": observation.pending,
+            "delayed": observation.delayed, "busy_workers": observation.busy_workers, "reason": decision.reason,
+        }
+        if decision.desired != counts.desired:
+            try:
+                await asyncio.to_thread(self.ecs.set_desired, decision.desired)
+            except EcsUnavailable as exc:
+                tick.errors.append("apply")
+                self.logger.error("scaler: UpdateService failed, desired count unchanged",
+                                  extra={**log_extra, "error": str(exc)})
+                return  # nothing recorded: the next tick decides again from what is really in force
+            tick.applied = True
+            self.logger.info(f"scaler: {counts.desired} -> {decision.desired} workers", extra=log_extra)
+        else:
+            self.logger.debug("scaler: no change", extra=log_extra)
+        try:
+            await asyncio.wait_for(
+                self.queue.record_decision(decision.desired, decision.reason, at=now, action=decision.action.value,
+                                           **decision.state.to_fields()),
+                self._redis_wait_s,
+            )
+        except REDIS_ERRORS as exc:
+            # The count is applied; the next tick adopts it from ECS as a change made now.
+            tick.errors.append("record")
+            self.logger.warning("scaler: could not record the decision", extra={"error": f"{exc}"})
+
+    async def _housekeeping(self, tick: Tick, observation: Observation) -> None:
+        """Work no worker may be up to do: move due retries into the stream, and deliver webhooks of jobs that ended
+        without a worker (cancelled or expired while the fleet is at zero)."""
+        if observation.delayed_due:
+            try:
+                await asyncio.wait_for(self.queue.promote(), self._redis_wait_s)
+            except REDIS_ERRORS as exc:
+                self.logger.warning("scaler: could not promote due retries", extra={"error": f"{exc}"})
+        if self.webhooks is not None:
+            try:
+                tick.webhooks = await self.webhooks(
+                    self.queue, self.cadence.webhook_budget_s, self.cadence.webhook_http_timeout_s
+                )
+            except Exception as exc:  # best effort: undelivered events stay pending for the next pass
+                tick.errors.append("webhooks")
+                self.logger.warning("scaler: webhook pass failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+
+    def _emit(self, tick: Tick, now: float) -> None:
+        from aws_lambda_powertools.metrics import MetricUnit
+
+        m = self.metrics
+        m.add_dimension(name="queue", value=self.queue.settings.queue)
+        o = tick.observation
+        if o is not None:
+            m.add_metric(name="Lag", unit=MetricUnit.Count, value=o.lag)
+            m.add_metric(name="Pending", unit=MetricUnit.Count, value=o.pending)
+            m.add_metric(name="Delayed", unit=MetricUnit.Count, value=o.delayed)
+            m.add_metric(name="Dlq", unit=MetricUnit.Count, value=o.dlq)
+            m.add_metric(name="Workers", unit=MetricUnit.Count, value=o.workers)
+            m.add_metric(name="BusyWorkers", unit=MetricUnit.Count, value=o.busy_workers)
+            m.add_metric(name="OldestJobAgeSeconds", unit=MetricUnit.Seconds,
+                         value=round(o.oldest_age_s(int(now * 1000)), 3))
+        desired = tick.desired
+        if desired is not None:
+            m.add_metric(name="Desired", unit=MetricUnit.Count, value=desired)
+        if tick.counts is not None:
+            m.add_metric(name="Running", unit=MetricUnit.Count, value=tick.counts.running)
+            m.add_metric(name="Starting", unit=MetricUnit.Count, value=tick.counts.pending)
+        m.add_metric(name="ScaleChanges", unit=MetricUnit.Count, value=1 if tick.applied else 0)
+        observe_errors = sum(1 for e in tick.errors if e in ("redis", "ecs"))
+        m.add_metric(name="ObserveErrors", unit=MetricUnit.Count, value=observe_errors)
+        if "apply" in tick.errors:
+            m.add_metric(name="ApplyErrors", unit=MetricUnit.Count, value=1)
+        for name, value in tick.webhooks.items():
+            m.add_metric(name=f"Webhooks{name.capitalize()}", unit=MetricUnit.Count, value=value)
+        m.flush_metrics()
