@@ -1,0 +1,1 @@
+"""The Lambda functions of inferq: the HTTP gateway and the scaler. Each handler is thin and calls into ``inferq``."""

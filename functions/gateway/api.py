@@ -1,0 +1,406 @@
+"""HTTP API v1 (DESIGN.md section 3) on FastAPI: :func:`create_app` builds it from settings, or from injected parts.
+
+Every Redis call is bounded twice: by the client's socket timeout (``INFERQ_REDIS_TIMEOUT_S``) and by a wall-clock
+``asyncio.timeout`` of that plus one second around the whole call (retries included), so a frozen or unreachable
+server is a prompt 503, never a hang (G8). Authentication runs before the body is parsed, so an unauthenticated
+caller learns nothing about validation.
+"""
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, BackgroundTasks, Depends, FastAPI, Header, Query, Request, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import ValidationError
+
+from inferq import __version__
+from inferq.jobs import Job, JobRequest
+from inferq.queue import Queue
+from inferq.settings import Settings
+
+from . import errors
+from .auth import KeyStore, key_store
+from .clients import QueueProvider
+from .edge import Edge
+from .errors import ApiError
+from .models import (
+    JOB_CREATE_EXAMPLE,
+    ErrorEnvelope,
+    Health,
+    JobConflict,
+    JobCreate,
+    JobList,
+    JobObject,
+    ScaleView,
+)
+from .telemetry import Telemetry
+from .wake import HttpWaker, LambdaWaker, WakeOnEnqueue, Waker
+
+JOB_ID_RE = re.compile(r"^job_[a-z2-7]{26}$")
+TRACEPARENT_RE = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+MAX_WAIT_S = 20.0
+KEYS_TIMEOUT_S = 8.0
+
+_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <key>`")
+_api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="`x-api-key: <key>`")
+
+
+def _doc(model: str, description: str, **headers: str) -> dict[str, Any]:
+    """A documented response by schema name; the schemas are added when the OpenAPI document is first built, so
+    no response model is compiled at import (FastAPI's ``responses={..: {"model": ..}}`` would)."""
+    response: dict[str, Any] = {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model}"}}},
+    }
+    if headers:
+        response["headers"] = {
+            name: {"description": text, "schema": {"type": "string"}} for name, text in headers.items()
+        }
+    return response
+
+
+_ERRORS = {
+    400: "Malformed request (e.g. an invalid Content-Length, a body that cannot be decoded)",
+    401: "Missing or unknown API key",
+    404: "Unknown job, or another tenant's",
+    409: "Conflict",
+    413: "Body above INFERQ_MAX_BODY_BYTES",
+    422: "Invalid request",
+    429: "Unfinished jobs reached INFERQ_MAX_QUEUE_DEPTH",
+    503: "Redis unreachable (on submit the outcome is unknown: retry with the same Idempotency-Key)",
+}
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {
+        code: _doc("ErrorEnvelope", _ERRORS[code], **({"Retry-After": "Seconds to wait"} if code in (429, 503) else {}))
+        for code in codes
+    }
+
+
+DOC_MODELS = (JobCreate, JobObject, ErrorEnvelope, JobConflict, JobList, ScaleView, Health)
+
+
+class Gateway:
+    """What the routes share: settings, the lazily created queue client, keys, wake-up and telemetry."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        queues: QueueProvider,
+        keys: KeyStore,
+        wake: WakeOnEnqueue,
+        telemetry: Telemetry,
+    ) -> None:
+        self.settings = settings
+        self.queues = queues
+        self.keys = keys
+        self.wake = wake
+        self.telemetry = telemetry
+        self.op_timeout_s = settings.redis_timeout_s + 1.0
+
+    @property
+    def queue(self) -> Queue:
+        return self.queues.get()
+
+    async def call(self, awaitable: Any, extra_s: float = 0.0) -> Any:
+        """One queue operation under the wall-clock bound."""
+        async with asyncio.timeout(self.op_timeout_s + extra_s):
+            return await awaitable
+
+    async def authenticate(
+        self,
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+        api_key: Annotated[str | None, Security(_api_key)],
+    ) -> str:
+        key = credentials.credentials if credentials is not None else api_key
+        tenant = None
+        if key:
+            async with asyncio.timeout(KEYS_TIMEOUT_S):  # a Secrets Manager read on a cold start takes a while
+                tenant = await self.keys.tenant_for(key)
+        if tenant is None:
+            raise ApiError(
+                401,
+                "missing or unknown API key (Authorization: Bearer <key> or x-api-key)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        request.state.tenant = tenant
+        return tenant
+
+    def after_enqueue(self, background: BackgroundTasks) -> None:
+        if self.wake.due():
+            background.add_task(self.wake.check, self.queue)
+
+    async def aclose(self) -> None:
+        await self.queues.aclose()
+
+
+def job_response(request: Request, job: Job, status: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
+    request.state.job_id = job.id
+    return JSONResponse(job.to_api(), status, headers=headers)
+
+
+def _job_id(job_id: str) -> str:
+    # Anything that is not one of our ids is unknown: no Redis lookup, and no odd strings in key names.
+    if not JOB_ID_RE.match(job_id):
+        raise ApiError(404, "no such job")
+    return job_id
+
+
+def _parse_job_request(raw: bytes) -> JobCreate:
+    try:
+        return JobCreate.model_validate_json(raw or b"null")
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_input=False, include_url=False)]
+        ) from None
+
+
+def _routes(gw: Gateway) -> APIRouter:
+    router = APIRouter()
+    Tenant = Annotated[str, Depends(gw.authenticate)]
+
+    @router.post(
+        "/v1/jobs",
+        status_code=202,
+        summary="Submit a job",
+        response_model=None,
+        responses={
+            202: _doc("JobObject", "Accepted", Location="/v1/jobs/{id}"),
+            200: _doc(
+                "JobObject",
+                "Idempotent replay: the job first created with this key, as it is now",
+                **{"Idempotent-Replayed": "true", "Location": "/v1/jobs/{id}"},
+            ),
+            **_errors(400, 401, 409, 413, 422, 429, 503),
+        },
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {"$ref": "#/components/schemas/JobCreate"},
+                        "examples": {"chat": {"summary": "A chat completion", "value": JOB_CREATE_EXAMPLE}},
+                    }
+                },
+            }
+        },
+    )
+    async def submit_job(
+        request: Request,
+        background: BackgroundTasks,
+        tenant: Tenant,
+        idempotency_key: Annotated[
+            str | None,
+            Header(alias="Idempotency-Key", min_length=1, max_length=255,
+                   description="Same as `idempotency_key` in the body; both given must be equal"),
+        ] = None,
+        traceparent: Annotated[str | None, Header(description="W3C trace context, passed to the worker")] = None,
+    ) -> JSONResponse:
+        payload = _parse_job_request(await request.body())
+        key = payload.idempotency_key
+        if idempotency_key is not None:
+            if key is not None and key != idempotency_key:
+                raise ApiError(422, "the Idempotency-Key header and body.idempotency_key differ")
+            key = idempotency_key
+        job_request = JobRequest(
+            body=payload.body,
+            url=payload.url,
+            metadata=payload.metadata,
+            timeout_s=payload.timeout_s,
+            ttl_s=payload.ttl_s,
+            webhook_url=payload.webhook_url,
+            idempotency_key=key,
+            traceparent=traceparent if traceparent and TRACEPARENT_RE.match(traceparent) else None,
+        )
+        job, replayed = await gw.call(gw.queue.enqueue(tenant, job_request))
+        headers = {"Location": f"/v1/jobs/{job.id}"}
+        if replayed:
+            gw.telemetry.count("IdempotentReplays")
+            return job_response(request, job, 200, {**headers, "Idempotent-Replayed": "true"})
+        gw.telemetry.count("JobsEnqueued")
+        gw.after_enqueue(background)
+        return job_response(request, job, 202, headers)
+
+    @router.get(
+        "/v1/jobs/{job_id}",
+        summary="Get a job, optionally waiting for it to finish",
+        response_model=None,
+        responses={200: _doc("JobObject", "The job"), **_errors(400, 401, 404, 413, 422, 503)},
+    )
+    async def get_job(
+        request: Request,
+        job_id: str,
+        tenant: Tenant,
+        wait: Annotated[
+            float,
+            Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait for a terminal state (returns at once when "
+                                                   "the job ends)"),
+        ] = 0,
+    ) -> JSONResponse:
+        _job_id(job_id)
+        if wait > 0:
+            job = await gw.call(gw.queue.wait(job_id, tenant, wait), extra_s=wait)
+        else:
+            job = await gw.call(gw.queue.get(job_id, tenant))
+        if job is None:
+            raise ApiError(404, "no such job")
+        return job_response(request, job)
+
+    @router.post(
+        "/v1/jobs/{job_id}/cancel",
+        summary="Cancel a job",
+        response_model=None,
+        responses={
+            200: _doc("JobObject", "Cancelled (queued) or cancellation requested (running)"),
+            409: _doc("JobConflict", "Already terminal; the job is in `job`"),
+            **_errors(400, 401, 404, 413, 422, 503),
+        },
+    )
+    async def cancel_job(request: Request, job_id: str, tenant: Tenant) -> JSONResponse:
+        _job_id(job_id)
+        job = await gw.call(gw.queue.cancel(tenant, job_id))
+        return job_response(request, job)
+
+    @router.get(
+        "/v1/dlq",
+        summary="List the tenant's dead-lettered jobs, newest first",
+        response_model=None,
+        responses={200: _doc("JobList", "Dead-lettered jobs"), **_errors(400, 401, 413, 422, 503)},
+    )
+    async def list_dead_letters(
+        tenant: Tenant, limit: Annotated[int, Query(ge=1, le=100, description="At most this many jobs")] = 20
+    ) -> JSONResponse:
+        jobs = await gw.call(gw.queue.dead_letters(tenant, limit))
+        return JSONResponse({"object": "list", "data": [job.to_api() for job in jobs]})
+
+    @router.post(
+        "/v1/dlq/{job_id}/redrive",
+        status_code=202,
+        summary="Queue a dead-lettered job again, attempts reset",
+        response_model=None,
+        responses={
+            202: _doc("JobObject", "Queued again", Location="/v1/jobs/{id}"),
+            409: _doc("ErrorEnvelope", "The job is not dead-lettered"),
+            **_errors(400, 401, 404, 413, 422, 503),
+        },
+    )
+    async def redrive_job(request: Request, background: BackgroundTasks, job_id: str, tenant: Tenant) -> JSONResponse:
+        _job_id(job_id)
+        job = await gw.call(gw.queue.redrive(tenant, job_id))
+        gw.after_enqueue(background)
+        return job_response(request, job, 202, {"Location": f"/v1/jobs/{job.id}"})
+
+    @router.get(
+        "/v1/scale",
+        summary="The scaler's view of the queue",
+        response_model=None,
+        responses={200: _doc("ScaleView", "Queue depth, workers and the last decision"),
+                   **_errors(400, 401, 413, 422, 503)},
+    )
+    async def scale(tenant: Tenant) -> JSONResponse:
+        seen = await gw.call(gw.queue.observe())
+        return JSONResponse(
+            {
+                "lag": seen.lag,
+                "pending": seen.pending,
+                "unfinished": seen.unfinished,
+                "dlq": seen.dlq,
+                "workers": seen.workers,
+                "desired": seen.desired,
+                "decision": {"reason": seen.reason or None, "at": seen.decided_at},
+            }
+        )
+
+    @router.get("/healthz", summary="Liveness (no auth)", response_model=None,
+                responses={200: _doc("Health", "The process answers"), **_errors(400, 413)})
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    @router.get(
+        "/readyz",
+        summary="Readiness: Redis answers (no auth)",
+        response_model=None,
+        responses={200: _doc("Health", "Ready"), **_errors(400, 413, 503)},
+    )
+    async def readyz() -> JSONResponse:
+        await gw.call(gw.queue.ping())
+        return JSONResponse({"status": "ready"})
+
+    return router
+
+
+def default_waker(settings: Settings) -> Waker | None:
+    if settings.scaler_function:
+        return LambdaWaker(settings.scaler_function, settings.queue)
+    if settings.scaler_wake_url:
+        return HttpWaker(settings.scaler_wake_url, settings.queue)
+    return None
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    queue: Queue | None = None,
+    waker: Waker | None = None,
+    keys: KeyStore | Mapping[str, str] | None = None,
+) -> FastAPI:
+    """The gateway app. ``settings`` default to the environment (a bad value raises ``SettingsError`` naming the
+    variable); ``queue`` (a connected :class:`Queue`), ``waker`` (an async callable) and ``keys`` (a key store or
+    ``{key: tenant}``) replace what the settings would build. No client is opened here."""
+    settings = settings or Settings.from_env()
+    telemetry = Telemetry(level=settings.log_level)
+    gw = Gateway(
+        settings,
+        QueueProvider(settings, queue),
+        key_store(settings, keys),
+        WakeOnEnqueue(waker if waker is not None else default_waker(settings), telemetry),
+        telemetry,
+    )
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await gw.aclose()  # uvicorn's shutdown; Mangum runs with lifespan="off" and the sandbox just ends
+
+    app = FastAPI(
+        lifespan=lifespan,
+        title="inferq",
+        version=__version__,
+        summary="Asynchronous LLM inference: submit OpenAI-compatible requests as jobs, poll or wait for results.",
+        redoc_url=None,
+        redirect_slashes=False,  # "/v1/jobs/" is 404 in the envelope, not an undocumented 307
+    )
+    app.state.gateway = gw
+    app.state.telemetry = telemetry
+    errors.install(app)
+    app.include_router(_routes(gw))
+    app.add_middleware(Edge, max_body_bytes=settings.max_body_bytes, telemetry=telemetry)
+
+    def openapi() -> dict[str, Any]:
+        # Built on first request, not at import: the schema costs more than the app does to start.
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title, version=app.version, summary=app.summary, routes=app.routes,
+                description="Every error is `{\"error\": {\"type\", \"message\"}}`. Auth: `Authorization: Bearer "
+                            "<key>` or `x-api-key: <key>`.",
+            )
+            # FastAPI sees no model (the submit body is parsed by hand, after auth; responses are named by
+            # reference): add their schemas here.
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in DOC_MODELS:
+                model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                for name, sub in model_schema.pop("$defs", {}).items():
+                    components.setdefault(name, sub)
+                components[model.__name__] = model_schema
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,30 @@
+"""The gateway Lambda: ``functions/gateway/app.handler``.
+
+Settings are read at import, so a bad variable (or no API keys at all) fails the Lambda init with a message
+naming it. Redis and boto3 clients are created on first use. The handler is Mangum, plus one EMF flush of the
+invocation's metrics (see ``telemetry.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mangum import Mangum
+
+from .api import create_app
+
+__all__ = ["GatewayHandler", "app", "create_app", "handler"]
+
+
+class GatewayHandler(Mangum):
+    """Mangum, flushing the invocation's metrics as EMF when it returns."""
+
+    def __call__(self, event: Any, context: Any) -> dict[str, Any]:
+        try:
+            return super().__call__(event, context)
+        finally:
+            self.app.state.telemetry.flush()  # type: ignore[attr-defined]
+
+
+app = create_app()
+handler = GatewayHandler(app, lifespan="off")

@@ -1,0 +1,225 @@
+"""The shapes of HTTP API v1: the submit request (validated here) and, for the OpenAPI document, the job object,
+the error envelope, the DLQ list and the scale view.
+
+Only :class:`JobCreate` validates traffic. The response models document what ``inferq.jobs.Job.to_api`` and the
+route handlers return; handlers build plain dicts, so no response is validated twice on the hot path.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from inferq.jobs import ENDPOINTS
+
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+MAX_TTL_S = 366 * 86400
+"""The contract only says ``ttl_s >= 1``; a year keeps ``now + ttl`` far from float precision in Lua."""
+
+WEBHOOK_PATTERN = r"^https://[^\s/?#@]+(?:[/?#][^\s]*)?$"
+"""https, a host (no userinfo: credentials do not belong in a webhook address), then any path."""
+
+Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
+assert set(Endpoint.__args__) == set(ENDPOINTS)  # type: ignore[attr-defined]
+
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=MAX_METADATA_KEY)]
+MetadataValue = Annotated[str, StringConstraints(max_length=MAX_METADATA_VALUE)]
+
+CHAT_BODY_EXAMPLE: dict[str, Any] = {
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "messages": [{"role": "user", "content": "Write a haiku about queues."}],
+    "max_tokens": 64,
+}
+
+JOB_CREATE_EXAMPLE: dict[str, Any] = {
+    "body": CHAT_BODY_EXAMPLE,
+    "url": "/v1/chat/completions",
+    "idempotency_key": "order-1234",
+    "metadata": {"customer": "acme"},
+    "timeout_s": 120,
+    "ttl_s": 3600,
+}
+
+JOB_QUEUED_EXAMPLE: dict[str, Any] = {
+    "id": "job_6f2bq3n7a4xk5zrc2m5d7e2yva",
+    "object": "job",
+    "status": "queued",
+    "url": "/v1/chat/completions",
+    "attempts": 1,
+    "created_at": 1764400000.123,
+    "started_at": None,
+    "finished_at": None,
+    "result": None,
+    "error": None,
+    "dead_lettered": False,
+    "metadata": {"customer": "acme"},
+}
+
+JOB_SUCCEEDED_EXAMPLE: dict[str, Any] = {
+    **JOB_QUEUED_EXAMPLE,
+    "status": "succeeded",
+    "started_at": 1764400001.5,
+    "finished_at": 1764400003.25,
+    "result": {
+        "status_code": 200,
+        "body": {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "..."}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 14, "completion_tokens": 17, "total_tokens": 31},
+        },
+    },
+}
+
+
+class JobCreate(BaseModel):
+    """POST /v1/jobs: one line of the OpenAI Batch API, plus what the queue needs."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, json_schema_extra={"examples": [JOB_CREATE_EXAMPLE]}
+    )
+
+    body: dict[str, Any] = Field(
+        description="The OpenAI-compatible request the model server receives (model, messages or prompt, ...).",
+        examples=[CHAT_BODY_EXAMPLE],
+    )
+    url: Endpoint = Field(default="/v1/chat/completions", description="The model server endpoint.")
+    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = Field(
+        default=None,
+        description="Same tenant and key return the same job (header `Idempotency-Key` does the same).",
+    )
+    metadata: dict[MetadataKey, MetadataValue] = Field(
+        default_factory=dict,
+        max_length=MAX_METADATA_PAIRS,
+        description=f"Echoed back: at most {MAX_METADATA_PAIRS} pairs, keys 1-{MAX_METADATA_KEY} characters, "
+        f"values at most {MAX_METADATA_VALUE}.",
+    )
+    timeout_s: Annotated[int, Field(ge=1, le=3600)] | None = Field(
+        default=None, description="Max processing time of one attempt (default `INFERQ_JOB_TIMEOUT_S`)."
+    )
+    ttl_s: Annotated[int, Field(ge=1, le=MAX_TTL_S)] | None = Field(
+        default=None, description="The job expires if no attempt has started within this many seconds."
+    )
+    webhook_url: Annotated[str, StringConstraints(max_length=2048, pattern=WEBHOOK_PATTERN)] | None = Field(
+        default=None, description="An https URL POSTed the final job object once, on the terminal state."
+    )
+
+    @field_validator("body", "metadata")
+    @classmethod
+    def _encodable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # JSON may carry lone surrogates ("\ud800"); they cannot be stored as UTF-8, so refuse them here
+        # instead of failing (500) when the request is hashed and written.
+        _check_utf8(value)
+        return value
+
+    @field_validator("idempotency_key", "webhook_url")
+    @classmethod
+    def _encodable_str(cls, value: str | None) -> str | None:
+        if value is not None:
+            _check_utf8(value)
+        return value
+
+
+def _check_utf8(value: Any) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("strings must be valid Unicode (no lone surrogates)") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_utf8(key)
+            _check_utf8(item)
+    elif isinstance(value, list):
+        for item in value:
+            _check_utf8(item)
+
+
+class DocModel(BaseModel):
+    """A response shape for the OpenAPI document only: compiled when the document is built, not at import."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
+class ErrorDetail(DocModel):
+    type: str = Field(description="snake_case error type", examples=["invalid_request"])
+    message: str = Field(description="Human-readable text", examples=["body.timeout_s: must be <= 3600"])
+
+
+class ErrorEnvelope(DocModel):
+    """Every error answer."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"error": {"type": "not_found", "message": "no such job"}}]}
+    )
+
+    error: ErrorDetail
+
+
+class JobResult(DocModel):
+    status_code: int = Field(description="The model server's HTTP status")
+    body: Any = Field(description="The model server's response")
+
+
+class JobObject(DocModel):
+    """The job object of HTTP API v1."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [JOB_QUEUED_EXAMPLE, JOB_SUCCEEDED_EXAMPLE]})
+
+    id: str = Field(examples=["job_6f2bq3n7a4xk5zrc2m5d7e2yva"])
+    object: Literal["job"]
+    status: Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
+    url: str
+    attempts: int
+    created_at: float = Field(description="Unix seconds")
+    started_at: float | None
+    finished_at: float | None
+    result: JobResult | None = Field(description="On `succeeded`")
+    error: ErrorDetail | None = Field(description="On `failed`, `expired`, `cancelled`")
+    dead_lettered: bool
+    metadata: dict[str, str]
+
+
+class JobConflict(ErrorEnvelope):
+    """409 of cancel: the job is already terminal; its current state comes with the error."""
+
+    job: JobObject | None = None
+
+
+class JobList(DocModel):
+    object: Literal["list"]
+    data: list[JobObject]
+
+
+class ScaleDecision(DocModel):
+    reason: str | None = Field(description="Why the scaler chose `desired`", examples=["backlog"])
+    at: float | None = Field(description="Unix seconds of the decision")
+
+
+class ScaleView(DocModel):
+    """The scaler's view of the queue."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"lag": 3, "pending": 8, "unfinished": 11, "dlq": 0, "workers": 1, "desired": 2,
+                 "decision": {"reason": "scale_up", "at": 1764400000.5}}
+            ]
+        }
+    )
+
+    lag: int = Field(description="Entries never delivered to a worker")
+    pending: int = Field(description="Entries delivered and not yet acknowledged")
+    unfinished: int = Field(description="Jobs accepted and not yet terminal")
+    dlq: int = Field(description="Entries in the dead-letter stream")
+    workers: int = Field(description="Workers with a recent heartbeat")
+    desired: int | None = Field(description="The scaler's last desired count (null before its first decision)")
+    decision: ScaleDecision
+
+
+class Health(DocModel):
+    status: str = Field(examples=["ok"])

@@ -1,0 +1,69 @@
+"""Logs and metrics of the gateway.
+
+Logs: Powertools Logger, JSON, one line per request with ``request_id`` (the Lambda request id, else
+``X-Request-Id``, else a fresh one) and ``job_id`` when there is one. Prompts, outputs and metadata are never
+logged.
+
+Metrics: counted in process on the hot path (a dict increment) and written as CloudWatch EMF by Powertools
+only when :meth:`Telemetry.flush` runs, which the Lambda handler does once per invocation. Outside Lambda
+(uvicorn in the emulator) nothing is printed: an EMF line per request would flood stdout, and the emulator
+does not ship logs to CloudWatch; :attr:`Telemetry.totals` keeps the counts for tests and benchmarks.
+Names: ``JobsEnqueued``, ``IdempotentReplays``, ``JobsRejected`` (dimension ``reason``: unauthorized,
+too_large, invalid, idempotency_conflict, queue_full, unavailable, error), ``ScalerWakes``, ``ScalerWakeFailures``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+from aws_lambda_powertools import Logger
+
+DEFAULT_NAMESPACE = "inferq"
+SERVICE = "gateway"
+
+
+class Telemetry:
+    def __init__(self, *, level: str = "INFO", namespace: str | None = None, service: str | None = None) -> None:
+        self.service = service or os.environ.get("POWERTOOLS_SERVICE_NAME") or SERVICE
+        self.namespace = namespace or os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or DEFAULT_NAMESPACE
+        self.logger = Logger(service=self.service, level=level)
+        self.totals: Counter[str] = Counter()
+        self._pending: Counter[tuple[str, str]] = Counter()
+
+    def count(self, metric: str, reason: str = "") -> None:
+        key = f"{metric}.{reason}" if reason else metric
+        self.totals[key] += 1
+        self._pending[(metric, reason)] += 1
+
+    def flush(self) -> int:
+        """Print the counts since the last flush as EMF (one line per dimension set); returns lines printed.
+        Never raises: it runs after the response is built, and metrics must not cost an answer."""
+        if not self._pending:
+            return 0
+        pending, self._pending = self._pending, Counter()
+        try:
+            return self._emit(pending)
+        except Exception:
+            self.logger.exception("metrics flush failed")
+            return 0
+
+    def _emit(self, pending: Counter[tuple[str, str]]) -> int:
+        from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit  # only on the Lambda path
+
+        plain = {name: n for (name, reason), n in pending.items() if not reason}
+        by_reason: Counter[tuple[str, str]] = Counter({k: n for k, n in pending.items() if k[1]})
+        lines = 0
+        if plain:
+            metrics = EphemeralMetrics(namespace=self.namespace, service=self.service)
+            for name, n in plain.items():
+                metrics.add_metric(name=name, unit=MetricUnit.Count, value=n)
+            metrics.flush_metrics()
+            lines += 1
+        for (name, reason), n in by_reason.items():
+            metrics = EphemeralMetrics(namespace=self.namespace, service=self.service)
+            metrics.add_dimension(name="reason", value=reason)
+            metrics.add_metric(name=name, unit=MetricUnit.Count, value=n)
+            metrics.flush_metrics()
+            lines += 1
+        return lines
