@@ -1,0 +1,173 @@
+"""The emulator's ECS agent against moto in server mode, with stand-in task processes (a few lines of Python that
+use the task protection endpoint the way a worker does): scale-in spares protected tasks and stops the others
+with SIGTERM, SIGKILL after the stop timeout; a dead task is replaced; ``DescribeServices`` tells the truth."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import sys
+import urllib.request
+from collections.abc import AsyncIterator
+from typing import Any
+
+import boto3
+import pytest
+
+from emulator.agent import EcsAgent
+from emulator.ecs import MotoEcs, Names
+from emulator.procs import LogSink
+
+# A task that sets its own protection from PROTECT (a list of worker ids), then waits; IGNORE_TERM ignores SIGTERM.
+TASK = r"""
+import json, os, signal, sys, time, urllib.request
+me = os.environ["INFERQ_WORKER_ID"]
+if me in os.environ.get("IGNORE_TERM", "").split(","):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+protect = me in os.environ.get("PROTECT", "").split(",")
+body = json.dumps({"ProtectionEnabled": protect, "ExpiresInMinutes": 5}).encode()
+req = urllib.request.Request(os.environ["ECS_AGENT_URI"] + "/task-protection/v1/state", data=body, method="PUT",
+                             headers={"Content-Type": "application/json"})
+print("protection", json.load(urllib.request.urlopen(req, timeout=5))["protection"]["ProtectionEnabled"], flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def _request(method: str, url: str, body: Any = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return reply.status, json.load(reply)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+async def call(method: str, url: str, body: Any = None) -> tuple[int, Any]:
+    return await asyncio.to_thread(_request, method, url, body)
+
+
+class Harness:
+    def __init__(self, ecs: MotoEcs, agent: EcsAgent, log: io.StringIO) -> None:
+        self.ecs = ecs
+        self.agent = agent
+        self.log = log
+        self.client = boto3.client("ecs", endpoint_url=ecs.endpoint, region_name="us-east-1",
+                                   aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    async def set_desired(self, count: int) -> None:
+        await asyncio.to_thread(self.client.update_service, cluster=self.ecs.names.cluster,
+                                service=self.ecs.names.service, desiredCount=count)
+
+    async def service(self) -> dict[str, Any]:
+        reply = await asyncio.to_thread(self.client.describe_services, cluster=self.ecs.names.cluster,
+                                        services=[self.ecs.names.service])
+        return dict(reply["services"][0])
+
+    def live(self) -> dict[str, Any]:
+        return {t.worker_id: t for t in self.agent.live()}
+
+    async def until(self, condition: Any, timeout: float = 10.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not condition():
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"timed out; agent log:\n{self.log.getvalue()}")
+            await asyncio.sleep(0.05)
+
+    async def protected_reported(self, count: int) -> None:
+        await self.until(lambda: self.log.getvalue().count("| protection") >= count)
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Harness]:
+    log = io.StringIO()
+    ecs = MotoEcs(Names("agent-test", "agent-test-workers"), stop_timeout_s=1)
+    await asyncio.to_thread(ecs.start)
+    env = {"PROTECT": "worker-1,worker-3", "IGNORE_TERM": "worker-4", "PYTHONUNBUFFERED": "1"}
+    agent = await EcsAgent(ecs, LogSink(log), env, stop_timeout_s=1.0,
+                           worker_argv=[sys.executable, "-c", TASK]).start()
+    try:
+        yield Harness(ecs, agent, log)
+    finally:
+        await agent.shutdown()
+        ecs.stop()
+
+
+async def test_scale_in_stops_unprotected_tasks_only_and_waits_for_protection_to_end(harness: Harness) -> None:
+    await harness.set_desired(3)
+    await harness.until(lambda: len(harness.live()) == 3)
+    await harness.protected_reported(3)
+    service = await harness.service()
+    assert (service["desiredCount"], service["runningCount"]) == (3, 3)
+    first = harness.live()["worker-1"]
+    status, reply = await call("GET", harness.agent.agent_uri(first.id) + "/task-protection/v1/state")
+    assert status == 200 and reply["protection"]["ProtectionEnabled"] is True
+    assert reply["protection"]["TaskArn"] == first.arn and reply["protection"]["ExpirationDate"].endswith("Z")
+
+    await harness.set_desired(1)
+    # worker-2 is the only unprotected task: it goes; the two protected ones stay although one is surplus
+    await harness.until(lambda: set(harness.live()) == {"worker-1", "worker-3"})
+    await asyncio.sleep(1.0)
+    assert set(harness.live()) == {"worker-1", "worker-3"}
+    assert "1 surplus task(s) protected from scale-in" in harness.log.getvalue()
+    assert (await harness.service())["runningCount"] == 2
+
+    third = harness.live()["worker-3"]
+    status, reply = await call("PUT", harness.agent.agent_uri(third.id) + "/task-protection/v1/state",
+                               {"ProtectionEnabled": False})
+    assert status == 200 and reply["protection"]["ProtectionEnabled"] is False
+    await harness.until(lambda: set(harness.live()) == {"worker-1"})
+    await harness.until(lambda: "worker-3 stopped (exit -15)" in harness.log.getvalue())
+    service = await harness.service()
+    assert (service["desiredCount"], service["runningCount"]) == (1, 1)
+
+
+async def test_a_dead_task_is_replaced_and_a_task_ignoring_sigterm_is_killed(harness: Harness) -> None:
+    await harness.set_desired(1)
+    await harness.until(lambda: "worker-1" in harness.live())
+    await harness.protected_reported(1)
+    harness.live()["worker-1"].child.signal(9)
+    await harness.until(lambda: "worker-2" in harness.live())
+    assert "worker-1 exited on its own (exit -9); replacing it\n" in harness.log.getvalue()
+
+    await harness.set_desired(4)  # worker-3 .. worker-5; worker-4 ignores SIGTERM
+    await harness.until(lambda: len(harness.live()) == 4)
+    await harness.protected_reported(5)  # every task has made its protection call (worker-3 protects itself)
+    await harness.set_desired(1)
+    await harness.until(lambda: set(harness.live()) == {"worker-3"})
+    await harness.until(lambda: "worker-4 stopped (exit -9)" in harness.log.getvalue(), timeout=5)
+    assert "worker-4 | " in harness.log.getvalue()
+    assert "| did not stop within 1s: SIGKILL" in harness.log.getvalue()
+
+
+async def test_the_protection_endpoint_rejects_what_ecs_rejects(harness: Harness) -> None:
+    await harness.set_desired(1)
+    await harness.until(lambda: len(harness.live()) == 1)
+    [task] = harness.live().values()
+    url = harness.agent.agent_uri(task.id) + "/task-protection/v1/state"
+    for body in ({"ProtectionEnabled": "yes"}, {"ProtectionEnabled": True, "ExpiresInMinutes": 0},
+                 {"ProtectionEnabled": True, "ExpiresInMinutes": 2881}, {}):
+        status, reply = await call("PUT", url, body)
+        assert status == 400 and reply["error"]["Code"] == "InvalidParameterException", body
+    assert (await call("GET", harness.agent.agent_uri("nope") + "/task-protection/v1/state"))[0] == 404
+    status, reply = await call("PUT", url, {"ProtectionEnabled": True})
+    assert status == 200 and reply["protection"]["ProtectionEnabled"] is True  # default expiry: 2 hours
+
+
+async def test_a_crash_loop_slows_replacements_down() -> None:
+    log = io.StringIO()
+    ecs = MotoEcs(Names("agent-crash", "agent-crash-workers"), stop_timeout_s=1)
+    await asyncio.to_thread(ecs.start)
+    agent = await EcsAgent(ecs, LogSink(log), {}, worker_argv=[sys.executable, "-c", "raise SystemExit(3)"]).start()
+    harness = Harness(ecs, agent, log)
+    try:
+        await harness.set_desired(1)
+        await harness.until(lambda: "(crash loop)" in log.getvalue())
+        lines = [line for line in log.getvalue().splitlines() if "exited on its own (exit 3)" in line]
+        assert len(lines) == 3  # replaced at once twice; the third failure in a row is a crash loop
+        assert lines[-1].endswith("replacing it in 0.5s (crash loop)")
+    finally:
+        await agent.shutdown()
+        ecs.stop()
