@@ -1,0 +1,714 @@
+"""``python -m bench`` (``make bench``): start the stack, run the scenarios, print the table, write bench/out/.
+
+Scenarios (``--only`` takes a comma-separated subset):
+
+- S1  throughput: no-op jobs (mock 0 ms) by concurrent clients, fleet fixed at 1 and 2 workers
+- S2  latency, the reference: 80 jobs, mock 5 ms, 4 closed loops, 1 worker, window 4
+- S3  latency under load: 2,000 jobs, mock 5 ms, 32 closed loops, 1 worker, window 32
+- G   the gateway alone: submits/s into one uvicorn process, no workers
+- W   throughput vs window: S3's shape at windows 1, 4, 8, 32 (1 run each)
+- C   cold start: gateway module import (bench.gateway when present) and worker process start -> first job taken
+- D   worker drain, the core path without HTTP: pre-loaded jobs, 1 and 2 worker processes (bench.worker too,
+      when present)
+- K   core ceiling (bench.core)
+- E   elasticity simulation (bench.simulate, when present)
+
+Every job is accounted for (bench.load); any error, lost job or crashed scenario is printed and the exit status
+is 1. A missed target is reported, not an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import inspect
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import load, report
+from .stack import ROOT, Stack, spawn_worker, stop_process
+
+ALL = ("S1", "S2", "S3", "G", "W", "C", "D", "K", "E")
+CAVEAT = ("client, gateway, Valkey, scaler, emulator supervisor and workers all share this machine's cores; "
+          "the load generator's own CPU is taken from the system under test, and other processes on a shared "
+          "machine add noise (load average recorded per scenario)")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    repeats: int
+    s1_jobs: int
+    s1_clients: int
+    s2_jobs: int
+    s3_jobs: int
+    g_jobs: int
+    w_jobs: int
+    drain_jobs: int
+    warmup: int
+    deadline_s: float
+
+    @classmethod
+    def make(cls, quick: bool, repeats: int | None) -> Sizes:
+        if quick:
+            return cls(repeats or 1, 1000, 32, 80, 400, 1000, 300, 2000, 50, 120.0)
+        return cls(repeats or 3, 10_000, 32, 80, 2000, 5000, 1000, 10_000, 200, 300.0)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.only = set(args.only)
+        self.sizes = Sizes.make(args.quick, args.repeats)
+        self.out: Path = args.out
+        self.logs = self.out / "logs"
+        self.report: dict[str, Any] = {
+            "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "argv": sys.argv[1:], "quick": args.quick, "client": args.client, "repeats": self.sizes.repeats,
+            "stack_mode": args.stack, "stack_env": dict(args.env),
+            "caveats": [CAVEAT], "machine": report.machine(), "scenarios": {}, "extra_rows": [],
+            "throughput_vs_fleet": {}, "throughput_vs_window": {}, "failures": [],
+        }
+        self.latencies: dict[str, list[float]] = {}
+        self.progress: Any = None
+        self.console: Any = None
+
+    # ------------------------------------------------------------------ plumbing
+
+    def fail(self, message: str) -> None:
+        self.report["failures"].append(message)
+        if self.console is not None:
+            self.console.print(f"[red]error:[/] {message}", highlight=False)
+
+    def stack(self, name: str, workers: int, window: int, env: dict[str, str] | None = None) -> Stack:
+        env = {"INFERQ_LOG_LEVEL": self.args.log_level, **(env or {}), **dict(self.args.env)}
+        if self.args.log_level.upper() not in ("DEBUG", "INFO"):
+            env["UVICORN_ACCESS_LOG"] = "false"  # uvicorn's own per-request line (Lambda has none): --no-access-log
+        return Stack(workers=workers, window=window, mode=self.args.stack, env=env, log_dir=self.logs, name=name)
+
+    async def _run_load(self, st: Stack, kind: str, title: str, n: int, clients: int, latency_ms: int,
+                        name: str) -> load.LoadResult:
+        task = self.progress.add_task(title, total=n)
+        body = load.job_body(latency_ms)
+        roles0 = st.cpu_by_role()
+        cpu0 = time.process_time()
+        async with load.make_pool(st.url, st.api_key, clients, timeout_s=40.0, kind=self.args.client) as client:
+            if kind == "closed_loop":
+                result = await load.closed_loop(client, n, clients, body, name=name, deadline_s=self.sizes.deadline_s,
+                                                progress=lambda k: self.progress.advance(task, k))
+            else:
+                result = await load.burst(client, n, clients, body, name=name, deadline_s=self.sizes.deadline_s,
+                                          progress=lambda k: self.progress.advance(task, k))
+        self.progress.update(task, visible=False)
+        result.client_cpu_s = time.process_time() - cpu0
+        result.cpu_by_role = _cpu_delta(roles0, st.cpu_by_role(), result.client_cpu_s)
+        return result
+
+    async def _submit_only(self, st: Stack, title: str, n: int, clients: int) -> dict[str, Any]:
+        """Submits alone (no workers): every one must be answered 202 with a queued job."""
+        task = self.progress.add_task(title, total=n)
+        roles0, cpu0 = st.cpu_by_role(), time.process_time()
+        result = load._new_result("submit_only", n)
+        deadline = result.perf0 + self.sizes.deadline_s
+        counter = iter(range(n))
+        body = load.job_body(0)
+        async with load.make_pool(st.url, st.api_key, clients, kind=self.args.client) as pool:
+
+            async def submitter(client: Any) -> None:
+                for i in counter:
+                    if time.perf_counter() > deadline:
+                        return
+                    await load._submit(client, result, result.records[i], body)
+                    self.progress.advance(task, 1)
+
+            await load._bounded(result, [asyncio.create_task(submitter(pool.pick(i))) for i in range(clients)],
+                                deadline)
+        self.progress.update(task, visible=False)
+        result.elapsed_s = time.perf_counter() - result.perf0
+        for record in result.records:
+            if record.t_accepted is None and record.error is None:
+                result.fail(record, f"job #{record.index}: not submitted before the deadline")
+        summary = result.summary()
+        summary["ok"] = summary["accepted"] == n and result.error_count == 0
+        cpu = _cpu_delta(roles0, st.cpu_by_role(), time.process_time() - cpu0)
+        summary["cpu_s_by_role"] = cpu
+        summary["cpu_ms_per_job_by_role"] = {k: round(v * 1000 / n, 3) for k, v in cpu.items()}
+        summary["loadavg"] = list(os.getloadavg())
+        return summary
+
+    def scenario(self, key: str, title: str, config: dict[str, Any], runs: list[dict[str, Any]],
+                 target: dict[str, Any] | None = None, st: Stack | None = None) -> dict[str, Any]:
+        entry = {"title": title, "config": config, "runs": runs, "aggregate": report.aggregate(runs),
+                 "target": target or {}, "stack": st.describe() if st else None, "loadavg": list(os.getloadavg())}
+        self.report["scenarios"][key] = entry
+        for run in runs:
+            if run.get("errors") or not run.get("ok", False):
+                self.fail(f"{key}: {run.get('errors', 0)} error(s), {run.get('lost', 0)} lost, "
+                          f"{run.get('failed', 0)} failed, {run.get('refused', 0)} refused; first: "
+                          f"{(run.get('error_messages') or ['-'])[:5]}")
+        return entry
+
+    async def repeated(self, st: Stack, key: str, title: str, kind: str, n: int, clients: int, latency_ms: int,
+                       window: int, workers: int, target: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                       keep_latencies: bool = True) -> dict[str, Any]:
+        warm = await self._run_load(st, "closed_loop", f"{key} warm-up", self.sizes.warmup, clients, latency_ms,
+                                    "warmup")
+        if not warm.ok:
+            self.fail(f"{key} warm-up: {warm.error_count} error(s): {warm.errors[:5]}")
+        runs: list[dict[str, Any]] = []
+        pooled: list[float] = []
+        for i in range(self.sizes.repeats):
+            profilers = self.start_profilers(st, key) if self.args.profile and i == 0 else []
+            try:
+                result = await self._run_load(st, kind, f"{key} {title} run {i + 1}/{self.sizes.repeats}", n,
+                                              clients, latency_ms, key)
+            finally:
+                self.stop_profilers(profilers)
+            summary = result.summary()
+            summary["loadavg"] = list(os.getloadavg())
+            summary["client_cpu_s"] = round(result.client_cpu_s, 3)
+            summary["client_cpu_share_of_one_core"] = round(result.client_cpu_s / max(result.elapsed_s, 1e-9), 3)
+            summary["cpu_s_by_role"] = result.cpu_by_role
+            summary["cpu_ms_per_job_by_role"] = {k: round(v * 1000 / n, 3) for k, v in result.cpu_by_role.items()}
+            runs.append(summary)
+            pooled.extend(result.latencies_ms())
+        if keep_latencies:
+            self.latencies[key] = pooled
+        config = {"kind": kind, "jobs": n, "clients": clients, "workers": workers, "window": window,
+                  "latency_ms": latency_ms, "warmup_jobs": self.sizes.warmup}
+        entry = self.scenario(key, title, config, runs, st=st)
+        if keep_latencies:
+            entry["latencies_ms_all_runs"] = [round(v, 3) for v in pooled]
+        if target is not None:
+            entry["target"] = target(entry["aggregate"])
+        return entry
+
+    def start_profilers(self, st: Stack, key: str) -> list[tuple[subprocess.Popen[bytes], Path]]:
+        """py-spy on the gateway and each worker for one run (``--profile``): collapsed stacks in out/profiles/."""
+        tool = self.args.py_spy or shutil.which("py-spy")
+        if not tool:
+            self.report.setdefault("notes", []).append("--profile: py-spy not found (pip install py-spy)")
+            return []
+        folder = self.out / "profiles"
+        folder.mkdir(parents=True, exist_ok=True)
+        started = []
+        for role, pids in st.pids().items():
+            if role not in ("gateway", "worker"):
+                continue
+            for k, pid in enumerate(pids):
+                path = folder / f"{key.replace('/', '-')}-{role}{k}.txt"
+                process = subprocess.Popen([tool, "record", "-p", str(pid), "-o", str(path), "-f", "raw", "-r", "200",
+                                            "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                started.append((process, path))
+        time.sleep(0.5)  # py-spy attaches
+        return started
+
+    def stop_profilers(self, profilers: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
+        for process, path in profilers:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+            if path.exists():
+                path.with_suffix(".top.txt").write_text(profile_summary(path))
+
+    # ------------------------------------------------------------------ scenarios
+
+    async def http_scenarios(self) -> None:
+        sz = self.sizes
+        if {"S1", "S3"} & self.only:
+            with self.stack("w1x32", workers=1, window=32) as st:
+                if "S3" in self.only:
+                    await self.repeated(st, "S3", "latency under load", "closed_loop", sz.s3_jobs, 32, 5, 32, 1,
+                                        target=_s3_target)
+                if "S1" in self.only:
+                    await self.repeated(st, "S1/1w", "throughput, fleet 1", "burst", sz.s1_jobs, sz.s1_clients, 0,
+                                        32, 1, keep_latencies=False)
+        if "S1" in self.only:
+            with self.stack("w2x32", workers=2, window=32) as st:
+                await self.repeated(st, "S1/2w", "throughput, fleet 2", "burst", sz.s1_jobs, sz.s1_clients, 0, 32,
+                                    2, keep_latencies=False)
+            fleet: dict[str, Any] = {}
+            for workers, key in ((1, "S1/1w"), (2, "S1/2w")):
+                if key in self.report["scenarios"]:
+                    fleet[str(workers)] = self.report["scenarios"][key]["aggregate"]["jobs_per_s_to_last_finish"]
+            self.report["throughput_vs_fleet"]["S1 via HTTP (first submit -> last finished)"] = fleet
+        if "S2" in self.only:
+            with self.stack("w1x4", workers=1, window=4) as st:
+                await self.repeated(st, "S2", "latency (reference)", "closed_loop", sz.s2_jobs, 4, 5, 4, 1,
+                                    target=_s2_target)
+        if "G" in self.only:
+            with self.stack("gateway-alone", workers=0, window=32, env={"INFERQ_MAX_QUEUE_DEPTH": "0"}) as st:
+                warm = await self._submit_only(st, "G warm-up", sz.warmup, 32)
+                if not warm["ok"]:
+                    self.fail(f"G warm-up: {warm['error_messages'][:5]}")
+                runs = []
+                for i in range(sz.repeats):
+                    profilers = self.start_profilers(st, "G") if self.args.profile and i == 0 else []
+                    try:
+                        runs.append(await self._submit_only(st, f"G gateway alone run {i + 1}/{sz.repeats}",
+                                                            sz.g_jobs, 32))
+                    finally:
+                        self.stop_profilers(profilers)
+                config = {"kind": "submit_only", "jobs": sz.g_jobs, "clients": 32, "workers": 0, "window": "-",
+                          "latency_ms": 0}
+                entry = self.scenario("G", "gateway alone: POST /v1/jobs", config, runs, st=st)
+                entry["target"] = _gateway_target(entry["aggregate"]["submit_per_s"]["median"])
+        if "W" in self.only:
+            points: dict[str, Any] = {}
+            for window in (1, 4, 8, 32):
+                with self.stack(f"w1x{window}-sweep", workers=1, window=window) as st:
+                    saved = self.sizes
+                    self.sizes = Sizes(**{**saved.__dict__, "repeats": 1})
+                    try:
+                        entry = await self.repeated(st, f"W/{window}", f"window {window}", "closed_loop", sz.w_jobs,
+                                                    window, 5, window, 1, keep_latencies=False)
+                    finally:
+                        self.sizes = saved
+                    points[str(window)] = entry["aggregate"]["jobs_per_s"]
+            self.report["throughput_vs_window"]["closed loops = window, mock 5 ms, via HTTP"] = points
+
+    async def cold_and_drain(self) -> None:
+        """Worker cold start and worker drain (no HTTP) against an embedded Valkey of their own."""
+        import tempfile
+
+        from emulator.valkey import ValkeyProcess
+
+        with tempfile.TemporaryDirectory(prefix="inferq-bench-") as tmp, ValkeyProcess(Path(tmp)) as server:
+            if "C" in self.only:
+                await self.worker_cold_start(server.url)
+            if "D" in self.only:
+                await self.worker_drain(server.url)
+
+    async def worker_cold_start(self, redis_url: str) -> None:
+        from inferq.jobs import JobRequest
+        from inferq.queue import Queue
+        from inferq.settings import Settings
+
+        taken, finished = [], []
+        task = self.progress.add_task("C worker cold start", total=self.sizes.repeats)
+        for i in range(max(3, self.sizes.repeats)):
+            queue = f"bench-cold-{i}"
+            q = Queue.connect(Settings(redis_url=redis_url, queue=queue))
+            await q.ensure_groups()
+            job, _ = await q.enqueue("bench", JobRequest(body=load.job_body(0)["body"]))
+            t0 = time.time()
+            process = spawn_worker(redis_url, queue, 8, self.logs / "cold-worker.log")
+            try:
+                deadline = time.monotonic() + 60
+                seen = None
+                while time.monotonic() < deadline:
+                    seen = await q.get(job.id)
+                    if seen is not None and seen.status.terminal:
+                        break
+                    if process.poll() is not None:
+                        break
+                    await asyncio.sleep(0.005)
+                if seen is None or seen.status.value != "succeeded" or seen.started_at is None:
+                    self.fail(f"C: worker cold start {i}: the waiting job ended {seen and seen.status.value} "
+                              f"(worker exit {process.poll()})")
+                else:
+                    taken.append((float(seen.started_at) - t0) * 1000)
+                    finished.append((float(seen.finished_at or 0) - t0) * 1000)
+            finally:
+                stop_process(process, 30)
+                await q.close()
+            self.progress.advance(task, 1)
+        self.progress.update(task, visible=False)
+        self.report["cold_start"] = {
+            **self.report.get("cold_start", {}),
+            "worker_start_to_first_job_taken_ms": report.spread(taken),
+            "worker_start_to_first_job_done_ms": report.spread(finished),
+            "worker_method": "python -m gpu_worker spawned against a queue holding one job (mock 0 ms); time from "
+                             "Popen to the job's started_at / finished_at (server clock, same host)",
+        }
+        self.report["extra_rows"].append({
+            "what": "C worker cold start", "setup": f"python -m gpu_worker, 1 job waiting, x{len(taken)}",
+            "figures": f"process start -> job taken {report.fmt_spread(report.spread(taken))} ms; -> done "
+                       f"{report.fmt_spread(report.spread(finished))} ms"})
+
+    async def worker_drain(self, redis_url: str) -> None:
+        from inferq.jobs import JobRequest
+        from inferq.queue import Queue
+        from inferq.settings import Settings
+
+        n = self.sizes.drain_jobs
+        points: dict[str, Any] = {}
+        for fleet in (1, 2):
+            rates: list[float] = []
+            task = self.progress.add_task(f"D worker drain, {fleet} worker(s)", total=self.sizes.repeats)
+            for i in range(self.sizes.repeats):
+                queue = f"bench-drain-{fleet}-{i}"
+                q = Queue.connect(Settings(redis_url=redis_url, queue=queue, max_queue_depth=0))
+                await q.ensure_groups()
+                request = JobRequest(body=load.job_body(0)["body"])
+                for start in range(0, n, 500):
+                    await q.enqueue_many("bench", [request] * min(500, n - start))
+                processes = [spawn_worker(redis_url, queue, 32, self.logs / "drain-worker.log",
+                                          {"INFERQ_WORKER_ID": f"drain-{fleet}-{i}-{k}"}) for k in range(fleet)]
+                first = last = None
+                try:
+                    deadline = time.monotonic() + self.sizes.deadline_s
+                    while time.monotonic() < deadline:
+                        stats = await q.stats()
+                        done = stats.get("succeeded", 0)
+                        now = time.perf_counter()
+                        if done and first is None:
+                            first = (now, done)
+                        if done >= n or stats.get("unfinished", n) == 0:
+                            last = (now, done)
+                            break
+                        if any(p.poll() is not None for p in processes):
+                            break
+                        await asyncio.sleep(0.005)
+                    stats = await q.stats()
+                finally:
+                    for p in processes:
+                        stop_process(p, 30)
+                    await q.redis.delete(*[k async for k in q.redis.scan_iter(f"inferq:{{{queue}}}:*", count=1000)])
+                    await q.close()
+                if last is None or first is None or stats.get("succeeded", 0) != n:
+                    self.fail(f"D: drain with {fleet} worker(s): {stats.get('succeeded', 0)}/{n} succeeded, stats "
+                              f"{stats}")
+                elif last[0] > first[0]:
+                    rates.append((last[1] - first[1]) / (last[0] - first[0]))
+                self.progress.advance(task, 1)
+            self.progress.update(task, visible=False)
+            points[str(fleet)] = report.spread(rates)
+        self.report["worker_drain"] = {
+            "method": f"{n} no-op jobs pre-loaded with enqueue_many, then N x python -m gpu_worker (window 32, mock "
+                      "0 ms); jobs/s from the first to the last success seen in the queue's stats (no HTTP)",
+            "jobs_per_s_by_fleet": points,
+        }
+        self.report["throughput_vs_fleet"]["worker drain, no HTTP (core path)"] = points
+        per_process = points.get("1", {}).get("median")
+        target = _core_target(per_process)
+        self.report["extra_rows"].append({
+            "what": "D worker drain by fleet (core path, no HTTP)",
+            "setup": f"{n} pre-loaded no-op jobs, window 32, x{self.sizes.repeats}",
+            "figures": f"1 worker {report.fmt_spread(points.get('1'))} jobs/s; 2 workers "
+                       f"{report.fmt_spread(points.get('2'))} jobs/s",
+            "target": target["text"] + " (drain, 1 worker)", "verdict": report.verdict(target)})
+        self.report["worker_drain"]["target"] = target
+
+    def gateway_cold_import(self) -> None:
+        code = ("import time; t = time.perf_counter(); import functions.gateway.app; "
+                "print(time.perf_counter() - t)")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
+        env.update({"INFERQ_API_KEYS": "bench:benchbenchbench", "PYTHONPATH": str(ROOT)})
+        imports, processes = [], []
+        for _ in range(max(3, self.sizes.repeats)):
+            t0 = time.perf_counter()
+            out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                                 timeout=120)
+            wall = time.perf_counter() - t0
+            if out.returncode != 0:
+                self.fail(f"C: importing functions.gateway.app failed: {out.stderr[-500:]}")
+                return
+            imports.append(float(out.stdout.strip().splitlines()[-1]) * 1000)
+            processes.append(wall * 1000)
+        self.report["cold_start"] = {
+            **self.report.get("cold_start", {}),
+            "gateway_import_ms": report.spread(imports),
+            "gateway_process_to_imported_ms": report.spread(processes),
+        }
+        self.report["extra_rows"].append({
+            "what": "C gateway cold import", "setup": "fresh python, import functions.gateway.app",
+            "figures": f"import {report.fmt_spread(report.spread(imports))} ms; whole process "
+                       f"{report.fmt_spread(report.spread(processes))} ms"})
+
+    def others(self) -> None:
+        """The other engineers' parts, by their ``run`` functions, when they exist."""
+        quick = self.args.quick
+        parts: list[tuple[str, str, str]] = [("C", "bench.gateway", "gateway"), ("D", "bench.worker", "worker"),
+                                             ("K", "bench.core", "core"), ("E", "bench.simulate", "elasticity")]
+        for key, module_name, section in parts:
+            if key not in self.only:
+                continue
+            try:
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError as exc:
+                if exc.name == module_name:
+                    self.report.setdefault("missing_parts", []).append(module_name)
+                    continue
+                raise
+            task = self.progress.add_task(f"{key} {module_name}", total=None)
+            try:
+                params = inspect.signature(module.run).parameters
+                kwargs: dict[str, Any] = {"quick": quick} if "quick" in params else {}
+                if "out_dir" in params:
+                    kwargs["out_dir"] = self.out
+                section_report: dict[str, Any] = {}
+                with contextlib.redirect_stdout(_Tee(self.logs / f"{section}.txt")):
+                    returned = module.run(section_report, **kwargs)
+                self.report[f"part_{section}"] = section_report or returned
+                text = _elasticity_lines(self.report[f"part_{section}"]) if section == "elasticity" else None
+                if text is None and hasattr(module, "render"):
+                    with contextlib.suppress(Exception):
+                        text = module.render(returned)
+                if text is None:
+                    text = (self.logs / f"{section}.txt").read_text()[-1500:]
+                text = re.sub(r"\s*\[[^\]]*\]", "", text)  # method notes in brackets: kept in results.json
+                row = {"what": f"{key} {module_name}", "setup": f"run(report, quick={quick})", "figures": text.strip()}
+                if module_name == "bench.worker":
+                    part = self.report[f"part_{section}"]
+                    target = _core_target(_dig(part, "mock_0ms_end_to_end.jobs_per_s"))
+                    row.update(target=target["text"] + " (mock 0 ms end to end, 1 worker)",
+                               verdict=report.verdict(target))
+                    by_window = {w: _dig(r, "jobs_per_s") for w, r in (part.get("mock_5ms_by_window") or {}).items()}
+                    if by_window:
+                        self.report["throughput_vs_window"]["bench.worker: mock 5 ms, no HTTP"] = {
+                            w: {"median": v, "min": v, "max": v} for w, v in by_window.items() if v is not None}
+                self.report["extra_rows"].append(row)
+            except Exception as exc:
+                self.fail(f"{module_name}.run raised {type(exc).__name__}: {exc}")
+                self.report.setdefault("tracebacks", {})[module_name] = traceback.format_exc()
+            finally:
+                self.progress.update(task, visible=False)
+
+    # ------------------------------------------------------------------ main
+
+    async def run_async(self) -> None:
+        if {"S1", "S2", "S3", "G", "W"} & self.only:
+            await self._guard("HTTP scenarios", self.http_scenarios())
+        if {"C", "D"} & self.only:
+            await self._guard("worker cold start / drain", self.cold_and_drain())
+
+    async def _guard(self, what: str, coro: Any) -> None:
+        try:
+            await coro
+        except Exception as exc:
+            self.fail(f"{what}: {type(exc).__name__}: {exc}")
+            self.report.setdefault("tracebacks", {})[what] = traceback.format_exc()
+
+    def run(self) -> int:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console()
+        if self.console.width < 160:
+            self.console = Console(width=160)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=self.console, transient=False) as progress:
+            self.progress = progress
+            if "C" in self.only:
+                self.gateway_cold_import()
+            try:
+                import uvloop
+
+                uvloop.run(self.run_async())
+            except ImportError:
+                asyncio.run(self.run_async())
+            self.others()
+        self.report["duration_s"] = round(time.monotonic() - started, 1)
+        for scenario in self.report["scenarios"].values():
+            if scenario["config"]["kind"] == "burst":
+                agg = scenario["aggregate"]["jobs_per_s_to_last_finish"]
+                workers = scenario["config"]["workers"]
+                scenario["per_worker_jobs_per_s"] = (agg["median"] / workers) if agg["median"] else None
+                scenario["target"] = {"text": ">= 3,000/s per worker on the core path: see D (HTTP caps S1 at G)",
+                                      "met": None}
+        self.report["ok"] = not self.report["failures"]
+        paths = report.write(self.report, self.out)
+        try:
+            paths["plots"] = ", ".join(report.plots(self.report, self.latencies, self.out))
+        except Exception as exc:
+            self.fail(f"plots: {type(exc).__name__}: {exc}")
+        (self.out / "results.json").write_text(__import__("json").dumps(self.report, indent=2, default=str))
+        self.console.print(report.terminal_table(self.report))
+        for caveat in self.report["caveats"]:
+            self.console.print(f"[dim]note: {caveat}[/]")
+        if self.report.get("missing_parts"):
+            self.console.print(f"[yellow]not present, skipped:[/] {', '.join(self.report['missing_parts'])}")
+        self.console.print(f"written: {paths}  ({self.report['duration_s']} s)")
+        if self.report["failures"]:
+            self.console.print(f"[red]{len(self.report['failures'])} failure(s):[/]")
+            for failure in self.report["failures"]:
+                self.console.print(f"  - {failure}", highlight=False)
+            return 1
+        return 0
+
+
+class _Tee:
+    """stdout for another part's ``run``: kept in a file and passed through."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("w")
+        self.stdout = sys.stdout
+
+    def write(self, text: str) -> int:
+        self.file.write(text)
+        self.file.flush()
+        return self.stdout.write(text)
+
+    def flush(self) -> None:
+        self.file.flush()
+        self.stdout.flush()
+
+
+# Where a sample's time goes, by the innermost frame that matches (first match wins, checked from the leaf up).
+CATEGORIES = (
+    ("logging (uvicorn access log, log records)", ("logging/", "pythonjsonlogger", "aws_lambda_powertools/logging")),
+    ("json encode/decode", ("json/",)),
+    ("pydantic validation/serialisation", ("pydantic",)),
+    ("redis-py client (commands, pool, parser)", ("redis/", "hiredis")),
+    ("inferq queue code", ("inferq/",)),
+    ("gateway code (auth, edge, models, telemetry)", ("functions/gateway/",)),
+    ("worker code", ("gpu_worker/",)),
+    ("FastAPI/Starlette (middleware, routing, dependencies, responses)", ("fastapi/", "starlette/")),
+    ("uvicorn HTTP protocol (httptools)", ("uvicorn/",)),
+    ("prometheus metrics", ("prometheus_client/",)),
+    ("asyncio/uvloop, sockets, timeouts", ("asyncio/", "uvloop", "runners.py")),
+)
+
+
+def _category(frames: list[str]) -> str:
+    for frame in reversed(frames):
+        for name, needles in CATEGORIES:
+            if any(needle in frame for needle in needles):
+                return name
+    return "other"
+
+
+def profile_summary(path: Path, top: int = 40) -> str:
+    """Categories, then self and inclusive shares of the hottest frames, of a py-spy raw (collapsed stacks) file."""
+    total = 0
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    categories: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = stack.split(";")
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for frame in set(frames):
+            inclusive[frame] = inclusive.get(frame, 0) + n
+        category = _category(frames)
+        categories[category] = categories.get(category, 0) + n
+    if not total:
+        return "no samples\n"
+    out = [f"{total} samples (idle excluded)", "", "by category (innermost matching frame):"]
+    out += [f"{100 * v / total:5.1f}%  {k}" for k, v in sorted(categories.items(), key=lambda kv: -kv[1])]
+    out += ["", "self:"]
+    out += [f"{100 * v / total:5.1f}%  {k}" for k, v in sorted(own.items(), key=lambda kv: -kv[1])[:top]]
+    out += ["", "inclusive:"]
+    out += [f"{100 * v / total:5.1f}%  {k}" for k, v in sorted(inclusive.items(), key=lambda kv: -kv[1])[:top * 2]]
+    return "\n".join(out) + "\n"
+
+
+def _elasticity_lines(section: dict[str, Any]) -> str | None:
+    section = section.get("elasticity", section)
+    targets, results = section.get("targets"), section.get("results", {})
+    if not targets:
+        return None
+    lines = []
+    for key, t in targets.items():
+        name = results.get(key, {}).get("name", key)
+        lines.append(f"{name}: {t['gpu_saving_vs_always_on']:.0%} fewer GPU-minutes than always-on, p95 wait "
+                     f"{t['p95_ratio_vs_always_on']:.2f}x always-on; vs {t['against']}: fewer GPU-minutes "
+                     f"{t['fewer_gpu_minutes_than_keda']}, p95 not worse {t['p95_not_worse_than_keda']} -> "
+                     f"{'met' if t['met'] else 'MISSED'}")
+    return "\n".join(lines)
+
+
+def _cpu_delta(before: dict[str, float], after: dict[str, float], client_s: float) -> dict[str, float]:
+    delta = {role: round(after.get(role, 0.0) - before.get(role, 0.0), 3) for role in after}
+    delta["load generator (this process)"] = round(client_s, 3)
+    return delta
+
+
+def _dig(section: Any, path: str) -> float | None:
+    for part in path.split("."):
+        section = section.get(part) if isinstance(section, dict) else None
+    return float(section) if isinstance(section, int | float) else None
+
+
+def _median(agg: dict[str, Any], path: str) -> float | None:
+    value = agg.get(path, {}).get("median")
+    return float(value) if value is not None else None
+
+
+def _s2_target(agg: dict[str, Any]) -> dict[str, Any]:
+    p95 = _median(agg, "queue_to_done_ms.p95")
+    return {"text": "p95 <= 20 ms", "met": p95 is not None and p95 <= 20.0}
+
+
+def _s3_target(agg: dict[str, Any]) -> dict[str, Any]:
+    p95, rate = _median(agg, "queue_to_done_ms.p95"), _median(agg, "jobs_per_s")
+    met = p95 is not None and rate is not None and p95 <= 60.0 and rate >= 1000.0
+    return {"text": ">= 1,000 jobs/s and p95 <= 60 ms", "met": met}
+
+
+def _gateway_target(rate: float | None) -> dict[str, Any]:
+    return {"text": ">= 1,500 submits/s (one uvicorn process)", "met": rate is not None and rate >= 1500.0}
+
+
+def _core_target(per_process: float | None) -> dict[str, Any]:
+    return {"text": ">= 3,000 jobs/s per worker process", "met": per_process is not None and per_process >= 3000.0}
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.startswith(("INFERQ_", "UVICORN_")):
+        raise argparse.ArgumentTypeError(f"expected INFERQ_NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: small counts, 1 repeat")
+    parser.add_argument("--repeats", type=int, help="runs per scenario (default 3; --quick 1)")
+    parser.add_argument("--only", type=lambda s: [p.strip().upper() for p in s.split(",") if p.strip()],
+                        default=list(ALL), help=f"comma-separated subset of {','.join(ALL)} (S1 covers both fleets)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out", help="output folder (bench/out)")
+    parser.add_argument("--stack", choices=("emulator", "direct"), default="emulator",
+                        help="emulator: inferq up (default); direct: Valkey + uvicorn + workers without it")
+    parser.add_argument("--log-level", default="WARNING",
+                        help="INFERQ_LOG_LEVEL of the stack under test (default WARNING: no per-request log lines)")
+    parser.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                        help="load generator's HTTP client: raw (bench.load.RawClient, keep-alive, light: the "
+                             "default) or httpx (AsyncClient, ~1 ms CPU per request here)")
+    parser.add_argument("--env", action="append", default=[], type=_env_pair, metavar="INFERQ_NAME=VALUE",
+                        help="extra setting for the stack under test (repeatable); the caller's own INFERQ_* "
+                             "environment is not passed on")
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy the gateway and workers during the first run of each HTTP scenario "
+                             "(out/profiles/)")
+    parser.add_argument("--py-spy", help="path of py-spy (default: on PATH)")
+    args = parser.parse_args(argv)
+    unknown = set(args.only) - set(ALL)
+    if unknown:
+        parser.error(f"unknown scenario(s) {sorted(unknown)}; choose from {','.join(ALL)}")
+    return args
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds the ``with Stack`` blocks: every stack started is stopped
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    signal.signal(signal.SIGTERM, _terminate)
+    return Bench(args).run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
