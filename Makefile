@@ -29,6 +29,9 @@ lint: $(STAMP)
 	$(BIN)/mypy inferq functions gpu_worker emulator
 
 bench: $(STAMP)
+	@# the XADD ceiling needs valkey-benchmark or redis-benchmark (Debian redis-tools); best effort
+	@command -v valkey-benchmark >/dev/null || command -v redis-benchmark >/dev/null || \
+	  apt-get install -y -q redis-tools >/dev/null 2>&1 || echo "bench: no redis-benchmark; ceiling skipped"
 	$(BIN)/python -m bench $(ARGS)
 
 clean:
