@@ -126,10 +126,10 @@ _webhooks_missing_logged = False
 
 
 def webhook_pass(settings: Settings) -> WebhookPass | None:
-    """One webhook delivery pass per tick, when this artifact has the sender (``gpu_worker.webhooks``, httpx)."""
+    """One webhook delivery pass per tick, when this artifact has the sender's HTTP client (httpx)."""
     global _webhooks_missing_logged
     try:
-        from gpu_worker.webhooks import deliver_webhooks
+        from inferq.webhooks import deliver_webhooks
     except ImportError as exc:
         if not _webhooks_missing_logged:
             _webhooks_missing_logged = True

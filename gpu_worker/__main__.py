@@ -1,0 +1,65 @@
+"""``python -m gpu_worker``: one worker process, configured by the ``INFERQ_*`` environment.
+
+SIGTERM (ECS stopping the task, the emulator scaling in) or SIGINT: stop pulling, drain for ``INFERQ_DRAIN_S``,
+release the rest, exit 0. A second signal skips the rest of the drain. A bad setting exits 2 naming the variable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from inferq.queue import Queue
+from inferq.settings import Settings, SettingsError, load_or_exit
+
+from . import logs
+from .backends import build_backend
+from .fastpack import use_hiredis_packing
+from .metrics import WorkerMetrics
+from .protection import TaskProtection
+from .worker import Worker, default_worker_id
+
+log = logging.getLogger("gpu_worker")
+
+
+async def serve(settings: Settings) -> int:
+    queue = Queue.connect(settings)
+    use_hiredis_packing(queue.redis)
+    try:
+        backend = await build_backend(settings, queue.redis)
+    except (RuntimeError, SettingsError) as exc:
+        log.error("cannot start the %s backend: %s", settings.backend, exc)
+        await queue.close()
+        return 1
+    metrics = WorkerMetrics(settings.queue, settings.window)
+    metrics.serve(settings.metrics_port)
+    worker = Worker(
+        settings, queue, backend, metrics=metrics, protection=TaskProtection.from_environment(settings)
+    )
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, worker.stop)
+    try:
+        await worker.run()
+    finally:
+        await backend.aclose()
+        await queue.close()
+    return 0
+
+
+def main() -> int:
+    settings = load_or_exit()
+    if not settings.worker_id:
+        settings = settings.replace(worker_id=default_worker_id())
+    logs.configure(settings.log_level, settings.worker_id)
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(serve(settings))
+    return uvloop.run(serve(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""What every backend shares: the protocol, the two error kinds, and how an HTTP status is classified."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any, Protocol
+
+from inferq.jobs import Job
+
+RETRYABLE_STATUS = frozenset({408, 429})
+
+
+class BackendError(Exception):
+    """A model call that did not produce a result."""
+
+    def __init__(self, message: str, *, status_code: int | None = None, body: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.body = body
+
+    def to_error(self, type_: str) -> dict[str, Any]:
+        """The job's ``error`` object: ``{"type", "message"}`` plus the model server's status and body."""
+        error: dict[str, Any] = {"type": type_, "message": self.message}
+        if self.status_code is not None:
+            error["status_code"] = self.status_code
+        if self.body is not None:
+            error["body"] = self.body
+        return error
+
+
+class RetryableError(BackendError):
+    """Worth another attempt after a backoff: a timeout, a dropped connection, 408, 429 or 5xx."""
+
+
+class FatalError(BackendError):
+    """The request itself is wrong (any other 4xx): another attempt would fail the same way."""
+
+
+class Backend(Protocol):
+    """A model server. ``complete`` returns ``(status_code, body)`` for a 2xx answer and raises
+    :class:`RetryableError` or :class:`FatalError` otherwise. It must never block the event loop: the worker
+    renews leases from the same loop."""
+
+    name: str
+
+    async def complete(
+        self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job
+    ) -> tuple[int, Any]: ...
+
+    async def aclose(self) -> None: ...
+
+
+def is_retryable_status(status: int) -> bool:
+    return status in RETRYABLE_STATUS or status >= 500
+
+
+def check_status(status: int, body: Any) -> tuple[int, Any]:
+    """Pass a 2xx answer through; turn anything else into the right error."""
+    if 200 <= status < 300:
+        return status, body
+    message = error_message(body) or f"the model server answered {status}"
+    if is_retryable_status(status):
+        raise RetryableError(message, status_code=status, body=body)
+    raise FatalError(message, status_code=status, body=body)
+
+
+def error_message(body: Any) -> str | None:
+    """The human message inside an OpenAI-style error body (``{"error": {"message"}}`` or ``{"message"}``)."""
+    if isinstance(body, dict):
+        inner = body.get("error")
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return str(inner["message"])
+        if isinstance(body.get("message"), str):
+            return str(body["message"])
+        if isinstance(inner, str):
+            return inner
+    if isinstance(body, str) and body:
+        return body[:500]
+    return None
+
+
+def strip_mock(body: dict[str, Any]) -> dict[str, Any]:
+    """The request without ``mock``: only the mock backend ever sees its controls."""
+    if "mock" not in body:
+        return body
+    return {k: v for k, v in body.items() if k != "mock"}
+
+
+def parse_body(raw: bytes) -> Any:
+    """A model server's answer as JSON when it is JSON, else as (bounded) text."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw[:4000].decode("utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------- W3C trace context
+
+
+def new_traceparent() -> str:
+    return f"00-{random.getrandbits(128) or 1:032x}-{_span_id()}-01"
+
+
+def _span_id() -> str:
+    # trace and span ids need uniqueness, not secrecy: the cheap generator is enough (this runs once per job)
+    return f"{random.getrandbits(64) or 1:016x}"
+
+
+def trace_id(traceparent: str | None) -> str | None:
+    """The trace id of a ``traceparent`` header (``00-<32 hex>-<16 hex>-<2 hex>``), or None when malformed."""
+    if not traceparent:
+        return None
+    parts = traceparent.strip().split("-")
+    if len(parts) < 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        int(parts[1], 16)
+        int(parts[2], 16)
+    except ValueError:
+        return None
+    if parts[1] == "0" * 32:
+        return None
+    return parts[1].lower()
+
+
+def child_traceparent(traceparent: str | None) -> str:
+    """The header to send the model server: same trace, a new span (the worker's call) — or a new trace."""
+    tid = trace_id(traceparent)
+    if tid is None:
+        return new_traceparent()
+    flags = traceparent.strip().split("-")[3][:2] if traceparent else "01"
+    return f"00-{tid}-{_span_id()}-{flags}"

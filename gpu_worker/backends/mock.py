@@ -1,0 +1,166 @@
+"""The mock backend (DESIGN.md section 5, contract): a deterministic echo with failure controls, for tests,
+benchmarks and the emulator. Every call is counted in ``inferq:{Q}:mock:calls`` (job id -> calls) before it
+does anything else, so tests can prove how many times the model was really called."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from typing import Any
+
+from inferq.jobs import Job
+from inferq.keys import Keys
+
+from ..batching import Batcher
+from .base import FatalError, RetryableError
+
+CRASH_EXIT_CODE = 86
+"""Exit status of a worker that ``crash_deliveries`` brought down (what a segfaulting CUDA kernel looks like)."""
+
+
+def _control_int(controls: dict[str, Any], name: str) -> int:
+    value = controls.get(name)
+    if value is None or value is False:
+        return 0
+    if value is True:
+        return 1
+    if isinstance(value, int) and value >= 0:
+        return value
+    raise FatalError(f"mock.{name} must be a non-negative integer", status_code=400)
+
+
+def _text_of(content: Any) -> str:
+    """A message's text: a string, or the text parts of a content-parts list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def _truncate(text: str, body: dict[str, Any]) -> tuple[str, str]:
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    if isinstance(limit, int) and limit >= 0:
+        words = text.split()
+        if len(words) > limit:
+            return " ".join(words[:limit]), "length"
+    return text, "stop"
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def chat_answer(body: dict[str, Any], job: Job) -> dict[str, Any]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise FatalError("messages must be a non-empty list", status_code=400)
+    last_user = ""
+    prompt_words = 0
+    for message in messages:
+        if not isinstance(message, dict):
+            raise FatalError("each message must be an object", status_code=400)
+        text = _text_of(message.get("content"))
+        prompt_words += _words(text)
+        if message.get("role") == "user":
+            last_user = text
+    text, finish = _truncate(last_user, body)
+    return {
+        "id": f"chatcmpl-{job.id}",
+        "object": "chat.completion",
+        "created": int(job.created_at),
+        "model": body.get("model") or "mock",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+        ],
+        "usage": _usage(prompt_words, _words(text)),
+    }
+
+
+def completion_answer(body: dict[str, Any], job: Job) -> dict[str, Any]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+        prompts = [" ".join(map(str, prompt))]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompts = list(prompt)
+    else:
+        raise FatalError("prompt must be a string or a list of strings", status_code=400)
+    choices = []
+    completion_words = 0
+    for index, text in enumerate(prompts):
+        out, finish = _truncate(text, body)
+        completion_words += _words(out)
+        choices.append({"index": index, "text": out, "logprobs": None, "finish_reason": finish})
+    return {
+        "id": f"cmpl-{job.id}",
+        "object": "text_completion",
+        "created": int(job.created_at),
+        "model": body.get("model") or "mock",
+        "choices": choices,
+        "usage": _usage(sum(_words(p) for p in prompts), completion_words),
+    }
+
+
+class MockBackend:
+    name = "mock"
+
+    def __init__(self, redis: Any, keys: Keys) -> None:
+        self._redis = redis
+        self._key = keys.mock_calls
+        self._calls: Batcher[str, int] = Batcher(self._count)
+
+    async def _count(self, job_ids: list[str]) -> list[int]:
+        pipe = self._redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hincrby(self._key, job_id, 1)
+        return list(await pipe.execute())
+
+    async def complete(
+        self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job
+    ) -> tuple[int, Any]:
+        controls = body.get("mock") or {}
+        if not isinstance(controls, dict):
+            raise FatalError("mock must be an object", status_code=400)
+        await self._calls.submit(job.id)
+
+        crash = _control_int(controls, "crash_deliveries")
+        if crash and job.deliveries <= crash:
+            logging.getLogger(__name__).error(
+                "mock: crashing the worker on delivery %d of job %s", job.deliveries, job.id
+            )
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            sys.stderr.flush()
+            os._exit(CRASH_EXIT_CODE)
+        if controls.get("hang"):
+            await asyncio.Event().wait()  # never set: only the job timeout or a cancellation ends this
+        latency = _control_int(controls, "latency_ms")
+        if latency:
+            await asyncio.sleep(latency / 1000.0)
+        if controls.get("fatal"):
+            message = "mock: fatal error requested"
+            raise FatalError(
+                message, status_code=400,
+                body={"error": {"message": message, "type": "invalid_request_error", "code": 400}},
+            )
+        fail = _control_int(controls, "fail_attempts")
+        if job.attempts <= fail:
+            message = f"mock: failing attempt {job.attempts} of the first {fail}"
+            raise RetryableError(message, status_code=503, body={"error": {"message": message, "code": 503}})
+
+        if url == "/v1/chat/completions":
+            return 200, chat_answer(body, job)
+        if url == "/v1/completions":
+            return 200, completion_answer(body, job)
+        raise FatalError(f"unknown endpoint {url}", status_code=404)
+
+    async def aclose(self) -> None:
+        await self._calls.wait_idle()

@@ -1,0 +1,182 @@
+"""vLLM's engine in-process (``INFERQ_BACKEND=vllm``; GPU images with the ``vllm`` extra only).
+
+vLLM is imported only when this backend is chosen. The engine runs its model loop off the event loop (its engine
+core is a separate process, its outputs arrive through asyncio), so generating never blocks lease renewal; the
+chat template, the one piece of synchronous CPU work here, runs in a thread. The OpenAI request is translated
+here into a prompt and ``SamplingParams``, and the engine's output back into an OpenAI response, so results look
+the same whichever backend produced them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from inferq.jobs import Job
+from inferq.settings import Settings, SettingsError
+
+from .base import FatalError, RetryableError, strip_mock
+
+# OpenAI request field -> SamplingParams argument. Anything else in the body is not a sampling control
+# (model, messages, prompt, stream, user, ...) and is ignored, like vLLM's own server ignores unknown fields.
+SAMPLING_FIELDS = {
+    "max_tokens": "max_tokens",
+    "max_completion_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "n": "n",
+    "stop": "stop",
+    "seed": "seed",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "min_tokens": "min_tokens",
+    "ignore_eos": "ignore_eos",
+}
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
+
+
+def sampling_arguments(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """SamplingParams keyword arguments for an OpenAI request."""
+    arguments: dict[str, Any] = {}
+    for field, argument in SAMPLING_FIELDS.items():
+        if body.get(field) is not None:
+            arguments[argument] = body[field]
+    if "max_tokens" not in arguments:
+        # chat: until the context is full (vLLM's server does the same); completions: OpenAI's 16
+        arguments["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS if url == "/v1/completions" else None
+    if body.get("stream"):
+        raise FatalError("stream is not supported for queued jobs", status_code=400)
+    return arguments
+
+
+def completion_prompt(body: dict[str, Any]) -> str | dict[str, list[int]]:
+    """The engine prompt of a /v1/completions request: one string, or token ids."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return {"prompt_token_ids": list(prompt)}
+    raise FatalError("prompt must be one string or one list of token ids per job", status_code=400)
+
+
+def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise FatalError("messages must be a non-empty list of objects", status_code=400)
+    return messages
+
+
+def _usage(output: Any) -> dict[str, int]:
+    prompt = len(getattr(output, "prompt_token_ids", None) or [])
+    completion = sum(len(c.token_ids) for c in output.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def to_openai(url: str, model: str, request_id: str, output: Any) -> dict[str, Any]:
+    """An engine ``RequestOutput`` as an OpenAI ``chat.completion`` or ``text_completion``."""
+    created = int(time.time())
+    if url == "/v1/chat/completions":
+        choices: list[dict[str, Any]] = [
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": None,
+                "finish_reason": c.finish_reason,
+            }
+            for c in output.outputs
+        ]
+        return {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created, "model": model,
+                "choices": choices, "usage": _usage(output)}
+    choices = [
+        {"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason} for c in output.outputs
+    ]
+    return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created, "model": model,
+            "choices": choices, "usage": _usage(output)}
+
+
+class VllmBackend:
+    name = "vllm"
+
+    def __init__(
+        self, engine: Any, tokenizer: Any, model: str, sampling_params: Callable[..., Any]
+    ) -> None:
+        self._engine = engine
+        self._tokenizer = tokenizer
+        self._model = model
+        self._sampling_params = sampling_params
+
+    @classmethod
+    async def create(cls, settings: Settings) -> VllmBackend:
+        if not settings.vllm_model:
+            raise SettingsError("INFERQ_VLLM_MODEL", "is required when INFERQ_BACKEND=vllm")
+        try:
+            from vllm import AsyncEngineArgs, AsyncLLMEngine, SamplingParams
+        except ImportError as exc:
+            raise RuntimeError(
+                "INFERQ_BACKEND=vllm needs vLLM in this image (pip install 'inferq[vllm]'); "
+                "use INFERQ_BACKEND=openai with a vllm serve sidecar otherwise"
+            ) from exc
+        # the engine schedules at most the window's jobs at once: the worker never gives it more
+        args = AsyncEngineArgs(model=settings.vllm_model, max_num_seqs=max(settings.window, 1))
+        engine = AsyncLLMEngine.from_engine_args(args)
+        tokenizer = await engine.get_tokenizer()
+        return cls(engine, tokenizer, settings.vllm_model, SamplingParams)
+
+    async def _prompt(self, url: str, body: dict[str, Any]) -> Any:
+        if url == "/v1/chat/completions":
+            messages = chat_messages(body)
+            try:
+                return await asyncio.to_thread(
+                    self._tokenizer.apply_chat_template, messages, tokenize=False, add_generation_prompt=True
+                )
+            except (ValueError, TypeError, KeyError) as exc:
+                raise FatalError(f"cannot apply the chat template: {exc}", status_code=400) from exc
+        if url == "/v1/completions":
+            return completion_prompt(body)
+        raise FatalError(f"unknown endpoint {url}", status_code=404)
+
+    async def complete(
+        self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job
+    ) -> tuple[int, Any]:
+        body = strip_mock(body)
+        prompt = await self._prompt(url, body)
+        try:
+            params = self._sampling_params(**sampling_arguments(url, body))
+        except (ValueError, TypeError) as exc:
+            raise FatalError(f"invalid sampling parameters: {exc}", status_code=400) from exc
+        request_id = f"{job.id}-{job.attempts}-{uuid.uuid4().hex[:8]}"
+        final = None
+        try:
+            async for output in self._engine.generate(prompt, params, request_id):
+                final = output
+        except asyncio.CancelledError:
+            # timeout, cancellation or shutdown: free the sequence's KV cache now, not when it would have ended
+            await asyncio.shield(self._abort(request_id))
+            raise
+        except ValueError as exc:  # vLLM's answer to a request it cannot take (e.g. prompt longer than the model)
+            raise FatalError(str(exc), status_code=400, body={"error": {"message": str(exc), "code": 400}}) from exc
+        except Exception as exc:  # the engine died or failed: another attempt, maybe on another worker
+            raise RetryableError(f"vLLM engine error: {type(exc).__name__}: {exc}") from exc
+        if final is None:
+            raise RetryableError("vLLM engine returned no output")
+        return 200, to_openai(url, body.get("model") or self._model, request_id, final)
+
+    async def _abort(self, request_id: str) -> None:
+        with contextlib.suppress(Exception):  # best effort: the request may already be gone
+            await self._engine.abort(request_id)
+
+    async def aclose(self) -> None:
+        shutdown = getattr(self._engine, "shutdown", None)
+        if callable(shutdown):
+            result = shutdown()
+            if asyncio.iscoroutine(result):
+                await result

@@ -1,0 +1,93 @@
+"""Lease renewal: the worker's proof of life for each job it holds (G4).
+
+A separate task renews every live lease every ``min(1 s, claim-idle / 3)``, so an entry's idle time never nears
+``INFERQ_CLAIM_IDLE_MS`` while its worker is healthy, however long the inference runs: the backend call awaits
+I/O and never holds the event loop, so nothing it does can starve this task. The same call tells which jobs were
+cancelled (abort, finish ``cancelled``) and which were lost to another worker or already ended (abort, write
+nothing): the ``renew`` script answers one :class:`~inferq.queue.Lease` per entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from inferq.queue import Delivery, Lease, Queue
+
+from .redis_errors import TRANSIENT, cancelling
+
+log = logging.getLogger(__name__)
+
+
+class Abort:
+    """Why a job's backend call was cancelled from outside its task."""
+
+    CANCEL = "cancel"  # the client cancelled it: finish it cancelled
+    LOST = "lost"  # another worker holds it now, or it already ended: write nothing
+    SHUTDOWN = "shutdown"  # the drain is over: give it back without spending an attempt
+
+
+@dataclass(eq=False)
+class InFlight:
+    """A job this worker holds: its delivery, the task running it, and what is happening to it."""
+
+    delivery: Delivery
+    task: asyncio.Task[None] | None = None
+    abort: str | None = None
+    settling: bool = False  # the backend call is over and its outcome is being written: too late to abort
+
+    def cancel(self, reason: str) -> bool:
+        if self.settling or self.abort is not None or self.task is None or self.task.done():
+            return False
+        self.abort = reason
+        self.task.cancel()
+        return True
+
+
+def renew_interval_s(claim_idle_ms: int) -> float:
+    return min(1.0, claim_idle_ms / 3000.0)
+
+
+class LeaseKeeper:
+    def __init__(
+        self, queue: Queue, consumer: str, jobs: Callable[[], Iterable[InFlight]], *, claim_idle_ms: int,
+        on_error: Callable[[], None] | None = None,
+    ) -> None:
+        self.queue = queue
+        self.consumer = consumer
+        self.jobs = jobs
+        self.interval_s = renew_interval_s(claim_idle_ms)
+        self.on_error = on_error
+        self.renewals = 0
+
+    async def renew_once(self) -> None:
+        held = list(self.jobs())
+        if not held:
+            return
+        leases = await self.queue.renew(self.consumer, [f.delivery for f in held])
+        self.renewals += 1
+        for job, lease in zip(held, leases, strict=True):
+            if lease is Lease.HELD:
+                continue
+            reason = Abort.CANCEL if lease is Lease.CANCEL_REQUESTED else Abort.LOST
+            if job.cancel(reason):
+                log.info("aborting job %s: lease %s", job.delivery.job.id, lease.name.lower(),
+                         extra={"job_id": job.delivery.job.id})
+
+    async def run(self, stop: asyncio.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.renew_once()
+                failures = 0
+            except TRANSIENT as exc:  # keep trying each interval: a short outage costs no lease
+                if cancelling():
+                    raise asyncio.CancelledError from exc
+                failures += 1
+                if self.on_error:
+                    self.on_error()
+                if failures == 1 or failures % 30 == 0:
+                    log.warning("lease renewal failed (%d in a row): %s", failures, exc)

@@ -1,0 +1,517 @@
+"""The worker loop: pull through a window, run each job on the backend, write one outcome per attempt.
+
+Tasks of one worker, all on one event loop:
+
+- the pull loop reads only as many entries as it has free slots (``XREADGROUP COUNT free``), reclaims idle
+  entries of dead workers when slots are free (one suspect at a time, see ``_reclaim``), and starts one task
+  per job;
+- each job's task calls the backend under the job's timeout and writes the outcome: finish (succeeded, failed,
+  cancelled — coalesced with other jobs' into one round trip), retry with backoff, release, or nothing (lost);
+- :class:`~gpu_worker.leases.LeaseKeeper` renews the leases and aborts cancelled or lost jobs;
+- the maintenance task heartbeats and promotes due retries; the protection task holds ECS scale-in protection
+  while busy; the webhook task delivers terminal events (see ``webhooks.py``).
+
+Redis failures are retried with backoff everywhere; an outcome that cannot be written yet keeps its slot until
+it can (or, past the shutdown grace, is left to be reclaimed), so nothing that was not finished is lost (G8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from redis.exceptions import ResponseError
+
+from inferq.jobs import Job, JobStatus
+from inferq.keys import GROUP, WEBHOOK_GROUP
+from inferq.queue import Delivery, Outcome, Queue, Skipped
+from inferq.retry import backoff_ms
+from inferq.settings import Settings
+from inferq.webhooks import WebhookSender
+
+from .backends.base import Backend, FatalError, RetryableError, check_status, child_traceparent, trace_id
+from .batching import Batcher
+from .fastpack import use_hiredis_packing
+from .leases import Abort, InFlight, LeaseKeeper
+from .logs import bind_job
+from .metrics import WorkerMetrics
+from .protection import TaskProtection
+from .redis_errors import TRANSIENT, Backoff, cancelling
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+BLOCK_MS = 500
+"""Longest blocking read: bounds how long a stop request waits for the pull loop."""
+READ_BATCH = 256
+"""Most entries taken per read. With a window larger than this, the next batch is read and started while the
+previous one is still being finished, so the worker's CPU and Redis's work overlap."""
+SHUTDOWN_GRACE_S = 10.0
+"""After the drain, how long releases and late writes may retry against an unreachable Redis."""
+MAINTENANCE_S = 0.5
+HEARTBEAT_S = 1.0
+PRUNE_EVERY_S = 300.0
+GONE_AFTER_S = 3600.0
+
+
+PROTOCOL_FIELDS = ("queue", "claim_idle_ms", "max_attempts", "max_deliveries", "result_ttl_s", "events_maxlen")
+"""Settings the queue's scripts apply: the worker and its :class:`Queue` must agree on them."""
+
+
+def _check_same_protocol(worker: Settings, queue: Settings) -> None:
+    differ = [name for name in PROTOCOL_FIELDS if getattr(worker, name) != getattr(queue, name)]
+    if differ:
+        raise ValueError(f"the worker's and its queue's settings differ in {', '.join(differ)}")
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+@dataclass(frozen=True)
+class Settle:
+    """What to write for an attempt."""
+
+    kind: str  # "finish" | "retry" | "release" | "drop"
+    status: JobStatus | None = None
+    result: Any = None
+    error: Any = None
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: Settings,
+        queue: Queue,
+        backend: Backend,
+        *,
+        worker_id: str | None = None,
+        reader: Queue | None = None,
+        metrics: WorkerMetrics | None = None,
+        protection: TaskProtection | None = None,
+        webhooks: bool = True,
+        block_ms: int = BLOCK_MS,
+    ) -> None:
+        _check_same_protocol(settings, queue.settings)
+        self.settings = settings
+        self.queue = queue
+        self.backend = backend
+        self.id = worker_id or settings.worker_id or default_worker_id()
+        self.metrics = metrics or WorkerMetrics(settings.queue, settings.window)
+        self.protection = protection
+        self.block_ms = block_ms
+        self._own_reader = reader is None
+        # blocking reads get their own connection, with a socket timeout longer than the block
+        self.reader = reader or Queue.connect(settings, socket_timeout=settings.redis_timeout_s + block_ms / 1000.0)
+        use_hiredis_packing(self.reader.redis)
+        self._in_flight: dict[str, InFlight] = {}
+        self._suspects: set[str] = set()  # entries delivered before that never finished (see _reclaim)
+        self._next_reclaim = 0.0
+        self._slot_freed = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._skip_drain = asyncio.Event()
+        self._give_up_at: float | None = None
+        self._finishes: Batcher[tuple[Delivery, JobStatus, Any, Any], Outcome] = Batcher(self.queue.finish_many)
+        self.leases = LeaseKeeper(
+            queue, self.id, self._in_flight.values, claim_idle_ms=settings.claim_idle_ms,
+            on_error=self.metrics.redis_errors.inc,
+        )
+        self.webhooks = (
+            WebhookSender(queue, settings, self.id, on_outcome=self.metrics.webhook) if webhooks else None
+        )
+
+    # ------------------------------------------------------------------ control
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def stop(self, *, now: bool = False) -> None:
+        """Stop pulling and drain (SIGTERM); ``now`` skips the drain (a second signal)."""
+        if self._stopping.is_set() and not now:
+            now = True  # asked twice: the operator means it
+        self._stopping.set()
+        if self._give_up_at is None:  # writes against an unreachable Redis stop trying after the drain and grace
+            self._give_up_at = time.monotonic() + self.settings.drain_s + SHUTDOWN_GRACE_S
+        if now:
+            self._skip_drain.set()
+
+    async def run(self) -> None:
+        """Work until :meth:`stop`, then drain, release and deregister."""
+        await self._run(until_idle=False)
+
+    async def run_until_idle(self) -> None:
+        """Work until nothing is queued, delayed, pending or in flight (tests, batch jobs), then shut down."""
+        await self._run(until_idle=True)
+
+    async def _run(self, until_idle: bool) -> None:
+        if not await self._connect():
+            await self._close()
+            return
+        log.info("worker started", extra={"window": self.settings.window, "backend": self.backend.name})
+        side_stop = asyncio.Event()
+        background = [
+            asyncio.create_task(self.leases.run(side_stop), name="leases"),
+            asyncio.create_task(self._maintain(side_stop), name="maintenance"),
+        ]
+        if self.protection:
+            background.append(asyncio.create_task(self.protection.run(side_stop), name="protection"))
+        webhook_task = (
+            asyncio.create_task(self.webhooks.run(side_stop), name="webhooks") if self.webhooks else None
+        )
+        try:
+            await self._pull(until_idle)
+            await self._drain()
+        finally:
+            side_stop.set()
+            for task in background:
+                task.cancel()
+            if webhook_task is not None:
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(webhook_task, 5.0)
+            # bounded: a background task must never hold the shutdown (see redis_errors.cancelling)
+            _, stuck = await asyncio.wait(background, timeout=5.0)
+            if stuck:
+                log.error("background tasks did not stop: %s", ", ".join(t.get_name() for t in stuck))
+            await self._close()
+        log.info("worker stopped")
+
+    async def _connect(self) -> bool:
+        """Wait for Redis (a worker may start before it is reachable); False when stopped meanwhile."""
+        backoff = Backoff(cap_s=5.0)
+        while not self._stopping.is_set():
+            try:
+                await self.queue.ensure_groups()
+                return True
+            except TRANSIENT as exc:
+                if cancelling():
+                    raise asyncio.CancelledError from exc
+                self.metrics.redis_errors.inc()
+                if backoff.failures in (0, 10) or backoff.failures % 50 == 0:
+                    log.warning("cannot reach Redis (%s: %s); retrying with backoff", type(exc).__name__, exc)
+                await _first(asyncio.sleep(backoff.next()), self._stopping.wait())
+        return False
+
+    async def _close(self) -> None:
+        try:
+            await asyncio.wait_for(self.queue.forget_worker(self.id), 5.0)
+        except TRANSIENT as exc:  # (TimeoutError, wait_for's, is an OSError)
+            log.warning("could not deregister: %r", exc)
+        if self.webhooks:
+            await self.webhooks.aclose()
+        if self.protection:
+            await self.protection.close()
+        if self._own_reader:
+            await self.reader.close()
+
+    # ------------------------------------------------------------------ pulling
+
+    async def _pull(self, until_idle: bool) -> None:
+        window = self.settings.window
+        reclaim_every_s = min(self.settings.claim_idle_ms / 2000.0, 5.0)
+        backoff = Backoff()
+        # run-until-idle checks for idleness after each empty read: keep those reads short
+        block_ms = min(self.block_ms, 100) if until_idle else self.block_ms
+        while not self._stopping.is_set():
+            free = window - len(self._in_flight)
+            if free <= 0:
+                self._slot_freed.clear()
+                await _first(self._slot_freed.wait(), self._stopping.wait())
+                continue
+            try:
+                if time.monotonic() >= self._next_reclaim and not self._suspects:
+                    self._next_reclaim = time.monotonic() + reclaim_every_s
+                    await self._reclaim(free)
+                    free = window - len(self._in_flight)
+                    if free <= 0:
+                        continue
+                got, skipped = await self.reader.read(self.id, min(free, READ_BATCH), block_ms)
+                backoff.reset()
+            except TRANSIENT as exc:
+                if cancelling():
+                    raise asyncio.CancelledError from exc
+                self.metrics.redis_errors.inc()
+                if backoff.failures in (0, 10) or backoff.failures % 50 == 0:
+                    log.warning("cannot read from Redis (%s: %s); retrying with backoff", type(exc).__name__, exc)
+                await _first(asyncio.sleep(backoff.next()), self._stopping.wait())
+                continue
+            except Exception as exc:  # not a connection problem (a server error, a bug): loud, but keep going
+                if cancelling():
+                    raise asyncio.CancelledError from exc
+                log.exception("reading work failed; retrying with backoff")
+                await _first(asyncio.sleep(backoff.next()), self._stopping.wait())
+                continue
+            if self._stopping.is_set() and got:
+                for delivery in got:  # read while stopping: give them straight back
+                    await self._release(delivery)
+                self._count_skipped(skipped)
+                break
+            self._start(got, skipped)
+            if until_idle and not got and not skipped and not self._in_flight and await self._idle():
+                return
+
+    async def _reclaim(self, free: int) -> None:
+        """Take over idle entries one at a time, and stop at the first suspect.
+
+        A reclaimed job was delivered before and never finished: its worker died or hung, maybe because of this
+        very job (a poison request that crashes the model server). Such a suspect runs as the only suspect on
+        this worker. So a poison job meets fresh jobs only, and each of those dies with it at most once, then
+        runs as a suspect itself, never again beside the poison: innocent jobs are never dead-lettered for
+        another job's crashes (with INFERQ_MAX_DELIVERIES >= 2), and the poison alone reaches the limit."""
+        for _ in range(free):
+            got, skipped = await self.queue.reclaim(self.id, 1)
+            self._start(got, skipped)
+            if self._suspects or not (got or skipped):
+                return
+
+    async def _release(self, delivery: Delivery) -> None:
+        await self._retrying(lambda: self.queue.release(delivery))
+
+    async def _idle(self) -> bool:
+        if self._in_flight or not self._finishes.idle:
+            return False
+        try:
+            return (await self.queue.observe()).backlog == 0
+        except TRANSIENT:
+            return False
+
+    def _count_skipped(self, skipped: list[Skipped]) -> None:
+        for s in skipped:
+            self.metrics.skipped(s.code.name.lower())
+
+    def _start(self, deliveries: list[Delivery], skipped: list[Skipped]) -> None:
+        self._count_skipped(skipped)
+        if not deliveries:
+            return
+        now = time.time()
+        for delivery in deliveries:
+            job = InFlight(delivery)
+            self._in_flight[delivery.entry_id] = job
+            if delivery.job.deliveries > 1:
+                self._suspects.add(delivery.entry_id)
+            job.task = asyncio.create_task(self._run_job(job))
+            if delivery.reclaimed:
+                self.metrics.reclaimed.inc()
+            self.metrics.queue_wait.observe(max(0.0, now - delivery.job.created_at))
+        self._occupancy_changed()
+
+    def _occupancy_changed(self) -> None:
+        self.metrics.in_flight.set(len(self._in_flight))
+        if self.protection:
+            self.protection.set_busy(bool(self._in_flight))
+
+    # ------------------------------------------------------------------ one job
+
+    async def _run_job(self, job: InFlight) -> None:
+        delivery = job.delivery
+        record = delivery.job
+        traceparent = child_traceparent(record.traceparent)
+        bind_job(record.id, trace_id(traceparent))
+        timeout_s = record.timeout_s or self.settings.job_timeout_s
+        started = time.monotonic()
+        try:
+            settle = await self._call(job, timeout_s, traceparent)
+            job.settling = True
+            self.metrics.run_time.observe(time.monotonic() - started)
+            await self._settle(delivery, settle)
+        except Exception:  # a bug in writing the outcome: the entry is not renewed any more and will be reclaimed
+            log.exception("could not settle the job; it will be reclaimed after the claim-idle time")
+        finally:
+            self._in_flight.pop(delivery.entry_id, None)
+            if delivery.entry_id in self._suspects:
+                self._suspects.discard(delivery.entry_id)
+                self._next_reclaim = 0.0  # the next suspect, if any, may come now
+            self._slot_freed.set()
+            self._occupancy_changed()
+
+    async def _call(self, job: InFlight, timeout_s: int, traceparent: str) -> Settle:
+        record = job.delivery.job
+        if self.settings.log_payloads:
+            log.debug("request", extra={"url": record.url, "body": record.body})
+        deadline = asyncio.timeout(timeout_s)
+        try:
+            async with deadline:
+                status, body = await self.backend.complete(
+                    record.url, record.body, timeout_s=timeout_s, traceparent=traceparent, job=record
+                )
+            status, body = check_status(status, body)
+        except asyncio.CancelledError:
+            if job.abort is None:
+                raise  # not ours (the loop is shutting down): let it through
+            return self._aborted(job)
+        except Exception as exc:
+            if job.abort is not None:  # the abort's cancellation surfaced as another error (see cancelling())
+                return self._aborted(job)
+            return self._failed(record, exc, deadline.expired(), timeout_s)
+        if self.settings.log_payloads:
+            log.debug("response", extra={"status_code": status, "body": body})
+        return Settle("finish", JobStatus.SUCCEEDED, result={"status_code": status, "body": body})
+
+    def _aborted(self, job: InFlight) -> Settle:
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        if job.abort == Abort.CANCEL:
+            log.info("job cancelled while running")
+            return Settle("finish", JobStatus.CANCELLED,
+                          error={"type": "cancelled", "message": "the job was cancelled while running"})
+        if job.abort == Abort.SHUTDOWN:
+            return Settle("release")
+        log.info("job lost to another worker or already ended; dropping this attempt")
+        self.metrics.outcome("lost")
+        return Settle("drop")
+
+    def _failed(self, record: Job, error: Exception, timed_out: bool, timeout_s: int) -> Settle:
+        """Classify a failed attempt: retry (timeout, retryable, unexpected) or fail at once (fatal)."""
+        attempt = record.attempts
+        if isinstance(error, TimeoutError) and timed_out:
+            self.metrics.backend_error("timeout")
+            log.warning("attempt %d timed out after %d s", attempt, timeout_s)
+            return self._retry({"type": "timeout", "message": f"the attempt took longer than {timeout_s} s"})
+        if isinstance(error, TimeoutError):  # a timeout inside the backend, not the job's: retryable
+            error = RetryableError(f"timeout in the backend: {error!r}")
+        if isinstance(error, RetryableError):
+            self.metrics.backend_error("retryable")
+            log.warning("attempt %d failed, retryable: %s", attempt, error.message,
+                        extra={"status_code": error.status_code})
+            return self._retry(error.to_error("backend_error"))
+        if isinstance(error, FatalError):
+            self.metrics.backend_error("fatal")
+            log.warning("attempt %d failed, not retryable: %s", attempt, error.message,
+                        extra={"status_code": error.status_code})
+            return Settle("finish", JobStatus.FAILED, error=error.to_error("model_error"))
+        # a bug or an unexpected backend failure: retried, the attempts are bounded
+        self.metrics.backend_error("unexpected")
+        log.error("attempt %d failed unexpectedly", attempt, exc_info=error)
+        return self._retry({"type": "worker_error", "message": f"{type(error).__name__}: {error}"})
+
+    def _retry(self, error: dict[str, Any]) -> Settle:
+        return Settle("retry", error=error)
+
+    async def _settle(self, delivery: Delivery, settle: Settle) -> None:
+        outcome: Outcome | None
+        if settle.kind == "drop":
+            return
+        if settle.kind == "finish":
+            assert settle.status is not None
+            item = (delivery, settle.status, settle.result, settle.error)
+            outcome = await self._retrying(lambda: self._finishes.submit(item))
+            if outcome is Outcome.WRITTEN:
+                self.metrics.outcome(settle.status.value)
+        elif settle.kind == "retry":
+            attempt = delivery.job.attempts
+            delay = backoff_ms(attempt, self.settings.retry_base_ms, self.settings.retry_max_ms)
+            outcome = await self._retrying(lambda: self.queue.retry(delivery, delay_ms=delay, error=settle.error))
+            if outcome in (Outcome.RETRY_SCHEDULED, Outcome.DEAD_LETTERED):
+                self.metrics.outcome("retried" if outcome is Outcome.RETRY_SCHEDULED else "dead_lettered")
+        else:
+            outcome = await self._retrying(lambda: self.queue.release(delivery))
+            if outcome is Outcome.RELEASED:
+                self.metrics.outcome("released")
+        if outcome is Outcome.DUPLICATE:
+            self.metrics.duplicates.inc()
+        if outcome is None:
+            log.error("could not write the outcome (%s) before giving up; the entry will be reclaimed", settle.kind)
+        elif outcome not in (Outcome.WRITTEN, Outcome.RETRY_SCHEDULED, Outcome.RELEASED):
+            log.info("outcome of %s: %s", settle.kind, outcome.value)
+
+    async def _retrying(self, write: Callable[[], Awaitable[T]]) -> T | None:
+        """Run a Redis write until it succeeds; None only past the shutdown grace (the entry stays pending and
+        is reclaimed, so nothing is lost)."""
+        backoff = Backoff()
+        while True:
+            try:
+                return await write()
+            except TRANSIENT as exc:
+                if cancelling():
+                    raise asyncio.CancelledError from exc
+                self.metrics.redis_errors.inc()
+                if backoff.failures in (0, 10) or backoff.failures % 50 == 0:
+                    log.warning("Redis write failed (%s: %s); retrying with backoff", type(exc).__name__, exc)
+                if self._give_up_at is not None and time.monotonic() > self._give_up_at:
+                    return None
+                await asyncio.sleep(backoff.next())
+
+    # ------------------------------------------------------------------ background
+
+    async def _maintain(self, stop: asyncio.Event) -> None:
+        """Heartbeat (with the in-flight count), promotion of retries whose backoff is over, and now and then the
+        removal of what dead workers left behind."""
+        last_beat = 0.0
+        last_prune = time.monotonic()
+        while not stop.is_set():
+            try:
+                if time.monotonic() - last_beat >= HEARTBEAT_S:
+                    await self.queue.heartbeat(self.id, len(self._in_flight))
+                    last_beat = time.monotonic()
+                for _ in range(10):
+                    if await self.queue.promote(limit=100) < 100:
+                        break
+                if time.monotonic() - last_prune >= PRUNE_EVERY_S:
+                    last_prune = time.monotonic()
+                    await self._prune()
+            except TRANSIENT as exc:
+                if cancelling():
+                    raise asyncio.CancelledError from exc
+                self.metrics.redis_errors.inc()
+                log.debug("maintenance failed: %s", exc)
+            await asyncio.sleep(MAINTENANCE_S)
+
+    async def _prune(self, *, gone_after_s: float = GONE_AFTER_S) -> None:
+        """Forget workers killed without a goodbye: heartbeats older than ``gone_after_s``, and group consumers
+        idle that long holding nothing (a consumer with pending entries is never removed: that would strand
+        them; a live worker that is removed is simply recreated by its next read)."""
+        redis = self.queue.redis
+        now_ms = time.time() * 1000
+        beats = await redis.hgetall(self.queue.keys.workers)
+        stale = [w for w, beat in beats.items() if now_ms - int(beat.split(" ", 1)[0]) > gone_after_s * 1000]
+        if stale:
+            await redis.hdel(self.queue.keys.workers, *stale)
+        for stream, group in ((self.queue.keys.stream, GROUP), (self.queue.keys.events, WEBHOOK_GROUP)):
+            try:
+                consumers = await redis.xinfo_consumers(stream, group)
+            except ResponseError:
+                continue
+            for consumer in consumers:
+                name = consumer["name"]
+                if name != self.id and not consumer["pending"] and consumer["idle"] > gone_after_s * 1000:
+                    await redis.xgroup_delconsumer(stream, group, name)
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def _drain(self) -> None:
+        tasks = [j.task for j in self._in_flight.values() if j.task is not None]
+        if tasks and not self._skip_drain.is_set():
+            log.info("draining %d jobs for up to %d s", len(tasks), self.settings.drain_s)
+            # asyncio.wait never cancels what it waits for, so the jobs still running are left alone
+            await _first(asyncio.wait(tasks, timeout=self.settings.drain_s), self._skip_drain.wait())
+        self._give_up_at = time.monotonic() + SHUTDOWN_GRACE_S
+        left = [j for j in self._in_flight.values() if j.cancel(Abort.SHUTDOWN)]
+        if left:
+            log.info("releasing %d unfinished jobs", len(left))
+        tasks = [j.task for j in self._in_flight.values() if j.task is not None]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_S + 2)
+            for task in pending:  # stuck writing to an unreachable Redis: the entries will be reclaimed
+                task.cancel()
+        await self._finishes.wait_idle()
+
+
+async def _first(*aws: Awaitable[Any]) -> None:
+    """Wait until the first of ``aws`` completes, cancelling the rest."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()

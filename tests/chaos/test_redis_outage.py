@@ -1,0 +1,61 @@
+"""Redis going away under a running worker (G8): restarted, crashed (AOF always) or frozen. The worker
+reconnects with backoff and loses nothing it had not finished: every job ends succeeded, once."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+
+from emulator.valkey import ValkeyProcess
+from inferq.jobs import JobStatus
+from inferq.queue import Queue
+from inferq.settings import Settings
+from tests.integration.worker.support import chat, eventually, submit, terminal, terminal_events, worker_processes
+
+
+@pytest.mark.parametrize("outage", ["restart", "crash", "freeze"])
+async def test_the_worker_rides_out_a_redis_outage_and_loses_nothing(outage: str, tmp_path: Path) -> None:
+    server = ValkeyProcess(tmp_path / "valkey", appendfsync="always" if outage == "crash" else "everysec")
+    server.start()
+    settings = Settings(redis_url=server.url, queue="q" + uuid.uuid4().hex[:8], window=4, claim_idle_ms=10_000,
+                        redis_timeout_s=1.0, retry_base_ms=0, metrics_port=0)
+    queue = Queue.connect(settings)
+    try:
+        await queue.ensure_groups()
+        with worker_processes(settings, tmp_path) as spawn:
+            worker = spawn("survivor")
+            jobs = [await submit(queue, chat(f"q{i}", latency_ms=150)) for i in range(40)]
+
+            async def some_done() -> bool:
+                return (await queue.stats()).get("succeeded", 0) >= 8
+
+            await eventually(some_done, timeout=15, what="the first jobs")
+            if outage == "freeze":
+                server.freeze()
+                await asyncio.sleep(3)
+                server.thaw()
+            else:
+                server.kill() if outage == "crash" else server.stop()
+                await asyncio.sleep(2)
+                server.start()
+            for job in jobs:
+                done = await terminal(queue, job.id, timeout=30)
+                assert done.status is JobStatus.SUCCEEDED
+                assert len(await terminal_events(queue, job.id)) == 1
+            stats = await queue.stats()
+            assert stats["succeeded"] == 40 and stats["unfinished"] == 0
+            # a frozen server runs the writes it had received once it thaws, after the worker gave up waiting and
+            # tried again: those second tries find the job already written and count as duplicates (never more
+            # than the window); a restarted or crashed server never received the writes it missed
+            duplicates = stats.get("duplicate_results", 0)
+            assert duplicates <= settings.window if outage == "freeze" else duplicates == 0
+            assert worker.alive()
+            assert "retrying with backoff" in worker.output()
+            worker.terminate()
+            assert await worker.wait() == 0
+    finally:
+        await queue.close()
+        server.stop()

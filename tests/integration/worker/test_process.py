@@ -1,0 +1,99 @@
+"""``python -m gpu_worker`` as a real process: configuration errors, SIGTERM drain and hand-over, JSON logs,
+Prometheus metrics."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from emulator.valkey import free_port
+from inferq.jobs import JobStatus
+from inferq.queue import Queue
+from inferq.settings import Settings
+
+from .support import REPO, chat, mock_calls, status_is, submit, terminal, worker_env, worker_processes
+
+
+def test_a_bad_setting_stops_the_worker_with_exit_2_naming_the_variable(settings: Settings) -> None:
+    env = worker_env(settings, INFERQ_WINDOW="0")
+    done = subprocess.run([sys.executable, "-m", "gpu_worker"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "INFERQ_WINDOW" in lines[0]
+
+
+async def test_sigterm_drains_then_hands_unfinished_work_over_at_once(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # a long claim-idle: if the long job reached the second worker by reclaim, this test would time out
+    settings = settings.replace(claim_idle_ms=60_000, drain_s=3, window=4)
+    queue = Queue.connect(settings)
+    with worker_processes(settings, tmp_path) as spawn:
+        first = spawn("first")
+        await first.started(queue)
+        short = await submit(queue, chat("short", latency_ms=1500))  # ends within the drain
+        long = await submit(queue, chat("long", latency_ms=30_000))  # does not
+        await status_is(queue, long.id, "running")
+        await status_is(queue, short.id, "running")
+        first.terminate()
+        stopped = time.monotonic()
+        assert await first.wait(timeout=15) == 0
+        assert time.monotonic() - stopped < 6  # a 3 s drain, then out
+        assert (await queue.get(short.id)).status is JobStatus.SUCCEEDED  # type: ignore[union-attr]
+        released = await queue.get(long.id)
+        assert released is not None and released.status is JobStatus.QUEUED and released.attempts == 1
+        assert await queue.redis.hget(queue.keys.workers, "first") is None  # deregistered
+
+        second = spawn("second")
+        handed = time.monotonic()
+        await status_is(queue, long.id, "running", timeout=15)
+        assert time.monotonic() - handed < 15  # far below the 60 s claim-idle
+        assert await queue.redis.hget(queue.keys.job(long.id), "worker") == "second"
+        assert await mock_calls(queue, long.id) == 2
+        second.kill()
+    await queue.close()
+
+
+async def test_logs_are_json_with_job_and_trace_ids_and_never_the_prompt(
+    settings: Settings, queue: Queue, tmp_path: Path
+) -> None:
+    secret_prompt = "the-patient-record-7f3a9"
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    with worker_processes(settings, tmp_path) as spawn:
+        worker = spawn("logger")
+        job = await submit(queue, chat(secret_prompt, fatal=True), traceparent=trace)
+        await terminal(queue, job.id, timeout=15)
+        worker.terminate()
+        assert await worker.wait() == 0
+    text = worker.output()
+    assert secret_prompt not in text
+    lines = worker.log_lines()
+    assert len(lines) == len(text.strip().splitlines())  # every line is one JSON object
+    failed = [line for line in lines if line.get("job_id") == job.id]
+    assert failed and failed[0]["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert failed[0]["worker_id"] == "logger" and failed[0]["level"] == "WARNING"
+    assert any(line["msg"] == "worker stopped" for line in lines)
+
+
+async def test_metrics_are_served_on_the_metrics_port(settings: Settings, queue: Queue, tmp_path: Path) -> None:
+    port = free_port()
+    with worker_processes(settings, tmp_path) as spawn:
+        worker = spawn("measured", INFERQ_METRICS_PORT=str(port))
+        jobs = [await submit(queue, chat(f"q{i}")) for i in range(3)]
+        fatal = await submit(queue, chat("bad", fatal=True))
+        for job in [*jobs, fatal]:
+            await terminal(queue, job.id, timeout=15)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            scraped = response.read().decode()
+        worker.terminate()
+        assert await worker.wait() == 0
+    q = settings.queue
+    assert f'inferq_worker_jobs_total{{outcome="succeeded",queue="{q}"}} 3.0' in scraped
+    assert f'inferq_worker_jobs_total{{outcome="failed",queue="{q}"}} 1.0' in scraped
+    assert f'inferq_worker_backend_errors_total{{kind="fatal",queue="{q}"}} 1.0' in scraped
+    assert f'inferq_worker_window{{queue="{q}"}} 8.0' in scraped
+    assert "inferq_worker_queue_wait_seconds_bucket" in scraped and "inferq_worker_run_seconds_count" in scraped

@@ -1,0 +1,123 @@
+"""Webhooks: signed, retried after a failure, delivered once, also for jobs that ended without any worker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inferq.keys import WEBHOOK_GROUP
+from inferq.queue import Queue
+from inferq.settings import Settings
+from inferq.webhooks import SIGNATURE_HEADER, WebhookSender, deliver_webhooks, sign, verify
+
+from .support import Receiver, chat, eventually, submit, terminal, worker_processes
+
+SECRET = "whsec-test-secret"
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    server = Receiver()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    return settings.replace(webhook_secret=SECRET)
+
+
+def test_signature_is_an_hmac_of_timestamp_and_body() -> None:
+    body = b'{"id":"job_1"}'
+    header = sign(SECRET, 1764400000, body)
+    assert header.startswith("t=1764400000,v1=") and len(header.split("v1=")[1]) == 64
+    assert verify(SECRET, header, body, now=1764400010)
+    assert not verify(SECRET, header, body + b" ", now=1764400010)  # tampered body
+    assert not verify("other-secret", header, body, now=1764400010)
+    assert not verify(SECRET, header, body, now=1764400000 + 3600)  # an old delivery replayed
+    assert not verify(SECRET, "v1=abc", body)
+
+
+async def test_webhook_is_signed_retried_after_a_500_and_delivered_once(
+    settings: Settings, queue: Queue, receiver: Receiver, tmp_path: Path
+) -> None:
+    receiver.statuses = [500]
+    with worker_processes(settings, tmp_path) as spawn:
+        worker = spawn("hooked")
+        job = await submit(queue, chat("x"), webhook_url=receiver.url + "/hook", metadata={"k": "v"})
+        done = await terminal(queue, job.id, timeout=15)
+
+        async def two_posts() -> bool:
+            return len(receiver.requests) >= 2
+
+        await eventually(two_posts, timeout=15, what="the webhook retry")
+        await asyncio.sleep(1.5)  # nothing more comes once it was delivered
+        worker.terminate()
+        assert await worker.wait() == 0
+    assert len(receiver.requests) == 2
+    for method, path, headers, body in receiver.requests:
+        assert (method, path) == ("POST", "/hook")
+        assert verify(SECRET, headers[SIGNATURE_HEADER], body)
+        sent = json.loads(body)
+        assert sent["id"] == job.id and sent["status"] == "succeeded" and sent["metadata"] == {"k": "v"}
+        assert sent["result"] == done.result
+    stats = await queue.stats()
+    assert stats["webhooks_delivered"] == 1
+    assert await queue.redis.xpending(queue.keys.events, WEBHOOK_GROUP) == {
+        "pending": 0, "min": None, "max": None, "consumers": []}
+
+
+async def test_a_cancellation_made_with_no_worker_running_is_delivered_by_a_scaler_pass(
+    settings: Settings, queue: Queue, receiver: Receiver
+) -> None:
+    job = await submit(queue, chat("x"), webhook_url=receiver.url)
+    quiet = await submit(queue, chat("y"))
+    await queue.cancel("acme", job.id)
+    await queue.cancel("acme", quiet.id)
+    report = await deliver_webhooks(queue, settings, consumer="scaler")
+    assert (report.delivered, report.without_webhook, report.failed) == (1, 1, 0)
+    assert len(receiver.requests) == 1
+    sent = json.loads(receiver.requests[0][3])
+    assert sent["status"] == "cancelled" and sent["error"]["type"] == "cancelled"
+    again = await deliver_webhooks(queue, settings, consumer="scaler")
+    assert again.delivered == 0 and len(receiver.requests) == 1
+
+
+async def test_a_failed_delivery_waits_out_its_backoff_and_is_not_taken_by_another_consumer_meanwhile(
+    settings: Settings, queue: Queue, receiver: Receiver
+) -> None:
+    receiver.statuses = [503]
+    job = await submit(queue, chat("x"), webhook_url=receiver.url)
+    await queue.cancel("acme", job.id)
+    first = WebhookSender(queue, settings, "one")
+    second = WebhookSender(queue, settings, "two")
+    assert (await first.deliver_once()).failed == 1
+    assert (await second.deliver_once()).delivered == 0  # the retry is not due yet
+    started = time.monotonic()
+
+    async def retried() -> bool:
+        return (await second.deliver_once()).delivered == 1
+
+    await eventually(retried, timeout=10, interval=0.2, what="the retry")
+    assert time.monotonic() - started >= 2.5  # the lease: 3 s after the failed attempt
+    assert len(receiver.requests) == 2
+    await first.aclose()
+    await second.aclose()
+
+
+async def test_a_webhook_older_than_its_max_age_is_given_up(settings: Settings, receiver: Receiver) -> None:
+    settings = settings.replace(webhook_max_age_s=1)
+    queue = Queue.connect(settings)
+    await queue.ensure_groups()
+    job = await submit(queue, chat("x"), webhook_url=receiver.url)
+    await queue.cancel("acme", job.id)
+    await asyncio.sleep(1.1)
+    report = await deliver_webhooks(queue, settings)
+    assert report.abandoned == 1 and receiver.requests == []
+    assert (await queue.stats())["webhooks_abandoned"] == 1
+    await queue.close()

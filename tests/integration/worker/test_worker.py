@@ -1,0 +1,255 @@
+"""The worker loop in this process against a real Valkey: window, results, retries, timeouts, cancellation,
+leases and reclaim."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from gpu_worker.backends.mock import MockBackend
+from gpu_worker.worker import Worker
+from inferq.jobs import Job, JobStatus
+from inferq.queue import Queue
+from inferq.settings import Settings
+
+from .support import chat, eventually, mock_calls, running_worker, status_is, submit, terminal, terminal_events
+
+
+class CountingBackend(MockBackend):
+    """The mock, also recording how many calls run at once and which trace headers it got."""
+
+    def __init__(self, queue: Queue) -> None:
+        super().__init__(queue.redis, queue.keys)
+        self.running = 0
+        self.most = 0
+        self.traceparents: list[str] = []
+
+    async def complete(self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str,
+                       job: Job) -> tuple[int, Any]:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        self.traceparents.append(traceparent)
+        try:
+            return await super().complete(url, body, timeout_s=timeout_s, traceparent=traceparent, job=job)
+        finally:
+            self.running -= 1
+
+
+async def test_success_writes_the_model_answer_once(settings: Settings, queue: Queue) -> None:
+    job = await submit(queue, chat("what is a lease"))
+    await Worker(settings, queue, MockBackend(queue.redis, queue.keys)).run_until_idle()
+    done = await queue.get(job.id)
+    assert done is not None and done.status is JobStatus.SUCCEEDED
+    assert done.result is not None and done.result["status_code"] == 200
+    assert done.result["body"]["choices"][0]["message"]["content"] == "what is a lease"
+    assert done.attempts == 1 and await mock_calls(queue, job.id) == 1
+    assert len(await terminal_events(queue, job.id)) == 1
+    stats = await queue.stats()
+    assert stats["succeeded"] == 1 and stats["unfinished"] == 0
+
+
+async def test_window_bounds_the_jobs_in_flight(settings: Settings, queue: Queue) -> None:
+    backend = CountingBackend(queue)
+    jobs = [await submit(queue, chat(f"q{i}", latency_ms=100)) for i in range(12)]
+    await Worker(settings.replace(window=3), queue, backend).run_until_idle()
+    assert backend.most == 3
+    for job in jobs:
+        assert (await queue.get(job.id)).status is JobStatus.SUCCEEDED  # type: ignore[union-attr]
+
+
+async def test_traceparent_of_the_job_is_forwarded_with_a_new_span(settings: Settings, queue: Queue) -> None:
+    backend = CountingBackend(queue)
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    await submit(queue, chat("x"), traceparent=trace)
+    await submit(queue, chat("y"))
+    await Worker(settings, queue, backend).run_until_idle()
+    first, second = sorted(backend.traceparents, key=lambda t: "4bf92f35" not in t)
+    assert first.split("-")[1] == "4bf92f3577b34da6a3ce929d0e0e4736" and first != trace
+    assert len(second.split("-")[1]) == 32  # a job without a trace gets one
+
+
+async def test_retryable_failures_back_off_then_succeed(settings: Settings, queue: Queue) -> None:
+    settings = settings.replace(retry_base_ms=100, retry_max_ms=200, max_attempts=3)
+    job = await submit(queue, chat("x", fail_attempts=2))
+    await Worker(settings, queue, MockBackend(queue.redis, queue.keys)).run_until_idle()
+    assert (await queue.stats()).get("dead_lettered", 0) == 0
+    done = await queue.get(job.id)
+    assert done is not None and done.status is JobStatus.SUCCEEDED
+    assert done.attempts == 3 and await mock_calls(queue, job.id) == 3
+    assert (await queue.stats())["retried"] == 2
+
+
+async def test_retries_are_bounded_by_max_attempts_then_dead_lettered(settings: Settings) -> None:
+    settings = settings.replace(max_attempts=2)
+    queue = Queue.connect(settings)
+    job = await submit(queue, chat("x", fail_attempts=10))
+    await Worker(settings, queue, MockBackend(queue.redis, queue.keys)).run_until_idle()
+    done = await queue.get(job.id)
+    assert done is not None and done.status is JobStatus.FAILED and done.dead_lettered
+    assert done.attempts == 2 and await mock_calls(queue, job.id) == 2
+    assert done.error is not None and done.error["type"] == "backend_error" and done.error["status_code"] == 503
+    await queue.close()
+
+
+def test_a_worker_refuses_a_queue_with_other_protocol_settings(settings: Settings, queue: Queue) -> None:
+    try:
+        Worker(settings.replace(max_attempts=9), queue, MockBackend(queue.redis, queue.keys))
+    except ValueError as exc:
+        assert "max_attempts" in str(exc)
+    else:
+        raise AssertionError("expected a ValueError")
+
+
+async def test_fatal_error_fails_at_once_without_retry(settings: Settings, queue: Queue) -> None:
+    job = await submit(queue, chat("x", fatal=True))
+    await Worker(settings, queue, MockBackend(queue.redis, queue.keys)).run_until_idle()
+    done = await queue.get(job.id)
+    assert done is not None and done.status is JobStatus.FAILED and not done.dead_lettered
+    assert done.attempts == 1 and await mock_calls(queue, job.id) == 1
+    assert done.error is not None
+    assert done.error["type"] == "model_error" and done.error["status_code"] == 400
+    assert done.error["body"]["error"]["type"] == "invalid_request_error"
+
+
+async def test_hung_backend_times_out_while_other_jobs_keep_flowing(settings: Settings) -> None:
+    settings = settings.replace(window=4, max_attempts=2)
+    queue = Queue.connect(settings)
+    hung = await submit(queue, chat("stuck", hang=True), timeout_s=2)
+    others = [await submit(queue, chat(f"q{i}", latency_ms=50)) for i in range(24)]
+    started = time.time()
+    await Worker(settings, queue, MockBackend(queue.redis, queue.keys)).run_until_idle()
+    done = await queue.get(hung.id)
+    assert done is not None and done.status is JobStatus.FAILED and done.dead_lettered
+    assert done.error is not None and done.error["type"] == "timeout"
+    assert done.attempts == 2 and await mock_calls(queue, hung.id) == 2
+    assert done.finished_at is not None and done.finished_at - started >= 4  # two attempts of 2 s each
+    for other in others:
+        finished = await queue.get(other.id)
+        assert finished is not None and finished.status is JobStatus.SUCCEEDED
+        # the 24 others went through the 3 free slots long before the hung job's first timeout
+        assert finished.finished_at is not None and finished.finished_at - started < 2
+    await queue.close()
+
+
+async def test_cancelling_a_running_job_aborts_it_within_two_seconds(settings: Settings, queue: Queue) -> None:
+    async with running_worker(settings.replace(window=1), queue):
+        job = await submit(queue, chat("long", latency_ms=60_000))
+        await status_is(queue, job.id, "running")
+        asked = time.monotonic()
+        await queue.cancel("acme", job.id)
+        done = await terminal(queue, job.id, timeout=5)
+        assert time.monotonic() - asked < 2.0
+        assert done.status is JobStatus.CANCELLED
+        assert done.error is not None and done.error["type"] == "cancelled"
+        # the slot is free again: the next job runs at once
+        after = await submit(queue, chat("next"))
+        assert (await terminal(queue, after.id, timeout=5)).status is JobStatus.SUCCEEDED
+    assert await mock_calls(queue, job.id) == 1
+
+
+async def test_a_job_running_three_times_the_claim_idle_time_is_not_stolen(
+    settings: Settings, queue: Queue
+) -> None:
+    assert settings.claim_idle_ms == 1000
+    job = await submit(queue, chat("slow", latency_ms=3000))
+    async with running_worker(settings, queue, worker_id="first") as first:
+        await status_is(queue, job.id, "running")
+        # a second, idle worker keeps trying to reclaim idle entries all along
+        async with running_worker(settings, queue, worker_id="thief"):
+            done = await terminal(queue, job.id, timeout=10)
+        assert first.leases.renewals >= 3
+    assert done.status is JobStatus.SUCCEEDED
+    assert await mock_calls(queue, job.id) == 1
+    assert (await queue.stats()).get("reclaimed", 0) == 0
+
+
+async def test_entries_of_a_dead_consumer_are_reclaimed_after_claim_idle(settings: Settings, queue: Queue) -> None:
+    job = await submit(queue, chat("orphan"))
+    taken, _ = await queue.read("dead-worker", 1)  # a worker that took the job and died
+    assert [d.job.id for d in taken] == [job.id]
+    started = time.monotonic()
+    async with running_worker(settings, queue):
+        done = await terminal(queue, job.id, timeout=10)
+    assert 1.0 <= time.monotonic() - started < 5
+    assert done.status is JobStatus.SUCCEEDED and await mock_calls(queue, job.id) == 1
+    assert (await queue.stats())["reclaimed"] == 1
+
+
+async def test_a_cancelled_job_of_a_dead_worker_is_ended_without_calling_the_model(
+    settings: Settings, queue: Queue
+) -> None:
+    job = await submit(queue, chat("orphan"))
+    await queue.read("dead-worker", 1)
+    await queue.cancel("acme", job.id)  # running: only flagged, and its worker is gone
+    await Worker(settings, queue, MockBackend(queue.redis, queue.keys)).run_until_idle()
+    done = await queue.get(job.id)
+    assert done is not None and done.status is JobStatus.CANCELLED
+    assert await mock_calls(queue, job.id) == 0
+
+
+async def test_heartbeat_reports_in_flight_and_stop_deregisters(settings: Settings, queue: Queue) -> None:
+    async with running_worker(settings.replace(drain_s=0), queue, worker_id="beater"):
+        job = await submit(queue, chat("x", latency_ms=3000))
+        await status_is(queue, job.id, "running")
+
+        async def beats_one() -> bool:
+            beat = await queue.redis.hget(queue.keys.workers, "beater")
+            return beat is not None and beat.endswith(" 1")
+
+        await eventually(beats_one, 5, what="a heartbeat with one job in flight")
+        observation = await queue.observe()
+        assert observation.workers == 1 and observation.in_flight == 1
+    assert await queue.redis.hget(queue.keys.workers, "beater") is None
+
+
+async def test_stop_releases_unfinished_jobs_without_spending_an_attempt(settings: Settings, queue: Queue) -> None:
+    job = await submit(queue, chat("long", latency_ms=60_000))
+    async with running_worker(settings.replace(drain_s=0), queue):
+        await status_is(queue, job.id, "running")
+    released = await queue.get(job.id)
+    assert released is not None and released.status is JobStatus.QUEUED
+    assert released.attempts == 1 and released.deliveries == 0
+    assert (await queue.stats())["released"] == 1
+    observation = await queue.observe()
+    assert observation.lag == 1 and observation.pending == 0  # at once available to any other worker
+
+
+async def test_stop_drains_jobs_that_finish_within_the_drain(settings: Settings, queue: Queue) -> None:
+    job = await submit(queue, chat("short", latency_ms=500))
+    async with running_worker(settings.replace(drain_s=10), queue):
+        await status_is(queue, job.id, "running")
+    done = await queue.get(job.id)
+    assert done is not None and done.status is JobStatus.SUCCEEDED
+
+
+async def test_many_jobs_each_finish_exactly_once(settings: Settings, queue: Queue) -> None:
+    jobs = [await submit(queue, chat(f"q{i}", latency_ms=i % 7)) for i in range(300)]
+    workers = [Worker(settings.replace(window=16), queue, MockBackend(queue.redis, queue.keys), worker_id=name)
+               for name in ("a", "b")]
+    await asyncio.gather(*(worker.run_until_idle() for worker in workers))
+    calls = await queue.redis.hgetall(queue.keys.mock_calls)
+    assert len(calls) == 300 and set(calls.values()) == {"1"}
+    stats = await queue.stats()
+    assert stats["succeeded"] == 300 and stats["unfinished"] == 0 and stats.get("duplicate_results", 0) == 0
+    events = await queue.redis.xrange(queue.keys.events)
+    assert sorted(f["job"] for _, f in events) == sorted(j.id for j in jobs)
+
+
+async def test_pruning_forgets_dead_workers_but_never_a_consumer_holding_entries(
+    settings: Settings, queue: Queue
+) -> None:
+    from inferq.keys import GROUP
+
+    await queue.read("gone-idle", 1)  # a consumer that holds nothing
+    await submit(queue, chat("held"))
+    await queue.read("gone-holding", 1)  # a consumer that died holding an entry
+    await queue.heartbeat("gone-idle", 0, now=int(time.time() * 1000) - 10_000)
+    await asyncio.sleep(0.6)
+    await queue.heartbeat("alive", 0)
+    worker = Worker(settings, queue, MockBackend(queue.redis, queue.keys), worker_id="pruner")
+    await worker._prune(gone_after_s=0.5)
+    consumers = {c["name"] for c in await queue.redis.xinfo_consumers(queue.keys.stream, GROUP)}
+    assert consumers == {"gone-holding"}
+    assert set(await queue.redis.hkeys(queue.keys.workers)) == {"alive"}
+    await worker.reader.close()
