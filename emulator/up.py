@@ -43,8 +43,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
     parser.add_argument("--data-dir", type=Path, default=Path(".inferq"), help="Valkey data, dev key (default .inferq)")
     parser.add_argument("--redis-url", help="use this Redis/Valkey instead of starting the embedded Valkey")
-    parser.add_argument("--valkey-port", type=int, default=DEFAULT_VALKEY_PORT,
-                        help=f"port of the embedded Valkey (default {DEFAULT_VALKEY_PORT}; 0 picks a free one)")
+    parser.add_argument("--valkey-port", type=int, default=None,
+                        help=f"port of the embedded Valkey (default {DEFAULT_VALKEY_PORT}, or a free one when that is "
+                        "taken; 0 always picks a free one)")
     return parser.parse_args(argv)
 
 
@@ -349,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"inferq up: --redis-url {exc.args[0].split(': ', 1)[1]}", file=sys.stderr)
             return 2
     ports = [("--port", args.host, args.port)]
+    if args.valkey_port is None:
+        # the fixed default lets `sam local` find the emulator's Valkey; a second stack on this machine still starts
+        args.valkey_port = DEFAULT_VALKEY_PORT if bind_error("127.0.0.1", DEFAULT_VALKEY_PORT) is None else 0
     if not args.redis_url and args.valkey_port:
         ports.append(("--valkey-port", "127.0.0.1", args.valkey_port))
     lock = lock_data_dir(args.data_dir)

@@ -72,8 +72,11 @@ def chat(text: str, **mock: Any) -> dict[str, Any]:
 class Emulator:
     """One ``inferq up`` subprocess and an HTTP client for its gateway."""
 
-    def __init__(self, data_dir: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self, data_dir: Path, env: dict[str, str], valkey_args: tuple[str, ...] = ("--valkey-port", "0")
+    ) -> None:
         self.data_dir = data_dir
+        self.valkey_args = valkey_args
         self.port = free_port()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERQ_", "AWS_"))}
         self.env.update(env)
@@ -93,7 +96,7 @@ class Emulator:
 
     def start(self, timeout: float = 60.0) -> Emulator:
         argv = [sys.executable, "-m", "inferq.cli", "up", "--port", str(self.port), "--data-dir", str(self.data_dir),
-                "--valkey-port", "0"]
+                *self.valkey_args]
         log = self.log_path.open("ab")
         started = time.monotonic()
         self.process = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,

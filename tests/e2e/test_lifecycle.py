@@ -120,6 +120,27 @@ def test_a_port_in_use_stops_inferq_up_at_start(stack: Emulator, tmp_path: Path)
     assert f"{stack.port} is already in use" in result.stderr
 
 
+def test_a_taken_default_valkey_port_does_not_stop_a_second_stack(tmp_path: Path) -> None:
+    """With no --valkey-port, 6380 is preferred (sam local finds it there) but a busy one falls back to a free port."""
+    import socket
+
+    from emulator.up import DEFAULT_VALKEY_PORT
+
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", DEFAULT_VALKEY_PORT))
+        holder.listen()
+    except OSError:
+        pass  # already taken by something else: the case under test all the same
+    emulator = Emulator(tmp_path / "data", {}, valkey_args=())
+    try:
+        emulator.start()
+        assert emulator.client.get("/readyz").status_code == 200
+    finally:
+        emulator.stop()
+        holder.close()
+
+
 def test_the_dev_key_is_kept_in_the_data_dir_and_reused(stack: Emulator) -> None:
     from emulator.up import dev_api_key
 
