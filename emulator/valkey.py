@@ -88,7 +88,9 @@ class ValkeyProcess:
         else:
             args += ["--appendonly", "no"]
         if self.cluster:
-            args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+            # the bus port defaults to port + 10000, past 65535 for a high free port: pick one explicitly
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                     "--cluster-port", str(free_port(self.host))]
         return args + list(self.extra_args)
 
     def start(self, timeout: float = 10.0) -> ValkeyProcess:

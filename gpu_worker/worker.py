@@ -444,7 +444,8 @@ class Worker:
     # ------------------------------------------------------------------ background
 
     async def _maintain(self, stop: asyncio.Event) -> None:
-        """Heartbeat (with the in-flight count), promotion of retries whose backoff is over, and now and then the
+        """Heartbeat (with the in-flight count), promotion of retries whose backoff is over, expiry of jobs past their
+        ``ttl_s`` that no attempt started (a full window would otherwise keep them queued), and now and then the
         removal of what dead workers left behind."""
         last_beat = 0.0
         last_prune = time.monotonic()
@@ -456,6 +457,7 @@ class Worker:
                 for _ in range(10):
                     if await self.queue.promote(limit=100) < 100:
                         break
+                await self.queue.expire_due(limit=100)
                 if time.monotonic() - last_prune >= PRUNE_EVERY_S:
                     last_prune = time.monotonic()
                     await self._prune()

@@ -27,6 +27,8 @@ def connect(settings: Settings, *, cluster: bool | None = None, socket_timeout: 
         "socket_timeout": timeout,
         "socket_connect_timeout": min(timeout, 2.0),
         "health_check_interval": 30,
+        # every long-poll waiter holds a connection while it blocks: a small pool would turn waits into 503s
+        "max_connections": settings.redis_max_connections,
     }
     if settings.redis_auth_secret:
         username, password = auth_from_secret(settings.redis_auth_secret)

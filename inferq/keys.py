@@ -46,6 +46,11 @@ class Keys:
         return self.prefix + "delayed"
 
     @property
+    def expiry(self) -> str:
+        """Sorted set of jobs with a ``ttl_s``, scored by when they expire unless an attempt has started."""
+        return self.prefix + "expiry"
+
+    @property
     def events(self) -> str:
         return self.prefix + "events"
 

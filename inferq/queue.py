@@ -162,6 +162,12 @@ class Queue:
     async def ensure_groups(self) -> None:
         """Create the worker group on the stream and the webhook group on the events stream, at id 0 with
         MKSTREAM: a group made at ``$`` would silently skip entries added before it."""
+        counters = ("unfinished", "enqueued", "succeeded", "failed", "cancelled", "expired", "retried",
+                    "reclaimed", "released", "dead_lettered", "duplicate_results", "skipped_terminal", "redriven")
+        pipe = self.redis.pipeline(transaction=False)
+        for counter in counters:  # every counter readable from the start, not only once first incremented
+            pipe.hsetnx(self.keys.stats, counter, 0)
+        await pipe.execute()
         for stream, group in ((self.keys.stream, GROUP), (self.keys.events, WEBHOOK_GROUP)):
             try:
                 await self.redis.xgroup_create(stream, group, id="0", mkstream=True)
@@ -172,7 +178,7 @@ class Queue:
     # ------------------------------------------------------------------ the HTTP side
 
     def _enqueue_call(self, tenant: str, request: JobRequest, job_id: str, now: int) -> tuple:
-        keys = [self.keys.stream, self.keys.stats, self.keys.job(job_id)]
+        keys = [self.keys.stream, self.keys.stats, self.keys.expiry, self.keys.job(job_id)]
         if request.idempotency_key is not None:
             keys.append(self.keys.idem(tenant, idempotency_digest(request.idempotency_key)))
         fields: list[Any] = ["url", request.url, "body", canonical_json(request.body)]
@@ -181,13 +187,14 @@ class Queue:
         if request.timeout_s is not None:
             fields += ["timeout_s", request.timeout_s]
         if request.ttl_s is not None:
-            fields += ["ttl_s", request.ttl_s, "expires_at", now + request.ttl_s * 1000]
+            fields += ["ttl_s", request.ttl_s]
         if request.webhook_url:
             fields += ["webhook_url", request.webhook_url]
         if request.traceparent:
             fields += ["trace", request.traceparent]
+        expires_at = now + request.ttl_s * 1000 if request.ttl_s is not None else ""
         args = [job_id, tenant, request.digest(), self.settings.max_queue_depth, now, self.settings.result_ttl_s,
-                *fields]
+                expires_at, *fields]
         return ("enqueue", keys, args)
 
     async def _enqueued(self, tenant: str, request: JobRequest, job_id: str, now: int, reply: Any) -> tuple[Job, bool]:
@@ -211,13 +218,13 @@ class Queue:
             )
             return job, False
         if code == 1:
-            replayed = await self.get(reply[1])
-            if replayed is None:  # its record expired under a live key: the key no longer protects anything
+            record = await self.redis.hgetall(self.keys.job(reply[1]))
+            if not record or "status" not in record:  # its record expired under a live key: it protects nothing
                 await self.redis.delete(self.keys.idem(tenant, idempotency_digest(request.idempotency_key or "")))
                 return await self.enqueue(tenant, request, now=now)
-            return replayed, True
-        if code == Code.CONFLICT:
-            raise IdempotencyConflict(reply[1])
+            if record.get("digest") != request.digest():
+                raise IdempotencyConflict(reply[1])
+            return Job.from_hash(record), True
         if code == Code.QUEUE_FULL:
             raise QueueFull(int(reply[1]))
         raise QueueError(f"enqueue returned {reply!r}")
@@ -246,6 +253,10 @@ class Queue:
         job = Job.from_hash(record)
         if tenant is not None and job.tenant != tenant:
             return None
+        expires_at = record.get("expires_at")
+        if job.status is JobStatus.QUEUED and expires_at and not job.started_at and int(expires_at) < now_ms():
+            await self._expire_calls([job_id])  # its ttl_s passed while it waited: expire it now, not at pick-up
+            return await self.get(job_id, tenant)
         return job
 
     async def wait(self, job_id: str, tenant: str | None, timeout_s: float) -> Job | None:
@@ -333,7 +344,7 @@ class Queue:
 
     def _start_call(self, entry_id: str, job_id: str, consumer: str, now: int, reclaimed: bool) -> tuple:
         keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.dlq, self.keys.job(job_id),
-                self.keys.done(job_id)]
+                self.keys.done(job_id), self.keys.expiry]
         args = [entry_id, consumer, now, self.settings.max_deliveries, self.settings.result_ttl_s,
                 self.settings.events_maxlen, "1" if reclaimed else "0"]
         return ("start", keys, args)
@@ -450,6 +461,22 @@ class Queue:
         keys = [self.keys.stream, *(self.keys.job(d.job.id) for d in deliveries)]
         codes = await self.scripts("renew", keys, [consumer, *(d.entry_id for d in deliveries)])
         return [Lease(int(c)) for c in codes]
+
+    async def _expire_calls(self, job_ids: Sequence[str], now: int | None = None) -> int:
+        now = now or now_ms()
+        calls = [
+            ("expire", [self.keys.stream, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.expiry,
+                        self.keys.job(j), self.keys.done(j)],
+             [j, now, self.settings.result_ttl_s, self.settings.events_maxlen])
+            for j in job_ids
+        ]
+        return sum(1 for reply in await self.scripts.many(calls) if int(reply[0]) == 0)
+
+    async def expire_due(self, *, now: int | None = None, limit: int = 100) -> int:
+        """Expire jobs whose ``ttl_s`` passed before an attempt started (sweeps by the scaler and the workers)."""
+        now = now or now_ms()
+        due = await self.redis.zrangebyscore(self.keys.expiry, "-inf", now, start=0, num=limit)
+        return await self._expire_calls(due, now) if due else 0
 
     async def promote(self, *, now: int | None = None, limit: int = 100) -> int:
         """Move due retries from the delayed set into the stream."""

@@ -211,6 +211,10 @@ class Scaler:
                 await asyncio.wait_for(self.queue.promote(), self._redis_wait_s)
             except REDIS_ERRORS as exc:
                 self.logger.warning("scaler: could not promote due retries", extra={"error": f"{exc}"})
+        try:  # jobs whose ttl_s passed unstarted leave the unfinished count even with no worker up
+            await asyncio.wait_for(self.queue.expire_due(), self._redis_wait_s)
+        except REDIS_ERRORS as exc:
+            self.logger.warning("scaler: could not expire jobs past their ttl_s", extra={"error": f"{exc}"})
         if self.webhooks is not None:
             try:
                 tick.webhooks = await self.webhooks(

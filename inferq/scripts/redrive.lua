@@ -32,7 +32,8 @@ if dlqEntry and dlqEntry ~= '' then
 end
 rcall('PERSIST', jobKey)
 rcall('DEL', doneKey)
-rcall('HDEL', jobKey, 'result', 'error', 'last_error', 'started_at', 'finished_at', 'dlq_entry', 'cancel', 'worker')
+rcall('HDEL', jobKey, 'result', 'error', 'last_error', 'started_at', 'finished_at', 'dlq_entry', 'cancel', 'worker',
+  'expires_at')
 local entry = rcall('XADD', streamKey, '*', 'job', jobId, 'attempt', '1')
 rcall('HSET', jobKey, 'status', 'queued', 'attempts', '1', 'deliveries', '0', 'dead_lettered', '0', 'entry', entry,
   'redriven_at', ARGV[2])

@@ -9,6 +9,7 @@
   KEYS[4] dlq
   KEYS[5] job record
   KEYS[6] done (long-poll wakeup)
+  KEYS[7] expiry (a started job can no longer expire)
 
   ARGV[1] entry id
   ARGV[2] consumer (worker id)
@@ -27,6 +28,7 @@
 ]]
 local rcall = redis.call
 local streamKey, statsKey, eventsKey, dlqKey, jobKey, doneKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local expiryKey = KEYS[7]
 local entryId, consumer, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local maxDeliveries, resultTtl, eventsMaxlen, reclaimed = tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
 
@@ -62,6 +64,7 @@ if cancel == '1' then
 end
 if expiresAt and expiresAt ~= '' and (not startedAt or startedAt == '') and now > tonumber(expiresAt) then
   ackEntry(streamKey, entryId)
+  rcall('ZREM', expiryKey, jobId)
   terminate(jobKey, doneKey, statsKey, eventsKey, jobId, 'expired', now, resultTtl, eventsMaxlen,
     {'error', '{"type":"expired","message":"no attempt started within ttl_s"}'})
   return {-7, 'expired'}
@@ -79,6 +82,9 @@ end
 rcall('HSET', jobKey, 'status', 'running', 'worker', consumer, 'leased_at', now)
 if not startedAt or startedAt == '' then
   rcall('HSET', jobKey, 'started_at', now)
+  if expiresAt and expiresAt ~= '' then
+    rcall('ZREM', expiryKey, jobId)
+  end
 end
 local record = rcall('HGETALL', jobKey)
 table.insert(record, 1, 0)

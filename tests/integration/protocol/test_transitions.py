@@ -53,8 +53,8 @@ async def live_entries(q: Queue, job_id: str) -> list[str]:
 def test_every_script_declares_its_keys_and_loads() -> None:
     names = {s.name for s in all_scripts()}
     assert names == {"enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive",
-                     "observe"}
-    assert load("enqueue").min_keys == 3 and load("enqueue").max_keys == 4
+                     "expire", "observe"}
+    assert load("enqueue").min_keys == 4 and load("enqueue").max_keys == 5
     assert load("renew").max_keys is None
 
 
@@ -86,6 +86,8 @@ async def test_same_idempotency_key_and_request_replays_the_same_job(q: Queue) -
     again, replayed = await q.enqueue("t", req(idempotency_key="k1"))
     assert replayed and again.id == first.id
     assert len(await live_entries(q, first.id)) == 1
+    [idem_key] = await q.redis.keys(q.keys.prefix + "idem:t:*")
+    assert await q.redis.get(idem_key) == first.id  # the key holds the job id (DESIGN.md section 4)
 
 
 async def test_same_idempotency_key_with_another_request_is_a_conflict(q: Queue) -> None:
@@ -164,6 +166,35 @@ async def test_start_dead_letters_past_max_deliveries(q: Queue) -> None:
     stored = await q.get(job.id)
     assert stored and stored.dead_lettered and stored.error and stored.error["type"] == "max_deliveries"
     assert await q.redis.xlen(q.keys.dlq) == 1 and await q.redis.xlen(q.keys.stream) == 0
+
+
+async def test_a_job_past_its_ttl_expires_without_any_worker(q: Queue) -> None:
+    """The sweep (scaler, workers) and a read both expire it: it leaves the unfinished count at once."""
+    swept, _ = await q.enqueue("t", req(ttl_s=1), now=now_ms() - 5000)
+    read, _ = await q.enqueue("t", req(ttl_s=1), now=now_ms() - 5000)
+    kept, _ = await q.enqueue("t", req(ttl_s=600))
+    assert (await q.get(read.id, "t")).status is JobStatus.EXPIRED  # type: ignore[union-attr]
+    assert await q.expire_due() == 1
+    stored = await q.get(swept.id)
+    assert stored and stored.status is JobStatus.EXPIRED and stored.error and stored.error["type"] == "expired"
+    assert await live_entries(q, swept.id) == [] and await q.redis.zcard(q.keys.expiry) == 1
+    assert (await q.stats())["unfinished"] == 1 and (await q.get(kept.id)).status is JobStatus.QUEUED  # type: ignore[union-attr]
+    assert await q.wait(swept.id, "t", 1) is not None  # the wakeup was pushed: no wait
+
+
+async def test_a_started_job_can_no_longer_expire(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req(ttl_s=1))
+    (d,), _ = await q.read("w1", 1)
+    await q.release(d)
+    assert await q.redis.zcard(q.keys.expiry) == 0
+    assert await q.expire_due(now=now_ms() + 10_000) == 0
+    (d2,), _ = await q.read("w1", 1)
+    assert d2.job.id == job.id
+
+
+async def test_every_counter_is_readable_from_the_start(q: Queue) -> None:
+    stats = await q.stats()
+    assert stats["duplicate_results"] == 0 and stats["reclaimed"] == 0 and stats["unfinished"] == 0
 
 
 async def test_start_expires_a_job_whose_ttl_passed_before_any_attempt(q: Queue) -> None:
@@ -374,6 +405,17 @@ async def test_wait_returns_as_soon_as_the_job_is_terminal(q: Queue) -> None:
     assert all(r and r.status is JobStatus.SUCCEEDED for r in results)
     assert loop.time() - started < 5
     assert (await q.wait(job.id, "other", 1)) is None
+
+
+async def test_hundreds_of_concurrent_waits_do_not_exhaust_the_connection_pool(q: Queue) -> None:
+    job, _ = await q.enqueue("t", req())
+    waits = [asyncio.create_task(q.wait(job.id, "t", 3)) for _ in range(300)]
+    await asyncio.sleep(0.3)
+    assert await q.get(job.id, "t") is not None  # other calls still get a connection while 300 block
+    (d,), _ = await q.read("w1", 1)
+    await q.finish(d, JobStatus.SUCCEEDED, result={"status_code": 200, "body": {}})
+    results = await asyncio.gather(*waits)
+    assert all(r and r.status is JobStatus.SUCCEEDED for r in results)
 
 
 async def test_wait_times_out_with_the_job_as_it_is(q: Queue) -> None:

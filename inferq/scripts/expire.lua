@@ -1,0 +1,54 @@
+--[[
+  Expire a job whose ttl_s passed before any attempt started, wherever it waits (stream, delayed set), so it
+  leaves the unfinished count at once instead of when a worker next has a free slot. Called by the scaler's and
+  the workers' sweeps over the expiry index, and by the gateway when it reads such a job.
+  A job that started, or already ended, just leaves the index.
+
+  KEYS[1] stream
+  KEYS[2] stats
+  KEYS[3] events
+  KEYS[4] delayed
+  KEYS[5] expiry
+  KEYS[6] job record
+  KEYS[7] done (long-poll wakeup)
+
+  ARGV[1] job id
+  ARGV[2] now (ms)
+  ARGV[3] result TTL (s)
+  ARGV[4] events max length
+
+  Returns
+    {0}            expired now
+    {1}            not due, started or already ended: nothing to do (left the index unless not due)
+    -1 NOT_FOUND
+]]
+local rcall = redis.call
+local streamKey, statsKey, eventsKey, delayedKey, expiryKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local jobKey, doneKey = KEYS[6], KEYS[7]
+local jobId, now, resultTtl, eventsMaxlen = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+
+--- @include "ackEntry"
+--- @include "isTerminal"
+--- @include "terminate"
+
+local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'expires_at', 'started_at')
+local status, entry, expiresAt, startedAt = job[2], job[3], job[4], job[5]
+if not job[1] then
+  rcall('ZREM', expiryKey, jobId)
+  return {-1}
+end
+if TERMINAL[status] or status ~= 'queued' or (startedAt and startedAt ~= '') or not expiresAt or expiresAt == '' then
+  rcall('ZREM', expiryKey, jobId)
+  return {1}
+end
+if now <= tonumber(expiresAt) then
+  return {1}
+end
+if entry and entry ~= '' then
+  ackEntry(streamKey, entry)
+end
+rcall('ZREM', delayedKey, jobId)
+rcall('ZREM', expiryKey, jobId)
+terminate(jobKey, doneKey, statsKey, eventsKey, jobId, 'expired', now, resultTtl, eventsMaxlen,
+  {'error', '{"type":"expired","message":"no attempt started within ttl_s"}'})
+return {0}
