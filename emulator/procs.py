@@ -13,7 +13,9 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO
 
@@ -43,13 +45,23 @@ def child_setup(death_signal: int = signal.SIGTERM) -> Callable[[], None]:
 
 
 class LogSink:
-    """Writes lines as ``role | text``, like docker compose, colouring the prefix on a terminal."""
+    """Writes lines as ``role | text``, like docker compose, colouring the prefix on a terminal.
 
-    def __init__(self, stream: TextIO | None = None, width: int = 9) -> None:
+    A thread does the writing, so a reader that stops reading our stdout (a full pipe) can never block the
+    supervisor's event loop, and with it the whole stack. Past ``backlog`` waiting lines, children's lines are
+    dropped and counted; the supervisor's own lines (``say``: ready, stopping, stopped) are always kept."""
+
+    def __init__(self, stream: TextIO | None = None, width: int = 9, backlog: int = 10_000) -> None:
         self.stream = stream or sys.stdout
         self.width = width
+        self.backlog = backlog
         self.colour = self.stream.isatty() and not os.environ.get("NO_COLOR")
         self._colours: dict[str, int] = {}
+        self._pending: deque[str] = deque()
+        self._dropped = 0
+        self._ready = threading.Condition()
+        self._writer = threading.Thread(target=self._write_forever, name="log-writer", daemon=True)
+        self._writer.start()
 
     def _prefix(self, role: str) -> str:
         label = f"{role:<{self.width}}|"
@@ -59,20 +71,45 @@ class LogSink:
         code = self._colours.setdefault(family, _COLOURS[len(self._colours) % len(_COLOURS)])
         return f"\x1b[{code}m{label}\x1b[0m"
 
+    def _put(self, text: str, *, keep: bool) -> None:
+        with self._ready:
+            if not keep and len(self._pending) >= self.backlog:
+                self._dropped += 1
+                return
+            if self._dropped:
+                self._pending.append(f"inferq: {self._dropped} log lines dropped (stdout is not being read)")
+                self._dropped = 0
+            self._pending.append(text)
+            self._ready.notify()
+
+    def _write_forever(self) -> None:
+        while True:
+            with self._ready:
+                while not self._pending:
+                    self._ready.wait()
+                batch = list(self._pending)
+                self._pending.clear()
+            try:
+                self.stream.write("".join(line + "\n" for line in batch))
+                self.stream.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                pass
+            with self._ready:
+                self._ready.notify_all()
+
     def line(self, role: str, text: str) -> None:
-        try:
-            self.stream.write(f"{self._prefix(role)} {text}\n")
-            self.stream.flush()
-        except (BrokenPipeError, ValueError):
-            pass
+        self._put(f"{self._prefix(role)} {text}", keep=False)
 
     def say(self, text: str) -> None:
-        """An unprefixed line from the supervisor itself (``inferq: ready ...``)."""
-        try:
-            self.stream.write(text + "\n")
-            self.stream.flush()
-        except (BrokenPipeError, ValueError):
-            pass
+        """An unprefixed line from the supervisor itself (``inferq: ready ...``); never dropped."""
+        self._put(text, keep=True)
+
+    def flush(self, timeout: float = 2.0) -> None:
+        """Wait (bounded: the reader may be gone) until what was logged so far is written."""
+        deadline = time.monotonic() + timeout
+        with self._ready:
+            while self._pending and (left := deadline - time.monotonic()) > 0:
+                self._ready.wait(left)
 
 
 class Child:

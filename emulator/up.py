@@ -156,6 +156,7 @@ class Supervisor:
             self.sink.say("inferq: stopping")
             await self._shutdown()
             self.sink.say("inferq: stopped")
+            self.sink.flush()
         return code
 
     async def _start(self) -> None:
@@ -275,7 +276,8 @@ class Supervisor:
         url = f"http://{self._probe_host()}:{self.args.port}"
         (self.data_dir / "url").write_text(url + "\n")
         say = self.sink.say
-        say(f"inferq: ready on http://{self.args.host}:{self.args.port} (started in {took:.1f}s)")
+        say(f"inferq: ready on http://{self.args.host}:{self.args.port}")
+        say(f"inferq: started in {took:.1f}s")
         key = self.api_key or "<one of your INFERQ_API_KEYS>"
         if self.api_key:
             say(f"inferq: development API key (kept in {self.data_dir / 'dev-api-key'}): {self.api_key}")

@@ -180,3 +180,33 @@ def test_a_child_that_cannot_start_stops_inferq_up_at_once(
     assert "gateway  | cannot start" in out
     assert "inferq: could not start: gateway exited with 3 while starting" in out
     assert "inferq: ready" not in out and out.rstrip().endswith("inferq: stopped")
+
+
+def test_a_reader_that_stops_reading_never_stalls_the_stack(tmp_path: Path) -> None:
+    """Harnesses often read until the ready line and then leave stdout alone: a full pipe must not block the
+    supervisor (and with it every log line of the gateway), only cost dropped log lines."""
+    port = free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferq.cli", "up", "--port", str(port), "--data-dir", str(tmp_path),
+         "--valkey-port", "0"], cwd=ROOT, env=base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline().decode()
+            if line.startswith("inferq: ready on http://"):
+                assert line.strip() == f"inferq: ready on http://127.0.0.1:{port}"
+                break
+        else:
+            raise AssertionError("no ready line")
+        import httpx
+
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+            for _ in range(1500):  # each request logs a JSON line: ~1500 lines overflow a 64 KiB pipe buffer
+                assert client.get("/healthz").status_code == 200
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
