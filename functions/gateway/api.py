@@ -8,7 +8,7 @@ caller learns nothing about validation.
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -16,8 +16,11 @@ from fastapi import APIRouter, BackgroundTasks, Depends, FastAPI, Header, Query,
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import ValidationError
+from starlette.responses import Response
 
 from inferq import __version__
 from inferq.jobs import Job, JobRequest
@@ -25,7 +28,7 @@ from inferq.queue import Queue
 from inferq.settings import Settings
 
 from . import errors
-from .auth import KeyStore, key_store
+from .auth import KeyStore, StaticKeys, key_store
 from .clients import QueueProvider
 from .edge import Edge
 from .errors import ApiError
@@ -45,6 +48,9 @@ from .wake import HttpWaker, LambdaWaker, WakeOnEnqueue, Waker
 JOB_ID_RE = re.compile(r"^job_[a-z2-7]{26}$")
 TRACEPARENT_RE = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 MAX_WAIT_S = 20.0
+IDEMPOTENCY_KEY_MAX = 255
+_PLAIN_WAIT_RE = re.compile(r"^(?:[0-9]|1[0-9]|20)(?:\.[0-9]{1,6})?$")
+"""A ``wait`` the fast path parses itself (``float()`` and pydantic agree on these); anything else goes to FastAPI."""
 KEYS_TIMEOUT_S = 8.0
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <key>`")
@@ -104,6 +110,7 @@ class Gateway:
         self.wake = wake
         self.telemetry = telemetry
         self.op_timeout_s = settings.redis_timeout_s + 1.0
+        self._keys_in_memory = type(keys) is StaticKeys
 
     @property
     def queue(self) -> Queue:
@@ -120,11 +127,27 @@ class Gateway:
         credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
         api_key: Annotated[str | None, Security(_api_key)],
     ) -> str:
-        key = credentials.credentials if credentials is not None else api_key
+        """The dependency: documents both schemes in OpenAPI; :meth:`tenant_of` does the same from the raw headers."""
+        return await self._tenant(request, credentials.credentials if credentials is not None else api_key)
+
+    async def tenant_of(self, request: Request) -> str:
+        """:meth:`authenticate` without FastAPI's dependency machinery: the key read exactly as ``HTTPBearer`` and
+        ``APIKeyHeader`` (``auto_error=False``) read it."""
+        headers = request.headers
+        authorization = headers.get("authorization")
+        scheme, credentials = get_authorization_scheme_param(authorization)
+        if authorization and scheme and credentials and scheme.lower() == "bearer":
+            return await self._tenant(request, credentials)
+        return await self._tenant(request, headers.get("x-api-key") or None)
+
+    async def _tenant(self, request: Request, key: str | None) -> str:
         tenant = None
         if key:
-            async with asyncio.timeout(KEYS_TIMEOUT_S):  # a Secrets Manager read on a cold start takes a while
-                tenant = await self.keys.tenant_for(key)
+            if self._keys_in_memory:
+                tenant = await self.keys.tenant_for(key)  # never suspends: no timeout to arm
+            else:
+                async with asyncio.timeout(KEYS_TIMEOUT_S):  # a Secrets Manager read on a cold start takes a while
+                    tenant = await self.keys.tenant_for(key)
         if tenant is None:
             raise ApiError(
                 401,
@@ -163,9 +186,65 @@ def _parse_job_request(raw: bytes) -> JobCreate:
         ) from None
 
 
-def _routes(gw: Gateway) -> APIRouter:
-    router = APIRouter()
+FastPath = Callable[[Request], Awaitable[Response | None]]
+
+
+class HotRoute(APIRoute):
+    """An :class:`APIRoute` whose endpoint may have a hand-written fast path (``endpoint.fast_path``): it reads the
+    common, valid request straight from the raw request (no dependency resolution, no parameter models) and
+    returns None, before any side effect, for anything else, which then takes FastAPI's path. The endpoint's
+    signature still defines the OpenAPI operation (security schemes, headers, query)."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:  # type: ignore[override]
+        slow = super().get_route_handler()
+        fast: FastPath | None = getattr(self.endpoint, "fast_path", None)
+        if fast is None:
+            return slow
+
+        async def handler(request: Request) -> Response:
+            response = await fast(request)
+            return response if response is not None else await slow(request)
+
+        return handler
+
+
+def _fast_path(fast: FastPath) -> Callable[[Any], Any]:
+    def mark(endpoint: Any) -> Any:
+        endpoint.fast_path = fast
+        return endpoint
+
+    return mark
+
+
+def _routes(gw: Gateway, router: APIRouter) -> None:
+    """The API's routes, on ``router`` (the app's own: an included router would add a dispatch layer per request)."""
+    router.route_class = HotRoute
     Tenant = Annotated[str, Depends(gw.authenticate)]
+
+    async def submit_job_fast(request: Request) -> Response | None:
+        headers = request.headers
+        idempotency_key = headers.get("idempotency-key")
+        if idempotency_key is not None and not 1 <= len(idempotency_key) <= IDEMPOTENCY_KEY_MAX:
+            return None  # FastAPI's 422, after authentication
+        tenant = await gw.tenant_of(request)
+        background = BackgroundTasks()
+        response = await submit_job(request, background, tenant, idempotency_key, headers.get("traceparent"))
+        if response.background is None and background.tasks:
+            response.background = background
+        return response
+
+    async def get_job_fast(request: Request) -> Response | None:
+        wait = 0.0
+        if request.scope.get("query_string"):
+            raw = request.query_params.get("wait")
+            if raw is not None:
+                if not _PLAIN_WAIT_RE.match(raw):
+                    return None  # FastAPI's 422 (or its reading of an odd number), after authentication
+                wait = float(raw)
+                if wait > MAX_WAIT_S:
+                    return None
+        tenant = await gw.tenant_of(request)
+        return await get_job(request, request.path_params["job_id"], tenant, wait)
 
     @router.post(
         "/v1/jobs",
@@ -193,13 +272,14 @@ def _routes(gw: Gateway) -> APIRouter:
             }
         },
     )
+    @_fast_path(submit_job_fast)
     async def submit_job(
         request: Request,
         background: BackgroundTasks,
         tenant: Tenant,
         idempotency_key: Annotated[
             str | None,
-            Header(alias="Idempotency-Key", min_length=1, max_length=255,
+            Header(alias="Idempotency-Key", min_length=1, max_length=IDEMPOTENCY_KEY_MAX,
                    description="Same as `idempotency_key` in the body; both given must be equal"),
         ] = None,
         traceparent: Annotated[str | None, Header(description="W3C trace context, passed to the worker")] = None,
@@ -235,6 +315,7 @@ def _routes(gw: Gateway) -> APIRouter:
         response_model=None,
         responses={200: _doc("JobObject", "The job"), **_errors(400, 401, 404, 413, 422, 503)},
     )
+    @_fast_path(get_job_fast)
     async def get_job(
         request: Request,
         job_id: str,
@@ -276,7 +357,7 @@ def _routes(gw: Gateway) -> APIRouter:
         responses={200: _doc("JobList", "Dead-lettered jobs"), **_errors(400, 401, 413, 422, 503)},
     )
     async def list_dead_letters(
-        tenant: Tenant, limit: Annotated[int, Query(ge=1, le=100, description="At most this many jobs")] = 20
+        tenant: Tenant, limit: Annotated[int, Query(ge=1, le=1000, description="At most this many jobs")] = 20
     ) -> JSONResponse:
         jobs = await gw.call(gw.queue.dead_letters(tenant, limit))
         return JSONResponse({"object": "list", "data": [job.to_api() for job in jobs]})
@@ -334,8 +415,6 @@ def _routes(gw: Gateway) -> APIRouter:
         await gw.call(gw.queue.ping())
         return JSONResponse({"status": "ready"})
 
-    return router
-
 
 def default_waker(settings: Settings) -> Waker | None:
     if settings.scaler_function:
@@ -374,13 +453,14 @@ def create_app(
         title="inferq",
         version=__version__,
         summary="Asynchronous LLM inference: submit OpenAI-compatible requests as jobs, poll or wait for results.",
+        docs_url=None,  # G7: nothing but health and the API description answers without a key
         redoc_url=None,
         redirect_slashes=False,  # "/v1/jobs/" is 404 in the envelope, not an undocumented 307
     )
     app.state.gateway = gw
     app.state.telemetry = telemetry
     errors.install(app)
-    app.include_router(_routes(gw))
+    _routes(gw, app.router)
     app.add_middleware(Edge, max_body_bytes=settings.max_body_bytes, telemetry=telemetry)
 
     def openapi() -> dict[str, Any]:

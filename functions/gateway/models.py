@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from inferq.jobs import ENDPOINTS
 
 MAX_METADATA_PAIRS = 16
-MAX_METADATA_KEY = 64
-MAX_METADATA_VALUE = 512
+MAX_METADATA_KEY = 256
+MAX_METADATA_VALUE = 4096
 MAX_TTL_S = 366 * 86400
 """The contract only says ``ttl_s >= 1``; a year keeps ``now + ttl`` far from float precision in Lua."""
 
@@ -107,6 +107,19 @@ class JobCreate(BaseModel):
     webhook_url: Annotated[str, StringConstraints(max_length=2048, pattern=WEBHOOK_PATTERN)] | None = Field(
         default=None, description="An https URL POSTed the final job object once, on the terminal state."
     )
+    custom_id: Annotated[str, StringConstraints(max_length=512)] | None = Field(
+        default=None, description="Accepted so a line of an OpenAI Batch input file can be sent as it is; not stored "
+        "(use `metadata` for what should come back).",
+    )
+    method: Literal["POST"] | None = Field(default=None, description="Batch API compatibility: only `POST`.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        # {"url": null} or {"metadata": null} asks for the default, as leaving the field out does
+        if isinstance(data, dict) and any(data.get(name, 0) is None for name in ("url", "metadata")):
+            return {k: v for k, v in data.items() if not (k in ("url", "metadata") and v is None)}
+        return data
 
     @field_validator("body", "metadata")
     @classmethod

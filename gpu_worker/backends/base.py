@@ -21,13 +21,26 @@ class BackendError(Exception):
         self.body = body
 
     def to_error(self, type_: str) -> dict[str, Any]:
-        """The job's ``error`` object: ``{"type", "message"}`` plus the model server's status and body."""
-        error: dict[str, Any] = {"type": type_, "message": self.message}
-        if self.status_code is not None:
-            error["status_code"] = self.status_code
-        if self.body is not None:
-            error["body"] = self.body
-        return error
+        """The job's ``error`` object, exactly ``{"type", "message"}`` (DESIGN.md section 3). The model server's
+        status and its own error message go into the message text, so a client sees why without parsing more."""
+        message = self.message
+        detail = _server_message(self.body)
+        if self.status_code is not None and str(self.status_code) not in message:
+            message = f"model server answered {self.status_code}: {message}"
+        if detail and detail not in message:
+            message = f"{message}: {detail}"
+        return {"type": type_, "message": message[:2000]}
+
+
+def _server_message(body: Any) -> str | None:
+    """The OpenAI-style ``{"error": {"message": ...}}`` of a model server's answer, if it has one."""
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+    return None
 
 
 class RetryableError(BackendError):

@@ -149,7 +149,7 @@ async def test_dead_letters_are_listed_newest_first_and_redriven(client: httpx.A
     assert_envelope(await client.post(f"/v1/dlq/{UNKNOWN_ID}/redrive", headers=A), 404)
 
 
-@pytest.mark.parametrize("limit", ["0", "101", "x"])
+@pytest.mark.parametrize("limit", ["0", "1001", "x"])
 async def test_dlq_limit_out_of_range_is_422(client: httpx.AsyncClient, limit: str) -> None:
     assert_envelope(await client.get("/v1/dlq", params={"limit": limit}, headers=A), 422)
 

@@ -123,8 +123,8 @@ INVALID: list[tuple[str, Any]] = [
     ("idempotency key too long", {**CHAT, "idempotency_key": "k" * 256}),
     ("metadata not strings", {**CHAT, "metadata": {"a": 1}}),
     ("too many metadata pairs", {**CHAT, "metadata": {f"k{i}": "v" for i in range(17)}}),
-    ("metadata key too long", {**CHAT, "metadata": {"k" * 65: "v"}}),
-    ("metadata value too long", {**CHAT, "metadata": {"k": "v" * 513}}),
+    ("metadata key too long", {**CHAT, "metadata": {"k" * 257: "v"}}),
+    ("metadata value too long", {**CHAT, "metadata": {"k": "v" * 4097}}),
     ("timeout zero", {**CHAT, "timeout_s": 0}),
     ("timeout too long", {**CHAT, "timeout_s": 3601}),
     ("timeout a string", {**CHAT, "timeout_s": "30"}),
@@ -146,6 +146,17 @@ async def test_invalid_requests_are_422_in_the_envelope(
     response = await client.post("/v1/jobs", content=json.dumps(request_body), headers=A)
     assert_envelope(response, 422, "invalid_request")
     assert await queue.redis.xlen(queue.keys.stream) == 0
+
+
+async def test_a_batch_api_line_and_null_defaults_are_accepted(client: httpx.AsyncClient) -> None:
+    line = {"custom_id": "request-1", "method": "POST", "url": "/v1/completions", "body": {"prompt": "hi"}}
+    response = await client.post("/v1/jobs", json=line, headers=A)
+    assert response.status_code == 202, response.text
+    assert response.json()["url"] == "/v1/completions"
+    response = await client.post("/v1/jobs", json={**CHAT, "url": None, "metadata": None}, headers=A)
+    assert response.status_code == 202, response.text
+    assert response.json()["url"] == "/v1/chat/completions" and response.json()["metadata"] == {}
+    assert (await client.post("/v1/jobs", json={**line, "method": "GET"}, headers=A)).status_code == 422
 
 
 @pytest.mark.parametrize(

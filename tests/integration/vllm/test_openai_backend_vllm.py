@@ -84,8 +84,8 @@ async def test_a_prompt_too_long_fails_the_job_at_once_without_retry(
     assert job.status is JobStatus.FAILED and not job.dead_lettered
     assert job.attempts == 1 and calls == 1
     assert job.error is not None
-    assert job.error["type"] == "model_error" and job.error["status_code"] == 400
-    assert job.error["message"]  # vLLM's own explanation
+    assert set(job.error) == {"type", "message"} and job.error["type"] == "model_error"
+    assert "400" in job.error["message"] and "context length" in job.error["message"]  # vLLM's own explanation
 
 
 async def test_window_8_completes_a_batch_faster_than_window_1(settings: Settings, vllm_server: VllmServer) -> None:
