@@ -193,13 +193,19 @@ class Worker:
                 await self.queue.ensure_groups()
                 return True
             except TRANSIENT as exc:
-                if cancelling():
-                    raise asyncio.CancelledError from exc
-                self.metrics.redis_errors.inc()
-                if backoff.failures in (0, 10) or backoff.failures % 50 == 0:
-                    log.warning("cannot reach Redis (%s: %s); retrying with backoff", type(exc).__name__, exc)
+                self._redis_failed(exc, backoff, "cannot reach Redis")
                 await _first(asyncio.sleep(backoff.next()), self._stopping.wait())
         return False
+
+    def _redis_failed(self, exc: BaseException, backoff: Backoff, what: str) -> None:
+        """Account for a transient Redis failure before a backoff: re-raise a cancellation that surfaced as one
+        (Python 3.11 can turn a cancel racing asyncio.timeout into TimeoutError), count it, and log the first, the
+        tenth and every fiftieth of a run of failures."""
+        if cancelling():
+            raise asyncio.CancelledError from exc
+        self.metrics.redis_errors.inc()
+        if backoff.failures in (0, 10) or backoff.failures % 50 == 0:
+            log.warning("%s (%s: %s); retrying with backoff", what, type(exc).__name__, exc)
 
     async def _close(self) -> None:
         try:
@@ -237,11 +243,7 @@ class Worker:
                 got, skipped = await self.reader.read(self.id, min(free, READ_BATCH), block_ms)
                 backoff.reset()
             except TRANSIENT as exc:
-                if cancelling():
-                    raise asyncio.CancelledError from exc
-                self.metrics.redis_errors.inc()
-                if backoff.failures in (0, 10) or backoff.failures % 50 == 0:
-                    log.warning("cannot read from Redis (%s: %s); retrying with backoff", type(exc).__name__, exc)
+                self._redis_failed(exc, backoff, "cannot read from Redis")
                 await _first(asyncio.sleep(backoff.next()), self._stopping.wait())
                 continue
             except Exception as exc:  # not a connection problem (a server error, a bug): loud, but keep going
@@ -432,11 +434,7 @@ class Worker:
             try:
                 return await write()
             except TRANSIENT as exc:
-                if cancelling():
-                    raise asyncio.CancelledError from exc
-                self.metrics.redis_errors.inc()
-                if backoff.failures in (0, 10) or backoff.failures % 50 == 0:
-                    log.warning("Redis write failed (%s: %s); retrying with backoff", type(exc).__name__, exc)
+                self._redis_failed(exc, backoff, "Redis write failed")
                 if self._give_up_at is not None and time.monotonic() > self._give_up_at:
                     return None
                 await asyncio.sleep(backoff.next())

@@ -7,7 +7,6 @@ to count, not an error.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Sequence
@@ -509,7 +508,3 @@ class Queue:
     async def scale_state(self) -> dict[str, str]:
         return dict(await self.redis.hgetall(self.keys.scale))
 
-
-async def with_timeout(awaitable: Any, seconds: float) -> Any:
-    """Bound any Redis call by wall time as well as by the socket timeout."""
-    return await asyncio.wait_for(awaitable, seconds)
