@@ -229,7 +229,7 @@ def configuration_md() -> str:
         "accept stops the process at start with a one-line message naming the variable (exit status 2; a Lambda "
         "fails its init). Checks across variables (for example `INFERQ_SCALE_MIN` ≤ `INFERQ_SCALE_MAX`) are in "
         "`Settings.__post_init__` and name their variable too. Which process reads which variable in AWS, and from "
-        "where, is in [DEPLOY.md](../DEPLOY.md#secrets-and-what-the-functions-read).",
+        "where, is in [DEPLOY.md](../DEPLOY.md), section *Secrets, and what the functions read*.",
         "",
         "| variable | default | accepts | meaning |",
         "|---|---|---|---|",
