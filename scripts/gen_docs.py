@@ -137,7 +137,8 @@ OTHER_VARIABLES: dict[str, str] = {
 def _accepts(parse: Callable[..., Any]) -> str:
     """What a field's parser accepts, in words (its bounds read from the closure of ``_int``/``_float``)."""
     qualname = getattr(parse, "__qualname__", "")
-    free = dict(zip(parse.__code__.co_freevars, [c.cell_contents for c in parse.__closure__ or ()], strict=True))
+    code, closure = getattr(parse, "__code__", None), getattr(parse, "__closure__", None) or ()
+    free = dict(zip(code.co_freevars, [c.cell_contents for c in closure], strict=True)) if code else {}
     if qualname.startswith("_int."):
         lo, hi = free.get("lo"), free.get("hi")
         if lo is not None and hi is not None:
