@@ -60,7 +60,8 @@ SETTING_DOCS: dict[str, str] = {
     "tenant_max_depth": "Unfinished jobs of one tenant past which that tenant's submits get 429, beside the global "
     "`INFERQ_MAX_QUEUE_DEPTH`. 0: no per-tenant limit.",
     "max_body_bytes": "Largest request body the gateway reads; above it 413, before any parsing.",
-    "result_ttl_s": "How long a terminal job's record (and its idempotency key) is kept.",
+    "result_ttl_s": "How long a terminal job's record (its result) is kept; also how long an idempotency key is "
+    "kept from the submit, and how far back the dead-letter stream reaches.",
     "inline_max_bytes": "Largest request or result kept inline in the job record; larger payloads go to S3 "
     "(`INFERQ_FILES_BUCKET`) by claim check.",
     "events_maxlen": "Approximate length cap of the terminal-events stream `inferq:{Q}:events` (webhook deliveries "
