@@ -1,4 +1,4 @@
-"""``inferq up``: the whole stack on one machine (DESIGN.md section 7), supervised by one asyncio process.
+"""``inferq up``: the whole stack on one machine (docs/architecture.md), supervised by one asyncio process.
 
 Children and their roles: Valkey (``valkey``, restarted if it dies), the gateway under uvicorn (``gateway``), the
 scaler loop around the real Lambda handler (``scaler``), and the workers the ECS agent starts (``worker-N``).

@@ -1,4 +1,4 @@
-"""Settings: every ``INFERQ_*`` variable of DESIGN.md section 8, read once and validated.
+"""Settings: every ``INFERQ_*`` variable of docs/configuration.md, read once and validated.
 
 A bad value raises :class:`SettingsError` naming the variable; entry points turn it into a one-line message and
 exit status 2, so a misconfigured process stops at start instead of misbehaving later.
@@ -188,7 +188,7 @@ class Settings:
 
     @property
     def target_per_worker(self) -> int:
-        """Jobs one worker should carry; defaults to the window (DESIGN.md section 8)."""
+        """Jobs one worker should carry; defaults to the window (docs/configuration.md)."""
         return self.scale_target_per_worker or self.window
 
     @classmethod

@@ -1,4 +1,4 @@
-"""HTTP API v1 (DESIGN.md section 3) on FastAPI: :func:`create_app` builds it from settings, or from injected parts.
+"""HTTP API v1 (docs/api.md) on FastAPI: :func:`create_app` builds it from settings, or from injected parts.
 
 Every Redis call is bounded twice: by the client's socket timeout (``INFERQ_REDIS_TIMEOUT_S``) and by a wall-clock
 ``asyncio.timeout`` of that plus one second around the whole call (retries included), so a frozen or unreachable
