@@ -7,44 +7,65 @@ here as :class:`WebhookSender`, and it runs in two places:
 
 - in every worker, as a background task (``run``): deliveries go out within about a second of the terminal
   state, and the fleet's many consumers share the work through the group;
-- in the scaler, one pass (:func:`deliver_webhooks`) per tick: when the fleet is at zero, a job cancelled or
-  expired by the gateway still gets its webhook, at worst one tick later.
+- in the scaler, one pass (:func:`deliver_webhooks`) per tick, under a consumer name of its own: when the fleet is
+  at zero, a job cancelled or expired by the gateway still gets its webhook, at worst one tick later.
 
 Not in the gateway: a Lambda lives for one request and cannot wait out a receiver's retries. Not in the scripts:
 Lua cannot make HTTP calls, and the stream makes delivery independent of who wrote the terminal state.
 
-Once: an entry is acknowledged only after a 2xx (or when it is given up), so a crash never loses a webhook.
-While a POST is in flight its holder renews the entry's idle time every second; another consumer takes an entry
-over only once it has been idle longer than its retry delay and the lease, i.e. its holder failed or died. So each
-webhook is sent once on success; only a crash between the receiver's 2xx and the acknowledgement repeats it,
-and receivers can de-duplicate on ``X-Inferq-Event-Id``.
+Once. A consumer holds every entry it has taken (read or claimed) until it is settled: it renews their idle time
+every second (``XCLAIM ... JUSTID`` to itself), and acknowledges each one as soon as it is settled (a 2xx, or
+given up). Another consumer takes an entry over only once it has been idle longer than its retry delay and the
+lease, i.e. after a failed attempt or when its holder died. So each webhook is POSTed once when nothing fails;
+only a crash (or a Redis failure) between the receiver's 2xx and the acknowledgement repeats it, with the same
+``webhook-id``, on which receivers de-duplicate.
 
-Retries: a failed attempt (non-2xx, timeout, connection error) leaves the entry pending; it is tried again after
+Bounded. A POST has one deadline for everything (resolving, connecting, sending, the answer): a receiver that drips
+bytes cannot hold a slot. At most :data:`MAX_RESPONSE_BYTES` of the answer are read.
+
+Retries: a failed attempt (non-2xx, deadline, connection error) leaves the entry pending; it is tried again after
 ``max(lease, 1 s * 2**(attempts-1))`` (capped at 5 minutes) until ``INFERQ_WEBHOOK_MAX_AGE_S`` after the terminal
 event, then given up (counted as ``webhooks_abandoned`` in the queue's stats).
 
-Signature: ``X-Inferq-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`` with
-``INFERQ_WEBHOOK_SECRET``; :func:`verify` is the receiver's side.
+Address guard (``netguard``): the sender resolves the host itself, refuses it when any address is internal, and
+connects to the address it checked (no second resolution for DNS rebinding to slip through); TLS still verifies
+the certificate for the host name. A refused host is a permanent failure: abandoned at once (and counted as
+``webhooks_refused`` too). ``INFERQ_WEBHOOK_ALLOW_PRIVATE=true`` turns the guard off (and allows plain http).
+
+Signature, per Standard Webhooks (https://www.standardwebhooks.com): headers ``webhook-id`` (``<job id>_<events
+entry id>``: the same for every attempt of one delivery), ``webhook-timestamp`` (unix seconds of the attempt) and
+``webhook-signature: v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>.<body>")>``. The key comes from
+``INFERQ_WEBHOOK_SECRET``: a ``whsec_<base64>`` secret (the spec's form) is the decoded bytes; any other value is
+used as its UTF-8 bytes (with the ``standardwebhooks`` library, a receiver passes ``secret.encode()``).
+:func:`verify` is the receiver's side.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import hashlib
 import hmac
 import json
 import logging
+import secrets
+import ssl
 import time
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 
+import httpcore
 import httpx
 from redis.exceptions import ResponseError
 
+from . import netguard
 from .keys import WEBHOOK_GROUP
 from .queue import Queue
-from .settings import Settings
+from .settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -53,30 +74,71 @@ LEASE_MS = 3000
 RENEW_S = 1.0
 BASE_DELAY_MS = 1000
 MAX_DELAY_MS = 300_000
-HTTP_TIMEOUT_S = 10.0
-BATCH = 200
+POST_DEADLINE_S = 10.0
+"""The whole of one POST: resolving, connecting, TLS, sending, the receiver's answer."""
+MAX_RESPONSE_BYTES = 4096
+"""What is read of a receiver's answer (its status is all that matters); the rest is never downloaded."""
+BATCH = 64
+"""Entries one round takes (new ones, and as many due retries): a consumer takes no more than it can deliver soon,
+so its peers share the rest."""
 PENDING_SCAN = 1000
 CONCURRENCY = 16
-SIGNATURE_HEADER = "X-Inferq-Signature"
-EVENT_HEADER = "X-Inferq-Event-Id"
+STALE_CONSUMER_MS = 600_000
+"""A pass's consumer that held entries on its way out is deleted by a later pass once it holds nothing and has
+been idle this long (a live consumer touches the group every second)."""
+SECRET_PREFIX = "whsec_"  # noqa: S105 - the spec's prefix of a base64 secret, not a secret
+TOLERANCE_S = 300
+"""The spec's window for ``webhook-timestamp``: older or newer deliveries are refused (replays)."""
 
 
-def sign(secret: str, timestamp: int, body: bytes) -> str:
-    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={timestamp},v1={digest}"
+# ------------------------------------------------------------------------------------------------ signatures
 
 
-def verify(secret: str, header: str, body: bytes, *, tolerance_s: int = 300, now: float | None = None) -> bool:
-    """The receiver's check: the signature matches and its timestamp is recent (no replays of old deliveries)."""
-    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
+def signing_key(secret: str) -> bytes:
+    """The HMAC key of ``INFERQ_WEBHOOK_SECRET``: ``whsec_<base64>`` decoded, as the spec has it; anything else as
+    its UTF-8 bytes. A ``whsec_`` secret that is not base64 is a configuration error."""
+    if secret.startswith(SECRET_PREFIX):
+        try:
+            key = base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
+        except (binascii.Error, ValueError):
+            raise SettingsError(Settings.variable("webhook_secret"), "a whsec_ secret must be base64") from None
+        if not key:
+            raise SettingsError(Settings.variable("webhook_secret"), "the whsec_ secret is empty")
+        return key
+    return secret.encode("utf-8")
+
+
+def webhook_id(job_id: str, entry_id: str) -> str:
+    """The delivery's id: one terminal event of one job, the same for every attempt (entry ids alone repeat across
+    queues)."""
+    return f"{job_id}_{entry_id}"
+
+
+def sign(key: bytes | str, msg_id: str, timestamp: int, body: bytes) -> str:
+    """``v1,<base64 HMAC-SHA256 of "<msg_id>.<timestamp>.<body>">`` (``key`` a secret string or key bytes)."""
+    raw = signing_key(key) if isinstance(key, str) else key
+    digest = hmac.new(raw, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def verify(
+    secret: str | bytes, headers: Mapping[str, str], body: bytes, *, tolerance_s: int = TOLERANCE_S,
+    now: float | None = None,
+) -> bool:
+    """The receiver's check: one of the ``v1`` signatures matches, and the timestamp is within ``tolerance_s`` of
+    now (no replays of old deliveries). Header names in any case."""
+    lower = {k.lower(): v for k, v in headers.items()}
+    msg_id, stamp, signatures = (lower.get(n) for n in ("webhook-id", "webhook-timestamp", "webhook-signature"))
+    if not (msg_id and stamp and signatures):
+        return False
     try:
-        timestamp = int(parts["t"])
-    except (KeyError, ValueError):
+        timestamp = int(stamp)
+    except ValueError:
         return False
     if abs((now if now is not None else time.time()) - timestamp) > tolerance_s:
         return False
-    expected = sign(secret, timestamp, body).split("v1=", 1)[1]
-    return hmac.compare_digest(expected, parts.get("v1", ""))
+    expected = sign(secret, msg_id, timestamp, body)
+    return any(hmac.compare_digest(expected, candidate) for candidate in signatures.split(" "))
 
 
 def retry_delay_ms(attempts: int) -> int:
@@ -84,11 +146,90 @@ def retry_delay_ms(attempts: int) -> int:
     return max(LEASE_MS, min(MAX_DELAY_MS, BASE_DELAY_MS * 2 ** max(attempts - 1, 0)))
 
 
+# ------------------------------------------------------------------------------------------------ HTTP
+
+
+class GuardedNetwork(httpcore.AsyncNetworkBackend):
+    """httpcore's network under the address guard: ``connect_tcp`` resolves the host once, refuses internal
+    addresses (:class:`netguard.BlockedAddress`), and connects to the checked address. httpcore still starts TLS
+    with the URL's host name, so SNI and certificate verification are for the name, not the address."""
+
+    def __init__(self, allow_private: bool) -> None:
+        self.allow_private = allow_private
+        self._network = httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's signature
+        local_address: str | None = None,
+        socket_options: Iterable[typing.Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        addresses = await netguard.resolve_checked(host, port, allow_private=self.allow_private)
+        failure: Exception | None = None
+        for address in addresses:
+            try:
+                return await self._network.connect_tcp(
+                    address, port, timeout=timeout, local_address=local_address, socket_options=socket_options
+                )
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's signature
+        socket_options: Iterable[typing.Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise netguard.BlockedAddress(path, path, "unix socket")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._network.sleep(seconds)
+
+
+class GuardedTransport(httpx.AsyncHTTPTransport):
+    """httpx's transport on a :class:`GuardedNetwork`. httpx offers no parameter for httpcore's network backend,
+    so the connection pool it builds is replaced by one that has it (same pool class, same limits)."""
+
+    def __init__(
+        self, allow_private: bool, max_connections: int = CONCURRENCY, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        super().__init__(trust_env=False)  # no proxy from the environment: it would do the resolving
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=ssl_context or httpx.create_ssl_context(trust_env=False),
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=5.0,
+            network_backend=GuardedNetwork(allow_private),
+        )
+
+
+async def _read_capped(response: httpx.Response, limit: int) -> None:
+    received = 0
+    async for chunk in response.aiter_raw():
+        received += len(chunk)
+        if received >= limit:
+            break  # leaving the stream unread closes the connection instead of downloading the rest
+
+
+# ------------------------------------------------------------------------------------------------ delivery
+
+
+class Outcome(Enum):
+    DELIVERED = "delivered"
+    FAILED = "failed"  # worth another attempt
+    REFUSED = "refused"  # the address guard said no, or the URL cannot be sent to: no attempt will do better
+
+
 @dataclass
 class WebhookReport:
     delivered: int = 0
     failed: int = 0  # attempts that failed; their entries stay pending for a retry
-    abandoned: int = 0
+    abandoned: int = 0  # given up: too old, the job is gone, or refused
+    refused: int = 0  # of the abandoned: the host is (or resolves to) an internal address
     without_webhook: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -96,6 +237,7 @@ class WebhookReport:
         self.delivered += other.delivered
         self.failed += other.failed
         self.abandoned += other.abandoned
+        self.refused += other.refused
         self.without_webhook += other.without_webhook
         self.errors += other.errors
 
@@ -110,18 +252,26 @@ class WebhookSender:
         consumer: str,
         *,
         client: httpx.AsyncClient | None = None,
-        http_timeout_s: float = HTTP_TIMEOUT_S,
+        http_timeout_s: float = POST_DEADLINE_S,
+        concurrency: int = CONCURRENCY,
         on_outcome: Callable[[str, int], None] | None = None,
     ) -> None:
         self.queue = queue
         self.settings = settings
         self.consumer = consumer
+        self.post_deadline_s = http_timeout_s
+        self.concurrency = concurrency
+        self._key = signing_key(settings.webhook_secret) if settings.webhook_secret else None
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(
-            timeout=http_timeout_s, follow_redirects=False, headers={"User-Agent": "inferq-webhooks"}
+            transport=GuardedTransport(settings.webhook_allow_private, concurrency),
+            timeout=http_timeout_s,
+            follow_redirects=False,  # a redirect could lead anywhere, past the guard
+            headers={"User-Agent": "inferq-webhooks"},
         )
         self._on_outcome = on_outcome
         self._holding: set[str] = set()
+        """Entries taken and not yet settled or released: renewed every second so no peer takes them over."""
         self._warned_unsigned = False
 
     @property
@@ -141,10 +291,12 @@ class WebhookSender:
             return []
         if not reply:
             return []
-        return list(reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0])
+        entries = list(reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0])
+        self._holding.update(entry_id for entry_id, _ in entries)
+        return entries
 
     async def _claim_due(self) -> list[tuple[str, dict[str, str]]]:
-        """Pending entries whose retry delay is over (failed attempts, or holders that died)."""
+        """Pending entries whose retry delay is over (failed attempts, or holders that died), at most a batch."""
         redis = self.queue.redis
         try:
             pending = await redis.xpending_range(
@@ -155,10 +307,14 @@ class WebhookSender:
                 raise
             return []
         by_delay: dict[int, list[str]] = {}
+        due = 0
         for p in pending:
             delay = retry_delay_ms(int(p["times_delivered"]))
-            if int(p["time_since_delivered"]) >= delay:
+            if int(p["time_since_delivered"]) >= delay and p["message_id"] not in self._holding:
                 by_delay.setdefault(delay, []).append(p["message_id"])
+                due += 1
+                if due >= BATCH:
+                    break
         if not by_delay:
             return []
         pipe = redis.pipeline(transaction=False)
@@ -168,6 +324,7 @@ class WebhookSender:
         claimed: list[tuple[str, dict[str, str]]] = []
         for entries in await pipe.execute():
             claimed += [(entry_id, fields or {}) for entry_id, fields in entries]
+        self._holding.update(entry_id for entry_id, _ in claimed)
         return claimed
 
     async def _renew(self) -> None:
@@ -183,25 +340,48 @@ class WebhookSender:
 
     # ------------------------------------------------------------ delivering
 
-    async def _post(self, entry_id: str, job_id: str, url: str, body: bytes) -> bool:
-        headers = {"Content-Type": "application/json", EVENT_HEADER: entry_id}
-        if self.settings.webhook_secret:
-            headers[SIGNATURE_HEADER] = sign(self.settings.webhook_secret, int(time.time()), body)
+    def _headers(self, msg_id: str, body: bytes) -> dict[str, str]:
+        timestamp = int(time.time())
+        headers = {"Content-Type": "application/json", "webhook-id": msg_id, "webhook-timestamp": str(timestamp)}
+        if self._key is not None:
+            headers["webhook-signature"] = sign(self._key, msg_id, timestamp, body)
         elif not self._warned_unsigned:
             self._warned_unsigned = True
             log.warning("webhooks: INFERQ_WEBHOOK_SECRET is not set, deliveries are unsigned")
-        try:
-            response = await self._client.post(url, content=body, headers=headers)
-        except httpx.HTTPError as exc:
-            log.info("webhook attempt failed: %s", type(exc).__name__, extra={"webhook_job": job_id})
-            return False
-        if 200 <= response.status_code < 300:
-            return True
-        log.info("webhook attempt failed: receiver answered %d", response.status_code, extra={"webhook_job": job_id})
-        return False
+        return headers
 
-    async def _deliver(self, entry_id: str, fields: dict[str, str], report: WebhookReport) -> bool:
-        """True when the entry is settled (delivered or given up) and can be acknowledged."""
+    async def _post(self, msg_id: str, job_id: str, url: str, body: bytes) -> Outcome:
+        where = {"webhook_job": job_id}
+        try:
+            target = httpx.URL(url)
+        except httpx.InvalidURL:
+            log.warning("webhook refused: the URL cannot be parsed", extra=where)
+            return Outcome.REFUSED
+        if target.scheme != "https" and not (target.scheme == "http" and self.settings.webhook_allow_private):
+            log.warning("webhook refused: %s is not https", target.scheme, extra=where)
+            return Outcome.REFUSED
+        try:
+            async with asyncio.timeout(self.post_deadline_s):
+                async with self._client.stream("POST", target, content=body, headers=self._headers(msg_id, body)) as r:
+                    await _read_capped(r, MAX_RESPONSE_BYTES)
+                    status = r.status_code
+        except netguard.BlockedAddress as exc:
+            # the host and the address, never the URL: its query may carry the receiver's token
+            log.warning("webhook refused: %s", exc, extra=where)
+            return Outcome.REFUSED
+        except TimeoutError:
+            log.info("webhook attempt failed: no answer within %.0f s", self.post_deadline_s, extra=where)
+            return Outcome.FAILED
+        except (httpx.HTTPError, OSError) as exc:
+            log.info("webhook attempt failed: %s", type(exc).__name__, extra=where)
+            return Outcome.FAILED
+        if 200 <= status < 300:
+            return Outcome.DELIVERED
+        log.info("webhook attempt failed: receiver answered %d", status, extra=where)
+        return Outcome.FAILED
+
+    async def _attempt(self, entry_id: str, fields: dict[str, str], report: WebhookReport) -> bool:
+        """One attempt at one entry. True when it is settled (delivered or given up) and can be acknowledged."""
         job_id = fields.get("job", "")
         age_s = time.time() - int(entry_id.split("-", 1)[0]) / 1000.0
         job = await self.queue.get(job_id) if job_id else None
@@ -217,66 +397,85 @@ class WebhookSender:
             log.warning("webhook given up after %.0f s", age_s, extra={"webhook_job": job_id})
             return True
         body = json.dumps(job.to_api(), separators=(",", ":"), ensure_ascii=False).encode()
-        self._holding.add(entry_id)
-        try:
-            ok = await self._post(entry_id, job_id, job.webhook_url, body)
-        finally:
-            self._holding.discard(entry_id)
-        if ok:
+        outcome = await self._post(webhook_id(job_id, entry_id), job_id, job.webhook_url, body)
+        if outcome is Outcome.DELIVERED:
             report.delivered += 1
+        elif outcome is Outcome.REFUSED:
+            report.abandoned += 1
+            report.refused += 1
         else:
             report.failed += 1
-        return ok
+        return outcome is not Outcome.FAILED
 
-    async def _handle(self, entries: list[tuple[str, dict[str, str]]], report: WebhookReport) -> None:
-        settled: list[str] = []
-        todo: list[tuple[str, dict[str, str]]] = []
-        for entry_id, fields in entries:
-            if not fields or fields.get("webhook") != "1":  # trimmed from the capped stream, or no webhook
-                settled.append(entry_id)
-                report.without_webhook += 1
-            else:
-                todo.append((entry_id, fields))
-        if todo:
-            limit = asyncio.Semaphore(CONCURRENCY)
+    async def _settle(self, entry_ids: list[str], before: WebhookReport, after: WebhookReport) -> None:
+        """Acknowledge settled entries at once, with the counters they moved (one round trip, atomic)."""
+        pipe = self.queue.redis.pipeline(transaction=True)
+        pipe.xack(self._events, WEBHOOK_GROUP, *entry_ids)
+        for name in ("delivered", "abandoned", "refused"):
+            moved = getattr(after, name) - getattr(before, name)
+            if moved:
+                pipe.hincrby(self.queue.keys.stats, f"webhooks_{name}", moved)
+        await pipe.execute()
 
-            async def one(entry_id: str, fields: dict[str, str]) -> None:
-                async with limit:
-                    if await self._deliver(entry_id, fields, report):
-                        settled.append(entry_id)
+    async def _handle(
+        self, entries: list[tuple[str, dict[str, str]]], report: WebhookReport, deadline: float | None
+    ) -> None:
+        trivial = [e for e, f in entries if not f or f.get("webhook") != "1"]  # trimmed from the stream, or no hook
+        todo = [(e, f) for e, f in entries if f and f.get("webhook") == "1"]
+        try:
+            if trivial:
+                report.without_webhook += len(trivial)
+                await self._settle(trivial, report, report)
+        finally:
+            self._holding.difference_update(trivial)
+        limit = asyncio.Semaphore(self.concurrency)
 
-            renewer = asyncio.create_task(self._renew())
+        async def one(entry_id: str, fields: dict[str, str]) -> None:
             try:
-                await asyncio.gather(*(one(e, f) for e, f in todo))
+                async with limit:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return  # out of time: released untried, pending for whoever passes next
+                    mine = WebhookReport()
+                    settled = await self._attempt(entry_id, fields, mine)
+                    report.add(mine)
+                    if settled:
+                        await self._settle([entry_id], WebhookReport(), mine)
             finally:
-                renewer.cancel()
-        if settled:
-            pipe = self.queue.redis.pipeline(transaction=False)
-            pipe.xack(self._events, WEBHOOK_GROUP, *settled)
-            if report.delivered:
-                pipe.hincrby(self.queue.keys.stats, "webhooks_delivered", report.delivered)
-            if report.abandoned:
-                pipe.hincrby(self.queue.keys.stats, "webhooks_abandoned", report.abandoned)
-            await pipe.execute()
+                # settled, or failed and left pending for its retry: either way no longer ours to renew
+                self._holding.discard(entry_id)
+
+        results = await asyncio.gather(*(one(e, f) for e, f in todo), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:  # Redis trouble: what was not acknowledged stays pending and is retried
+            raise failures[0]
 
     async def deliver_once(self, *, budget_s: float | None = None) -> WebhookReport:
         """Deliver what is due now: retries whose delay is over, then new events, until none is left (or the
-        budget is spent). Returns what it did."""
+        budget is spent: no new POST starts after it, those started finish within their deadline)."""
         total = WebhookReport()
         deadline = time.monotonic() + budget_s if budget_s is not None else None
-        while deadline is None or time.monotonic() < deadline:
-            due = await self._claim_due()
-            new = await self._read_new()
-            if not due and not new:
-                break
-            report = WebhookReport()
-            await self._handle(due + new, report)
-            total.add(report)
-            if self._on_outcome:
-                for name in ("delivered", "failed", "abandoned"):
-                    self._on_outcome(name, getattr(report, name))
-            if len(new) < BATCH and len(due) < PENDING_SCAN:
-                break
+        renewer = asyncio.create_task(self._renew())
+        try:
+            while deadline is None or time.monotonic() < deadline:
+                due = await self._claim_due()
+                new = await self._read_new()
+                if not due and not new:
+                    break
+                report = WebhookReport()
+                try:
+                    await self._handle(due + new, report, deadline)
+                finally:
+                    total.add(report)
+                    if self._on_outcome:
+                        for name in ("delivered", "failed", "abandoned"):
+                            self._on_outcome(name, getattr(report, name))
+                if len(new) < BATCH and len(due) < BATCH:
+                    break
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+            self._holding.clear()
         return total
 
     async def run(self, stop: asyncio.Event, interval_s: float = 0.5) -> None:
@@ -293,6 +492,19 @@ class WebhookSender:
             delay = interval_s if not failures else min(5.0, interval_s * 2**failures)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
+
+    async def drop_stale_consumers(self, prefix: str) -> None:
+        """Delete consumers named ``<prefix>-...`` that hold nothing and have been idle for long: passes that left
+        holding failed entries, which others have since taken over. Deleting a consumer with no pending entries
+        loses nothing."""
+        with contextlib.suppress(ResponseError):
+            for info in await self.queue.redis.xinfo_consumers(self._events, WEBHOOK_GROUP):
+                name = str(info["name"])
+                if (
+                    name.startswith(prefix + "-") and name != self.consumer and int(info["pending"]) == 0
+                    and int(info["idle"]) > STALE_CONSUMER_MS
+                ):
+                    await self.queue.redis.xgroup_delconsumer(self._events, WEBHOOK_GROUP, name)
 
     async def aclose(self) -> None:
         """Close the HTTP client and drop this consumer from the group if it holds nothing."""
@@ -315,14 +527,18 @@ async def deliver_webhooks(
     consumer: str = "scaler",
     client: httpx.AsyncClient | None = None,
     budget_s: float | None = 20.0,
-    http_timeout_s: float = HTTP_TIMEOUT_S,
+    http_timeout_s: float = POST_DEADLINE_S,
 ) -> WebhookReport:
     """One delivery pass, for a process that is not a worker (the scaler, once per tick).
 
-    Keep ``budget_s`` plus ``http_timeout_s`` below the caller's own time limit (a Lambda's timeout)."""
-    sender = WebhookSender(queue, settings, consumer, client=client, http_timeout_s=http_timeout_s)
+    ``consumer`` is a prefix: each pass consumes as ``<consumer>-<random>``, so two overlapping passes never share
+    (and never delete) each other's pending entries. No POST starts after ``budget_s``, and each ends within
+    ``http_timeout_s``: keep their sum below the caller's own time limit (a Lambda's timeout)."""
+    name = f"{consumer}-{secrets.token_hex(6)}"
+    sender = WebhookSender(queue, settings, name, client=client, http_timeout_s=http_timeout_s)
     try:
-        return await sender.deliver_once(budget_s=budget_s)
+        report = await sender.deliver_once(budget_s=budget_s)
+        await sender.drop_stale_consumers(consumer)
+        return report
     finally:
         await sender.aclose()
-
