@@ -19,6 +19,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from inferq.jobs import ENDPOINTS
 from inferq.netguard import check_webhook_host
@@ -158,12 +159,12 @@ class JobCreate(BaseModel):
         try:
             host = urlsplit(value).hostname
         except ValueError:  # e.g. an unclosed "[" around an IPv6 host
-            raise ValueError("the host is not a valid address") from None
-        if not host:
-            raise ValueError("has no host")
-        problem = check_webhook_host(host)
+            raise PydanticCustomError("webhook_host", "the host is not a valid address") from None
+        problem = check_webhook_host(host) if host else "the URL has no host"
         if problem:
-            raise ValueError(f"webhooks go to public addresses only: {problem}")
+            # a custom error: its message reaches the client as it is, without pydantic's "Value error, "
+            raise PydanticCustomError("webhook_host", "webhooks go to public addresses only: {problem}",
+                                      {"problem": problem})
         return value
 
 
