@@ -46,6 +46,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
@@ -190,6 +191,13 @@ class GuardedNetwork(httpcore.AsyncNetworkBackend):
         await self._network.sleep(seconds)
 
 
+@functools.cache
+def _verifying_context() -> ssl.SSLContext:
+    """One certificate-verifying TLS context per process: loading the CA bundle takes tens of milliseconds, and the
+    scaler builds a sender every tick."""
+    return httpx.create_ssl_context(trust_env=False)
+
+
 class GuardedTransport(httpx.AsyncHTTPTransport):
     """httpx's transport on a :class:`GuardedNetwork`. httpx offers no parameter for httpcore's network backend,
     so the connection pool it builds is replaced by one that has it (same pool class, same limits)."""
@@ -197,9 +205,11 @@ class GuardedTransport(httpx.AsyncHTTPTransport):
     def __init__(
         self, allow_private: bool, max_connections: int = CONCURRENCY, ssl_context: ssl.SSLContext | None = None
     ) -> None:
-        super().__init__(trust_env=False)  # no proxy from the environment: it would do the resolving
+        ssl_context = ssl_context or _verifying_context()
+        # no proxy from the environment: it would do the resolving
+        super().__init__(verify=ssl_context, trust_env=False)
         self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl_context or httpx.create_ssl_context(trust_env=False),
+            ssl_context=ssl_context,
             max_connections=max_connections,
             max_keepalive_connections=max_connections,
             keepalive_expiry=5.0,
