@@ -428,7 +428,7 @@ class WebhookSender:
         await pipe.execute()
 
     async def _handle(
-        self, entries: list[tuple[str, dict[str, str]]], report: WebhookReport, deadline: float | None
+        self, entries: list[tuple[str, dict[str, str]]], report: WebhookReport, over: Callable[[], bool]
     ) -> None:
         trivial = [e for e, f in entries if not f or f.get("webhook") != "1"]  # trimmed from the stream, or no hook
         todo = [(e, f) for e, f in entries if f and f.get("webhook") == "1"]
@@ -443,8 +443,8 @@ class WebhookSender:
         async def one(entry_id: str, fields: dict[str, str]) -> None:
             try:
                 async with limit:
-                    if deadline is not None and time.monotonic() >= deadline:
-                        return  # out of time: released untried, pending for whoever passes next
+                    if over():
+                        return  # out of time, or stopping: released untried, pending for whoever passes next
                     mine = WebhookReport()
                     settled = await self._attempt(entry_id, fields, mine)
                     report.add(mine)
@@ -459,21 +459,27 @@ class WebhookSender:
         if failures:  # Redis trouble: what was not acknowledged stays pending and is retried
             raise failures[0]
 
-    async def deliver_once(self, *, budget_s: float | None = None) -> WebhookReport:
-        """Deliver what is due now: retries whose delay is over, then new events, until none is left (or the
-        budget is spent: no new POST starts after it, those started finish within their deadline)."""
+    async def deliver_once(
+        self, *, budget_s: float | None = None, stop: asyncio.Event | None = None
+    ) -> WebhookReport:
+        """Deliver what is due now: retries whose delay is over, then new events, until none is left, the budget
+        is spent or ``stop`` is set. After that no new POST starts; those started end within their deadline."""
         total = WebhookReport()
         deadline = time.monotonic() + budget_s if budget_s is not None else None
+
+        def over() -> bool:
+            return (deadline is not None and time.monotonic() >= deadline) or (stop is not None and stop.is_set())
+
         renewer = asyncio.create_task(self._renew())
         try:
-            while deadline is None or time.monotonic() < deadline:
+            while not over():
                 due = await self._claim_due()
                 new = await self._read_new()
                 if not due and not new:
                     break
                 report = WebhookReport()
                 try:
-                    await self._handle(due + new, report, deadline)
+                    await self._handle(due + new, report, over)
                 finally:
                     total.add(report)
                     if self._on_outcome:
@@ -493,7 +499,7 @@ class WebhookSender:
         failures = 0
         while not stop.is_set():
             try:
-                await self.deliver_once()
+                await self.deliver_once(stop=stop)  # a stopping worker starts no new POST
                 failures = 0
             except Exception as exc:  # Redis down: try again later, nothing is lost (entries stay pending)
                 failures += 1

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from inferq import netguard
+from inferq import netguard, webhooks
 from inferq.keys import WEBHOOK_GROUP
 from inferq.queue import Queue
 from inferq.settings import Settings
@@ -31,7 +31,7 @@ from .support import chat, eventually, submit
 
 
 class HookServer:
-    """A loopback HTTP receiver that waits ``delay_s`` before answering 200, and records every request."""
+    """A loopback HTTP receiver that records every request as it arrives and answers 200 ``delay_s`` later."""
 
     def __init__(self, delay_s: float = 0.0, tls: ssl.SSLContext | None = None) -> None:
         self.delay_s = delay_s
@@ -42,8 +42,8 @@ class HookServer:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                time.sleep(receiver.delay_s)
                 receiver.requests.append((dict(self.headers.items()), body))
+                time.sleep(receiver.delay_s)
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -173,6 +173,35 @@ async def test_each_scaler_pass_consumes_under_its_own_name_and_leaves_no_consum
     assert first.delivered + second.delivered == 6
     assert sorted(receiver.job_ids().values()) == [1] * 6
     assert await queue.redis.xinfo_consumers(queue.keys.events, WEBHOOK_GROUP) == []
+
+
+async def test_a_pass_deletes_long_idle_empty_consumers_of_earlier_passes_only(
+    settings: Settings, queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await ended_with_webhooks(queue, "http://127.0.0.1:9/never", 1)
+    redis, events = queue.redis, queue.keys.events
+    await redis.xreadgroup(WEBHOOK_GROUP, "scaler-holding", {events: ">"}, count=1)  # holds the entry
+    await redis.xgroup_createconsumer(events, WEBHOOK_GROUP, "scaler-empty")
+    await redis.xgroup_createconsumer(events, WEBHOOK_GROUP, "worker-7")
+    monkeypatch.setattr(webhooks, "STALE_CONSUMER_MS", -1)  # "long idle" is now
+    await deliver_webhooks(queue, settings, budget_s=0.0)  # takes nothing: only the sweep runs
+    names = {c["name"] for c in await redis.xinfo_consumers(events, WEBHOOK_GROUP)}
+    assert names == {"scaler-holding", "worker-7"}  # holding something, or not a pass of this prefix
+
+
+async def test_a_stopping_sender_starts_no_new_post(settings: Settings, queue: Queue, hooks: list[Any]) -> None:
+    receiver = HookServer(delay_s=0.5)
+    hooks.append(receiver)
+    await ended_with_webhooks(queue, receiver.url, 3)
+    stop = asyncio.Event()
+    sender = WebhookSender(queue, settings, "stopping", concurrency=1)
+    task = asyncio.create_task(sender.run(stop))
+    await eventually(lambda: asyncio.sleep(0, result=bool(receiver.requests)), timeout=10, what="a first POST")
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    await sender.aclose()
+    assert len(receiver.requests) == 1  # the one in flight finished; the two waiting for the slot did not start
+    assert int((await queue.redis.xpending(queue.keys.events, WEBHOOK_GROUP))["pending"]) == 2
 
 
 # ------------------------------------------------------------------------------------------------ bounded
