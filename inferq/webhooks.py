@@ -27,46 +27,36 @@ Retries: a failed attempt (non-2xx, deadline, connection error) leaves the entry
 ``max(lease, 1 s * 2**(attempts-1))`` (capped at 5 minutes) until ``INFERQ_WEBHOOK_MAX_AGE_S`` after the terminal
 event, then given up (counted as ``webhooks_abandoned`` in the queue's stats).
 
-Address guard (``netguard``): the sender resolves the host itself, refuses it when any address is internal, and
-connects to the address it checked (no second resolution for DNS rebinding to slip through); TLS still verifies
-the certificate for the host name. A refused host is a permanent failure: abandoned at once (and counted as
-``webhooks_refused`` too). ``INFERQ_WEBHOOK_ALLOW_PRIVATE=true`` turns the guard off (and allows plain http).
+Address guard: the sender resolves the host itself, refuses it when any address is internal, and connects to the
+address it checked (:mod:`inferq.guarded_http`, with :mod:`inferq.netguard`'s table). A refused host is a permanent
+failure: abandoned at once (and counted as ``webhooks_refused`` too). ``INFERQ_WEBHOOK_ALLOW_PRIVATE=true`` turns
+the guard off (and allows plain http).
 
-Signature, per Standard Webhooks (https://www.standardwebhooks.com): headers ``webhook-id`` (``<job id>_<events
-entry id>``: the same for every attempt of one delivery), ``webhook-timestamp`` (unix seconds of the attempt) and
-``webhook-signature: v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>.<body>")>``. The key comes from
-``INFERQ_WEBHOOK_SECRET``: a ``whsec_<base64>`` secret (the spec's form) is the decoded bytes; any other value is
-used as its UTF-8 bytes (with the ``standardwebhooks`` library, a receiver passes ``secret.encode()``).
-:func:`verify` is the receiver's side.
+Signed per Standard Webhooks (:mod:`inferq.webhook_signing`): ``webhook-id`` is ``<job id>_<events entry id>``, the
+same for every attempt of one delivery.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
-import functools
-import hashlib
-import hmac
 import json
 import logging
 import secrets
-import ssl
 import time
-import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-import httpcore
 import httpx
 from redis.exceptions import ResponseError
 
 from . import netguard
+from .guarded_http import GuardedTransport, read_capped
 from .keys import WEBHOOK_GROUP
 from .queue import Queue
-from .settings import Settings, SettingsError
+from .settings import Settings
+from .webhook_signing import sign, signing_key, webhook_id
 
 log = logging.getLogger(__name__)
 
@@ -87,142 +77,11 @@ CONCURRENCY = 16
 STALE_CONSUMER_MS = 600_000
 """A pass's consumer that held entries on its way out is deleted by a later pass once it holds nothing and has
 been idle this long (a live consumer touches the group every second)."""
-SECRET_PREFIX = "whsec_"  # noqa: S105 - the spec's prefix of a base64 secret, not a secret
-TOLERANCE_S = 300
-"""The spec's window for ``webhook-timestamp``: older or newer deliveries are refused (replays)."""
-
-
-# ------------------------------------------------------------------------------------------------ signatures
-
-
-def signing_key(secret: str) -> bytes:
-    """The HMAC key of ``INFERQ_WEBHOOK_SECRET``: ``whsec_<base64>`` decoded, as the spec has it; anything else as
-    its UTF-8 bytes. A ``whsec_`` secret that is not base64 is a configuration error."""
-    if secret.startswith(SECRET_PREFIX):
-        try:
-            key = base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
-        except (binascii.Error, ValueError):
-            raise SettingsError(Settings.variable("webhook_secret"), "a whsec_ secret must be base64") from None
-        if not key:
-            raise SettingsError(Settings.variable("webhook_secret"), "the whsec_ secret is empty")
-        return key
-    return secret.encode("utf-8")
-
-
-def webhook_id(job_id: str, entry_id: str) -> str:
-    """The delivery's id: one terminal event of one job, the same for every attempt (entry ids alone repeat across
-    queues)."""
-    return f"{job_id}_{entry_id}"
-
-
-def sign(key: bytes | str, msg_id: str, timestamp: int, body: bytes) -> str:
-    """``v1,<base64 HMAC-SHA256 of "<msg_id>.<timestamp>.<body>">`` (``key`` a secret string or key bytes)."""
-    raw = signing_key(key) if isinstance(key, str) else key
-    digest = hmac.new(raw, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
-    return "v1," + base64.b64encode(digest).decode()
-
-
-def verify(
-    secret: str | bytes, headers: Mapping[str, str], body: bytes, *, tolerance_s: int = TOLERANCE_S,
-    now: float | None = None,
-) -> bool:
-    """The receiver's check: one of the ``v1`` signatures matches, and the timestamp is within ``tolerance_s`` of
-    now (no replays of old deliveries). Header names in any case."""
-    lower = {k.lower(): v for k, v in headers.items()}
-    msg_id, stamp, signatures = (lower.get(n) for n in ("webhook-id", "webhook-timestamp", "webhook-signature"))
-    if not (msg_id and stamp and signatures):
-        return False
-    try:
-        timestamp = int(stamp)
-    except ValueError:
-        return False
-    if abs((now if now is not None else time.time()) - timestamp) > tolerance_s:
-        return False
-    expected = sign(secret, msg_id, timestamp, body)
-    return any(hmac.compare_digest(expected, candidate) for candidate in signatures.split(" "))
 
 
 def retry_delay_ms(attempts: int) -> int:
     """Idle time before attempt ``attempts + 1`` after ``attempts`` failed ones (never below the lease)."""
     return max(LEASE_MS, min(MAX_DELAY_MS, BASE_DELAY_MS * 2 ** max(attempts - 1, 0)))
-
-
-# ------------------------------------------------------------------------------------------------ HTTP
-
-
-class GuardedNetwork(httpcore.AsyncNetworkBackend):
-    """httpcore's network under the address guard: ``connect_tcp`` resolves the host once, refuses internal
-    addresses (:class:`netguard.BlockedAddress`), and connects to the checked address. httpcore still starts TLS
-    with the URL's host name, so SNI and certificate verification are for the name, not the address."""
-
-    def __init__(self, allow_private: bool) -> None:
-        self.allow_private = allow_private
-        self._network = httpcore.AnyIOBackend()
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's signature
-        local_address: str | None = None,
-        socket_options: Iterable[typing.Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        addresses = await netguard.resolve_checked(host, port, allow_private=self.allow_private)
-        failure: Exception | None = None
-        for address in addresses:
-            try:
-                return await self._network.connect_tcp(
-                    address, port, timeout=timeout, local_address=local_address, socket_options=socket_options
-                )
-            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
-                failure = exc
-        assert failure is not None
-        raise failure
-
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's signature
-        socket_options: Iterable[typing.Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        raise netguard.BlockedAddress(path, path, "unix socket")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._network.sleep(seconds)
-
-
-@functools.cache
-def _verifying_context() -> ssl.SSLContext:
-    """One certificate-verifying TLS context per process: loading the CA bundle takes tens of milliseconds, and the
-    scaler builds a sender every tick."""
-    return httpx.create_ssl_context(trust_env=False)
-
-
-class GuardedTransport(httpx.AsyncHTTPTransport):
-    """httpx's transport on a :class:`GuardedNetwork`. httpx offers no parameter for httpcore's network backend,
-    so the connection pool it builds is replaced by one that has it (same pool class, same limits)."""
-
-    def __init__(
-        self, allow_private: bool, max_connections: int = CONCURRENCY, ssl_context: ssl.SSLContext | None = None
-    ) -> None:
-        ssl_context = ssl_context or _verifying_context()
-        # no proxy from the environment: it would do the resolving
-        super().__init__(verify=ssl_context, trust_env=False)
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl_context,
-            max_connections=max_connections,
-            max_keepalive_connections=max_connections,
-            keepalive_expiry=5.0,
-            network_backend=GuardedNetwork(allow_private),
-        )
-
-
-async def _read_capped(response: httpx.Response, limit: int) -> None:
-    received = 0
-    async for chunk in response.aiter_raw():
-        received += len(chunk)
-        if received >= limit:
-            break  # leaving the stream unread closes the connection instead of downloading the rest
 
 
 # ------------------------------------------------------------------------------------------------ delivery
@@ -373,7 +232,7 @@ class WebhookSender:
         try:
             async with asyncio.timeout(self.post_deadline_s):
                 async with self._client.stream("POST", target, content=body, headers=self._headers(msg_id, body)) as r:
-                    await _read_capped(r, MAX_RESPONSE_BYTES)
+                    await read_capped(r, MAX_RESPONSE_BYTES)
                     status = r.status_code
         except netguard.BlockedAddress as exc:
             # the host and the address, never the URL: its query may carry the receiver's token

@@ -8,7 +8,7 @@ import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from inferq.settings import SettingsError
-from inferq.webhooks import sign, signing_key, verify, webhook_id
+from inferq.webhook_signing import sign, signing_key, verify, webhook_id
 
 # The example of the Standard Webhooks specification (and of its reference libraries' test suites)
 SPEC_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -22,10 +22,11 @@ import httpx
 import pytest
 
 from inferq import netguard, webhooks
+from inferq.guarded_http import GuardedTransport
 from inferq.keys import WEBHOOK_GROUP
 from inferq.queue import Queue
 from inferq.settings import Settings
-from inferq.webhooks import LEASE_MS, GuardedTransport, WebhookSender, deliver_webhooks
+from inferq.webhooks import LEASE_MS, WebhookSender, deliver_webhooks
 
 from .support import chat, eventually, submit
 

@@ -16,7 +16,8 @@ from standardwebhooks import Webhook
 from inferq.keys import WEBHOOK_GROUP
 from inferq.queue import Queue
 from inferq.settings import Settings
-from inferq.webhooks import WebhookSender, deliver_webhooks, verify
+from inferq.webhook_signing import verify
+from inferq.webhooks import WebhookSender, deliver_webhooks
 
 from .support import Receiver, chat, eventually, submit, terminal, worker_processes
 
