@@ -276,14 +276,13 @@ class WebhookSender:
             report.failed += 1
         return outcome is not Outcome.FAILED
 
-    async def _settle(self, entry_ids: list[str], before: WebhookReport, after: WebhookReport) -> None:
-        """Acknowledge settled entries at once, with the counters they moved (one round trip, atomic)."""
+    async def _settle(self, entry_ids: list[str], outcome: WebhookReport | None = None) -> None:
+        """Acknowledge settled entries at once, with the counters their outcome moves (one round trip, atomic)."""
         pipe = self.queue.redis.pipeline(transaction=True)
         pipe.xack(self._events, WEBHOOK_GROUP, *entry_ids)
         for name in ("delivered", "abandoned", "refused"):
-            moved = getattr(after, name) - getattr(before, name)
-            if moved:
-                pipe.hincrby(self.queue.keys.stats, f"webhooks_{name}", moved)
+            if outcome is not None and getattr(outcome, name):
+                pipe.hincrby(self.queue.keys.stats, f"webhooks_{name}", getattr(outcome, name))
         await pipe.execute()
 
     async def _handle(
@@ -294,7 +293,7 @@ class WebhookSender:
         try:
             if trivial:
                 report.without_webhook += len(trivial)
-                await self._settle(trivial, report, report)
+                await self._settle(trivial)
         finally:
             self._holding.difference_update(trivial)
         limit = asyncio.Semaphore(self.concurrency)
@@ -308,7 +307,7 @@ class WebhookSender:
                     settled = await self._attempt(entry_id, fields, mine)
                     report.add(mine)
                     if settled:
-                        await self._settle([entry_id], WebhookReport(), mine)
+                        await self._settle([entry_id], mine)
             finally:
                 # settled, or failed and left pending for its retry: either way no longer ours to renew
                 self._holding.discard(entry_id)
