@@ -169,6 +169,7 @@ class Supervisor:
         if not self.redis_url:
             self._start_valkey()
         child_env = {
+            "INFERQ_WEBHOOK_ALLOW_PRIVATE": "true",  # local receivers are the point here (the shell may say false)
             **self.env,
             **_aws_env(self.ecs.endpoint),
             **keys_env,

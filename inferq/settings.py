@@ -175,6 +175,7 @@ class Settings:
     ecs_service: str | None = _setting(None, _optional_str)
     webhook_secret: str | None = _setting(None, _optional_str)
     webhook_max_age_s: int = _setting(3600, _int(1))
+    webhook_allow_private: bool = _setting(False, _bool)
     events_maxlen: int = _setting(100000, _int(100))
     worker_id: str | None = _setting(None, _optional_str)
     log_level: str = _setting("INFO", _log_level)
