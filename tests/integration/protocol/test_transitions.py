@@ -54,7 +54,7 @@ def test_every_script_declares_its_keys_and_loads() -> None:
     names = {s.name for s in all_scripts()}
     assert names == {"enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive",
                      "expire", "observe"}
-    assert load("enqueue").min_keys == 4 and load("enqueue").max_keys == 5
+    assert load("enqueue").min_keys == 5 and load("enqueue").max_keys == 6
     assert load("renew").max_keys is None
 
 
@@ -256,15 +256,20 @@ async def test_stale_retry_from_a_worker_that_lost_its_lease_adds_nothing(q: Que
     assert len(await live_entries(q, job.id)) == 1
 
 
-async def test_a_late_success_from_an_older_attempt_wins_and_removes_the_newer_entry(q: Queue) -> None:
+async def test_a_late_success_from_a_stale_holder_changes_nothing(q: Queue) -> None:
+    """Owner check (G9): w1 lost the delivery to w2, whose retry queued the next attempt; w1's late success is
+    refused and counted, and the newer attempt stays in charge."""
     job, _ = await q.enqueue("t", req())
     (d1,), _ = await q.read("w1", 1)
     (d2,), _ = await q.reclaim("w2", 1)
     await q.retry(d2, delay_ms=0, error={"type": "e", "message": "m"})
-    assert await q.finish(d1, JobStatus.SUCCEEDED, result={"status_code": 200, "body": {}}) is Outcome.WRITTEN
-    assert await live_entries(q, job.id) == []
+    newer = await live_entries(q, job.id)
+    assert await q.finish(d1, JobStatus.SUCCEEDED, result={"status_code": 200, "body": {}}) is Outcome.STALE
+    assert await live_entries(q, job.id) == newer and len(newer) == 1
     stored = await q.get(job.id)
-    assert stored and stored.status is JobStatus.SUCCEEDED and (await q.stats())["unfinished"] == 0
+    assert stored and stored.status is JobStatus.QUEUED and stored.attempts == 2
+    stats = await q.stats()
+    assert stats["unfinished"] == 1 and stats["stale_writes"] == 1 and stats["duplicate_results"] == 0
 
 
 # ---------------------------------------------------------------- release / renew
