@@ -15,8 +15,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from redis.asyncio.cluster import PipelineCommand, RedisCluster
 from redis import exceptions as redis_errors
+from redis.asyncio.cluster import PipelineCommand, RedisCluster
 from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 SCRIPTS_DIR = Path(__file__).parent / "scripts"
@@ -162,6 +162,8 @@ class Scripts:
         if isinstance(self.client, RedisCluster):
             await self.client.initialize()
             node = self.client.get_node_from_key(calls[0][1][0])
+            if node is None:
+                raise redis_errors.ClusterDownError("no primary serves the queue's slot")
             stack = [PipelineCommand(i, *command) for i, command in enumerate(commands)]
             await node.execute_pipeline(stack)
             results = [command.result for command in stack]
