@@ -1,15 +1,14 @@
 """Every transition script and error code, against a real Valkey: standalone and in cluster mode (one node owning
-all slots), which proves each script touches one hash slot only."""
+all slots), which proves each script touches one hash slot only; and each of those again with every script call
+resent (conftest.py), which proves G9 on every path these tests take."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 
-from emulator.valkey import ValkeyProcess
 from inferq.jobs import JobRequest, JobStatus
 from inferq.keys import GROUP
 from inferq.queue import (
@@ -24,19 +23,8 @@ from inferq.queue import (
     now_ms,
 )
 from inferq.scripting import all_scripts, load
-from inferq.settings import Settings
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
-
-
-@pytest.fixture(params=["standalone", "cluster"])
-async def q(request: pytest.FixtureRequest, queue_name: str) -> AsyncIterator[Queue]:
-    server: ValkeyProcess = request.getfixturevalue("valkey" if request.param == "standalone" else "valkey_cluster")
-    settings = Settings(redis_url=server.url, queue=queue_name, max_attempts=3, max_deliveries=2, claim_idle_ms=0)
-    queue = Queue.connect(settings)
-    await queue.ensure_groups()
-    yield queue
-    await queue.close()
 
 
 def req(**kw: object) -> JobRequest:
