@@ -79,3 +79,52 @@ class Resending(Scripts):
         self, calls: list[tuple[str, list[str], list[Any]]], replicas: int, timeout_ms: int
     ) -> list[Any]:
         return await self.many(calls)
+
+
+class DelayingProxy:
+    """A TCP proxy in front of a server that can hold back the server's replies on the connections open at one
+    moment (a network blip): the client times out and resends on a new connection, while the server has already
+    run the first copy. The fault of issue 11, point 2, made deterministic."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+        self._delayed: set[asyncio.StreamWriter] = set()
+        self.delay_s = 0.0
+
+    async def __aenter__(self) -> DelayingProxy:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in list(self._open):
+            writer.close()
+
+    def delay_open_connections(self, delay_s: float) -> None:
+        """From now on, replies to the connections open now reach their client ``delay_s`` late."""
+        self.delay_s = delay_s
+        self._delayed = set(self._open)
+
+    async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        server_reader, server_writer = await asyncio.open_connection(*self.upstream)
+        self._open.add(client_writer)
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, replies: bool) -> None:
+            try:
+                while chunk := await reader.read(65536):
+                    if replies and client_writer in self._delayed:
+                        await asyncio.sleep(self.delay_s)
+                    writer.write(chunk)
+                    await writer.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                writer.close()
+
+        await asyncio.gather(pipe(client_reader, server_writer, False), pipe(server_reader, client_writer, True))
+        self._open.discard(client_writer)
