@@ -44,6 +44,19 @@ async def snapshot(q: Queue) -> Snapshot:
     return state
 
 
+def without_refusals(state: Snapshot, q: Queue) -> Snapshot:
+    """The state less what a refused write may leave: its counter and the record of its answer on the job (kept
+    so that a resent copy is not counted again)."""
+    out = dict(state)
+    if q.keys.stats in out:
+        kind, stats, ttl = out[q.keys.stats]
+        out[q.keys.stats] = (kind, {k: v for k, v in stats.items() if k != "stale_writes"}, ttl)
+    for key, (kind, value, ttl) in state.items():
+        if key.startswith(q.keys.prefix + "job:"):
+            out[key] = (kind, {k: v for k, v in value.items() if k != "refused"}, ttl)
+    return out
+
+
 def difference(before: Snapshot, after: Snapshot) -> dict[str, tuple[Any, Any]]:
     """The keys whose value differs, with both values (readable assertion messages)."""
     return {k: (before.get(k), after.get(k)) for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
@@ -53,15 +66,26 @@ class Resending(Scripts):
     """Runs every script call twice with the same arguments, and fails the test unless the second run answers
     what the first did and leaves every key of the queue as the first run left it. Calls are serialized, so
     that nothing the test does concurrently runs between the two copies. ``checked`` counts the calls per
-    script, so a test can prove which scripts it exercised."""
+    script, so a test can prove which scripts it exercised. With ``always=False`` only the calls armed by
+    :meth:`arm` are resent (a stateful test picks when)."""
 
-    def __init__(self, q: Queue) -> None:
+    def __init__(self, q: Queue, *, always: bool = True) -> None:
         super().__init__(q.redis)
         self.q = q
+        self.always = always
+        self.armed = 0
         self.checked: dict[str, int] = {}
         self._lock = asyncio.Lock()
 
+    def arm(self, calls: int = 1) -> None:
+        """Resend the next ``calls`` script calls."""
+        self.armed = calls
+
     async def __call__(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        if not self.always:
+            if not self.armed:
+                return await super().__call__(name, keys, args)
+            self.armed -= 1
         async with self._lock:
             first = await super().__call__(name, keys, args)
             once = await snapshot(self.q)

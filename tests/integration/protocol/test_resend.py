@@ -15,7 +15,7 @@ from inferq.keys import GROUP
 from inferq.queue import Delivery, Lease, Outcome, Queue, QueueFull, TenantQuotaFull, now_ms
 from inferq.scripting import NAMES
 from inferq.settings import Settings
-from tests.integration.protocol.resend import DelayingProxy, Resending, Snapshot, difference, snapshot
+from tests.integration.protocol.resend import DelayingProxy, Resending, difference, snapshot, without_refusals
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 RESENT = ["standalone-resent", "cluster-resent"]
@@ -153,18 +153,6 @@ async def test_a_reply_lost_in_a_network_blip_is_resent_and_the_first_submission
 # ---------------------------------------------------------------- owner checks
 
 
-def _without_refusals(state: Snapshot, q: Queue) -> Snapshot:
-    """The state less what a refused write may leave: its counter and the record of its answer (kept so a
-    resent copy is not counted again)."""
-    out = dict(state)
-    kind, stats, ttl = out[q.keys.stats]
-    out[q.keys.stats] = (kind, {k: v for k, v in stats.items() if k != "stale_writes"}, ttl)
-    for key, (kind, value, ttl) in state.items():
-        if key.startswith(q.keys.prefix + "job:"):
-            out[key] = (kind, {k: v for k, v in value.items() if k != "refused"}, ttl)
-    return out
-
-
 async def _stale_writes_change_nothing(q: Queue, stale: Delivery) -> None:
     before = await snapshot(q)
     assert await q.finish(stale, JobStatus.SUCCEEDED, result=RESULT) is Outcome.STALE
@@ -173,7 +161,7 @@ async def _stale_writes_change_nothing(q: Queue, stale: Delivery) -> None:
     assert await q.release(stale) is Outcome.STALE
     assert await q.renew("w1", [stale]) == [Lease.LOST]
     after = await snapshot(q)
-    assert _without_refusals(after, q) == _without_refusals(before, q), difference(before, after)
+    assert without_refusals(after, q) == without_refusals(before, q), difference(before, after)
     assert (await q.stats())["stale_writes"] == 4
 
 
