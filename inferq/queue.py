@@ -7,6 +7,7 @@ to count, not an error.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import time
@@ -151,6 +152,15 @@ def new_token() -> str:
     """A random token, generated once per script call (or per delivery, for a lease): a resent copy of the call
     carries the same token, which is how the script knows it already ran (G9)."""
     return secrets.token_hex(8)
+
+
+def settle_token(delivery: Delivery, *what: str) -> str:
+    """The call token of a finish, retry or release: derived from the delivery's lease and what is written, so the
+    worker's own retry of the same write after an error it saw (a timeout, ReplicationLag) is recognised as a
+    resend too and answers as the first did; another write by the same delivery is a different call."""
+    if not delivery.lease:
+        return new_token()
+    return hashlib.sha256("\0".join((delivery.lease, *what)).encode()).hexdigest()[:16]
 
 
 def _optional_int(value: Any) -> int | None:
@@ -452,9 +462,11 @@ class Queue:
         job_id = delivery.job.id
         keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.tenants, self.keys.job(job_id),
                 self.keys.done(job_id)]
-        args = [delivery.entry_id, status.value, json.dumps(result) if result is not None else "",
-                json.dumps(error) if error is not None else "", now, self.settings.result_ttl_s,
-                self.settings.events_maxlen, delivery.lease, new_token()]
+        result_json = json.dumps(result) if result is not None else ""
+        error_json = json.dumps(error) if error is not None else ""
+        args = [delivery.entry_id, status.value, result_json, error_json, now, self.settings.result_ttl_s,
+                self.settings.events_maxlen, delivery.lease,
+                settle_token(delivery, "finish", status.value, result_json, error_json)]
         return ("finish", keys, args)
 
     async def finish(
@@ -479,9 +491,10 @@ class Queue:
         job_id = delivery.job.id
         keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.dlq,
                 self.keys.tenants, self.keys.job(job_id), self.keys.done(job_id)]
+        error_json = json.dumps(error)
         args = [delivery.entry_id, now or now_ms(), max(0, int(delay_ms)), self.settings.max_attempts,
-                json.dumps(error), self.settings.result_ttl_s, self.settings.events_maxlen, delivery.lease,
-                new_token()]
+                error_json, self.settings.result_ttl_s, self.settings.events_maxlen, delivery.lease,
+                settle_token(delivery, "retry", error_json)]
         # a retry may end the job (dead-lettered, or cancelled): with replicas to wait for, it waits like finish
         [reply] = await self._write([("retry", keys, args)], replicated=True)
         if int(reply[0]) == 2:
@@ -491,7 +504,8 @@ class Queue:
     async def release(self, delivery: Delivery) -> Outcome:
         """Give the job back at once without spending an attempt (shutdown)."""
         keys = [self.keys.stream, self.keys.stats, self.keys.job(delivery.job.id)]
-        reply = await self.scripts("release", keys, [delivery.entry_id, delivery.lease, new_token()])
+        args = [delivery.entry_id, delivery.lease, settle_token(delivery, "release")]
+        reply = await self.scripts("release", keys, args)
         return self._outcome(reply, Outcome.RELEASED)
 
     async def renew(self, consumer: str, deliveries: Sequence[Delivery]) -> list[Lease]:

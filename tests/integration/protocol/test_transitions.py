@@ -269,7 +269,10 @@ async def test_release_gives_the_job_back_without_spending_an_attempt(q: Queue) 
     assert await q.release(d) is Outcome.RELEASED
     (d2,), _ = await q.read("w2", 1)
     assert d2.job.id == job.id and d2.attempt == 1 and d2.job.deliveries == 1
-    assert await q.release(d) is Outcome.STALE
+    # the same release again is a resend (G9): it answers as the first did and changes nothing
+    assert await q.release(d) is Outcome.RELEASED
+    assert await live_entries(q, job.id) == [d2.entry_id] and (await q.stats())["released"] == 1
+    assert await q.finish(d, JobStatus.FAILED, error={"type": "x", "message": "late"}) is Outcome.STALE
 
 
 async def test_renew_keeps_own_leases_and_reports_lost_ones(q: Queue) -> None:
