@@ -15,7 +15,7 @@ import redis
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
-from emulator.valkey import ValkeyProcess
+from emulator.valkey import ValkeyProcess, free_port
 from inferq.jobs import JobRequest, JobStatus, new_job_id
 from inferq.queue import Outcome, Queue, ReplicationLag, now_ms
 from inferq.settings import Settings
@@ -149,5 +149,70 @@ async def test_in_cluster_mode_the_wait_runs_on_the_slots_primary(
         q.settings = q.settings.replace(redis_wait_replicas=0)
         job, _ = await q.enqueue("t", req())
         assert job.status is JobStatus.QUEUED
+    finally:
+        await q.close()
+
+
+@pytest.fixture(scope="module")
+def cluster_with_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ValkeyProcess, ValkeyProcess]]:
+    """A cluster primary owning every slot and a second cluster node replicating it (CLUSTER MEET, REPLICATE)."""
+    root: Path = tmp_path_factory.mktemp("cluster-replication")
+    primary = ValkeyProcess(root / "primary", cluster=True, appendfsync=None).start()
+    bus_port = free_port()
+    replica = ValkeyProcess(root / "replica", appendfsync=None, extra_args=(
+        "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", str(bus_port))).start()
+    try:
+        p = redis.Redis(host=primary.host, port=primary.port, decode_responses=True)
+        r = redis.Redis(host=replica.host, port=replica.port, decode_responses=True)
+        primary_id = p.execute_command("CLUSTER", "MYID")
+        myself = next(line for line in p.execute_command("CLUSTER", "NODES").splitlines() if "myself" in line)
+        primary_bus = int(myself.split()[1].split("@")[1].split(",")[0])
+        r.execute_command("CLUSTER", "MEET", primary.host, primary.port, primary_bus)
+        deadline = time.monotonic() + 20
+        while primary_id not in r.execute_command("CLUSTER", "NODES"):
+            assert time.monotonic() < deadline, "the nodes did not meet"
+            time.sleep(0.05)
+        while True:
+            try:
+                r.execute_command("CLUSTER", "REPLICATE", primary_id)
+                break
+            except redis_errors.ResponseError:  # the primary is not known as a primary yet
+                assert time.monotonic() < deadline, "the replica could not attach"
+                time.sleep(0.1)
+        while r.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "the replica did not link up"
+            time.sleep(0.05)
+        p.close()
+        r.close()
+        yield primary, replica
+    finally:
+        replica.stop()
+        primary.stop()
+
+
+async def test_in_cluster_mode_a_replica_acknowledges_and_a_frozen_one_raises_replication_lag(
+    cluster_with_replica: tuple[ValkeyProcess, ValkeyProcess], queue_name: str
+) -> None:
+    primary, replica = cluster_with_replica
+    settings = Settings(redis_url=primary.url, queue=queue_name, redis_wait_replicas=1, redis_timeout_s=1.0)
+    q = Queue.connect(settings)
+    try:
+        await q.ensure_groups()
+        job, _ = await q.enqueue("t", req())
+        direct = aioredis.Redis(host=replica.host, port=replica.port, decode_responses=True)
+        try:
+            await direct.execute_command("READONLY")
+            assert (await direct.hgetall(q.keys.job(job.id)))["status"] == "queued"
+        finally:
+            await direct.aclose()
+        replica.freeze()
+        try:
+            with pytest.raises(ReplicationLag):
+                await q.cancel("t", job.id)
+        finally:
+            replica.thaw()
+        stored = await q.get(job.id)  # written on the primary; only its report was refused
+        assert stored and stored.status is JobStatus.CANCELLED
+        await q.enqueue("t", req())  # the thawed replica acknowledges again
     finally:
         await q.close()
