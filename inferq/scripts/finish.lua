@@ -7,6 +7,9 @@
   holder that now runs the job writes it); it is refused and counted (stale_writes).
   Safe to resend (G9): the written answer and a refusal are recorded against the call token (fields settled,
   refused); a resent copy answers the same and changes nothing (no second duplicate_results or stale_writes).
+  The client derives the call token from the lease and what is written, so the worker's own retry of the same
+  write is a resend too. A copy so late that another delivery has written since is refused (TERMINAL or
+  STALE_OWNER) and changes nothing but those counters.
 
   KEYS[1] stream
   KEYS[2] stats
@@ -23,7 +26,7 @@
   ARGV[6] result TTL (s)
   ARGV[7] events max length
   ARGV[8] lease token of the delivery (from start)
-  ARGV[9] call token (random, one per call)
+  ARGV[9] call token (the same for the same write of one delivery: queue.settle_token)
 
   Returns
     {0}                written

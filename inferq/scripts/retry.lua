@@ -6,6 +6,9 @@
   nothing -- it acknowledges nothing, adds no attempt and ends nothing -- and is counted (stale_writes).
   Safe to resend (G9): the answer is recorded against the call token (fields settled, refused); a resent copy
   answers the same and adds no second entry.
+  The client derives the call token from the lease and what is written, so the worker's own retry of the same
+  write is a resend too. A copy so late that another delivery has written since is refused (TERMINAL or
+  STALE_OWNER) and changes nothing but those counters.
 
   KEYS[1] stream
   KEYS[2] stats
@@ -24,7 +27,7 @@
   ARGV[6] result TTL (s)
   ARGV[7] events max length
   ARGV[8] lease token of the delivery (from start)
-  ARGV[9] call token (random, one per call)
+  ARGV[9] call token (the same for the same write of one delivery: queue.settle_token)
 
   Returns
     {1, attempt, due_ms}   next attempt queued (due_ms 0: in the stream now; else in the delayed set)
