@@ -18,7 +18,11 @@ local function replayed(jobKey, field, memo, token)
   return cjson.decode(string.sub(memo, sep + 1))
 end
 
+local function memo(token, reply)
+  return token .. '|' .. cjson.encode(reply)
+end
+
 local function remember(jobKey, field, token, reply)
-  rcall('HSET', jobKey, field, token .. '|' .. cjson.encode(reply))
+  rcall('HSET', jobKey, field, memo(token, reply))
   return reply
 end
