@@ -152,6 +152,8 @@ class Settings:
     max_deliveries: int = _setting(5, _int(1, 1000))
     job_timeout_s: int = _setting(600, _int(1, 3600))
     max_queue_depth: int = _setting(10000, _int(0))
+    tenant_max_depth: int = _setting(0, _int(0))
+    redis_wait_replicas: int = _setting(0, _int(0, 16))
     max_body_bytes: int = _setting(262144, _int(1))
     result_ttl_s: int = _setting(86400, _int(1))
     window: int = _setting(8, _int(1, 4096))
