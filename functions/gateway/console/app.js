@@ -22,7 +22,7 @@ function el(tag, attrs = {}, ...children) {
     if (name === "onclick") node.addEventListener("click", value);
     else if (value !== null && value !== undefined && value !== false) node.setAttribute(name, value);
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child !== null && child !== undefined) node.append(child instanceof Node ? child : String(child));
   }
   return node;
@@ -81,6 +81,7 @@ function keyRefused() {
 // ------------------------------------------------------------------ views
 
 function showView(name) {
+  if (apiKey()) notice("");
   state.view = ["overview", "jobs", "dlq"].includes(name) ? name : "overview";
   for (const section of document.querySelectorAll(".view")) {
     section.hidden = section.id !== `view-${state.view}`;
@@ -131,9 +132,13 @@ async function refreshHistory() {
     const samples = history.data || [];
     const newest = samples[samples.length - 1];
     $("g-delayed").textContent = newest ? fmt(newest.delayed) : "–";
-    const series = rates(samples, Date.now() / 1000 - HOUR_S);
-    drawChart($("chart-throughput"), series.throughput, "tp-title", (v) => v.toFixed(v < 10 ? 1 : 0));
-    drawChart($("chart-latency"), series.latency, "lat-title", (v) => `${v.toFixed(v < 10 ? 2 : 0)} s`);
+    const now = Date.now() / 1000;
+    // The x axis spans the last hour, or less while the history is younger: a new queue's first minutes show.
+    const start = Math.max(now - HOUR_S, samples.length ? Math.min(samples[0].at, now - 60) : now - HOUR_S);
+    const series = rates(samples, start);
+    const span = { start, now };
+    drawChart($("chart-throughput"), series.throughput, "tp-title", span, (v) => v.toFixed(v < 10 ? 1 : 0));
+    drawChart($("chart-latency"), series.latency, "lat-title", span, (v) => `${v.toFixed(v < 10 ? 2 : 0)} s`);
   } catch (err) {
     if (err.status !== 401) notice(`History unavailable: ${err.message}`, true);
   }
@@ -169,14 +174,15 @@ function svg(tag, attrs = {}, text = null) {
   return node;
 }
 
-function drawChart(box, points, titleId, label) {
+function drawChart(box, points, titleId, span, label) {
   const W = 600, H = 180, L = 48, R = 10, T = 10, B = 24;
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-labelledby": titleId });
-  const now = Date.now() / 1000;
-  const x = (t) => L + ((t - (now - HOUR_S)) / HOUR_S) * (W - L - R);
+  const width = Math.max(1, span.now - span.start);
+  const x = (t) => L + ((t - span.start) / width) * (W - L - R);
   root.append(svg("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
   root.append(svg("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
-  root.append(svg("text", { x: L, y: H - 6 }, "−60 min"));
+  root.append(svg("line", { class: "axis grid", x1: L, y1: (T + H - B) / 2, x2: W - R, y2: (T + H - B) / 2 }));
+  root.append(svg("text", { x: L, y: H - 6 }, `−${Math.max(1, Math.round(width / 60))} min`));
   root.append(svg("text", { x: W - R, y: H - 6, "text-anchor": "end" }, "now"));
   const summary = svg("desc");
   root.append(summary);
@@ -191,7 +197,7 @@ function drawChart(box, points, titleId, label) {
   const top = niceCeil(max);
   const y = (v) => H - B - (v / top) * (H - B - T);
   root.append(svg("text", { x: L - 6, y: T + 8, "text-anchor": "end" }, label(top)));
-  root.append(svg("text", { x: L - 6, y: H - B, "text-anchor": "end" }, label(0)));
+  root.append(svg("text", { x: L - 6, y: H - B, "text-anchor": "end" }, "0"));
   const coords = points.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`);
   const first = x(points[0][0]).toFixed(1);
   const last = x(points[points.length - 1][0]).toFixed(1);
@@ -311,8 +317,8 @@ function renderJob(job) {
 async function act(method, path, done) {
   try {
     const job = await api(method, path);
-    notice(`${done}: ${job.id} is ${job.status}`);
     await openJob(job.id);
+    notice(`${done}: ${job.id} is ${job.status}`);
   } catch (err) {
     const job = err.body && err.body.job;
     notice(`${err.message}`, true);
@@ -344,8 +350,8 @@ async function refreshDlq() {
 async function redrive(id) {
   try {
     const job = await api("POST", `v1/dlq/${encodeURIComponent(id)}/redrive`);
+    await openJob(job.id); // first: switching views clears the notice
     notice(`Queued again: ${job.id} is ${job.status}`);
-    await openJob(job.id);
   } catch (err) {
     notice(`Redrive failed: ${err.message}`, true);
     refreshDlq();
