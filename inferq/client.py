@@ -29,6 +29,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -60,6 +61,8 @@ __all__ = [
 ]
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_DATA_DIR = ".inferq"
+"""Where ``inferq up`` (``make up``) writes its URL and development key: a client started next to it finds both."""
 MAX_WAIT_SLICE_S = 20
 """The gateway's longest ``?wait=``: a longer wait is several requests."""
 RETRY_STATUSES = frozenset({429, 503})
@@ -334,9 +337,19 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return headers
 
 
-def _resolve(base_url: str | None, api_key: str | None) -> tuple[str, str | None]:
-    return ((base_url or os.environ.get("INFERQ_URL") or DEFAULT_URL).rstrip("/"),
-            api_key or os.environ.get("INFERQ_API_KEY") or None)
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _resolve(base_url: str | None, api_key: str | None, data_dir: str | Path) -> tuple[str, str | None]:
+    """What was given, else ``$INFERQ_URL``/``$INFERQ_API_KEY``, else what ``inferq up`` left in its data dir."""
+    folder = Path(data_dir)
+    url = base_url or os.environ.get("INFERQ_URL") or _read(folder / "url") or DEFAULT_URL
+    key = api_key or os.environ.get("INFERQ_API_KEY") or _read(folder / "dev-api-key")
+    return url.rstrip("/"), key
 
 
 def _slice(deadline: float) -> int:
@@ -347,7 +360,8 @@ def _slice(deadline: float) -> int:
 
 
 class Client:
-    """A blocking client. ``base_url`` and ``api_key`` default to ``$INFERQ_URL`` and ``$INFERQ_API_KEY``.
+    """A blocking client. ``base_url`` and ``api_key`` default to ``$INFERQ_URL`` and ``$INFERQ_API_KEY``, else to
+    what ``inferq up`` wrote in ``data_dir`` (``.inferq``), else ``http://127.0.0.1:8080`` and no key.
 
     ``timeout`` bounds one request (a long-poll gets its ``wait`` on top); ``retry`` bounds ``submit``'s retries.
     Use it as a context manager, or call :meth:`close`.
@@ -361,8 +375,9 @@ class Client:
         timeout: float = 30.0,
         retry: RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
+        data_dir: str | Path = DEFAULT_DATA_DIR,
     ) -> None:
-        base, key = _resolve(base_url, api_key)
+        base, key = _resolve(base_url, api_key, data_dir)
         self.retry = retry or RetryPolicy()
         self.timeout = timeout
         self._http = httpx.Client(base_url=base, headers=_headers(key), timeout=timeout, transport=transport)
@@ -471,8 +486,9 @@ class AsyncClient:
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         max_connections: int = 100,
+        data_dir: str | Path = DEFAULT_DATA_DIR,
     ) -> None:
-        base, key = _resolve(base_url, api_key)
+        base, key = _resolve(base_url, api_key, data_dir)
         self.retry = retry or RetryPolicy()
         self.timeout = timeout
         self._http = httpx.AsyncClient(base_url=base, headers=_headers(key), timeout=timeout, transport=transport,

@@ -154,12 +154,18 @@ def test_the_key_is_typed_in_and_the_overview_shows_the_queue(stack: Emulator, b
 
 def test_a_submitted_job_goes_from_queued_to_succeeded(browser: Browser, alice: Client, shots: Path) -> None:
     # No worker is up at first (the fleet scales from zero), and the mock takes 3 s: the page sees it wait.
+    browser.js("""window.seenStatuses = [];
+        new MutationObserver(() => {
+            const now = document.getElementById('job').dataset.status;
+            if (now && seenStatuses[seenStatuses.length - 1] !== now) seenStatuses.push(now);
+        }).observe(document.getElementById('job'), {attributes: true, attributeFilter: ['data-status']});""")
     job = alice.submit(chat("hello from the console", latency_ms=3000), metadata={"from": "e2e"})
     look_up(browser, job.id)
-    assert job_status(browser) in ("queued", "running")
     browser.screenshot(shots / "job-waiting.png")
     browser.wait("document.getElementById('job').dataset.status === 'succeeded'", timeout=90,
                  what="the job to succeed on the page")  # the page's own long-poll brought the change
+    seen = browser.js("seenStatuses")
+    assert seen[0] == "queued" and seen[-1] == "succeeded", seen  # every state the page showed, in order
     text = browser.text("#job")
     assert "hello from the console" in text and '"from":"e2e"' in text and "Queue to done" in text
     assert browser.js("!document.getElementById('cancel-job')")  # nothing to cancel any more
