@@ -116,6 +116,7 @@ def keyboard_reaches_everything(browser: Browser) -> None:
         .filter((e) => !{json.dumps(sorted(reached))}.includes(Number(e.dataset.kb)))
         .map((e) => e.outerHTML.slice(0, 80))""")
     assert not missing, f"not reachable by keyboard: {missing}"
+    browser.js("document.activeElement && document.activeElement.blur()")  # no focus ring in the screenshots
 
 
 def labels_and_landmarks(browser: Browser) -> None:

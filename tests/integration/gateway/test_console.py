@@ -3,14 +3,20 @@ read it charts."""
 
 from __future__ import annotations
 
+import base64
+import copy
 import re
+from types import ModuleType
+from typing import Any
 
 import httpx
 
 from inferq.history import record_sample
 from inferq.queue import Queue
+from tests.conftest import load_event
 
 from .support import A
+from .test_handler import LambdaContext, gateway_module  # noqa: F401
 
 ASSET_RE = re.compile(r'(?:src|href)="((?:app\.js|app\.css|icon\.svg)\?v=[0-9a-f]{12})"')
 
@@ -87,3 +93,20 @@ async def test_history_answers_the_sampled_numbers_oldest_first(client: httpx.As
     assert [s["at"] for s in newest] == [1010.0]
     bad = await client.get("/v1/stats/history", headers=A, params={"limit": 0})
     assert bad.status_code == 422
+
+
+def test_the_console_is_served_through_the_lambda_handler_too(gateway_module: ModuleType) -> None:  # noqa: F811
+    def get(path: str) -> dict[str, Any]:
+        event = copy.deepcopy(load_event("apiGatewayProxyV2Healthz.json"))
+        event["rawPath"] = event["requestContext"]["http"]["path"] = path
+        reply: dict[str, Any] = gateway_module.handler(event, LambdaContext())
+        return reply
+
+    page = get("/console/")
+    assert page["statusCode"] == 200 and "<title>inferq console</title>" in page["body"]
+    script = get("/console/app.js")
+    assert script["statusCode"] == 200 and not script.get("isBase64Encoded")
+    assert "sessionStorage" in script["body"] and script["headers"]["etag"]
+    icon = get("/console/icon.svg")
+    body = base64.b64decode(icon["body"]) if icon.get("isBase64Encoded") else icon["body"].encode()
+    assert icon["statusCode"] == 200 and body.startswith(b"<svg")
