@@ -11,30 +11,47 @@ What every caller of the API writes again otherwise, done once:
   per error ``type`` of the envelope, each carrying the HTTP status and the envelope itself.
 - :func:`verify_webhook` checks a delivery's Standard Webhooks signature.
 
-This module is the only one in ``inferq`` that imports httpx: the queue protocol never needs it.
+The typed answers live in :mod:`inferq.answers` and the webhook check in :mod:`inferq.standard_webhooks`; all are
+importable from here. This module is the only one in ``inferq`` that imports httpx: the queue protocol never
+needs it.
 There is no results-feed iterator: ``GET /v1/events`` is in the contract but the gateway does not serve it yet.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import hashlib
-import hmac
-import json
 import os
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from .answers import (
+    BadRequest,
+    Conflict,
+    GatewayUnreachable,
+    IdempotencyConflict,
+    InferqError,
+    InvalidRequest,
+    Job,
+    JobTerminal,
+    ModelNotFound,
+    NotDeadLettered,
+    NotFound,
+    QueueFull,
+    RequestTooLarge,
+    ServerError,
+    Unauthorized,
+    Unavailable,
+    error_for,
+)
 from .jobs import JobStatus
+from .standard_webhooks import WebhookVerificationError, verify_webhook
 
 __all__ = [
     "AsyncClient",
@@ -70,158 +87,9 @@ DEFAULT_RETRY_AFTER_S = 1.0
 """Used when a 503/429 carries no usable ``Retry-After``, and as the base of the backoff after a lost connection."""
 MAX_RETRY_AFTER_S = 30.0
 """A ``Retry-After`` above this is capped: the total retry budget is what bounds the wait."""
-WEBHOOK_TOLERANCE_S = 300
 
 
-# ---------------------------------------------------------------------- typed answers
-
-
-@dataclass(frozen=True)
-class Job:
-    """The job object of HTTP API v1 (``raw`` keeps the whole answer, fields added later included)."""
-
-    id: str
-    status: JobStatus
-    url: str
-    attempts: int
-    created_at: float
-    started_at: float | None
-    finished_at: float | None
-    result: dict[str, Any] | None
-    error: dict[str, Any] | None
-    dead_lettered: bool
-    metadata: dict[str, str]
-    raw: dict[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_api(cls, data: Mapping[str, Any]) -> Job:
-        return cls(
-            id=data["id"],
-            status=JobStatus(data["status"]),
-            url=data.get("url", "/v1/chat/completions"),
-            attempts=int(data.get("attempts") or 0),
-            created_at=float(data.get("created_at") or 0.0),
-            started_at=data.get("started_at"),
-            finished_at=data.get("finished_at"),
-            result=data.get("result"),
-            error=data.get("error"),
-            dead_lettered=bool(data.get("dead_lettered")),
-            metadata=dict(data.get("metadata") or {}),
-            raw=dict(data),
-        )
-
-    @property
-    def terminal(self) -> bool:
-        return self.status.terminal
-
-    @property
-    def output(self) -> Any:
-        """The model server's response body (``result.body``) of a succeeded job, else None."""
-        return (self.result or {}).get("body")
-
-    @property
-    def text(self) -> str | None:
-        """The first choice's text of a chat or text completion, when there is one."""
-        try:
-            choice = self.output["choices"][0]
-        except (KeyError, IndexError, TypeError):
-            return None
-        message = choice.get("message")
-        return message.get("content") if isinstance(message, dict) else choice.get("text")
-
-
-class InferqError(Exception):
-    """An error answer of the API: ``status`` (HTTP), ``type`` and ``message`` from ``envelope`` (the whole body)."""
-
-    def __init__(self, status: int, type_: str, message: str, envelope: dict[str, Any] | None = None,
-                 retry_after_s: float | None = None) -> None:
-        super().__init__(f"{status} {type_}: {message}")
-        self.status = status
-        self.type = type_
-        self.message = message
-        self.envelope = envelope or {"error": {"type": type_, "message": message}}
-        self.retry_after_s = retry_after_s
-
-
-class BadRequest(InferqError):
-    """400: a request the gateway could not read."""
-
-
-class Unauthorized(InferqError):
-    """401: missing or unknown API key."""
-
-
-class NotFound(InferqError):
-    """404: unknown job, or another tenant's."""
-
-
-class ModelNotFound(NotFound):
-    """404 ``model_not_found``: ``body.model`` names no configured model."""
-
-
-class Conflict(InferqError):
-    """409."""
-
-
-class IdempotencyConflict(Conflict):
-    """409: the idempotency key was used before with a different request."""
-
-
-class JobTerminal(Conflict):
-    """409 on cancel: the job has already ended; :attr:`job` is the job as it is."""
-
-    @property
-    def job(self) -> Job | None:
-        data = self.envelope.get("job")
-        return Job.from_api(data) if isinstance(data, dict) else None
-
-
-class NotDeadLettered(Conflict):
-    """409 on redrive: the job is not in the dead-letter queue."""
-
-
-class RequestTooLarge(InferqError):
-    """413: the body is above ``INFERQ_MAX_BODY_BYTES``."""
-
-
-class InvalidRequest(InferqError):
-    """422."""
-
-
-class QueueFull(InferqError):
-    """429: unfinished jobs reached ``INFERQ_MAX_QUEUE_DEPTH``; ``retry_after_s`` says when to try again."""
-
-
-class Unavailable(InferqError):
-    """503: the queue store is unreachable (on submit: outcome unknown, retry with the same key)."""
-
-
-class ServerError(InferqError):
-    """Any other 5xx."""
-
-
-class GatewayUnreachable(InferqError):
-    """No HTTP answer at all (connection refused, reset, timed out); ``status`` is 0."""
-
-
-_BY_TYPE: dict[str, type[InferqError]] = {
-    "bad_request": BadRequest,
-    "unauthorized": Unauthorized,
-    "not_found": NotFound,
-    "model_not_found": ModelNotFound,
-    "conflict": Conflict,
-    "idempotency_conflict": IdempotencyConflict,
-    "job_terminal": JobTerminal,
-    "not_dead_lettered": NotDeadLettered,
-    "request_too_large": RequestTooLarge,
-    "invalid_request": InvalidRequest,
-    "queue_full": QueueFull,
-    "unavailable": Unavailable,
-}
-_BY_STATUS: dict[int, type[InferqError]] = {
-    400: BadRequest, 401: Unauthorized, 404: NotFound, 409: Conflict, 413: RequestTooLarge, 422: InvalidRequest,
-    429: QueueFull, 503: Unavailable,
-}
+# ---------------------------------------------------------------------- answers
 
 
 def retry_after_s(response: httpx.Response) -> float | None:
@@ -240,22 +108,12 @@ def retry_after_s(response: httpx.Response) -> float | None:
 
 
 def error_from(response: httpx.Response) -> InferqError:
-    """The typed exception of an error answer: by the envelope's ``type``, else by the HTTP status."""
-    status = response.status_code
-    envelope: dict[str, Any] | None = None
+    """The typed exception of an error answer."""
     try:
         body = response.json()
-        if isinstance(body, dict) and isinstance(body.get("error"), dict):
-            envelope = body
     except ValueError:
-        pass
-    if envelope is not None:
-        type_ = str(envelope["error"].get("type") or "error")
-        message = str(envelope["error"].get("message") or "")
-    else:
-        type_, message = "error", response.text[:500]
-    cls = _BY_TYPE.get(type_) or _BY_STATUS.get(status) or (ServerError if status >= 500 else InferqError)
-    return cls(status, type_, message, envelope, retry_after_s(response))
+        body = None
+    return error_for(response.status_code, body, response.text, retry_after_s(response))
 
 
 def _job(response: httpx.Response) -> Job:
@@ -570,66 +428,3 @@ class AsyncClient:
         params = {"limit": limit} if limit else None
         data = _json(await self._request("GET", "/v1/stats/history", params=params))
         return list(data["data"])
-
-
-# ---------------------------------------------------------------------- webhooks
-
-
-class WebhookVerificationError(Exception):
-    """The delivery is not authentic or not fresh: answer it 4xx and ignore it."""
-
-
-def _signing_key(secret: str | bytes) -> bytes:
-    # Standard Webhooks secrets are "whsec_" + base64 of the key. Any other string is used as its own bytes, so a
-    # plain INFERQ_WEBHOOK_SECRET works as is.
-    if isinstance(secret, bytes):
-        return secret
-    if secret.startswith("whsec_"):
-        try:
-            return base64.b64decode(secret[len("whsec_"):], validate=True)
-        except (binascii.Error, ValueError):
-            raise WebhookVerificationError("the secret has the whsec_ prefix but is not base64") from None
-    return secret.encode()
-
-
-def sign_webhook(secret: str | bytes, webhook_id: str, timestamp: int, body: bytes) -> str:
-    """One ``webhook-signature`` entry, ``v1,<base64 HMAC-SHA256 of "id.timestamp.body">``."""
-    digest = hmac.new(_signing_key(secret), f"{webhook_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
-    return "v1," + base64.b64encode(digest).decode()
-
-
-def verify_webhook(
-    secret: str | bytes,
-    headers: Mapping[str, str],
-    body: bytes | str,
-    *,
-    tolerance_s: int = WEBHOOK_TOLERANCE_S,
-    now: float | None = None,
-) -> dict[str, Any]:
-    """Check a delivery per the Standard Webhooks specification and return its body (the final job object).
-
-    ``headers`` are the request's (any case); ``body`` the raw bytes as received, before any JSON parsing. Raises
-    :class:`WebhookVerificationError` when a header is missing, the timestamp is more than ``tolerance_s`` away
-    from now (a replay), or no ``v1`` entry of ``webhook-signature`` matches.
-    """
-    lowered = {name.lower(): value for name, value in headers.items()}
-    try:
-        webhook_id = lowered["webhook-id"]
-        raw_timestamp = lowered["webhook-timestamp"]
-        signatures = lowered["webhook-signature"]
-    except KeyError as exc:
-        raise WebhookVerificationError(f"missing header {exc.args[0]}") from None
-    try:
-        timestamp = int(raw_timestamp)
-    except ValueError:
-        raise WebhookVerificationError("webhook-timestamp is not an integer") from None
-    now = time.time() if now is None else now
-    if abs(now - timestamp) > tolerance_s:
-        raise WebhookVerificationError("webhook-timestamp is outside the tolerance (a replay, or a skewed clock)")
-    raw = body.encode() if isinstance(body, str) else body
-    expected = sign_webhook(secret, webhook_id, timestamp, raw)
-    # The header may carry several space-separated signatures (during a secret rotation): one match is enough.
-    if not any(hmac.compare_digest(expected.encode(), c.encode()) for c in signatures.split()):
-        raise WebhookVerificationError("no signature matches")
-    parsed: dict[str, Any] = json.loads(raw)
-    return parsed
