@@ -8,12 +8,11 @@ emulator. The HTTP commands find the gateway and the key the way a person would 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -189,36 +188,27 @@ def submit(argv: list[str]) -> int:
     return _exit_code([job])
 
 
-FILE_FIELDS = ("url", "metadata", "timeout_s", "ttl_s", "webhook_url", "priority")
-
-
-def _file_lines(path: Path) -> Iterator[tuple[int, dict[str, Any], str]]:
-    """(line number, request, idempotency key) of every non-blank line; a bad line stops before anything is sent."""
-    text = sys.stdin.read() if str(path) == "-" else path.read_text()
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            request = json.loads(line)
-        except ValueError as exc:
-            raise CliError(f"{path}:{number}: not JSON ({exc})") from None
-        if not isinstance(request, dict) or not isinstance(request.get("body"), dict):
-            raise CliError(f"{path}:{number}: each line needs a \"body\" object (the model server's request)")
-        # The same line of the same file is the same job: an interrupted bulk submit can simply be run again.
-        digest = hashlib.sha256(f"{number}\n{line.strip()}".encode()).hexdigest()[:40]
-        yield number, request, request.get("idempotency_key") or f"file-{digest}"
-
-
 def _submit_file(args: argparse.Namespace) -> int:
     import asyncio
 
+    from .bulk import BadJobFile, read_jobs, submit_all
+    from .client import AsyncClient
+
     try:
-        lines = list(_file_lines(args.file))
+        lines = read_jobs(args.file)
     except OSError as exc:
         raise CliError(f"cannot read {args.file}: {exc}") from None
+    except BadJobFile as exc:
+        raise CliError(str(exc)) from None
     if not lines:
         raise CliError(f"{args.file} has no jobs")
-    results = asyncio.run(_submit_many(args, lines))
+
+    async def run() -> list[dict[str, Any]]:
+        concurrency = max(1, args.concurrency)
+        async with AsyncClient(_base_url(args), _api_key(args), max_connections=concurrency) as client:
+            return await submit_all(client, lines, concurrency=concurrency, wait=args.wait, wait_s=args.timeout)
+
+    results = asyncio.run(run())
     failed = [r for r in results if "error" in r]
     for result in results:
         print(json.dumps(result))
@@ -227,55 +217,6 @@ def _submit_file(args: argparse.Namespace) -> int:
     if failed:
         return 1
     return 0 if not args.wait else int(any(r.get("status") != "succeeded" for r in results))
-
-
-async def _submit_many(args: argparse.Namespace, lines: list[tuple[int, dict[str, Any], str]]) -> list[dict[str, Any]]:
-    """Submit every line with bounded concurrency, a progress bar on stderr; then, with --wait, wait for all."""
-    import asyncio
-
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from .client import AsyncClient, InferqError
-
-    results: list[dict[str, Any]] = [
-        {"line": number, **({"custom_id": req["custom_id"]} if "custom_id" in req else {})} for number, req, _ in lines
-    ]
-    gate = asyncio.Semaphore(max(1, args.concurrency))
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                        console=Console(stderr=True), transient=False)
-    async with AsyncClient(_base_url(args), _api_key(args), max_connections=max(1, args.concurrency)) as client:
-        with progress:
-            sent = progress.add_task("submitting", total=len(lines))
-
-            async def one(index: int, request: dict[str, Any], key: str) -> None:
-                fields = {name: request.get(name) for name in FILE_FIELDS}
-                try:
-                    async with gate:
-                        job = await client.submit(request["body"], idempotency_key=key, **fields)
-                    results[index].update(id=job.id, status=job.status.value)
-                except InferqError as exc:
-                    results[index].update(error={"status": exc.status, "type": exc.type, "message": exc.message})
-                progress.advance(sent)
-
-            await asyncio.gather(*(one(i, req, key) for i, (_, req, key) in enumerate(lines)))
-            if not args.wait:
-                return results
-            accepted = [r for r in results if "id" in r]
-            ended = progress.add_task("waiting", total=len(accepted))
-            deadline = time.monotonic() + args.timeout
-
-            async def finish(result: dict[str, Any]) -> None:
-                try:
-                    async with gate:
-                        job = await client.wait(result["id"], timeout=max(0.0, deadline - time.monotonic()))
-                    result.update(status=job.status.value, job=job.raw)
-                except InferqError as exc:
-                    result.update(error={"status": exc.status, "type": exc.type, "message": exc.message})
-                progress.advance(ended)
-
-            await asyncio.gather(*(finish(r) for r in accepted))
-    return results
 
 
 # ---------------------------------------------------------------------- inferq wait, cancel, redrive, dlq
