@@ -64,6 +64,11 @@ class Keys:
         return self.prefix + "tenants"
 
     @property
+    def history(self) -> str:
+        """Capped list of the scaler's samples of the counters, newest first (the console's charts)."""
+        return self.prefix + "history"
+
+    @property
     def workers(self) -> str:
         return self.prefix + "workers"
 

@@ -21,6 +21,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 from redis.exceptions import RedisError
 
+from inferq.history import record_sample
 from inferq.policy import Decision, Demand, ScalePolicy, ScaleState, decide
 from inferq.queue import Observation, Queue
 
@@ -164,6 +165,7 @@ class Scaler:
             await self._decide_and_apply(tick, tick.observation, tick.counts, state_fields, now)
         if tick.observation is not None:
             await self._housekeeping(tick, tick.observation)
+            await self._record_history(tick, tick.observation, now)
         self._emit(tick, now)
         return tick
 
@@ -223,6 +225,17 @@ class Scaler:
             except Exception as exc:  # best effort: undelivered events stay pending for the next pass
                 tick.errors.append("webhooks")
                 self.logger.warning("scaler: webhook pass failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+
+    async def _record_history(self, tick: Tick, observation: Observation, now: float) -> None:
+        """One sample for the console's charts (:mod:`inferq.history`); a lost one is a gap, not a failure."""
+        running = tick.counts.running if tick.counts is not None else None
+        try:
+            await asyncio.wait_for(
+                record_sample(self.queue, observation, desired=tick.desired, running=running, at=now),
+                self._redis_wait_s,
+            )
+        except REDIS_ERRORS as exc:
+            self.logger.warning("scaler: could not record a history sample", extra={"error": f"{exc}"})
 
     def _emit(self, tick: Tick, now: float) -> None:
         from aws_lambda_powertools.metrics import MetricUnit
