@@ -11,7 +11,7 @@ What every caller of the API writes again otherwise, done once:
   per error ``type`` of the envelope, each carrying the HTTP status and the envelope itself.
 - :func:`verify_webhook` checks a delivery's Standard Webhooks signature.
 
-The typed answers live in :mod:`inferq.answers` and the webhook check in :mod:`inferq.standard_webhooks`; all are
+The typed answers live in :mod:`inferq.answers` and the webhook check in :mod:`inferq.webhook_signing`; all are
 importable from here. This module is the only one in ``inferq`` that imports httpx: the queue protocol never
 needs it.
 There is no results-feed iterator: ``GET /v1/events`` is in the contract but the gateway does not serve it yet.
@@ -51,7 +51,7 @@ from .answers import (
     error_for,
 )
 from .jobs import JobStatus
-from .standard_webhooks import WebhookVerificationError, verify_webhook
+from .webhook_signing import WebhookVerificationError, verify_webhook
 
 __all__ = [
     "AsyncClient",
