@@ -20,13 +20,12 @@ from collections.abc import Awaitable, Callable
 from functools import cache
 from typing import Any
 
+import redis.credentials
+import redis.exceptions
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.connection import Connection, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import EqualJitterBackoff
-from redis.credentials import CredentialProvider
-from redis.exceptions import AuthenticationError
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .settings import Settings
 
@@ -44,6 +43,13 @@ def connect(settings: Settings, *, cluster: bool | None = None, socket_timeout: 
     """A client for ``INFERQ_REDIS_URL``. ``cluster`` forces cluster mode (ElastiCache Serverless); by default a
     URL with ``?cluster=true`` selects it. Timeouts are short so an unreachable server is an error in seconds,
     never a hang."""
+    client = _client(settings, cluster=cluster, socket_timeout=socket_timeout)
+    if settings.redis_auth_secret:
+        _reauthenticate_on_refusal(client)
+    return client
+
+
+def _client(settings: Settings, *, cluster: bool | None, socket_timeout: float | None) -> Any:
     url = settings.redis_url
     if cluster is None:
         cluster = "cluster=true" in url.lower()
@@ -59,15 +65,10 @@ def connect(settings: Settings, *, cluster: bool | None = None, socket_timeout: 
     }
     if settings.redis_auth_secret:
         options["credential_provider"] = provider_for(settings.redis_auth_secret)
-    client: Any
     if cluster:
-        client = RedisCluster.from_url(url, **options)
-    else:
-        options["retry"] = Retry(EqualJitterBackoff(cap=0.5, base=0.05), retries=1)
-        client = Redis.from_url(url, **options)
-    if settings.redis_auth_secret:
-        _reauthenticate_on_refusal(client)
-    return client
+        return RedisCluster.from_url(url, **options)
+    options["retry"] = Retry(EqualJitterBackoff(cap=0.5, base=0.05), retries=1)
+    return Redis.from_url(url, **options)
 
 
 # --- the token: Secrets Manager behind redis-py's credential provider ---
@@ -87,7 +88,7 @@ def credentials_from_secret(raw: str) -> Credentials:
     return (str(value),)
 
 
-class SecretCredentialProvider(CredentialProvider):
+class SecretCredentialProvider(redis.credentials.CredentialProvider):
     """The cache's AUTH credentials, read from a Secrets Manager secret and kept for ``ttl_s``.
 
     One provider per secret and process (:func:`provider_for`) serves every client, so a process reads the secret
@@ -132,7 +133,7 @@ class SecretCredentialProvider(CredentialProvider):
                 return True  # another connection has already read the rotated token
             try:
                 self._read(keep_stale=False)
-            except RedisConnectionError:
+            except redis.exceptions.ConnectionError:
                 return False
             return self._credentials != refused
 
@@ -150,7 +151,7 @@ class SecretCredentialProvider(CredentialProvider):
                 self._valid_until = self._clock() + RETRY_READ_AFTER_S
                 return
             # a ConnectionError is what every caller already treats as "Redis unreachable, retry later" (G8)
-            raise RedisConnectionError(f"cache token secret unreadable: {type(exc).__name__}") from exc
+            raise redis.exceptions.ConnectionError(f"cache token secret unreadable: {type(exc).__name__}") from exc
         self.reads += 1
         self._credentials = credentials_from_secret(raw)
         self._valid_until = self._clock() + self.ttl_s
@@ -192,7 +193,7 @@ class _ReauthenticatingConnection:
         used = await provider.get_credentials_async()
         try:
             await run()
-        except AuthenticationError:
+        except redis.exceptions.AuthenticationError:
             if not await provider.refresh_async(used):
                 raise
             log.info("cache token: refused; secret %s re-read, authenticating again", provider.secret_id)
