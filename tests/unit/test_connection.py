@@ -3,6 +3,7 @@ picked up by new connections without a restart (real Valkey servers, with ``requ
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -126,6 +127,14 @@ async def test_a_rotated_requirepass_is_picked_up_by_new_connections_without_a_r
 
             assert await client.get("k") == "v"  # a new connection: WRONGPASS, secret re-read, AUTH again
             assert provider_for("tok").reads == 2
+
+            # A second rotation met by many new connections at once: the secret is read once more, not per connection.
+            secrets.put_secret_value(SecretId="tok", SecretString=json.dumps({"username": "default", "token": "new-3"}))
+            admin.config_set("requirepass", "new-3")
+            admin.auth("new-3")
+            await client.connection_pool.disconnect()
+            assert await asyncio.gather(*(client.get("k") for _ in range(20))) == ["v"] * 20
+            assert provider_for("tok").reads == 3
             with pytest.raises(redis.exceptions.AuthenticationError):
                 redis.Redis(host=server.host, port=server.port, password="old-token-1").ping()
         finally:
