@@ -59,6 +59,11 @@ class Keys:
         return self.prefix + "stats"
 
     @property
+    def tenants(self) -> str:
+        """Hash tenant -> its unfinished jobs (``INFERQ_TENANT_MAX_DEPTH``); a tenant leaves it at zero."""
+        return self.prefix + "tenants"
+
+    @property
     def workers(self) -> str:
         return self.prefix + "workers"
 

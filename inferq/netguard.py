@@ -1,4 +1,4 @@
-"""The address guard for webhooks: which hosts a webhook may be POSTed to (DESIGN.md section 3, ``webhook_url``).
+"""The address guard for webhooks: which hosts a webhook may be POSTed to (docs/api.md, ``webhook_url``).
 
 A webhook is an HTTP request made from inside the deployment (a worker's or the scaler's network) to a URL a tenant
 chose. Without a guard, ``https://169.254.169.254/`` reads the instance metadata, ``https://10.0.3.7/`` reaches
