@@ -175,6 +175,14 @@ class Settings:
     scaler_wake_url: str | None = _setting(None, _optional_str)
     ecs_cluster: str | None = _setting(None, _optional_str)
     ecs_service: str | None = _setting(None, _optional_str)
+    webhook_secret_id: str | None = field(
+        default=None,
+        metadata={
+            "parse": _optional_str,
+            "doc": "Secrets Manager id of the webhook signing key, for a process that is not handed the key itself "
+            "(the scaler Lambda reads it at first use, again every 5 minutes); `INFERQ_WEBHOOK_SECRET` wins when set.",
+        },
+    )
     webhook_secret: str | None = _setting(None, _optional_str)
     webhook_max_age_s: int = _setting(3600, _int(1))
     webhook_allow_private: bool = _setting(False, _bool)
