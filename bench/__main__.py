@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib
 import inspect
 import os
@@ -37,10 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import load, report
+from . import floor, load, report, valkeystats
 from .stack import ROOT, Stack, spawn_worker, stop_process
 
-ALL = ("S1", "S2", "S3", "G", "W", "C", "D", "K", "E")
+ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E")
 CAVEAT = ("client, gateway, Valkey, scaler, emulator supervisor and workers all share this machine's cores; "
           "the load generator's own CPU is taken from the system under test, and other processes on a shared "
           "machine add noise (load average recorded per scenario)")
@@ -86,33 +87,45 @@ class Bench:
 
     # ------------------------------------------------------------------ plumbing
 
+    def advance(self, task: Any, k: int) -> None:
+        self.progress.advance(task, k)
+
     def fail(self, message: str) -> None:
         self.report["failures"].append(message)
         if self.console is not None:
             self.console.print(f"[red]error:[/] {message}", highlight=False)
 
-    def stack(self, name: str, workers: int, window: int, env: dict[str, str] | None = None) -> Stack:
-        env = {"INFERQ_LOG_LEVEL": self.args.log_level, **(env or {}), **dict(self.args.env)}
-        if self.args.log_level.upper() not in ("DEBUG", "INFO"):
-            env["UVICORN_ACCESS_LOG"] = "false"  # uvicorn's own per-request line (Lambda has none): --no-access-log
+    def stack(self, name: str, workers: int, window: int, env: dict[str, str] | None = None,
+              log_level: str | bool | None = True) -> Stack:
+        """A stack as ``make up`` runs it (the default log level) unless ``--log-level`` says otherwise;
+        ``log_level=None`` ignores ``--log-level`` (the log cost scenario sets its own)."""
+        level = self.args.log_level if log_level is True else log_level
+        env = {**({"INFERQ_LOG_LEVEL": level} if level else {}), **(env or {}), **dict(self.args.env)}
         return Stack(workers=workers, window=window, mode=self.args.stack, env=env, log_dir=self.logs, name=name)
 
     async def _run_load(self, st: Stack, kind: str, title: str, n: int, clients: int, latency_ms: int,
                         name: str) -> load.LoadResult:
         task = self.progress.add_task(title, total=n)
         body = load.job_body(latency_ms)
-        roles0 = st.cpu_by_role()
-        cpu0 = time.process_time()
-        async with load.make_pool(st.url, st.api_key, clients, timeout_s=40.0, kind=self.args.client) as client:
-            if kind == "closed_loop":
-                result = await load.closed_loop(client, n, clients, body, name=name, deadline_s=self.sizes.deadline_s,
-                                                progress=lambda k: self.progress.advance(task, k))
-            else:
-                result = await load.burst(client, n, clients, body, name=name, deadline_s=self.sizes.deadline_s,
-                                          progress=lambda k: self.progress.advance(task, k))
+        sampler = valkeystats.Sampler(st.redis_url)
+        try:
+            stats0 = sampler.snapshot()
+            roles0 = st.cpu_by_role()
+            cpu0 = time.process_time()
+            async with load.make_pool(st.url, st.api_key, clients, timeout_s=40.0, kind=self.args.client) as client:
+                if kind == "closed_loop":
+                    result = await load.closed_loop(client, n, clients, body, name=name,
+                                                    deadline_s=self.sizes.deadline_s,
+                                                    progress=lambda k: self.progress.advance(task, k))
+                else:
+                    result = await load.burst(client, n, clients, body, name=name, deadline_s=self.sizes.deadline_s,
+                                              progress=lambda k: self.progress.advance(task, k))
+            result.client_cpu_s = time.process_time() - cpu0
+            result.cpu_by_role = _cpu_delta(roles0, st.cpu_by_role(), result.client_cpu_s)
+            result.commandstats = valkeystats.delta(stats0, sampler.snapshot())
+        finally:
+            sampler.close()
         self.progress.update(task, visible=False)
-        result.client_cpu_s = time.process_time() - cpu0
-        result.cpu_by_role = _cpu_delta(roles0, st.cpu_by_role(), result.client_cpu_s)
         return result
 
     async def _submit_only(self, st: Stack, title: str, n: int, clients: int) -> dict[str, Any]:
@@ -148,7 +161,7 @@ class Bench:
         return summary
 
     def scenario(self, key: str, title: str, config: dict[str, Any], runs: list[dict[str, Any]],
-                 target: dict[str, Any] | None = None, st: Stack | None = None) -> dict[str, Any]:
+                 target: dict[str, Any] | None = None, st: Stack | floor.Floor | None = None) -> dict[str, Any]:
         entry = {"title": title, "config": config, "runs": runs, "aggregate": report.aggregate(runs),
                  "target": target or {}, "stack": st.describe() if st else None, "loadavg": list(os.getloadavg())}
         self.report["scenarios"][key] = entry
@@ -166,33 +179,90 @@ class Bench:
                                     "warmup")
         if not warm.ok:
             self.fail(f"{key} warm-up: {warm.error_count} error(s): {warm.errors[:5]}")
-        runs: list[dict[str, Any]] = []
-        pooled: list[float] = []
+        results: list[load.LoadResult] = []
         for i in range(self.sizes.repeats):
             profilers = self.start_profilers(st, key) if self.args.profile and i == 0 else []
             try:
-                result = await self._run_load(st, kind, f"{key} {title} run {i + 1}/{self.sizes.repeats}", n,
-                                              clients, latency_ms, key)
+                results.append(await self._run_load(st, kind, f"{key} {title} run {i + 1}/{self.sizes.repeats}", n,
+                                                    clients, latency_ms, key))
             finally:
                 self.stop_profilers(profilers)
-            summary = result.summary()
-            summary["loadavg"] = list(os.getloadavg())
-            summary["client_cpu_s"] = round(result.client_cpu_s, 3)
-            summary["client_cpu_share_of_one_core"] = round(result.client_cpu_s / max(result.elapsed_s, 1e-9), 3)
-            summary["cpu_s_by_role"] = result.cpu_by_role
-            summary["cpu_ms_per_job_by_role"] = {k: round(v * 1000 / n, 3) for k, v in result.cpu_by_role.items()}
+        split = await self.script_sample(st, key, clients, latency_ms)
+        config = {"kind": kind, "jobs": n, "clients": clients, "workers": workers, "window": window,
+                  "latency_ms": latency_ms, "warmup_jobs": self.sizes.warmup}
+        return self.record_runs(key, title, config, results, st, split, target, keep_latencies)
+
+    def record_runs(self, key: str, title: str, config: dict[str, Any], results: list[load.LoadResult],
+                    st: Stack | floor.Floor, split: dict[str, Any] | None = None,
+                    target: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                    keep_latencies: bool = True) -> dict[str, Any]:
+        """Summaries of the runs (CPU per role, Valkey per command), aggregated into the report's scenario."""
+        inner = valkeystats.script_inner_commands()
+        shares = (split or {}).get("usec_share")
+        direct = (split or {}).get("direct_share")
+        runs: list[dict[str, Any]] = []
+        pooled: list[float] = []
+        for result in results:
+            summary = run_summary(result, inner, shares, direct)
             runs.append(summary)
             pooled.extend(result.latencies_ms())
         if keep_latencies:
             self.latencies[key] = pooled
-        config = {"kind": kind, "jobs": n, "clients": clients, "workers": workers, "window": window,
-                  "latency_ms": latency_ms, "warmup_jobs": self.sizes.warmup}
         entry = self.scenario(key, title, config, runs, st=st)
+        entry["valkey"] = valkeystats.per_job(_sum_stats(r.commandstats for r in results),
+                                              sum(r.done for r in results), inner, top=10, script_split=shares,
+                                              direct=direct)
+        entry["valkey"]["basis"] = "INFO commandstats deltas over all measured runs / jobs done"
+        if split:
+            entry["valkey"]["script_sample"] = split
         if keep_latencies:
             entry["latencies_ms_all_runs"] = [round(v, 3) for v in pooled]
         if target is not None:
             entry["target"] = target(entry["aggregate"])
         return entry
+
+    async def script_sample(self, st: Stack, key: str, clients: int, latency_ms: int) -> dict[str, Any] | None:
+        """A short unmeasured batch after the runs, watched two ways: the slow log recording every command gives
+        each script's share of the EVALSHA time (INFO commandstats has no per-script figures), and MONITOR tells
+        the commands that clients send themselves from those that scripts call (both are counted under one
+        name by INFO commandstats)."""
+        import redis.asyncio as aioredis
+
+        sampler = valkeystats.Sampler(st.redis_url)
+        monitored: list[dict[str, Any]] = []
+        watcher = aioredis.Redis.from_url(st.redis_url)
+
+        async def watch() -> None:
+            async with watcher.monitor() as monitor:
+                async for line in monitor.listen():
+                    monitored.append(line)
+
+        try:
+            saved = sampler.slowlog_on()
+            watching = asyncio.create_task(watch())
+            await asyncio.sleep(0.2)  # MONITOR is on before the first job
+            try:
+                sample = await self._run_load(st, "closed_loop", f"{key} script sample", self.sizes.warmup, clients,
+                                              latency_ms, "script-sample")
+            finally:
+                watching.cancel()
+                with contextlib.suppress(BaseException):
+                    await watching
+                entries = sampler.slowlog_off(saved)
+        except Exception as exc:
+            self.report.setdefault("notes", []).append(f"{key}: no script sample ({type(exc).__name__}: {exc})")
+            return None
+        finally:
+            sampler.close()
+            with contextlib.suppress(Exception):
+                await watcher.aclose()
+        names = valkeystats.names_by_sha()
+        jobs = max(sample.done, 1)
+        return {"jobs": sample.done,
+                "usec_share": {k: round(v, 4) for k, v in valkeystats.script_shares(entries, names).items()},
+                "calls_per_job": {k: round(v / jobs, 3) for k, v in valkeystats.script_calls(entries, names).items()},
+                "direct_share": {k: round(v, 4) for k, v in valkeystats.direct_shares(monitored).items()},
+                "basis": "SLOWLOG (slowlog-log-slower-than 0) and MONITOR over an unmeasured batch after the runs"}
 
     def start_profilers(self, st: Stack, key: str) -> list[tuple[subprocess.Popen[bytes], Path]]:
         """py-spy on the gateway and each worker for one run (``--profile``): collapsed stacks in out/profiles/."""
@@ -229,6 +299,8 @@ class Bench:
 
     async def http_scenarios(self) -> None:
         sz = self.sizes
+        if "F" in self.only:
+            await self.floor_scenario()
         if {"S1", "S3"} & self.only:
             with self.stack("w1x32", workers=1, window=32) as st:
                 if "S3" in self.only:
@@ -280,6 +352,81 @@ class Bench:
                         self.sizes = saved
                     points[str(window)] = entry["aggregate"]["jobs_per_s"]
             self.report["throughput_vs_window"]["closed loops = window, mock 5 ms, via HTTP"] = points
+        if "L" in self.only:
+            await self.log_cost()
+        self.floor_ratios()
+
+    async def log_cost(self) -> None:
+        """L: S3's shape with the default log level (INFO, as ``make up`` runs) against WARNING, two stacks up at
+        once and their runs alternated, so that the machine's drift falls on both alike."""
+        sz = self.sizes
+        levels = {"default (INFO)": {}, "WARNING": {"INFERQ_LOG_LEVEL": "WARNING"}}
+        results: dict[str, list[load.LoadResult]] = {name: [] for name in levels}
+        with contextlib.ExitStack() as stacks:
+            started = {name: stacks.enter_context(self.stack(f"log-{name.split()[0].lower()}", workers=1, window=32,
+                                                             env=env, log_level=None))
+                       for name, env in levels.items()}
+            for name, st in started.items():
+                warm = await self._run_load(st, "closed_loop", f"L {name} warm-up", sz.warmup, 32, 5, "warmup")
+                if not warm.ok:
+                    self.fail(f"L {name} warm-up: {warm.error_count} error(s): {warm.errors[:5]}")
+            for i in range(sz.repeats):
+                order = list(started.items()) if i % 2 == 0 else list(reversed(started.items()))
+                for name, st in order:
+                    results[name].append(await self._run_load(st, "closed_loop", f"L {name} run {i + 1}/{sz.repeats}",
+                                                              sz.s3_jobs, 32, 5, "L"))
+            config = {"kind": "closed_loop", "jobs": sz.s3_jobs, "clients": 32, "workers": 1, "window": 32,
+                      "latency_ms": 5, "warmup_jobs": sz.warmup}
+            for name, st in started.items():
+                self.record_runs(f"L/{name}", f"S3's shape, log level {name}", config, results[name], st,
+                                 keep_latencies=False)
+        cost = log_cost(self.report["scenarios"]["L/default (INFO)"], self.report["scenarios"]["L/WARNING"])
+        self.report["log_cost"] = cost
+        self.report["extra_rows"].append({
+            "what": "L log cost at the default level",
+            "setup": "S3's shape, INFO (default) vs WARNING, runs alternated", "figures": fmt_log_cost(cost),
+            "target": cost["target"]["text"], "verdict": report.verdict(cost["target"])})
+
+    async def floor_scenario(self) -> None:
+        """F: the bare Redis Streams queue with S3's shape (bench.floor), run beside S3 in this invocation."""
+        sz = self.sizes
+        with floor.Floor(window=32, latency_ms=5, log_dir=self.logs) as fl:
+            results: list[load.LoadResult] = []
+            for i in range(sz.repeats + 1):  # the first is the warm-up, as for the HTTP scenarios
+                n = sz.warmup if i == 0 else sz.s3_jobs
+                title = "F warm-up" if i == 0 else f"F floor run {i}/{sz.repeats}"
+                task = self.progress.add_task(title, total=n)
+                sampler = valkeystats.Sampler(fl.url)
+                try:
+                    stats0, roles0, cpu0 = sampler.snapshot(), fl.cpu_by_role(), time.process_time()
+                    result = await floor.closed_loop(fl.url, n, 32, deadline_s=sz.deadline_s,
+                                                     progress=functools.partial(self.advance, task))
+                    result.client_cpu_s = time.process_time() - cpu0
+                    result.cpu_by_role = _cpu_delta(roles0, fl.cpu_by_role(), result.client_cpu_s)
+                    result.commandstats = valkeystats.delta(stats0, sampler.snapshot())
+                finally:
+                    sampler.close()
+                self.progress.update(task, visible=False)
+                if i == 0:
+                    if not result.ok:
+                        self.fail(f"F warm-up: {result.error_count} error(s): {result.errors[:5]}")
+                    continue
+                results.append(result)
+            config = {"kind": "closed_loop", "jobs": sz.s3_jobs, "clients": 32, "workers": 1, "window": 32,
+                      "latency_ms": 5, "warmup_jobs": sz.warmup}
+            self.record_runs("F", "floor: bare Redis Streams, S3's shape", config, results, fl)
+
+    def floor_ratios(self) -> None:
+        """inferq's S3 (and S2's p95) as ratios to the floor of this same invocation."""
+        scenarios = self.report["scenarios"]
+        if "F" not in scenarios or not ({"S3", "S2"} & set(scenarios)):
+            return
+        ratios = floor_ratios(scenarios)
+        self.report["floor_ratios"] = ratios
+        self.report["extra_rows"].append({
+            "what": "F/S3 inferq vs the floor", "setup": "same invocation; ratios of medians (min-max over run pairs)",
+            "figures": fmt_ratios(ratios), "target": ratios["target"]["text"],
+            "verdict": report.verdict(ratios["target"])})
 
     async def cold_and_drain(self) -> None:
         """Worker cold start and worker drain (no HTTP) against an embedded Valkey of their own."""
@@ -482,7 +629,7 @@ class Bench:
     # ------------------------------------------------------------------ main
 
     async def run_async(self) -> None:
-        if {"S1", "S2", "S3", "G", "W"} & self.only:
+        if {"F", "S1", "S2", "S3", "G", "W", "L"} & self.only:
             await self._guard("HTTP scenarios", self.http_scenarios())
         if {"C", "D"} & self.only:
             await self._guard("worker cold start / drain", self.cold_and_drain())
@@ -629,6 +776,139 @@ def _elasticity_lines(section: dict[str, Any]) -> str | None:
     return "\n".join(lines)
 
 
+SYSTEM_ROLES = ("gateway", "workers", "valkey")  # what a bill follows; not the load generator nor AWS's emulation
+
+
+def run_summary(result: load.LoadResult, inner: frozenset[str] = frozenset(),
+                shares: dict[str, float] | None = None, direct: dict[str, float] | None = None) -> dict[str, Any]:
+    """One run's figures: the load's summary, CPU per role and in all (gateway + workers + Valkey) per job, and
+    Valkey's command time per job by command."""
+    n = result.n_jobs
+    summary = result.summary()
+    summary["loadavg"] = list(os.getloadavg())
+    summary["client_cpu_s"] = round(result.client_cpu_s, 3)
+    summary["client_cpu_share_of_one_core"] = round(result.client_cpu_s / max(result.elapsed_s, 1e-9), 3)
+    summary["cpu_s_by_role"] = result.cpu_by_role
+    summary["cpu_ms_per_job_by_role"] = {k: round(v * 1000 / n, 3) for k, v in result.cpu_by_role.items()}
+    summary["cpu_ms_per_job_system"] = round(
+        sum(v for k, v in result.cpu_by_role.items() if k in SYSTEM_ROLES) * 1000 / n, 3)
+    valkey = valkeystats.per_job(result.commandstats, max(result.done, 1), inner, top=6, script_split=shares,
+                                 direct=direct)
+    summary["valkey_usec_per_job"] = valkey["total_usec_per_job"]
+    summary["valkey"] = {k: valkey[k] for k in ("total_usec_per_job", "total_calls_per_job", "top",
+                                                "scripts_usec_per_job") if k in valkey}
+    summary["commandstats"] = {k: [v.calls, v.usec] for k, v in result.commandstats.items()}
+    return summary
+
+
+def _sum_stats(deltas: Any) -> dict[str, valkeystats.Stat]:
+    total: dict[str, valkeystats.Stat] = {}
+    for stats in deltas:
+        for name, stat in stats.items():
+            then = total.get(name, valkeystats.Stat(0, 0))
+            total[name] = valkeystats.Stat(then.calls + stat.calls, then.usec + stat.usec)
+    return total
+
+
+def _pair_ratios(num: list[float | None], den: list[float | None]) -> dict[str, Any]:
+    pairs = [a / b for a, b in zip(num, den, strict=False) if a is not None and b]
+    return report.spread(pairs)
+
+
+def floor_ratios(scenarios: dict[str, Any]) -> dict[str, Any]:
+    """S3's jobs/s and p95 over the floor's (ratio of the medians, min-max over runs paired in order), S2's p95
+    over the floor's, and the floor's own figures; the issue's goals as one target."""
+    fl = scenarios["F"]
+    f_agg = fl["aggregate"]
+    out: dict[str, Any] = {
+        "floor_jobs_per_s": f_agg["jobs_per_s"], "floor_p95_ms": f_agg["queue_to_done_ms.p95"],
+        "floor_valkey_usec_per_job": f_agg.get("valkey_usec_per_job"),
+        "floor_cpu_ms_per_job_system": f_agg.get("cpu_ms_per_job_system"),
+    }
+    met: list[bool] = []
+    texts: list[str] = []
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    if "S3" in scenarios:
+        s3 = scenarios["S3"]
+        agg = s3["aggregate"]
+        rate = ratio(agg["jobs_per_s"]["median"], f_agg["jobs_per_s"]["median"])
+        p95 = ratio(agg["queue_to_done_ms.p95"]["median"], f_agg["queue_to_done_ms.p95"]["median"])
+        out["S3_jobs_per_s_ratio"] = {**_pair_ratios([r.get("jobs_per_s") for r in s3["runs"]],
+                                                     [r.get("jobs_per_s") for r in fl["runs"]]), "median": rate}
+        out["S3_p95_ratio"] = {**_pair_ratios([_p95(r) for r in s3["runs"]], [_p95(r) for r in fl["runs"]]),
+                               "median": p95}
+        out["S3_valkey_usec_ratio"] = ratio(_median(agg, "valkey_usec_per_job"), _median(f_agg, "valkey_usec_per_job"))
+        out["S3_cpu_ms_per_job_system"] = agg.get("cpu_ms_per_job_system")
+        texts += ["S3 jobs/s >= 0.8x floor", "S3 p95 <= 2x floor", "S3 CPU (gateway+workers+Valkey) <= 1.0 ms/job"]
+        cpu = _median(agg, "cpu_ms_per_job_system")
+        met += [rate is not None and rate >= 0.8, p95 is not None and p95 <= 2.0, cpu is not None and cpu <= 1.0]
+    if "S2" in scenarios:
+        s2 = scenarios["S2"]
+        p95 = ratio(s2["aggregate"]["queue_to_done_ms.p95"]["median"], f_agg["queue_to_done_ms.p95"]["median"])
+        out["S2_p95_ratio"] = {**_pair_ratios([_p95(r) for r in s2["runs"]], [_p95(r) for r in fl["runs"]]),
+                               "median": p95}
+        texts.append("S2 p95 <= floor's p95")
+        met.append(p95 is not None and p95 <= 1.0)
+    out["target"] = {"text": "; ".join(texts), "met": all(met) if met else None}
+    return out
+
+
+def _p95(run: dict[str, Any]) -> float | None:
+    value = (run.get("queue_to_done_ms") or {}).get("p95")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def fmt_ratios(r: dict[str, Any]) -> str:
+    """The ratios row: ``S3 0.34x floor's jobs/s (0.30-0.36), p95 3.4x (...); ...; floor 1,750 jobs/s ...``."""
+    parts = []
+    if "S3_jobs_per_s_ratio" in r:
+        parts.append(f"S3 {report.fmt_spread(r['S3_jobs_per_s_ratio'], 2)}x the floor's jobs/s, p95 "
+                     f"{report.fmt_spread(r['S3_p95_ratio'], 2)}x; S3 CPU (gateway+workers+Valkey) "
+                     f"{report.fmt_spread(r.get('S3_cpu_ms_per_job_system'), 2)} ms/job")
+    if "S2_p95_ratio" in r:
+        parts.append(f"S2 p95 {report.fmt_spread(r['S2_p95_ratio'], 2)}x the floor's p95")
+    parts.append(f"floor {report.fmt_spread(r['floor_jobs_per_s'])} jobs/s, p95 "
+                 f"{report.fmt_spread(r['floor_p95_ms'], 1)} ms, Valkey "
+                 f"{report.fmt_spread(r.get('floor_valkey_usec_per_job'))} µs/job, CPU "
+                 f"{report.fmt_spread(r.get('floor_cpu_ms_per_job_system'), 2)} ms/job")
+    return "\n".join(parts)
+
+
+def log_cost(default: dict[str, Any], warning: dict[str, Any]) -> dict[str, Any]:
+    """What the default log level costs against WARNING: the loss of jobs/s (1 - INFO/WARNING, median over the
+    alternated run pairs, min-max) and the extra CPU per job of the gateway, the workers and both together."""
+    pairs = [1 - a / b for a, b in zip([r.get("jobs_per_s") for r in default["runs"]],
+                                       [r.get("jobs_per_s") for r in warning["runs"]], strict=False)
+             if a is not None and b]
+    loss = report.spread(pairs)
+    cpu_d, cpu_w = report.cpu_per_job(default["runs"]), report.cpu_per_job(warning["runs"])
+    extra = {role: round(cpu_d.get(role, 0.0) - cpu_w.get(role, 0.0), 3) for role in ("gateway", "workers", "valkey")}
+    sys_d, sys_w = _median(default["aggregate"], "cpu_ms_per_job_system"), _median(warning["aggregate"],
+                                                                                    "cpu_ms_per_job_system")
+    cpu_share = (sys_d / sys_w - 1) if sys_d is not None and sys_w else None
+    return {"jobs_per_s_default": default["aggregate"]["jobs_per_s"],
+            "jobs_per_s_warning": warning["aggregate"]["jobs_per_s"],
+            "jobs_per_s_loss": loss, "extra_cpu_ms_per_job": extra, "system_cpu_extra_share": cpu_share,
+            "target": {"text": "the default costs <= 10% of jobs/s against WARNING",
+                       "met": loss["median"] is not None and loss["median"] <= 0.10}}
+
+
+def fmt_log_cost(c: dict[str, Any]) -> str:
+    loss = c["jobs_per_s_loss"]
+    pct = {k: (None if v is None else v * 100) for k, v in loss.items() if k in ("median", "min", "max")}
+    extra = c["extra_cpu_ms_per_job"]
+    share = c.get("system_cpu_extra_share")
+    return (f"{report.fmt_spread(c['jobs_per_s_default'])} jobs/s at INFO vs "
+            f"{report.fmt_spread(c['jobs_per_s_warning'])} at WARNING: costs "
+            f"{report.fmt_spread({**pct, 'n': loss.get('n', 0)}, 1)}% of jobs/s\n"
+            f"extra CPU ms/job: gateway {extra['gateway']:+.3f}, workers {extra['workers']:+.3f}, valkey "
+            f"{extra['valkey']:+.3f}"
+            + (f" ({share * 100:+.1f}% of gateway+workers+Valkey)" if share is not None else ""))
+
+
 def _cpu_delta(before: dict[str, float], after: dict[str, float], client_s: float) -> dict[str, float]:
     delta = {role: round(after.get(role, 0.0) - before.get(role, 0.0), 3) for role in after}
     delta["load generator (this process)"] = round(client_s, 3)
@@ -681,8 +961,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out", help="output folder (bench/out)")
     parser.add_argument("--stack", choices=("emulator", "direct"), default="emulator",
                         help="emulator: inferq up (default); direct: Valkey + uvicorn + workers without it")
-    parser.add_argument("--log-level", default="WARNING",
-                        help="INFERQ_LOG_LEVEL of the stack under test (default WARNING: no per-request log lines)")
+    parser.add_argument("--log-level", default=None,
+                        help="INFERQ_LOG_LEVEL of the stack under test, for comparisons (default: the stack's own "
+                             "default, INFO, as make up runs it; scenario L measures INFO against WARNING)")
     parser.add_argument("--client", choices=("raw", "httpx"), default="raw",
                         help="load generator's HTTP client: raw (bench.load.RawClient, keep-alive, light: the "
                              "default) or httpx (AsyncClient, ~1 ms CPU per request here)")
