@@ -25,6 +25,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import json
 import os
 import re
 import shutil
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import floor, load, report, valkeystats
+from . import floor, load, report, scale, valkeystats
 from .stack import ROOT, Stack, spawn_worker, stop_process
 
 ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E")
@@ -354,13 +355,17 @@ class Bench:
             self.report["throughput_vs_window"]["closed loops = window, mock 5 ms, via HTTP"] = points
         if "L" in self.only:
             await self.log_cost()
+        if self.args.scale:
+            await self.scale_out()
         self.floor_ratios()
 
     async def log_cost(self) -> None:
         """L: S3's shape with the default log level (INFO, as ``make up`` runs) against WARNING, two stacks up at
         once and their runs alternated, so that the machine's drift falls on both alike."""
         sz = self.sizes
-        levels = {"default (INFO)": {}, "WARNING": {"INFERQ_LOG_LEVEL": "WARNING"}}
+        levels: dict[str, dict[str, str]] = {"default (INFO)": {}, "WARNING": {"INFERQ_LOG_LEVEL": "WARNING"}}
+        if self.args.log_debug:  # every access line: what the default logged before it was reduced
+            levels["DEBUG"] = {"INFERQ_LOG_LEVEL": "DEBUG"}
         results: dict[str, list[load.LoadResult]] = {name: [] for name in levels}
         with contextlib.ExitStack() as stacks:
             started = {name: stacks.enter_context(self.stack(f"log-{name.split()[0].lower()}", workers=1, window=32,
@@ -371,7 +376,8 @@ class Bench:
                 if not warm.ok:
                     self.fail(f"L {name} warm-up: {warm.error_count} error(s): {warm.errors[:5]}")
             for i in range(sz.repeats):
-                order = list(started.items()) if i % 2 == 0 else list(reversed(started.items()))
+                order = list(started.items())
+                order = order[i % len(order):] + order[:i % len(order)]  # each level first in turn
                 for name, st in order:
                     results[name].append(await self._run_load(st, "closed_loop", f"L {name} run {i + 1}/{sz.repeats}",
                                                               sz.s3_jobs, 32, 5, "L"))
@@ -386,6 +392,12 @@ class Bench:
             "what": "L log cost at the default level",
             "setup": "S3's shape, INFO (default) vs WARNING, runs alternated", "figures": fmt_log_cost(cost),
             "target": cost["target"]["text"], "verdict": report.verdict(cost["target"])})
+        if "L/DEBUG" in self.report["scenarios"]:
+            debug = log_cost(self.report["scenarios"]["L/DEBUG"], self.report["scenarios"]["L/WARNING"])
+            self.report["log_cost_debug"] = debug
+            self.report["extra_rows"].append({
+                "what": "L log cost at DEBUG", "setup": "S3's shape, DEBUG (every access line) vs WARNING, same runs",
+                "figures": fmt_log_cost(debug).replace("at INFO", "at DEBUG")})
 
     async def floor_scenario(self) -> None:
         """F: the bare Redis Streams queue with S3's shape (bench.floor), run beside S3 in this invocation."""
@@ -427,6 +439,73 @@ class Bench:
             "what": "F/S3 inferq vs the floor", "setup": "same invocation; ratios of medians (min-max over run pairs)",
             "figures": fmt_ratios(ratios), "target": ratios["target"]["text"],
             "verdict": report.verdict(ratios["target"])})
+
+    async def scale_out(self) -> None:
+        """--scale: gateways x workers x load generators on the direct stack (bench.scale), one row per point."""
+        sz = self.sizes
+        rows: list[dict[str, Any]] = []
+        inner = valkeystats.script_inner_commands()
+        for point in self.args.scale:
+            jobs = sz.s3_jobs  # per load generator: a point's run lasts about as long as S3's
+            env = {**({"INFERQ_LOG_LEVEL": self.args.log_level} if self.args.log_level else {}), **dict(self.args.env)}
+            with Stack(workers=point.workers, window=32, mode="direct", gateways=point.gateways, env=env,
+                       log_dir=self.logs, name=f"scale-{point.label}") as st:
+                warm = await self._run_load(st, "closed_loop", f"scale {point.label} warm-up", sz.warmup, 32, 5,
+                                            "warmup")
+                if not warm.ok:
+                    self.fail(f"scale {point.label} warm-up: {warm.errors[:5]}")
+                runs = []
+                for i in range(sz.repeats):
+                    task = self.progress.add_task(f"scale {point.label} run {i + 1}/{sz.repeats}", total=None)
+                    try:
+                        runs.append(await self._scale_run(st, point, jobs, inner, i))
+                    finally:
+                        self.progress.update(task, visible=False)
+            row = {"gateways": point.gateways, "workers": point.workers, "generators": point.generators,
+                   "jobs": jobs * point.generators, "runs": runs}
+            for name in ("jobs_per_s", "p95_ms", "valkey_cpu_ms_per_job", "valkey_core_share", "valkey_usec_per_job"):
+                row[f"{name}_spread"] = report.spread([run.get(name) for run in runs])
+                row[name] = row[f"{name}_spread"]["median"]
+            rows.append(row)
+            for run in runs:
+                if not run["ok"]:
+                    self.fail(f"scale {point.label}: {run['errors']} error(s): {run['error_messages'][:5]}")
+        self.report["scale"] = {"rows": rows, "markdown": scale.table(rows),
+                                "setup": "direct stack, one Valkey (AOF everysec), mock 5 ms, window 32, "
+                                         f"{scale.LOOPS_PER_GENERATOR} closed loops per load generator process"}
+
+    async def _scale_run(self, st: Stack, point: scale.Point, jobs: int, inner: frozenset[str],
+                         index: int) -> dict[str, Any]:
+        sampler = valkeystats.Sampler(st.redis_url)
+        folder = self.out / "scale"
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            stats0, roles0 = sampler.snapshot(), st.cpu_by_role()
+            start_at = time.perf_counter() + 1.0  # every generator imports first, then all start together
+            outs = [folder / f"{point.label}-run{index}-gen{k}.json" for k in range(point.generators)]
+            for out in outs:
+                out.unlink(missing_ok=True)
+            processes = [scale.spawn_generator(st.url, st.api_key, jobs, out, start_at,
+                                               deadline_s=self.sizes.deadline_s) for out in outs]
+            for process in processes:
+                await asyncio.to_thread(_wait_or_kill, process, self.sizes.deadline_s + 60)
+            roles = _cpu_delta(roles0, st.cpu_by_role(), 0.0)
+            stats = valkeystats.delta(stats0, sampler.snapshot())
+        finally:
+            sampler.close()
+        parts = [json.loads(out.read_text()) if out.exists() else {"jobs": jobs, "ok": False, "errors": 1,
+                                                                    "error_messages": [f"{out.name}: no answer"]}
+                 for out in outs]
+        run = scale.merge(parts)
+        done = max(run["done"], 1)
+        span = run["done"] / run["jobs_per_s"] if run.get("jobs_per_s") else None
+        run["p95_ms"] = run["queue_to_done_ms"].get("p95")
+        run["cpu_s_by_role"] = roles
+        run["valkey_cpu_ms_per_job"] = roles.get("valkey", 0.0) * 1000 / done
+        run["valkey_core_share"] = roles.get("valkey", 0.0) / span if span else None
+        run["valkey_usec_per_job"] = valkeystats.per_job(stats, done, inner)["total_usec_per_job"]
+        run["loadavg"] = list(os.getloadavg())
+        return run
 
     async def cold_and_drain(self) -> None:
         """Worker cold start and worker drain (no HTTP) against an embedded Valkey of their own."""
@@ -629,7 +708,7 @@ class Bench:
     # ------------------------------------------------------------------ main
 
     async def run_async(self) -> None:
-        if {"F", "S1", "S2", "S3", "G", "W", "L"} & self.only:
+        if {"F", "S1", "S2", "S3", "G", "W", "L"} & self.only or self.args.scale:
             await self._guard("HTTP scenarios", self.http_scenarios())
         if {"C", "D"} & self.only:
             await self._guard("worker cold start / drain", self.cold_and_drain())
@@ -678,6 +757,9 @@ class Bench:
             self.fail(f"plots: {type(exc).__name__}: {exc}")
         (self.out / "results.json").write_text(__import__("json").dumps(self.report, indent=2, default=str))
         self.console.print(report.terminal_table(self.report))
+        if self.report.get("scale"):
+            self.console.print("scale-out (--scale): " + self.report["scale"]["setup"], highlight=False)
+            self.console.print(self.report["scale"]["markdown"], highlight=False, markup=False)
         for caveat in self.report["caveats"]:
             self.console.print(f"[dim]note: {caveat}[/]")
         if self.report.get("missing_parts"):
@@ -909,6 +991,13 @@ def fmt_log_cost(c: dict[str, Any]) -> str:
             + (f" ({share * 100:+.1f}% of gateway+workers+Valkey)" if share is not None else ""))
 
 
+def _wait_or_kill(process: subprocess.Popen[bytes], timeout: float) -> None:
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        stop_process(process, 10)
+
+
 def _cpu_delta(before: dict[str, float], after: dict[str, float], client_s: float) -> dict[str, float]:
     delta = {role: round(after.get(role, 0.0) - before.get(role, 0.0), 3) for role in after}
     delta["load generator (this process)"] = round(client_s, 3)
@@ -964,6 +1053,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--log-level", default=None,
                         help="INFERQ_LOG_LEVEL of the stack under test, for comparisons (default: the stack's own "
                              "default, INFO, as make up runs it; scenario L measures INFO against WARNING)")
+    parser.add_argument("--log-debug", action="store_true",
+                        help="L also measures INFERQ_LOG_LEVEL=DEBUG (an access line per request) against WARNING")
     parser.add_argument("--client", choices=("raw", "httpx"), default="raw",
                         help="load generator's HTTP client: raw (bench.load.RawClient, keep-alive, light: the "
                              "default) or httpx (AsyncClient, ~1 ms CPU per request here)")
@@ -974,7 +1065,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="py-spy the gateway and workers during the first run of each HTTP scenario "
                              "(out/profiles/)")
     parser.add_argument("--py-spy", help="path of py-spy (default: on PATH)")
+    parser.add_argument("--scale", nargs="?", const="auto", default=None, metavar="GxWxL,...",
+                        help="scale-out grid after the scenarios: gateways (uvicorn --workers) x worker processes x "
+                             "load generator processes on the direct stack, e.g. 1x1x1,2x2x2,4x2x4 (no value: the "
+                             "issue's grid cut to this machine's cores); off by default")
     args = parser.parse_args(argv)
+    if args.scale is not None:
+        try:
+            auto = args.scale == "auto"
+            args.scale = scale.default_grid(os.cpu_count() or 1) if auto else scale.parse_grid(args.scale)
+        except ValueError as exc:
+            parser.error(f"--scale: {exc}")
     unknown = set(args.only) - set(ALL)
     if unknown:
         parser.error(f"unknown scenario(s) {sorted(unknown)}; choose from {','.join(ALL)}")

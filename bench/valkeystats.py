@@ -104,11 +104,12 @@ def per_job(stats: Mapping[str, Stat], jobs: int, inner: Iterable[str] = (), top
     shares = {name: counted_share(name) for name in stats}
     total = sum(s.usec * shares[name] for name, s in stats.items())
     calls = sum(s.calls * shares[name] for name, s in stats.items())
-    rows = [{"command": name, "calls_per_job": round(s.calls / jobs, 3), "usec_per_job": round(s.usec / jobs, 2),
-             "usec_per_call": round(s.usec / s.calls, 2) if s.calls else None,
-             "in_total": shares[name] > 0, "counted_usec_per_job": round(s.usec * shares[name] / jobs, 2),
-             "counted_calls_per_job": round(s.calls * shares[name] / jobs, 3)}
-            for name, s in sorted(stats.items(), key=lambda kv: -kv[1].usec)]
+    rows: list[dict[str, Any]] = [
+        {"command": name, "calls_per_job": round(s.calls / jobs, 3), "usec_per_job": round(s.usec / jobs, 2),
+         "usec_per_call": round(s.usec / s.calls, 2) if s.calls else None,
+         "in_total": shares[name] > 0, "counted_usec_per_job": round(s.usec * shares[name] / jobs, 2),
+         "counted_calls_per_job": round(s.calls * shares[name] / jobs, 3)}
+        for name, s in sorted(stats.items(), key=lambda kv: -kv[1].usec)]
     out: dict[str, Any] = {
         "jobs": jobs, "total_usec_per_job": round(total / jobs, 2), "total_calls_per_job": round(calls / jobs, 2),
         "top": sorted((row for row in rows if row["in_total"]), key=lambda row: -row["counted_usec_per_job"])[:top],
