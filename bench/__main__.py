@@ -2,16 +2,21 @@
 
 Scenarios (``--only`` takes a comma-separated subset):
 
+- F   the floor: a bare Redis Streams queue with S3's shape (bench.floor); S3 and S2 are reported as ratios to it
 - S1  throughput: no-op jobs (mock 0 ms) by concurrent clients, fleet fixed at 1 and 2 workers
 - S2  latency, the reference: 80 jobs, mock 5 ms, 4 closed loops, 1 worker, window 4
 - S3  latency under load: 2,000 jobs, mock 5 ms, 32 closed loops, 1 worker, window 32
 - G   the gateway alone: submits/s into one uvicorn process, no workers
 - W   throughput vs window: S3's shape at windows 1, 4, 8, 32 (1 run each)
+- L   the default log level (INFO, as make up runs) against WARNING: S3's shape, two stacks, runs alternated
 - C   cold start: gateway module import (bench.gateway when present) and worker process start -> first job taken
 - D   worker drain, the core path without HTTP: pre-loaded jobs, 1 and 2 worker processes (bench.worker too,
       when present)
 - K   core ceiling (bench.core)
 - E   elasticity simulation (bench.simulate, when present)
+
+Every HTTP scenario (and F) reports CPU per job by role and gateway + workers + Valkey as one figure, and
+Valkey's command time per job by command (bench.valkeystats). ``--scale`` adds the scale-out grid (bench.scale).
 
 Every job is accounted for (bench.load); any error, lost job or crashed scenario is printed and the exit status
 is 1. A missed target is reported, not an error.
@@ -132,6 +137,8 @@ class Bench:
     async def _submit_only(self, st: Stack, title: str, n: int, clients: int) -> dict[str, Any]:
         """Submits alone (no workers): every one must be answered 202 with a queued job."""
         task = self.progress.add_task(title, total=n)
+        sampler = valkeystats.Sampler(st.redis_url)
+        stats0 = sampler.snapshot()
         roles0, cpu0 = st.cpu_by_role(), time.process_time()
         result = load._new_result("submit_only", n)
         deadline = result.perf0 + self.sizes.deadline_s
@@ -158,6 +165,15 @@ class Bench:
         cpu = _cpu_delta(roles0, st.cpu_by_role(), time.process_time() - cpu0)
         summary["cpu_s_by_role"] = cpu
         summary["cpu_ms_per_job_by_role"] = {k: round(v * 1000 / n, 3) for k, v in cpu.items()}
+        summary["cpu_ms_per_job_system"] = round(sum(v for k, v in cpu.items() if k in SYSTEM_ROLES) * 1000 / n, 3)
+        try:
+            stats = valkeystats.delta(stats0, sampler.snapshot())
+        finally:
+            sampler.close()
+        valkey = valkeystats.per_job(stats, max(summary["accepted"], 1), valkeystats.script_inner_commands(), top=6)
+        summary["valkey_usec_per_job"] = valkey["total_usec_per_job"]  # per submit: no job runs
+        summary["valkey"] = {k: valkey[k] for k in ("total_usec_per_job", "total_calls_per_job", "top")}
+        summary["commandstats"] = {k: [v.calls, v.usec] for k, v in stats.items()}
         summary["loadavg"] = list(os.getloadavg())
         return summary
 
@@ -339,6 +355,7 @@ class Bench:
                 config = {"kind": "submit_only", "jobs": sz.g_jobs, "clients": 32, "workers": 0, "window": "-",
                           "latency_ms": 0}
                 entry = self.scenario("G", "gateway alone: POST /v1/jobs", config, runs, st=st)
+                entry["valkey"] = {**runs[-1]["valkey"], "basis": "INFO commandstats delta of the last run / submits"}
                 entry["target"] = _gateway_target(entry["aggregate"]["submit_per_s"]["median"])
         if "W" in self.only:
             points: dict[str, Any] = {}
