@@ -54,12 +54,14 @@ key=$({ echo "$suite $packages $mirror"; declare -f build_rootfs; cat "$local_ca
 tarball=$cache/bookworm-python-$key.tar
 if [ ! -s "$tarball" ]; then
     mkdir -p "$cache"
+    # Private names until the final rename: two runs at once each build their own and one rename wins.
     rootfs=$(mktemp -d "$cache/rootfs.XXXXXX")
-    trap 'rm -rf "$rootfs"' EXIT
+    partial=$(mktemp "$tarball.XXXXXX")
+    trap 'rm -rf --one-file-system "$rootfs" "$partial"' EXIT
     echo "local-base: debootstrap $suite from $mirror into $rootfs" >&2
     build_rootfs "$rootfs"
-    tar --numeric-owner -C "$rootfs" -cf "$tarball.partial" .
-    mv "$tarball.partial" "$tarball"
+    tar --numeric-owner -C "$rootfs" -cf "$partial" .
+    mv "$partial" "$tarball"
 fi
 
 python_image=inferq-local/python:$key

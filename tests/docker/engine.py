@@ -61,7 +61,7 @@ class Engine:
     def env(self) -> dict[str, str]:
         """The environment of every docker and compose command: this engine only, no user configuration."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "COMPOSE_"))}
-        env.update(DOCKER_HOST=f"unix://{self.socket}", DOCKER_CONFIG=str(self.state / "config"))
+        env.update(DOCKER_HOST=f"unix://{self.socket}", DOCKER_CONFIG=str(self.state / "config"), DOCKER=self.docker)
         return env
 
     @property
