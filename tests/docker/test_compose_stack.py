@@ -61,7 +61,7 @@ def wait_running(stack: Stack, job_ids: list[str], timeout: float = 60) -> None:
 
 
 def test_worker_image_is_small_unprivileged_and_has_no_build_tools(engine: Engine, stack: Stack) -> None:
-    image = stack.env["INFERQ_WORKER_IMAGE"]
+    image = stack.env["WORKER_IMAGE"]
     config: Any = engine.inspect("image", image)["Config"]
     assert config["User"] == "10001:10001"
     assert config["Cmd"] == ["python", "-m", "gpu_worker"]
