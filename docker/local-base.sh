@@ -26,8 +26,8 @@ docker=${DOCKER:-docker}
 apt_mirror() {
     # The first Debian URI that apt is configured with, deb822 (*.sources) or one-line (*.list) format.
     local uri
-    uri=$(grep -hs -A3 '^Types:.*deb' /etc/apt/sources.list.d/*.sources | grep -m1 -o 'URIs:[[:space:]]*[^[:space:]]*/debian/\?$' \
-        | awk '{print $2}' || true)
+    uri=$(grep -hs -A3 '^Types:.*deb' /etc/apt/sources.list.d/*.sources \
+        | grep -m1 -o 'URIs:[[:space:]]*[^[:space:]]*/debian/\?$' | awk '{print $2}' || true)
     [ -n "$uri" ] || uri=$(grep -hs '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
         | awk '$2 ~ /\/debian\/?$/ {print $2; exit}' || true)
     echo "${uri:-http://deb.debian.org/debian}"

@@ -1,6 +1,7 @@
 """Fixtures of the Docker path: a private engine, the images built offline (a local Debian base made by
 docker/local-base.sh, then gpu_worker/Dockerfile through Compose), and the stack of emulator/compose.yaml up on the
-host's network at free ports. Where no engine can be started the tests fail in CI (CI=true) and skip elsewhere."""
+host's network at free ports. Where no engine can be started the tests fail in CI (CI=true) and skip elsewhere.
+Module-scoped: in a whole-suite run the stack and the engine are gone before the next module starts."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import httpx
 import pytest
@@ -46,16 +48,22 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-@pytest.fixture(scope="session")
+def unavailable(reason: str) -> NoReturn:
+    """CI must exercise the Docker path, so there a missing engine fails; elsewhere the tests skip, saying why."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"no Docker engine could be started, and CI must run the Docker path: {reason}")
+    pytest.skip(f"no Docker engine can be started here: {reason}")
+
+
+@pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
     started = time.monotonic()
     engine = Engine()
     try:
         engine.start()
     except EngineUnavailable as e:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"no Docker engine could be started, and CI must run the Docker path: {e}")
-        pytest.skip(f"no Docker engine can be started here: {e}")
+        engine.stop()
+        unavailable(str(e))
     MEASURED["engine start (with any apt install)"] = f"{time.monotonic() - started:.0f} s"
     yield engine
     engine.stop()
@@ -63,7 +71,7 @@ def engine() -> Iterator[Engine]:
     assert not engine.state.exists(), f"{engine.state} left behind"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def base_images(engine: Engine) -> dict[str, str]:
     """PYTHON_IMAGE, VALKEY_IMAGE and MOTO_IMAGE built with no registry (the root filesystem is cached)."""
     started = time.monotonic()
@@ -142,7 +150,7 @@ class Stack:
         return self("logs", "--no-color", *services, check=False).stdout[-6000:]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def stack(engine: Engine, base_images: dict[str, str]) -> Iterator[Stack]:
     valkey_port, moto_port, gateway_port, wake_port = free_ports(4)
     project = f"inferqtest{secrets.token_hex(3)}"
