@@ -64,6 +64,9 @@ def engine() -> Iterator[Engine]:
     except EngineUnavailable as e:
         engine.stop()
         unavailable(str(e))
+    except BaseException:
+        engine.stop()  # no daemon outlives an interrupted or failed start
+        raise
     MEASURED["engine start (with any apt install)"] = f"{time.monotonic() - started:.0f} s"
     yield engine
     engine.stop()
