@@ -120,18 +120,21 @@ class BatchDriver:
         return report
 
     async def step(self, batch_id: str, report: PassReport) -> None:
+        """One step of one batch; a batch that reaches ``finalizing`` is finalized in the same pass."""
         batch = await self.batches.get(batch_id)
         if batch is None or batch.status.terminal:
             await self.redis.zrem(self.keys.batches_active, batch_id)
             return
         if batch.status is BatchStatus.VALIDATING:
             await self._validate(batch)
-        elif batch.status is BatchStatus.IN_PROGRESS:
+            return
+        if batch.status is BatchStatus.IN_PROGRESS:
             await self._progress(batch, report)
         elif batch.status is BatchStatus.CANCELLING:
             await self._cancelling(batch)
-        else:
-            await self._finalize(batch, report)
+        fresh = await self.batches.get(batch_id)
+        if fresh is not None and fresh.status is BatchStatus.FINALIZING:
+            await self._finalize(fresh, report)
 
     # ------------------------------------------------------------------ validating
 

@@ -8,6 +8,7 @@ from fastapi.responses import JSONResponse
 from inferq import feed
 
 from .errors import ApiError
+from .responses import documented
 
 MAX_WAIT_S = 20.0
 
@@ -15,7 +16,8 @@ MAX_WAIT_S = 20.0
 def routes(gw: Any, router: APIRouter) -> None:
     Tenant = Annotated[str, Depends(gw.authenticate)]
 
-    @router.get("/v1/events", summary="The tenant's terminal jobs in the order they ended", response_model=None)
+    @router.get("/v1/events", summary="The tenant's terminal jobs in the order they ended", response_model=None,
+                responses=documented("A page of job objects with its cursor", 400, 401, 413, 422, 503))
     async def events(
         tenant: Tenant,
         after: Annotated[str | None, Query(max_length=64, description="The `cursor` of the previous page")] = None,

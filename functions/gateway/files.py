@@ -10,7 +10,8 @@ the client names, into the file as one S3 multipart upload (a part of memory at 
 import asyncio
 import re
 import time
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -20,10 +21,12 @@ from starlette.datastructures import UploadFile
 from inferq.batches import new_file_id, random_id
 
 from .errors import ApiError
+from .responses import documented
 
 FILE_ID_RE = re.compile(r"^file-[a-z2-7]{26}$")
 UPLOAD_ID_RE = re.compile(r"^upload_[a-z2-7]{26}$")
 PURPOSES = ("batch",)
+T = TypeVar("T")
 UPLOAD_TTL_S = 3600
 """An upload not completed within an hour expires, as OpenAI's do."""
 
@@ -39,6 +42,17 @@ def file_store(gw: Any) -> Any:
 
         store = gw.file_store = FileStore(gw.settings.files_bucket)
     return store
+
+
+async def in_s3(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """A blocking S3 call in a thread; S3 failing or unreachable is a 503, like Redis (G8)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return await asyncio.to_thread(call, *args, **kwargs)
+    except (BotoCoreError, ClientError) as exc:
+        raise ApiError(503, f"the file store is unavailable ({type(exc).__name__}); retry later",
+                       type_="files_unavailable", headers={"Retry-After": "2"}) from None
 
 
 def check_file_id(file_id: str) -> str:
@@ -90,52 +104,58 @@ def routes(gw: Any, router: APIRouter) -> None:
     Tenant = Annotated[str, Depends(gw.authenticate)]
     settings = gw.settings
 
-    @router.post("/v1/files", summary="Upload a file (multipart: file, purpose=batch)", response_model=None)
+    @router.post("/v1/files", summary="Upload a file (multipart: file, purpose=batch)", response_model=None,
+                 responses=documented("The file object", 400, 401, 413, 422, 503))
     async def create_file(request: Request, tenant: Tenant) -> JSONResponse:
         upload, fields = await _form_file(request, "file", settings.max_upload_bytes)
         purpose = fields.get("purpose")
         if purpose not in PURPOSES:
             raise ApiError(422, f"purpose: must be one of {', '.join(PURPOSES)}")
         store = file_store(gw)
-        info = await asyncio.to_thread(
+        info = await in_s3(
             store.put, tenant, new_file_id(), upload.file, upload.filename or "upload.jsonl", purpose
         )
         return JSONResponse(info.to_api())
 
-    @router.get("/v1/files", summary="List the tenant's files (in id order)", response_model=None)
+    @router.get("/v1/files", summary="List the tenant's files (in id order)", response_model=None,
+                responses=documented("A list of file objects", 400, 401, 413, 422, 503))
     async def list_files(
         tenant: Tenant,
-        after: Annotated[str | None, Query(max_length=64)] = None,
+        after: Annotated[str | None, Query(pattern=FILE_ID_RE.pattern)] = None,
         limit: Annotated[int, Query(ge=1, le=10000)] = 10000,
         purpose: Annotated[str | None, Query(max_length=64)] = None,
         order: Annotated[str | None, Query(pattern="^(asc|desc)$")] = None,
     ) -> JSONResponse:
-        files, has_more = await asyncio.to_thread(
+        files, has_more = await in_s3(
             file_store(gw).list_files, tenant, after=after, limit=limit, purpose=purpose)
         data = [f.to_api() for f in files]
         return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                              "last_id": data[-1]["id"] if data else None, "has_more": has_more})
 
-    @router.get("/v1/files/{file_id}", summary="Get a file object", response_model=None)
+    @router.get("/v1/files/{file_id}", summary="Get a file object", response_model=None,
+                responses=documented("The file object", 400, 401, 404, 413, 422, 503))
     async def get_file(file_id: str, tenant: Tenant) -> JSONResponse:
-        info = await asyncio.to_thread(file_store(gw).head, tenant, check_file_id(file_id))
+        info = await in_s3(file_store(gw).head, tenant, check_file_id(file_id))
         if info is None:
             raise ApiError(404, "no such file")
         return JSONResponse(info.to_api())
 
-    @router.get("/v1/files/{file_id}/content", summary="Get a file's contents", response_model=None)
+    @router.get("/v1/files/{file_id}/content", summary="Get a file's contents", response_model=None,
+                responses=documented("The file's bytes", 400, 401, 404, 413, 422, 503,
+                                     content_type="application/octet-stream"))
     async def file_content(file_id: str, tenant: Tenant) -> StreamingResponse:
         store = file_store(gw)
-        info = await asyncio.to_thread(store.head, tenant, check_file_id(file_id))
+        info = await in_s3(store.head, tenant, check_file_id(file_id))
         if info is None:
             raise ApiError(404, "no such file")
         # a sync iterator: Starlette reads it in its thread pool, a chunk at a time
         return StreamingResponse(store.chunks(tenant, file_id), media_type="application/octet-stream",
                                  headers={"Content-Length": str(info.bytes)})
 
-    @router.delete("/v1/files/{file_id}", summary="Delete a file", response_model=None)
+    @router.delete("/v1/files/{file_id}", summary="Delete a file", response_model=None,
+                   responses=documented("Deleted", 400, 401, 404, 413, 422, 503))
     async def delete_file(file_id: str, tenant: Tenant) -> JSONResponse:
-        if not await asyncio.to_thread(file_store(gw).delete, tenant, check_file_id(file_id)):
+        if not await in_s3(file_store(gw).delete, tenant, check_file_id(file_id)):
             raise ApiError(404, "no such file")
         return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 
@@ -149,7 +169,8 @@ def routes(gw: Any, router: APIRouter) -> None:
             raise ApiError(404, "no such upload")
         return dict(record)
 
-    @router.post("/v1/uploads", summary="Open an upload (for files larger than one request)", response_model=None)
+    @router.post("/v1/uploads", summary="Open an upload (for files larger than one request)", response_model=None,
+                 responses=documented("The upload object", 400, 401, 413, 422, 503))
     async def create_upload(payload: UploadCreate, tenant: Tenant) -> JSONResponse:
         if payload.purpose not in PURPOSES:
             raise ApiError(422, f"purpose: must be one of {', '.join(PURPOSES)}")
@@ -166,7 +187,8 @@ def routes(gw: Any, router: APIRouter) -> None:
         await gw.call(pipe.execute())
         return JSONResponse(_upload_api(record))
 
-    @router.post("/v1/uploads/{upload_id}/parts", summary="Add a part (multipart: data)", response_model=None)
+    @router.post("/v1/uploads/{upload_id}/parts", summary="Add a part (multipart: data)", response_model=None,
+                 responses=documented("The upload part object", 400, 401, 404, 409, 413, 422, 503))
     async def add_part(request: Request, upload_id: str, tenant: Tenant) -> JSONResponse:
         record = await upload_record(tenant, upload_id)
         if record["status"] != "pending":
@@ -174,12 +196,13 @@ def routes(gw: Any, router: APIRouter) -> None:
         upload, _ = await _form_file(request, "data", settings.max_upload_bytes)
         data = await upload.read()
         part_id = random_id("part_")
-        await asyncio.to_thread(file_store(gw).put_part, tenant, upload_id, part_id, data)
+        await in_s3(file_store(gw).put_part, tenant, upload_id, part_id, data)
         await gw.call(gw.queue.redis.hset(gw.queue.keys.upload(upload_id), f"part:{part_id}", len(data)))
         return JSONResponse({"id": part_id, "object": "upload.part", "created_at": int(time.time()),
                              "upload_id": upload_id})
 
-    @router.post("/v1/uploads/{upload_id}/complete", summary="Assemble the parts into a file", response_model=None)
+    @router.post("/v1/uploads/{upload_id}/complete", summary="Assemble the parts into a file", response_model=None,
+                 responses=documented("The upload, completed, with its file", 400, 401, 404, 409, 413, 422, 503))
     async def complete_upload(upload_id: str, payload: UploadComplete, tenant: Tenant) -> JSONResponse:
         record = await upload_record(tenant, upload_id)
         if record["status"] != "pending":
@@ -208,18 +231,19 @@ def routes(gw: Any, router: APIRouter) -> None:
             store.delete_parts(tenant, upload_id, [k[5:] for k in record if k.startswith("part:")])
             return store.head(tenant, file_id)
 
-        info = await asyncio.to_thread(assemble)
+        info = await in_s3(assemble)
         record["status"] = "completed"
         await gw.call(gw.queue.redis.hset(gw.queue.keys.upload(upload_id), "status", "completed"))
         return JSONResponse(_upload_api(record, info.to_api()))
 
-    @router.post("/v1/uploads/{upload_id}/cancel", summary="Cancel an upload", response_model=None)
+    @router.post("/v1/uploads/{upload_id}/cancel", summary="Cancel an upload", response_model=None,
+                 responses=documented("The upload, cancelled", 400, 401, 404, 409, 413, 422, 503))
     async def cancel_upload(upload_id: str, tenant: Tenant) -> JSONResponse:
         record = await upload_record(tenant, upload_id)
         if record["status"] != "pending":
             raise ApiError(409, f"the upload is {record['status']}", type_="upload_not_pending")
         parts = [k[5:] for k in record if k.startswith("part:")]
-        await asyncio.to_thread(file_store(gw).delete_parts, tenant, upload_id, parts)
+        await in_s3(file_store(gw).delete_parts, tenant, upload_id, parts)
         await gw.call(gw.queue.redis.hset(gw.queue.keys.upload(upload_id), "status", "cancelled"))
         record["status"] = "cancelled"
         return JSONResponse(_upload_api(record))
