@@ -42,7 +42,8 @@ PASS_WORK_S = 3.0
 SCAN_LINES = 2000
 """Lines whose jobs one pass checks for an end, per batch."""
 FINALIZE_LINES = 1000
-LOCK_MS = 300_000
+LOCK_MS = 120_000
+"""A driver that dies holding a batch delays it this long at most; a pass must end well within it."""
 CANCEL_GRACE_S = 600
 """How long a cancelling batch waits for its running lines to end (OpenAI allows up to 10 minutes)."""
 ACTIVE_PER_PASS = 100
@@ -80,6 +81,16 @@ def _read_lines(store: FileSource, tenant: str, file_id: str, start: int, count:
         if close is not None:
             close()
     return found
+
+
+def _custom_id(raw: bytes) -> str | None:
+    """The line's custom_id; None for a line that never validated (a batch cancelled while validating)."""
+    try:
+        request = json.loads(raw)
+    except ValueError:
+        return None
+    custom_id = request.get("custom_id") if isinstance(request, dict) else None
+    return custom_id if isinstance(custom_id, str) else None
 
 
 class BatchDriver:
@@ -331,7 +342,7 @@ class BatchDriver:
             good = bytearray()
             bad = bytearray()
             for (_, raw), record in zip(lines, records, strict=True):
-                custom_id = json.loads(raw)["custom_id"]
+                custom_id = _custom_id(raw)
                 job = Job.from_hash(record) if record and "status" in record else None
                 is_error, entry = output_line(custom_id, job, end)
                 target = bad if is_error else good

@@ -250,7 +250,7 @@ END_CODES = {
 }
 
 
-def output_line(custom_id: str, job: Job | None, end: BatchStatus) -> tuple[bool, dict[str, Any]]:
+def output_line(custom_id: str | None, job: Job | None, end: BatchStatus) -> tuple[bool, dict[str, Any]]:
     """``(is an error line, the line)`` for one request, in OpenAI's output/error file format."""
     if job is not None and job.status is JobStatus.SUCCEEDED and job.result is not None:
         return False, {

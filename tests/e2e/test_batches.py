@@ -7,6 +7,7 @@ import io
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from .conftest import Emulator, wait_for
 
 pytestmark = pytest.mark.timeout(600)
 
-BATCH_ENV = {"INFERQ_BATCH_COMPLETION_WINDOWS": "24h,20s", "INFERQ_SCALE_MAX": "2"}
+BATCH_ENV = {"INFERQ_BATCH_COMPLETION_WINDOWS": "24h,20s", "INFERQ_WINDOW": "16"}
 TERMINAL_BATCH = {"completed", "failed", "expired", "cancelled"}
 
 
@@ -57,7 +58,7 @@ def lines_of(client: OpenAI, file_id: str | None) -> list[dict[str, Any]]:
 
 def test_a_batch_answers_every_custom_id_once(batch_stack: Emulator) -> None:
     client = client_for(batch_stack)
-    n = 1000
+    n = 10_000
     lines = [request_line(i) for i in range(n - 1)] + [request_line(n - 1, fatal=True)]
     uploaded = client.files.create(file=("input.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
     assert uploaded.purpose == "batch" and uploaded.bytes > 0
@@ -86,7 +87,10 @@ def test_a_batch_answers_every_custom_id_once(batch_stack: Emulator) -> None:
     assert good["response"]["body"]["choices"][0]["message"]["content"].endswith("line 7")
     assert errors[0]["custom_id"] == f"req-{n - 1}" and errors[0]["error"]["code"]
     assert batch.id in {b.id for b in client.batches.list(limit=100)}
-    print(f"\n{n}-line batch: {took:.1f}s end to end, {n / took:.0f} lines/s")
+    gateway = next(pid for pid, cmd in batch_stack.processes().items() if "functions.gateway.app:app" in cmd)
+    status = Path(f"/proc/{gateway}/status").read_text().splitlines()
+    peak = next(line for line in status if line.startswith("VmHWM")).split(":")[1].strip()
+    print(f"\n{n}-line batch: {took:.1f}s end to end, {n / took:.0f} lines/s; gateway peak RSS {peak}")
 
     client.files.delete(uploaded.id)
     with pytest.raises(NotFoundError):
@@ -111,8 +115,8 @@ def test_an_invalid_file_fails_the_batch_with_line_errors(batch_stack: Emulator)
 
 def test_cancel_mid_way_keeps_the_partial_output(batch_stack: Emulator) -> None:
     client = client_for(batch_stack)
-    n = 200
-    lines = [request_line(i, latency_ms=300) for i in range(n)]
+    n = 400
+    lines = [request_line(i, latency_ms=1000) for i in range(n)]
     uploaded = client.files.create(file=("slow.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                   completion_window="24h")
