@@ -42,8 +42,8 @@ PASS_WORK_S = 3.0
 SCAN_LINES = 2000
 """Lines whose jobs one pass checks for an end, per batch."""
 FINALIZE_LINES = 1000
-LOCK_MS = 120_000
-"""A driver that dies holding a batch delays it this long at most; a pass must end well within it."""
+LOCK_MS = 20_000
+"""A driver that dies holding a batch delays it this long at most; a live one renews it every chunk."""
 CANCEL_GRACE_S = 600
 """How long a cancelling batch waits for its running lines to end (OpenAI allows up to 10 minutes)."""
 ACTIVE_PER_PASS = 100
@@ -101,6 +101,7 @@ class BatchDriver:
         self.batches = Batches(queue)
         self.redis = queue.redis
         self.keys = queue.keys
+        self._held: tuple[str, str] | None = None  # (lock key, token) of the batch this driver works on
 
     async def run(self, budget_s: float, interval_s: float = 2.0) -> PassReport:
         """Passes until ``budget_s`` is nearly spent (at least one)."""
@@ -122,13 +123,22 @@ class BatchDriver:
             lock = self.keys.batch_lock(batch_id)
             if not await self.redis.set(lock, token, nx=True, px=LOCK_MS):
                 continue  # another driver has it
+            self._held = (lock, token)
             try:
                 report.batches += 1
                 await self.step(batch_id, report)
             finally:
+                self._held = None
                 if await self.redis.get(lock) == token:
                     await self.redis.delete(lock)
         return report
+
+    async def _renew(self) -> None:
+        """Extend this driver's lease on its batch (between chunks of a long step)."""
+        if self._held is not None:
+            lock, token = self._held
+            if await self.redis.get(lock) == token:
+                await self.redis.pexpire(lock, LOCK_MS)
 
     async def step(self, batch_id: str, report: PassReport) -> None:
         """One step of one batch; a batch that reaches ``finalizing`` is finalized in the same pass."""
@@ -188,6 +198,7 @@ class BatchDriver:
             if not enqueued:
                 break
             report.enqueued += enqueued
+            await self._renew()
             fresh = await self.batches.get(batch.id)
             if fresh is None or fresh.status is not BatchStatus.IN_PROGRESS:
                 return
@@ -271,6 +282,7 @@ class BatchDriver:
             live = [j for j in ids if j]
             for group in range(0, len(live), 100):
                 await asyncio.gather(*(self._cancel_job(batch.tenant, j) for j in live[group:group + 100]))
+            await self._renew()
         await self.redis.hset(self.keys.batch(batch.id), "cancel_sent", "1")
 
     async def _cancel_job(self, tenant: str, job_id: str) -> None:
@@ -357,6 +369,7 @@ class BatchDriver:
                 await asyncio.to_thread(errors.write, bytes(bad))
             line += len(lines)
             offset = lines[-1][0]
+            await self._renew()
             if len(lines) < FINALIZE_LINES:
                 break
         return completed, failed

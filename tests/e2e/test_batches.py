@@ -221,3 +221,32 @@ def restart_gateway(stack: Emulator) -> None:
             return False
 
     wait_for(answers, 60, interval=0.3, what="a new gateway")
+
+
+def test_a_batch_survives_its_scaler_gateway_and_a_worker_being_killed(batch_stack: Emulator) -> None:
+    import os
+    import signal
+
+    client = client_for(batch_stack)
+    n = 2000
+    lines = [request_line(i, latency_ms=20) for i in range(n)]
+    uploaded = client.files.create(file=("crash.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+
+    def running() -> bool:
+        counts = client.batches.retrieve(batch.id).request_counts
+        return counts is not None and counts.completed > 0
+
+    wait_for(running, 120, interval=0.2, what="the batch to be under way")
+    victims = [pid for pid, cmd in batch_stack.processes().items() if "emulator.scaler" in cmd]
+    victims += batch_stack.workers()[:1]
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    restart_gateway(batch_stack)
+    client = client_for(batch_stack)
+    batch = finish(client, batch.id, timeout=300)
+    assert batch.status == "completed", batch
+    output = lines_of(client, batch.output_file_id)
+    assert sorted(line["custom_id"] for line in output) == sorted(f"req-{i}" for i in range(n))
+    assert batch.error_file_id is None
