@@ -122,7 +122,7 @@ def routes(gw: Any, router: APIRouter) -> None:
     async def list_files(
         tenant: Tenant,
         after: Annotated[str | None, Query(pattern=FILE_ID_RE.pattern)] = None,
-        limit: Annotated[int, Query(ge=1, le=10000)] = 10000,
+        limit: Annotated[int, Query(ge=1, le=10000)] = 100,  # each file is one HEAD: pages stay short
         purpose: Annotated[str | None, Query(max_length=64)] = None,
         order: Annotated[str | None, Query(pattern="^(asc|desc)$")] = None,
     ) -> JSONResponse:
@@ -195,6 +195,10 @@ def routes(gw: Any, router: APIRouter) -> None:
             raise ApiError(409, f"the upload is {record['status']}", type_="upload_not_pending")
         upload, _ = await _form_file(request, "data", settings.max_upload_bytes)
         data = await upload.read()
+        stored = sum(int(v) for k, v in record.items() if k.startswith("part:"))
+        if stored + len(data) > int(record["bytes"]):
+            raise ApiError(422, f"the parts would hold more than the {record['bytes']} bytes the upload was opened "
+                                "with")
         part_id = random_id("part_")
         await in_s3(file_store(gw).put_part, tenant, upload_id, part_id, data)
         await gw.call(gw.queue.redis.hset(gw.queue.keys.upload(upload_id), f"part:{part_id}", len(data)))

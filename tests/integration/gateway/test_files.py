@@ -112,6 +112,8 @@ async def test_an_upload_assembles_its_parts_in_the_order_given(files: httpx.Asy
         part_ids.append(part.json()["id"])
     other = await files.post(f"/v1/uploads/{upload_id}/parts", headers=B, files={"data": ("blob", b"x")})
     assert other.status_code == 404
+    overflow = await files.post(f"/v1/uploads/{upload_id}/parts", headers=A, files={"data": ("blob", b"x")})
+    assert overflow.status_code == 422, "the parts may not hold more than the upload's bytes"
     short = await files.post(f"/v1/uploads/{upload_id}/complete", headers=A, json={"part_ids": part_ids[:2]})
     assert short.status_code == 422
     order = [part_ids[1], part_ids[0], part_ids[2]]
