@@ -27,7 +27,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:=-]{1,128}$")
 _BODYLESS = frozenset({"GET", "HEAD", "OPTIONS"})
 SUBMIT_PATH = "/v1/jobs"
-UPLOAD_PATH_RE = re.compile(r"^/v1/(?:files|uploads/[^/]+/parts)$")
+UPLOAD_PATH_RE = re.compile(r"^/v1/(?:files|uploads/[^/]+/(?:parts|complete))$")  # complete: up to 10,000 part ids
 UPLOAD_FRAMING_BYTES = 64 * 1024
 REJECT_REASONS = {
     400: "invalid",
@@ -47,7 +47,7 @@ class Edge:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.telemetry = telemetry
-        # file bodies (POST /v1/files, upload parts) have their own bound, plus room for the multipart framing
+        # file bodies (POST /v1/files, upload parts and their list) have their own bound, plus room for the framing
         self.max_upload_bytes = (max_upload_bytes or max_body_bytes) + UPLOAD_FRAMING_BYTES
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
