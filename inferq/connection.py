@@ -10,6 +10,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import EqualJitterBackoff
 
+from .faults import RECONNECT_ERRORS
 from .settings import Settings
 
 
@@ -36,6 +37,7 @@ def connect(settings: Settings, *, cluster: bool | None = None, socket_timeout: 
     if cluster:
         return RedisCluster.from_url(url, **options)
     options["retry"] = Retry(EqualJitterBackoff(cap=0.5, base=0.05), retries=1)
+    options["retry_on_error"] = list(RECONNECT_ERRORS)  # a demoted primary: reconnect, reach the new one
     return Redis.from_url(url, **options)
 
 
