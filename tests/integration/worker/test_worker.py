@@ -310,3 +310,19 @@ async def test_the_lease_keeper_outlives_a_failover_and_no_long_job_runs_twice(
 
 async def _more(worker: Worker, renewals: int) -> bool:
     return worker.leases.renewals > renewals
+
+
+async def test_a_dead_background_task_stops_the_worker_and_releases_what_it_holds(
+    settings: Settings, queue: Queue
+) -> None:
+    job = await submit(queue, chat("long", latency_ms=30_000))
+    worker = Worker(settings, queue, MockBackend(queue.redis, queue.keys), worker_id="w", webhooks=False)
+    run = asyncio.create_task(worker.run())
+    await status_is(queue, job.id, "running")
+    await queue.redis.set(queue.keys.delayed, "not a sorted set")  # the maintenance task's promotion: WRONGTYPE
+    await asyncio.wait_for(run, 20)  # it stopped by itself, without a stop()
+    assert worker.failure is not None and worker.failure.startswith("maintenance: ResponseError")
+    released = await queue.get(job.id)
+    assert released is not None and released.status is JobStatus.QUEUED and released.attempts == 1
+    assert await queue.redis.hget(queue.keys.workers, "w") is None
+    assert await mock_calls(queue, job.id) == 1
