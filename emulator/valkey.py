@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -240,15 +241,21 @@ class ValkeyProcess:
         self.stop()
 
 
-def fail_over(primary: ValkeyProcess, replica: ValkeyProcess, *, timeout: float = 10.0) -> None:
+def fail_over(
+    primary: ValkeyProcess, replica: ValkeyProcess, *, timeout: float = 10.0,
+    promoted: Callable[[], None] | None = None,
+) -> None:
     """Make ``replica`` the primary, as a managed Redis does in a maintenance window: writes paused on the primary
     until the replica has them all (nothing is lost), the replica promoted, the old primary demoted to a replica of
     it, writes resumed. Clients still connected to the old primary get ``READONLY`` from then on; commands held by
-    the pause get it too. Run it again with the roles swapped to restore them."""
+    the pause get it too. ``promoted`` runs between the promotion and the demotion: where an endpoint name is moved
+    to the new primary. Run it again with the roles swapped to restore them."""
     primary.pause(int(timeout * 1000), "WRITE")
     try:
         wait_in_sync(replica, primary, timeout)
         replica.promote()
+        if promoted is not None:
+            promoted()
         primary.replicate(replica)
     finally:
         primary.unpause()
