@@ -8,6 +8,7 @@ import contextlib
 import selectors
 import socket
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -21,7 +22,9 @@ from tests.integration.worker.support import TENANT, mock_calls, terminal, termi
 class Endpoint:
     """A TCP proxy on loopback standing for the endpoint name of a managed Redis: new connections go to whichever
     server is the primary now (:meth:`switch`); connections already open stay with the server they were opened to,
-    as a client that resolved the name before a failover keeps talking to the old primary."""
+    as a client that resolved the name before a failover keeps talking to the old primary. :meth:`blip` delays the
+    replies on the connections open at that moment (a network blip): the server has run the command, the client
+    times out and resends it on a new connection, which answers at once."""
 
     def __init__(self, upstream: ValkeyProcess) -> None:
         self.upstream = upstream
@@ -31,6 +34,9 @@ class Endpoint:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ, None)
         self._peers: dict[socket.socket, socket.socket] = {}
+        self._servers: set[socket.socket] = set()
+        self._held_until: dict[socket.socket, float] = {}
+        self._held: list[tuple[float, socket.socket, bytes]] = []
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="endpoint", daemon=True)
         self._thread.start()
@@ -42,6 +48,12 @@ class Endpoint:
     def switch(self, upstream: ValkeyProcess) -> None:
         self.upstream = upstream
 
+    def blip(self, seconds: float) -> None:
+        """Hold every reply of the connections open now for ``seconds`` from now."""
+        until = time.monotonic() + seconds
+        for server in list(self._servers):
+            self._held_until[server] = until
+
     def close(self) -> None:
         self._closed.set()
         self._thread.join(5)
@@ -52,7 +64,13 @@ class Endpoint:
 
     def _serve(self) -> None:
         while not self._closed.is_set():
-            for key, _ in self._selector.select(timeout=0.05):
+            now = time.monotonic()
+            due = [h for h in self._held if h[0] <= now]
+            if due:
+                self._held = [h for h in self._held if h[0] > now]
+                for _, server, data in due:
+                    self._forward(server, data)
+            for key, _ in self._selector.select(timeout=0.01 if self._held else 0.05):
                 sock: socket.socket = key.fileobj  # type: ignore[assignment]
                 if sock is self._listener:
                     self._accept()
@@ -72,26 +90,44 @@ class Endpoint:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self._selector.register(sock, selectors.EVENT_READ, None)
             self._peers[client], self._peers[server] = server, client
+            self._servers.add(server)
 
     def _pump(self, sock: socket.socket) -> None:
-        peer = self._peers.get(sock)
         try:
             data = sock.recv(262144)
         except BlockingIOError:
             return
         except OSError:
             data = b""
-        if data and peer is not None:
-            try:
-                peer.setblocking(True)  # a short blocking write: replies here are small, and order must hold
-                peer.sendall(data)
-                peer.setblocking(False)
+        if data:
+            until = self._held_until.get(sock, 0.0)
+            if until > time.monotonic() or any(held is sock for _, held, _ in self._held):
+                self._held.append((until, sock, data))  # in order, behind what is held already
                 return
-            except OSError:
-                pass
+            self._forward(sock, data)
+            return
+        if any(held is sock for _, held, _ in self._held):
+            return  # the server closed: deliver what is held first (the next select sees the close again)
+        self._drop(sock)
+
+    def _forward(self, sock: socket.socket, data: bytes) -> None:
+        peer = self._peers.get(sock)
+        if peer is None:
+            return
+        try:
+            peer.setblocking(True)  # a short blocking write: replies here are small, and order must hold
+            peer.sendall(data)
+            peer.setblocking(False)
+        except OSError:
+            self._drop(sock)
+
+    def _drop(self, sock: socket.socket) -> None:
+        peer = self._peers.get(sock)
         for end in (sock, peer):
             if end is not None and end in self._peers:
                 del self._peers[end]
+                self._servers.discard(end)
+                self._held_until.pop(end, None)
                 self._selector.unregister(end)
                 end.close()
 
