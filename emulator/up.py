@@ -1,4 +1,4 @@
-"""``inferq up``: the whole stack on one machine (DESIGN.md section 7), supervised by one asyncio process.
+"""``inferq up``: the whole stack on one machine (docs/architecture.md), supervised by one asyncio process.
 
 Children and their roles: Valkey (``valkey``, restarted if it dies), the gateway under uvicorn (``gateway``), the
 scaler loop around the real Lambda handler (``scaler``), and the workers the ECS agent starts (``worker-N``).
@@ -169,6 +169,7 @@ class Supervisor:
         if not self.redis_url:
             self._start_valkey()
         child_env = {
+            "INFERQ_WEBHOOK_ALLOW_PRIVATE": "true",  # local receivers are the point here (the shell may say false)
             **self.env,
             **_aws_env(self.ecs.endpoint),
             **keys_env,

@@ -1,4 +1,4 @@
-"""ECS task scale-in protection: held while the worker has jobs in flight (DESIGN.md section 5).
+"""ECS task scale-in protection: held while the worker has jobs in flight (docs/architecture.md).
 
 The ECS agent's endpoint (``PUT $ECS_AGENT_URI/task-protection/v1/state``) is called only when the worker turns
 busy (protection on, expiring later than one job can run plus the drain) or idle (protection off, once it stayed

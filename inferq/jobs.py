@@ -137,7 +137,7 @@ class Job:
         )
 
     def to_api(self) -> dict[str, Any]:
-        """The job object of HTTP API v1 (DESIGN.md section 3)."""
+        """The job object of HTTP API v1 (docs/api.md)."""
         return {
             "id": self.id,
             "object": "job",

@@ -1,4 +1,4 @@
-"""Every Redis key name of a queue, in one place (DESIGN.md section 4).
+"""Every Redis key name of a queue, in one place (docs/data-model.md).
 
 All keys of queue ``Q`` start with ``inferq:{Q}:``: the hash tag puts one queue in one cluster slot, so every
 script touches a single slot and runs on ElastiCache Serverless (always cluster mode).

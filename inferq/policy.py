@@ -1,4 +1,4 @@
-"""The scaling policy (DESIGN.md section 6) as a pure function: observations in, decision and reason out.
+"""The scaling policy (docs/operations.md) as a pure function: observations in, decision and reason out.
 
 ``desired = clamp(ceil(backlog / target_per_worker), min, max)``, never below the workers still busy, with
 timing rules on top:

@@ -1,4 +1,4 @@
-"""Settings: every ``INFERQ_*`` variable of DESIGN.md section 8, read once and validated.
+"""Settings: every ``INFERQ_*`` variable of docs/configuration.md, read once and validated.
 
 A bad value raises :class:`SettingsError` naming the variable; entry points turn it into a one-line message and
 exit status 2, so a misconfigured process stops at start instead of misbehaving later.
@@ -175,6 +175,7 @@ class Settings:
     ecs_service: str | None = _setting(None, _optional_str)
     webhook_secret: str | None = _setting(None, _optional_str)
     webhook_max_age_s: int = _setting(3600, _int(1))
+    webhook_allow_private: bool = _setting(False, _bool)
     events_maxlen: int = _setting(100000, _int(100))
     worker_id: str | None = _setting(None, _optional_str)
     log_level: str = _setting("INFO", _log_level)
@@ -188,7 +189,7 @@ class Settings:
 
     @property
     def target_per_worker(self) -> int:
-        """Jobs one worker should carry; defaults to the window (DESIGN.md section 8)."""
+        """Jobs one worker should carry; defaults to the window (docs/configuration.md)."""
         return self.scale_target_per_worker or self.window
 
     @classmethod

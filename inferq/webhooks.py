@@ -7,44 +7,56 @@ here as :class:`WebhookSender`, and it runs in two places:
 
 - in every worker, as a background task (``run``): deliveries go out within about a second of the terminal
   state, and the fleet's many consumers share the work through the group;
-- in the scaler, one pass (:func:`deliver_webhooks`) per tick: when the fleet is at zero, a job cancelled or
-  expired by the gateway still gets its webhook, at worst one tick later.
+- in the scaler, one pass (:func:`deliver_webhooks`) per tick, under a consumer name of its own: when the fleet is
+  at zero, a job cancelled or expired by the gateway still gets its webhook, at worst one tick later.
 
 Not in the gateway: a Lambda lives for one request and cannot wait out a receiver's retries. Not in the scripts:
 Lua cannot make HTTP calls, and the stream makes delivery independent of who wrote the terminal state.
 
-Once: an entry is acknowledged only after a 2xx (or when it is given up), so a crash never loses a webhook.
-While a POST is in flight its holder renews the entry's idle time every second; another consumer takes an entry
-over only once it has been idle longer than its retry delay and the lease, i.e. its holder failed or died. So each
-webhook is sent once on success; only a crash between the receiver's 2xx and the acknowledgement repeats it,
-and receivers can de-duplicate on ``X-Inferq-Event-Id``.
+Once. A consumer holds every entry it has taken (read or claimed) until it is settled: it renews their idle time
+every second (``XCLAIM ... JUSTID`` to itself), and acknowledges each one as soon as it is settled (a 2xx, or
+given up). Another consumer takes an entry over only once it has been idle longer than its retry delay and the
+lease, i.e. after a failed attempt or when its holder died. So each webhook is POSTed once when nothing fails;
+only a crash (or a Redis failure) between the receiver's 2xx and the acknowledgement repeats it, with the same
+``webhook-id``, on which receivers de-duplicate.
 
-Retries: a failed attempt (non-2xx, timeout, connection error) leaves the entry pending; it is tried again after
+Bounded. A POST has one deadline for everything (resolving, connecting, sending, the answer): a receiver that drips
+bytes cannot hold a slot. At most :data:`MAX_RESPONSE_BYTES` of the answer are read.
+
+Retries: a failed attempt (non-2xx, deadline, connection error) leaves the entry pending; it is tried again after
 ``max(lease, 1 s * 2**(attempts-1))`` (capped at 5 minutes) until ``INFERQ_WEBHOOK_MAX_AGE_S`` after the terminal
 event, then given up (counted as ``webhooks_abandoned`` in the queue's stats).
 
-Signature: ``X-Inferq-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`` with
-``INFERQ_WEBHOOK_SECRET``; :func:`verify` is the receiver's side.
+Address guard: the sender resolves the host itself, refuses it when any address is internal, and connects to the
+address it checked (:mod:`inferq.guarded_http`, with :mod:`inferq.netguard`'s table). A refused host is a permanent
+failure: abandoned at once (and counted as ``webhooks_refused`` too). ``INFERQ_WEBHOOK_ALLOW_PRIVATE=true`` turns
+the guard off (and allows plain http).
+
+Signed per Standard Webhooks (:mod:`inferq.webhook_signing`): ``webhook-id`` is ``<job id>_<events entry id>``, the
+same for every attempt of one delivery.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 
 import httpx
 from redis.exceptions import ResponseError
 
+from . import netguard
+from .guarded_http import GuardedTransport, read_capped
 from .keys import WEBHOOK_GROUP
 from .queue import Queue
 from .settings import Settings
+from .webhook_signing import sign, signing_key, webhook_id
 
 log = logging.getLogger(__name__)
 
@@ -53,30 +65,18 @@ LEASE_MS = 3000
 RENEW_S = 1.0
 BASE_DELAY_MS = 1000
 MAX_DELAY_MS = 300_000
-HTTP_TIMEOUT_S = 10.0
-BATCH = 200
+POST_DEADLINE_S = 10.0
+"""The whole of one POST: resolving, connecting, TLS, sending, the receiver's answer."""
+MAX_RESPONSE_BYTES = 4096
+"""What is read of a receiver's answer (its status is all that matters); the rest is never downloaded."""
+BATCH = 64
+"""Entries one round takes (new ones, and as many due retries): a consumer takes no more than it can deliver soon,
+so its peers share the rest."""
 PENDING_SCAN = 1000
 CONCURRENCY = 16
-SIGNATURE_HEADER = "X-Inferq-Signature"
-EVENT_HEADER = "X-Inferq-Event-Id"
-
-
-def sign(secret: str, timestamp: int, body: bytes) -> str:
-    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={timestamp},v1={digest}"
-
-
-def verify(secret: str, header: str, body: bytes, *, tolerance_s: int = 300, now: float | None = None) -> bool:
-    """The receiver's check: the signature matches and its timestamp is recent (no replays of old deliveries)."""
-    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
-    try:
-        timestamp = int(parts["t"])
-    except (KeyError, ValueError):
-        return False
-    if abs((now if now is not None else time.time()) - timestamp) > tolerance_s:
-        return False
-    expected = sign(secret, timestamp, body).split("v1=", 1)[1]
-    return hmac.compare_digest(expected, parts.get("v1", ""))
+STALE_CONSUMER_MS = 600_000
+"""A pass's consumer that held entries on its way out is deleted by a later pass once it holds nothing and has
+been idle this long (a live consumer touches the group every second)."""
 
 
 def retry_delay_ms(attempts: int) -> int:
@@ -84,11 +84,21 @@ def retry_delay_ms(attempts: int) -> int:
     return max(LEASE_MS, min(MAX_DELAY_MS, BASE_DELAY_MS * 2 ** max(attempts - 1, 0)))
 
 
+# ------------------------------------------------------------------------------------------------ delivery
+
+
+class Outcome(Enum):
+    DELIVERED = "delivered"
+    FAILED = "failed"  # worth another attempt
+    REFUSED = "refused"  # the address guard said no, or the URL cannot be sent to: no attempt will do better
+
+
 @dataclass
 class WebhookReport:
     delivered: int = 0
     failed: int = 0  # attempts that failed; their entries stay pending for a retry
-    abandoned: int = 0
+    abandoned: int = 0  # given up: too old, the job is gone, or refused
+    refused: int = 0  # of the abandoned: the host is (or resolves to) an internal address
     without_webhook: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -96,6 +106,7 @@ class WebhookReport:
         self.delivered += other.delivered
         self.failed += other.failed
         self.abandoned += other.abandoned
+        self.refused += other.refused
         self.without_webhook += other.without_webhook
         self.errors += other.errors
 
@@ -110,18 +121,26 @@ class WebhookSender:
         consumer: str,
         *,
         client: httpx.AsyncClient | None = None,
-        http_timeout_s: float = HTTP_TIMEOUT_S,
+        http_timeout_s: float = POST_DEADLINE_S,
+        concurrency: int = CONCURRENCY,
         on_outcome: Callable[[str, int], None] | None = None,
     ) -> None:
         self.queue = queue
         self.settings = settings
         self.consumer = consumer
+        self.post_deadline_s = http_timeout_s
+        self.concurrency = concurrency
+        self._key = signing_key(settings.webhook_secret) if settings.webhook_secret else None
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(
-            timeout=http_timeout_s, follow_redirects=False, headers={"User-Agent": "inferq-webhooks"}
+            transport=GuardedTransport(settings.webhook_allow_private, concurrency),
+            timeout=http_timeout_s,
+            follow_redirects=False,  # a redirect could lead anywhere, past the guard
+            headers={"User-Agent": "inferq-webhooks"},
         )
         self._on_outcome = on_outcome
         self._holding: set[str] = set()
+        """Entries taken and not yet settled or released: renewed every second so no peer takes them over."""
         self._warned_unsigned = False
 
     @property
@@ -141,10 +160,12 @@ class WebhookSender:
             return []
         if not reply:
             return []
-        return list(reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0])
+        entries = list(reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0])
+        self._holding.update(entry_id for entry_id, _ in entries)
+        return entries
 
     async def _claim_due(self) -> list[tuple[str, dict[str, str]]]:
-        """Pending entries whose retry delay is over (failed attempts, or holders that died)."""
+        """Pending entries whose retry delay is over (failed attempts, or holders that died), at most a batch."""
         redis = self.queue.redis
         try:
             pending = await redis.xpending_range(
@@ -155,10 +176,14 @@ class WebhookSender:
                 raise
             return []
         by_delay: dict[int, list[str]] = {}
+        due = 0
         for p in pending:
             delay = retry_delay_ms(int(p["times_delivered"]))
-            if int(p["time_since_delivered"]) >= delay:
+            if int(p["time_since_delivered"]) >= delay and p["message_id"] not in self._holding:
                 by_delay.setdefault(delay, []).append(p["message_id"])
+                due += 1
+                if due >= BATCH:
+                    break
         if not by_delay:
             return []
         pipe = redis.pipeline(transaction=False)
@@ -168,6 +193,7 @@ class WebhookSender:
         claimed: list[tuple[str, dict[str, str]]] = []
         for entries in await pipe.execute():
             claimed += [(entry_id, fields or {}) for entry_id, fields in entries]
+        self._holding.update(entry_id for entry_id, _ in claimed)
         return claimed
 
     async def _renew(self) -> None:
@@ -183,25 +209,48 @@ class WebhookSender:
 
     # ------------------------------------------------------------ delivering
 
-    async def _post(self, entry_id: str, job_id: str, url: str, body: bytes) -> bool:
-        headers = {"Content-Type": "application/json", EVENT_HEADER: entry_id}
-        if self.settings.webhook_secret:
-            headers[SIGNATURE_HEADER] = sign(self.settings.webhook_secret, int(time.time()), body)
+    def _headers(self, msg_id: str, body: bytes) -> dict[str, str]:
+        timestamp = int(time.time())
+        headers = {"Content-Type": "application/json", "webhook-id": msg_id, "webhook-timestamp": str(timestamp)}
+        if self._key is not None:
+            headers["webhook-signature"] = sign(self._key, msg_id, timestamp, body)
         elif not self._warned_unsigned:
             self._warned_unsigned = True
             log.warning("webhooks: INFERQ_WEBHOOK_SECRET is not set, deliveries are unsigned")
-        try:
-            response = await self._client.post(url, content=body, headers=headers)
-        except httpx.HTTPError as exc:
-            log.info("webhook attempt failed: %s", type(exc).__name__, extra={"webhook_job": job_id})
-            return False
-        if 200 <= response.status_code < 300:
-            return True
-        log.info("webhook attempt failed: receiver answered %d", response.status_code, extra={"webhook_job": job_id})
-        return False
+        return headers
 
-    async def _deliver(self, entry_id: str, fields: dict[str, str], report: WebhookReport) -> bool:
-        """True when the entry is settled (delivered or given up) and can be acknowledged."""
+    async def _post(self, msg_id: str, job_id: str, url: str, body: bytes) -> Outcome:
+        where = {"webhook_job": job_id}
+        try:
+            target = httpx.URL(url)
+        except httpx.InvalidURL:
+            log.warning("webhook refused: the URL cannot be parsed", extra=where)
+            return Outcome.REFUSED
+        if target.scheme != "https" and not (target.scheme == "http" and self.settings.webhook_allow_private):
+            log.warning("webhook refused: %s is not https", target.scheme, extra=where)
+            return Outcome.REFUSED
+        try:
+            async with asyncio.timeout(self.post_deadline_s):
+                async with self._client.stream("POST", target, content=body, headers=self._headers(msg_id, body)) as r:
+                    await read_capped(r, MAX_RESPONSE_BYTES)
+                    status = r.status_code
+        except netguard.BlockedAddress as exc:
+            # the host and the address, never the URL: its query may carry the receiver's token
+            log.warning("webhook refused: %s", exc, extra=where)
+            return Outcome.REFUSED
+        except TimeoutError:
+            log.info("webhook attempt failed: no answer within %.0f s", self.post_deadline_s, extra=where)
+            return Outcome.FAILED
+        except (httpx.HTTPError, OSError) as exc:
+            log.info("webhook attempt failed: %s", type(exc).__name__, extra=where)
+            return Outcome.FAILED
+        if 200 <= status < 300:
+            return Outcome.DELIVERED
+        log.info("webhook attempt failed: receiver answered %d", status, extra=where)
+        return Outcome.FAILED
+
+    async def _attempt(self, entry_id: str, fields: dict[str, str], report: WebhookReport) -> bool:
+        """One attempt at one entry. True when it is settled (delivered or given up) and can be acknowledged."""
         job_id = fields.get("job", "")
         age_s = time.time() - int(entry_id.split("-", 1)[0]) / 1000.0
         job = await self.queue.get(job_id) if job_id else None
@@ -217,66 +266,90 @@ class WebhookSender:
             log.warning("webhook given up after %.0f s", age_s, extra={"webhook_job": job_id})
             return True
         body = json.dumps(job.to_api(), separators=(",", ":"), ensure_ascii=False).encode()
-        self._holding.add(entry_id)
-        try:
-            ok = await self._post(entry_id, job_id, job.webhook_url, body)
-        finally:
-            self._holding.discard(entry_id)
-        if ok:
+        outcome = await self._post(webhook_id(job_id, entry_id), job_id, job.webhook_url, body)
+        if outcome is Outcome.DELIVERED:
             report.delivered += 1
+        elif outcome is Outcome.REFUSED:
+            report.abandoned += 1
+            report.refused += 1
         else:
             report.failed += 1
-        return ok
+        return outcome is not Outcome.FAILED
 
-    async def _handle(self, entries: list[tuple[str, dict[str, str]]], report: WebhookReport) -> None:
-        settled: list[str] = []
-        todo: list[tuple[str, dict[str, str]]] = []
-        for entry_id, fields in entries:
-            if not fields or fields.get("webhook") != "1":  # trimmed from the capped stream, or no webhook
-                settled.append(entry_id)
-                report.without_webhook += 1
-            else:
-                todo.append((entry_id, fields))
-        if todo:
-            limit = asyncio.Semaphore(CONCURRENCY)
+    async def _settle(self, entry_ids: list[str], outcome: WebhookReport | None = None) -> None:
+        """Acknowledge settled entries at once, with the counters their outcome moves (one round trip, atomic)."""
+        pipe = self.queue.redis.pipeline(transaction=True)
+        pipe.xack(self._events, WEBHOOK_GROUP, *entry_ids)
+        for name in ("delivered", "abandoned", "refused"):
+            if outcome is not None and getattr(outcome, name):
+                pipe.hincrby(self.queue.keys.stats, f"webhooks_{name}", getattr(outcome, name))
+        await pipe.execute()
 
-            async def one(entry_id: str, fields: dict[str, str]) -> None:
-                async with limit:
-                    if await self._deliver(entry_id, fields, report):
-                        settled.append(entry_id)
+    async def _handle(
+        self, entries: list[tuple[str, dict[str, str]]], report: WebhookReport, over: Callable[[], bool]
+    ) -> None:
+        trivial = [e for e, f in entries if not f or f.get("webhook") != "1"]  # trimmed from the stream, or no hook
+        todo = [(e, f) for e, f in entries if f and f.get("webhook") == "1"]
+        try:
+            if trivial:
+                report.without_webhook += len(trivial)
+                await self._settle(trivial)
+        finally:
+            self._holding.difference_update(trivial)
+        limit = asyncio.Semaphore(self.concurrency)
 
-            renewer = asyncio.create_task(self._renew())
+        async def one(entry_id: str, fields: dict[str, str]) -> None:
             try:
-                await asyncio.gather(*(one(e, f) for e, f in todo))
+                async with limit:
+                    if over():
+                        return  # out of time, or stopping: released untried, pending for whoever passes next
+                    mine = WebhookReport()
+                    settled = await self._attempt(entry_id, fields, mine)
+                    report.add(mine)
+                    if settled:
+                        await self._settle([entry_id], mine)
             finally:
-                renewer.cancel()
-        if settled:
-            pipe = self.queue.redis.pipeline(transaction=False)
-            pipe.xack(self._events, WEBHOOK_GROUP, *settled)
-            if report.delivered:
-                pipe.hincrby(self.queue.keys.stats, "webhooks_delivered", report.delivered)
-            if report.abandoned:
-                pipe.hincrby(self.queue.keys.stats, "webhooks_abandoned", report.abandoned)
-            await pipe.execute()
+                # settled, or failed and left pending for its retry: either way no longer ours to renew
+                self._holding.discard(entry_id)
 
-    async def deliver_once(self, *, budget_s: float | None = None) -> WebhookReport:
-        """Deliver what is due now: retries whose delay is over, then new events, until none is left (or the
-        budget is spent). Returns what it did."""
+        results = await asyncio.gather(*(one(e, f) for e, f in todo), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:  # Redis trouble: what was not acknowledged stays pending and is retried
+            raise failures[0]
+
+    async def deliver_once(
+        self, *, budget_s: float | None = None, stop: asyncio.Event | None = None
+    ) -> WebhookReport:
+        """Deliver what is due now: retries whose delay is over, then new events, until none is left, the budget
+        is spent or ``stop`` is set. After that no new POST starts; those started end within their deadline."""
         total = WebhookReport()
         deadline = time.monotonic() + budget_s if budget_s is not None else None
-        while deadline is None or time.monotonic() < deadline:
-            due = await self._claim_due()
-            new = await self._read_new()
-            if not due and not new:
-                break
-            report = WebhookReport()
-            await self._handle(due + new, report)
-            total.add(report)
-            if self._on_outcome:
-                for name in ("delivered", "failed", "abandoned"):
-                    self._on_outcome(name, getattr(report, name))
-            if len(new) < BATCH and len(due) < PENDING_SCAN:
-                break
+
+        def over() -> bool:
+            return (deadline is not None and time.monotonic() >= deadline) or (stop is not None and stop.is_set())
+
+        renewer = asyncio.create_task(self._renew())
+        try:
+            while not over():
+                due = await self._claim_due()
+                new = await self._read_new()
+                if not due and not new:
+                    break
+                report = WebhookReport()
+                try:
+                    await self._handle(due + new, report, over)
+                finally:
+                    total.add(report)
+                    if self._on_outcome:
+                        for name in ("delivered", "failed", "abandoned"):
+                            self._on_outcome(name, getattr(report, name))
+                if len(new) < BATCH and len(due) < BATCH:
+                    break
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+            self._holding.clear()
         return total
 
     async def run(self, stop: asyncio.Event, interval_s: float = 0.5) -> None:
@@ -284,7 +357,7 @@ class WebhookSender:
         failures = 0
         while not stop.is_set():
             try:
-                await self.deliver_once()
+                await self.deliver_once(stop=stop)  # a stopping worker starts no new POST
                 failures = 0
             except Exception as exc:  # Redis down: try again later, nothing is lost (entries stay pending)
                 failures += 1
@@ -293,6 +366,19 @@ class WebhookSender:
             delay = interval_s if not failures else min(5.0, interval_s * 2**failures)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
+
+    async def drop_stale_consumers(self, prefix: str) -> None:
+        """Delete consumers named ``<prefix>-...`` that hold nothing and have been idle for long: passes that left
+        holding failed entries, which others have since taken over. Deleting a consumer with no pending entries
+        loses nothing."""
+        with contextlib.suppress(ResponseError):
+            for info in await self.queue.redis.xinfo_consumers(self._events, WEBHOOK_GROUP):
+                name = str(info["name"])
+                if (
+                    name.startswith(prefix + "-") and name != self.consumer and int(info["pending"]) == 0
+                    and int(info["idle"]) > STALE_CONSUMER_MS
+                ):
+                    await self.queue.redis.xgroup_delconsumer(self._events, WEBHOOK_GROUP, name)
 
     async def aclose(self) -> None:
         """Close the HTTP client and drop this consumer from the group if it holds nothing."""
@@ -315,14 +401,18 @@ async def deliver_webhooks(
     consumer: str = "scaler",
     client: httpx.AsyncClient | None = None,
     budget_s: float | None = 20.0,
-    http_timeout_s: float = HTTP_TIMEOUT_S,
+    http_timeout_s: float = POST_DEADLINE_S,
 ) -> WebhookReport:
     """One delivery pass, for a process that is not a worker (the scaler, once per tick).
 
-    Keep ``budget_s`` plus ``http_timeout_s`` below the caller's own time limit (a Lambda's timeout)."""
-    sender = WebhookSender(queue, settings, consumer, client=client, http_timeout_s=http_timeout_s)
+    ``consumer`` is a prefix: each pass consumes as ``<consumer>-<random>``, so two overlapping passes never share
+    (and never delete) each other's pending entries. No POST starts after ``budget_s``, and each ends within
+    ``http_timeout_s``: keep their sum below the caller's own time limit (a Lambda's timeout)."""
+    name = f"{consumer}-{secrets.token_hex(6)}"
+    sender = WebhookSender(queue, settings, name, client=client, http_timeout_s=http_timeout_s)
     try:
-        return await sender.deliver_once(budget_s=budget_s)
+        report = await sender.deliver_once(budget_s=budget_s)
+        await sender.drop_stale_consumers(consumer)
+        return report
     finally:
         await sender.aclose()
-

@@ -1,4 +1,4 @@
-"""The HTTP API v1 (DESIGN.md section 3): a FastAPI app served by Mangum on Lambda and by uvicorn in the emulator.
+"""The HTTP API v1 (docs/api.md): a FastAPI app served by Mangum on Lambda and by uvicorn in the emulator.
 
 ``app.py`` is the Lambda entry point (settings read at import); ``api.py`` builds the app for anyone else.
 """

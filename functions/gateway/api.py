@@ -1,4 +1,4 @@
-"""HTTP API v1 (DESIGN.md section 3) on FastAPI: :func:`create_app` builds it from settings, or from injected parts.
+"""HTTP API v1 (docs/api.md) on FastAPI: :func:`create_app` builds it from settings, or from injected parts.
 
 Every Redis call is bounded twice: by the client's socket timeout (``INFERQ_REDIS_TIMEOUT_S``) and by a wall-clock
 ``asyncio.timeout`` of that plus one second around the whole call (retries included), so a frozen or unreachable
@@ -33,6 +33,7 @@ from .clients import QueueProvider
 from .edge import Edge
 from .errors import ApiError
 from .models import (
+    ALLOW_PRIVATE,
     JOB_CREATE_EXAMPLE,
     ErrorEnvelope,
     Health,
@@ -177,9 +178,9 @@ def _job_id(job_id: str) -> str:
     return job_id
 
 
-def _parse_job_request(raw: bytes) -> JobCreate:
+def _parse_job_request(raw: bytes, allow_private_webhooks: bool) -> JobCreate:
     try:
-        return JobCreate.model_validate_json(raw or b"null")
+        return JobCreate.model_validate_json(raw or b"null", context={ALLOW_PRIVATE: allow_private_webhooks})
     except ValidationError as exc:
         raise RequestValidationError(
             [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_input=False, include_url=False)]
@@ -284,7 +285,7 @@ def _routes(gw: Gateway, router: APIRouter) -> None:
         ] = None,
         traceparent: Annotated[str | None, Header(description="W3C trace context, passed to the worker")] = None,
     ) -> JSONResponse:
-        payload = _parse_job_request(await request.body())
+        payload = _parse_job_request(await request.body(), gw.settings.webhook_allow_private)
         key = payload.idempotency_key
         if idempotency_key is not None:
             if key is not None and key != idempotency_key:

@@ -140,7 +140,7 @@ class KeyRing:
 
 
 def key_store(settings: Settings, keys: KeyStore | Mapping[str, str] | None = None) -> KeyStore:
-    """The key store for ``settings``; with no keys anywhere the gateway refuses to start (DESIGN.md section 7)."""
+    """The key store for ``settings``; with no keys anywhere the gateway refuses to start (docs/configuration.md)."""
     if keys is not None:
         return StaticKeys(keys) if isinstance(keys, Mapping) else keys
     stores: list[KeyStore] = []

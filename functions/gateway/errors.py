@@ -1,4 +1,4 @@
-"""Every error is ``{"error": {"type", "message"}}`` (DESIGN.md section 3): one exception type for the API's own
+"""Every error is ``{"error": {"type", "message"}}`` (docs/api.md): one exception type for the API's own
 refusals, and handlers that turn FastAPI's, Starlette's, the queue's and Redis's exceptions into the envelope.
 
 Redis errors follow the shared fault model (:mod:`inferq.faults`): unreachable, frozen, failing over (TRANSIENT)

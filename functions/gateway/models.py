@@ -8,10 +8,21 @@ route handlers return; handlers build plain dicts, so no response is validated t
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from inferq.jobs import ENDPOINTS
+from inferq.netguard import check_webhook_host
 
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 256
@@ -21,6 +32,9 @@ MAX_TTL_S = 366 * 86400
 
 WEBHOOK_PATTERN = r"^https://[^\s/?#@]+(?:[/?#][^\s]*)?$"
 """https, a host (no userinfo: credentials do not belong in a webhook address), then any path."""
+
+ALLOW_PRIVATE = "webhook_allow_private"
+"""The validation context key (``INFERQ_WEBHOOK_ALLOW_PRIVATE``): when true, internal webhook hosts are accepted."""
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
 assert set(Endpoint.__args__) == set(ENDPOINTS)  # type: ignore[attr-defined]
@@ -134,6 +148,23 @@ class JobCreate(BaseModel):
     def _encodable_str(cls, value: str | None) -> str | None:
         if value is not None:
             _check_utf8(value)
+        return value
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _public_webhook_host(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # the address guard's literal half (inferq.netguard): the sender checks again, after resolving the name
+        if value is None or (info.context or {}).get(ALLOW_PRIVATE):
+            return value
+        try:
+            host = urlsplit(value).hostname
+        except ValueError:  # e.g. an unclosed "[" around an IPv6 host
+            raise PydanticCustomError("webhook_host", "the host is not a valid address") from None
+        problem = check_webhook_host(host) if host else "the URL has no host"
+        if problem:
+            # a custom error: its message reaches the client as it is, without pydantic's "Value error, "
+            raise PydanticCustomError("webhook_host", "webhooks go to public addresses only: {problem}",
+                                      {"problem": problem})
         return value
 
 

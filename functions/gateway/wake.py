@@ -1,4 +1,4 @@
-"""Wake on enqueue (DESIGN.md section 6): when the fleet is at zero, a submit starts the scaler at once instead of
+"""Wake on enqueue (docs/architecture.md): when the fleet is at zero, a submit starts the scaler at once instead of
 letting the first job wait for the next scheduled tick.
 
 Cost on the hot path: none while the fleet is up. Each process keeps the scaler's last ``desired`` count, read at

@@ -21,7 +21,7 @@ class BackendError(Exception):
         self.body = body
 
     def to_error(self, type_: str) -> dict[str, Any]:
-        """The job's ``error`` object, exactly ``{"type", "message"}`` (DESIGN.md section 3). The model server's
+        """The job's ``error`` object, exactly ``{"type", "message"}`` (docs/api.md). The model server's
         status and its own error message go into the message text, so a client sees why without parsing more."""
         message = self.message
         detail = _server_message(self.body)

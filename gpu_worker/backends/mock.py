@@ -1,4 +1,4 @@
-"""The mock backend (DESIGN.md section 5, contract): a deterministic echo with failure controls, for tests,
+"""The mock backend (a contract: docs/api.md): a deterministic echo with failure controls, for tests,
 benchmarks and the emulator. Every call is counted in ``inferq:{Q}:mock:calls`` (job id -> calls) before it
 does anything else, so tests can prove how many times the model was really called: once per call whatever the
 Redis faults (the count is resent with its call's token until written; ``mock_count.lua`` counts a token once)."""

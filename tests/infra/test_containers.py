@@ -1,5 +1,5 @@
 """The container side: gpu_worker/Dockerfile passes hadolint and copies only what exists; emulator/compose.yaml
-(which Docker, absent here, would run) wires the roles of `inferq up` the way DESIGN.md section 7 describes."""
+(which Docker, absent here, would run) wires the roles of `inferq up` the way docs/architecture.md describes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ruff and mypy clean, as STYLE.md asks: checked in the suite so CI holds the line."""
+"""ruff and mypy clean, as docs/development.md asks: checked in the suite so CI holds the line."""
 
 from __future__ import annotations
 

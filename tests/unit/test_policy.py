@@ -1,4 +1,4 @@
-"""The scaling policy's guarantees (DESIGN.md section 6), as properties over any policy, demand and memory."""
+"""The scaling policy's guarantees (docs/operations.md), as properties over any policy, demand and memory."""
 
 from __future__ import annotations
 

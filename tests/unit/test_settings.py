@@ -1,4 +1,4 @@
-"""Settings: the contract names and defaults of DESIGN.md section 8, and a clear stop on any bad value."""
+"""Settings: the contract names and defaults of docs/configuration.md, and a clear stop on any bad value."""
 
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ async def test_same_idempotency_key_and_request_replays_the_same_job(q: Queue) -
     assert replayed and again.id == first.id
     assert len(await live_entries(q, first.id)) == 1
     [idem_key] = await q.redis.keys(q.keys.prefix + "idem:t:*")
-    assert await q.redis.get(idem_key) == first.id  # the key holds the job id (DESIGN.md section 4)
+    assert await q.redis.get(idem_key) == first.id  # the key holds the job id (docs/data-model.md)
 
 
 async def test_same_idempotency_key_with_another_request_is_a_conflict(q: Queue) -> None:

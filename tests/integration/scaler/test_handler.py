@@ -470,8 +470,10 @@ def receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
 
 async def test_webhooks_of_jobs_ended_at_zero_are_delivered_by_the_tick(
-    queue: Queue, ecs: Any, updates: list[int], receiver: tuple[str, list[dict[str, Any]]]
+    queue: Queue, ecs: Any, updates: list[int], receiver: tuple[str, list[dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("INFERQ_WEBHOOK_ALLOW_PRIVATE", "true")  # the receiver is on loopback
     url, received = receiver
     [job_id] = await enqueue(queue, 1, webhook_url=url)
     await queue.cancel("tenant-a", job_id)  # the gateway cancels it; no worker is up to send the webhook

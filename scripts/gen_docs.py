@@ -1,0 +1,299 @@
+"""Writes the parts of ``docs/`` that the code defines, so they cannot drift from it:
+
+- ``docs/openapi.json``: the OpenAPI document of the gateway app (``functions.gateway.api.create_app``), exactly
+  what ``GET /openapi.json`` serves;
+- ``docs/configuration.md``: every ``INFERQ_*`` variable, from the fields of ``inferq.settings.Settings`` (name,
+  default, what the parser accepts) and the one-line meanings in :data:`SETTING_DOCS` below.
+
+    .venv/bin/python scripts/gen_docs.py            # rewrite both files
+    .venv/bin/python scripts/gen_docs.py --check    # exit 1 when either is stale (tests/unit/test_docs.py)
+
+A new field of ``Settings`` needs a meaning: in :data:`SETTING_DOCS`, or as ``doc`` in the field's metadata
+(which wins). Without one the generator stops and names the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+OPENAPI_PATH = DOCS / "openapi.json"
+CONFIGURATION_PATH = DOCS / "configuration.md"
+COMMAND = ".venv/bin/python scripts/gen_docs.py"
+
+SETTING_DOCS: dict[str, str] = {
+    # Redis
+    "redis_url": "The Redis/Valkey server. `rediss://` for TLS; `?cluster=true` selects cluster mode (ElastiCache "
+    "Serverless). Carries no credentials in AWS: see `INFERQ_REDIS_AUTH_SECRET`.",
+    "redis_timeout_s": "Socket timeout of every Redis call, in seconds. The gateway also bounds each call by this "
+    "plus 1 s of wall clock, so a frozen server is a prompt 503, never a hang (G8).",
+    "redis_auth_secret": "Secrets Manager id of the cache's AUTH token (JSON `{\"username\", \"token\"}` or a bare "
+    "string), read when the process first connects.",
+    "redis_max_connections": "Connection pool size per process. Every long-poll waiter (`GET /v1/jobs/{id}?wait=`) "
+    "holds one connection while it waits.",
+    "redis_wait_replicas": "After a write that answers a client (a 202, a terminal state), `WAIT` for this many "
+    "replicas to acknowledge it, so a primary failover cannot lose it. 0: do not wait.",
+    "queue": "The queue's name: the `{Q}` hash tag of every Redis key (`inferq:{Q}:...`).",
+    # API keys
+    "api_keys": "Development API keys, in plain text. Production keys live in Secrets Manager "
+    "(`INFERQ_API_KEYS_SECRET`). The gateway refuses to start with neither; `inferq up` creates a development key.",
+    "api_keys_secret": "Secrets Manager id of the API keys: JSON `{\"<sha256 hex of key>\": \"<tenant>\"}`.",
+    "api_keys_cache_s": "How long the gateway caches what it read from `INFERQ_API_KEYS_SECRET`: a key added or "
+    "revoked there takes effect within this time.",
+    # jobs and the protocol
+    "claim_idle_ms": "A delivered entry idle (lease not renewed) this long is reclaimed by another worker: the time "
+    "it takes to notice a dead worker (G4).",
+    "max_attempts": "Attempts per job (the first included) before a retryable failure fails it and dead-letters it.",
+    "max_deliveries": "Deliveries that never finished (the worker died mid-job) before the job is failed and "
+    "dead-lettered: a job that crashes its worker cannot crash the fleet for ever.",
+    "job_timeout_s": "Default processing time of one attempt (a job's `timeout_s` overrides it); past it the worker "
+    "abandons the attempt and retries.",
+    "max_queue_depth": "Unfinished jobs (queued, delayed or running) past which submits get 429 with `Retry-After` "
+    "(G6). 0: no limit.",
+    "tenant_max_depth": "Unfinished jobs of one tenant past which that tenant's submits get 429, beside the global "
+    "`INFERQ_MAX_QUEUE_DEPTH`. 0: no per-tenant limit.",
+    "max_body_bytes": "Largest request body the gateway reads; above it 413, before any parsing.",
+    "result_ttl_s": "How long a terminal job's record (its result) is kept; also how long an idempotency key is "
+    "kept from the submit, and how far back the dead-letter stream reaches.",
+    "inline_max_bytes": "Largest request or result kept inline in the job record; larger payloads go to S3 "
+    "(`INFERQ_FILES_BUCKET`) by claim check.",
+    "events_maxlen": "Approximate length cap of the terminal-events stream `inferq:{Q}:events` (webhook deliveries "
+    "read it).",
+    "retry_base_ms": "Base of the retry backoff: the delay before attempt n+1 is uniform in "
+    "[0, min(`INFERQ_RETRY_MAX_MS`, base * 2^(n-1))] (full jitter). 0: retry at once.",
+    "retry_max_ms": "Cap of the retry backoff.",
+    # worker
+    "window": "Jobs one worker runs at once; it reads only as many entries as it has free slots.",
+    "window_max": "Upper bound of the window when `INFERQ_WINDOW=auto` sizes it from the backend.",
+    "drain_s": "On SIGTERM, how long a worker lets in-flight jobs finish before it releases the rest to the queue.",
+    "backend": "What runs a job: `mock` (deterministic echo with failure controls), `openai` (an OpenAI-compatible "
+    "server such as `vllm serve`), `vllm` (vLLM's engine in-process; GPU images only).",
+    "openai_base_url": "The model server of the `openai` backend.",
+    "openai_api_key": "Bearer token for the model server of the `openai` backend, when it wants one.",
+    "vllm_model": "The model the `vllm` backend loads (required with that backend).",
+    "metrics_port": "Port of the worker's Prometheus metrics. 0: not served.",
+    "worker_id": "The worker's consumer name in the `workers` group (default: host name, process id and a random "
+    "suffix). Must be unique per live worker.",
+    "models": "Path of the model registry (YAML or JSON): one queue per model, selected by `body.model`. Unset: one "
+    "queue.",
+    "files_bucket": "S3 bucket of the Files, Uploads and Batches APIs and of large payloads.",
+    # scaler
+    "scale_min": "Workers the scaler keeps when idle.",
+    "scale_max": "Most workers the scaler asks for.",
+    "scale_target_per_worker": "Jobs (lagging + pending + delayed) one worker should carry: desired = "
+    "ceil(backlog / this). Unset: `INFERQ_WINDOW`.",
+    "scale_down_cooldown_s": "Calm time (demand asking for fewer workers without a break) before the scaler scales "
+    "down; between two scale-downs the count only rises.",
+    "scale_to_zero_after_s": "Idle time (nothing lagging, pending, delayed or in flight) before the last worker "
+    "goes.",
+    "scaler_interval_s": "The emulator's period between scaler calls (`inferq up` sets 2). In AWS the schedule fires "
+    "every minute and one invocation evaluates every 5 s until near its end.",
+    "scaler_function": "The scaler Lambda the gateway invokes asynchronously to wake the fleet from zero (AWS).",
+    "scaler_wake_url": "The URL the gateway POSTs to wake the scaler (the emulator's; `inferq up` sets it).",
+    "ecs_cluster": "The ECS cluster of the GPU service (required by the scaler).",
+    "ecs_service": "The ECS service the scaler sizes (required by the scaler).",
+    # webhooks
+    "webhook_secret": "Key of the webhook signatures; unset, webhooks go out unsigned (logged once).",
+    "webhook_max_age_s": "How long after the terminal state a failing webhook delivery is retried before it is "
+    "given up.",
+    "webhook_allow_private": "Allow `webhook_url`s that name loopback, private, link-local, unique-local, multicast "
+    "or unspecified addresses or `localhost` (refused with 422 otherwise). For development: `inferq up` sets it.",
+    # logs
+    "log_level": "Log level of every process.",
+    "log_payloads": "Log request and response bodies at DEBUG in the worker. Off: prompts and outputs are never "
+    "logged.",
+}
+"""Meaning of every setting, by field name. Also holds the names DESIGN's configuration contract adds that
+``Settings`` does not have yet (:data:`PLANNED`): once such a field is added, its row appears in the table."""
+
+PLANNED = (
+    "tenant_max_depth",
+    "redis_wait_replicas",
+    "webhook_allow_private",
+    "inline_max_bytes",
+    "files_bucket",
+    "models",
+    "window_max",
+)
+"""Contract names with no ``Settings`` field yet: listed as not yet implemented until the field exists."""
+
+OTHER_VARIABLES: dict[str, str] = {
+    "INFERQ_URL": "`inferq submit` and `inferq status`: the gateway's base URL (default: what `inferq up` left in "
+    "`--data-dir`, else `http://127.0.0.1:8080`).",
+    "INFERQ_API_KEY": "`inferq submit` and `inferq status`: the API key (default: the development key `inferq up` "
+    "left in `--data-dir`).",
+    "INFERQ_MOCK_WORKERS": "`emulator/compose.yaml`: how many mock-backend worker containers to run (default 2).",
+    "INFERQ_EXTRAS": "Build argument of `gpu_worker/Dockerfile`: the package extras installed (default `worker`).",
+}
+"""``INFERQ_*`` names read by something other than ``Settings``."""
+
+
+def _accepts(parse: Callable[..., Any]) -> str:
+    """What a field's parser accepts, in words (its bounds read from the closure of ``_int``/``_float``)."""
+    qualname = getattr(parse, "__qualname__", "")
+    code, closure = getattr(parse, "__code__", None), getattr(parse, "__closure__", None) or ()
+    free = dict(zip(code.co_freevars, [c.cell_contents for c in closure], strict=True)) if code else {}
+    if qualname.startswith("_int."):
+        lo, hi = free.get("lo"), free.get("hi")
+        if lo is not None and hi is not None:
+            return f"integer {lo} to {hi}"
+        return f"integer ≥ {lo}" if lo is not None else (f"integer ≤ {hi}" if hi is not None else "integer")
+    if qualname.startswith("_float."):
+        lo = free.get("lo")
+        return f"number ≥ {lo:g}" if lo is not None else "number"
+    named = {
+        "_bool": "`true` or `false` (also 1/0, yes/no, on/off)",
+        "_str": "text",
+        "_optional_str": "text (empty: unset)",
+        "_queue": "1 to 128 characters, no braces or whitespace",
+        "_redis_url": "`redis://`, `rediss://` or `unix://` URL with a host",
+        "_http_url": "`http://` or `https://` URL",
+        "_api_keys": "`tenant:key,tenant:key`",
+        "_backend": "`mock`, `openai`, `vllm`",
+        "_log_level": "`DEBUG`, `INFO`, `WARNING`, `ERROR`, `CRITICAL`",
+    }
+    if qualname in named:
+        return named[qualname]
+    doc = (parse.__doc__ or "").strip().splitlines()
+    if doc:
+        return doc[0].rstrip(".")
+    raise ValueError(f"parser {qualname!r} of inferq/settings.py: give it a docstring (its first line is shown in "
+                     f"docs/configuration.md) or add it to _accepts in scripts/gen_docs.py")
+
+
+def _default(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, float):
+        return f"`{value:g}`"
+    return f"`{value}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def missing_docs() -> list[str]:
+    """Fields of ``Settings`` without a meaning."""
+    from inferq.settings import Settings
+
+    return [f.name for f in dataclasses.fields(Settings) if not (f.metadata.get("doc") or SETTING_DOCS.get(f.name))]
+
+
+def unknown_docs() -> list[str]:
+    """Meanings in :data:`SETTING_DOCS` for names that are neither a ``Settings`` field nor :data:`PLANNED`."""
+    from inferq.settings import Settings
+
+    names = {f.name for f in dataclasses.fields(Settings)} | set(PLANNED)
+    return sorted(set(SETTING_DOCS) - names)
+
+
+def configuration_md() -> str:
+    from inferq.settings import Settings
+
+    missing = missing_docs()
+    if missing:
+        raise ValueError(
+            "no meaning for setting(s) " + ", ".join(Settings.variable(n) for n in missing)
+            + ": add a line to SETTING_DOCS in scripts/gen_docs.py (or doc= metadata on the field), then run "
+            + COMMAND
+        )
+    fields = dataclasses.fields(Settings)
+    rows = []
+    for f in fields:
+        meaning = f.metadata.get("doc") or SETTING_DOCS[f.name]
+        default = f.default if f.default is not dataclasses.MISSING else None
+        rows.append(
+            f"| `{Settings.variable(f.name)}` | {_cell(_default(default))} | {_cell(_accepts(f.metadata['parse']))} "
+            f"| {_cell(meaning)} |"
+        )
+    present = {f.name for f in fields}
+    planned = [
+        f"- `{Settings.variable(name)}`: {SETTING_DOCS[name]}" for name in PLANNED if name not in present
+    ]
+    others = [f"- `{name}`: {text}" for name, text in OTHER_VARIABLES.items()]
+    parts = [
+        "<!-- Generated by scripts/gen_docs.py from inferq/settings.py: edit those, then run "
+        f"`{COMMAND}`. -->",
+        "# Configuration",
+        "",
+        "Every process (gateway, scaler, worker, `inferq up`) reads one settings object, `inferq.settings.Settings`, "
+        "from the environment once at start: field `x` is the variable `INFERQ_X`. A value the parser does not "
+        "accept stops the process at start with a one-line message naming the variable (exit status 2; a Lambda "
+        "fails its init). Checks across variables (for example `INFERQ_SCALE_MIN` ≤ `INFERQ_SCALE_MAX`) are in "
+        "`Settings.__post_init__` and name their variable too. Which process reads which variable in AWS, and from "
+        "where, is in [DEPLOY.md](../DEPLOY.md), section *Secrets, and what the functions read*.",
+        "",
+        "| variable | default | accepts | meaning |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+    ]
+    if planned:
+        parts += [
+            "## Named by the design, not yet implemented",
+            "",
+            "These names are reserved for features that are not built yet; setting them has no effect today.",
+            "",
+            *planned,
+        ]
+        if "window_max" not in present:
+            parts.append("- `INFERQ_WINDOW=auto` (a window sized from the backend): today `INFERQ_WINDOW` takes "
+                         "only an integer.")
+        parts.append("")
+    parts += [
+        "## Other variables",
+        "",
+        "Read by a tool rather than by `Settings`:",
+        "",
+        *others,
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def openapi_json() -> str:
+    from functions.gateway.api import create_app
+    from inferq.settings import Settings
+
+    # Defaults, not the environment: the document must not depend on who generates it. A key is given because a
+    # gateway without keys refuses to start; no client is opened.
+    app = create_app(Settings(), keys={"docs-generator": "docs"})
+    return json.dumps(app.openapi(), indent=2, ensure_ascii=False) + "\n"
+
+
+GENERATED: dict[Path, Callable[[], str]] = {OPENAPI_PATH: openapi_json, CONFIGURATION_PATH: configuration_md}
+
+
+def stale() -> list[Path]:
+    """Generated files whose content differs from what the code generates now."""
+    return [path for path, make in GENERATED.items() if not path.exists() or path.read_text() != make()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    parser.add_argument("--check", action="store_true", help="exit 1 when a generated file is stale; write nothing")
+    args = parser.parse_args(argv)
+    if args.check:
+        old = stale()
+        for path in old:
+            print(f"{path.relative_to(ROOT)} is stale: run {COMMAND}", file=sys.stderr)
+        return 1 if old else 0
+    DOCS.mkdir(exist_ok=True)
+    for path, make in GENERATED.items():
+        path.write_text(make())
+        print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""POST /v1/jobs refuses webhook URLs that point inside the deployment (422, ``invalid_request``), in any
+spelling, unless ``INFERQ_WEBHOOK_ALLOW_PRIVATE`` is true; public hosts pass."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from inferq.queue import Queue
+
+from .conftest import AppFactory
+from .support import CHAT, A
+from .test_submit import assert_envelope
+
+INTERNAL = [
+    "https://localhost/hook", "https://LocalHost:8443/hook", "https://api.localhost/", "https://localhost./",
+    "https://127.0.0.1/", "https://127.1/", "https://2130706433/", "https://0x7f.1/", "https://0177.0.0.1/",
+    "https://10.0.3.7/", "https://172.16.5.4/", "https://192.168.0.10/", "https://100.64.1.1/",
+    "https://169.254.169.254/latest/meta-data/", "https://0.0.0.0/", "https://224.0.0.1/", "https://240.0.0.1/",
+    "https://[::1]/", "https://[::]/", "https://[fe80::1]/", "https://[fd00:ec2::254]/", "https://[ff02::1]/",
+    "https://[::ffff:127.0.0.1]/", "https://[::ffff:a9fe:a9fe]/", "https://%31%32%37.0.0.1/",
+    "https://999.1.1.1/",
+]
+PUBLIC = ["https://hooks.example.com/done?token=x", "https://8.8.8.8/hook", "https://[2606:4700::1111]/",
+          "https://localhost.example.com/", "https://10.example.com/"]
+
+
+@pytest.mark.parametrize("url", INTERNAL)
+async def test_an_internal_webhook_host_is_422_with_a_clear_message(
+    client: httpx.AsyncClient, queue: Queue, url: str
+) -> None:
+    response = await client.post("/v1/jobs", json={**CHAT, "webhook_url": url}, headers=A)
+    error = assert_envelope(response, 422, "invalid_request")["error"]
+    assert error["message"].startswith("body.webhook_url: ") and "public addresses only" in error["message"]
+    assert await queue.redis.xlen(queue.keys.stream) == 0
+
+
+@pytest.mark.parametrize("url", PUBLIC)
+async def test_a_public_webhook_host_is_accepted(client: httpx.AsyncClient, url: str) -> None:
+    response = await client.post("/v1/jobs", json={**CHAT, "webhook_url": url}, headers=A)
+    assert response.status_code == 202, response.text
+
+
+async def test_allow_private_accepts_internal_hosts_but_still_only_https(
+    make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient]
+) -> None:
+    client = open_client(make_app(webhook_allow_private=True))
+    for url in ("https://localhost:9000/hook", "https://10.0.3.7/", "https://[::1]:8443/"):
+        response = await client.post("/v1/jobs", json={**CHAT, "webhook_url": url}, headers=A)
+        assert response.status_code == 202, response.text
+    response = await client.post("/v1/jobs", json={**CHAT, "webhook_url": "http://localhost:9000/"}, headers=A)
+    assert_envelope(response, 422, "invalid_request")

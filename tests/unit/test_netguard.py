@@ -1,0 +1,86 @@
+"""The webhook address guard's table: every internal address in every spelling is refused, public ones pass."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from inferq import netguard
+from inferq.netguard import BlockedAddress, blocked_reason, check_webhook_host, parse_ipv4, resolve_checked
+
+INTERNAL = [
+    ("127.0.0.1", "loopback"), ("127.255.255.254", "loopback"), ("10.0.3.7", "private"),
+    ("172.16.0.1", "private"), ("172.31.255.255", "private"), ("192.168.1.1", "private"),
+    ("100.64.0.1", "private (carrier-grade NAT)"), ("169.254.169.254", "link-local"), ("0.0.0.0", "unspecified"),
+    ("224.0.0.1", "multicast"), ("239.255.255.250", "multicast"), ("240.0.0.1", "reserved"),
+    ("255.255.255.255", "reserved"), ("192.0.2.1", "reserved (documentation)"),
+    ("::1", "loopback"), ("::", "unspecified"), ("fe80::1", "link-local"), ("fc00::1", "unique-local"),
+    ("fd12:3456::1", "unique-local"), ("ff02::1", "multicast"), ("::ffff:127.0.0.1", "loopback"),
+    ("::ffff:169.254.169.254", "link-local"), ("::ffff:10.1.2.3", "private"), ("64:ff9b::a00:1", "private"),
+    ("2002:7f00:1::", "loopback"), ("::127.0.0.1", "reserved"), ("2001:db8::1", "reserved (documentation)"),
+    ("2001::1", "reserved (IETF protocol assignments)"),
+]
+PUBLIC = ["8.8.8.8", "1.1.1.1", "172.32.0.1", "100.128.0.1", "2606:4700:4700::1111", "::ffff:8.8.8.8",
+          "64:ff9b::808:808", "2a00:1450:4001::200e"]
+
+
+@pytest.mark.parametrize(("address", "reason"), INTERNAL, ids=[a for a, _ in INTERNAL])
+def test_internal_addresses_are_refused_with_their_kind(address: str, reason: str) -> None:
+    assert blocked_reason(ipaddress.ip_address(address)) == reason
+
+
+@pytest.mark.parametrize("address", PUBLIC)
+def test_public_unicast_addresses_pass(address: str) -> None:
+    assert blocked_reason(ipaddress.ip_address(address)) is None
+
+
+@pytest.mark.parametrize(
+    ("spelling", "address"),
+    [("127.1", "127.0.0.1"), ("2130706433", "127.0.0.1"), ("0x7f.1", "127.0.0.1"), ("0177.0.0.1", "127.0.0.1"),
+     ("0x7f000001", "127.0.0.1"), ("127.0.0.1.", "127.0.0.1"), ("10.1", "10.0.0.1"), ("192.168.257", "192.168.1.1"),
+     ("0", "0.0.0.0"), ("8.8.8.8", "8.8.8.8")],
+)
+def test_every_ipv4_spelling_a_resolver_accepts_is_read_as_that_address(spelling: str, address: str) -> None:
+    assert parse_ipv4(spelling) == ipaddress.IPv4Address(address)
+
+
+@pytest.mark.parametrize("host", ["example.com", "1.2.3.4.5", "256.1.1.1", "0x1g", "1e3", "-1", "", "a.b"])
+def test_names_and_impossible_numbers_are_not_ipv4(host: str) -> None:
+    assert parse_ipv4(host) is None
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["localhost", "LOCALHOST", "localhost.", "api.localhost", "127.0.0.1", "127.1", "2130706433", "0x7f.1",
+     "[::1]", "::ffff:127.0.0.1", "[::ffff:7f00:1]", "169.254.169.254", "%31%32%37.0.0.1", "\uff11\uff12\uff17.0.0.1",
+     "fe80::1%25eth0", "10.0.0.1", "[fd00::1]", "0.0.0.0", "999.1.1.1"],
+)
+def test_internal_hosts_are_refused_at_submit(host: str) -> None:
+    assert check_webhook_host(host) is not None
+
+
+@pytest.mark.parametrize("host", ["hooks.example.com", "8.8.8.8", "[2606:4700::1111]", "xn--bcher-kva.example",
+                                  "localhost.example.com", "my-localhost.com", "10.example.com"])
+def test_public_hosts_pass_at_submit(host: str) -> None:
+    assert check_webhook_host(host) is None
+
+
+async def test_a_name_resolving_inward_is_refused_even_with_public_addresses_beside(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def resolve(host: str, port: int) -> list[str]:
+        return ["93.184.215.14", "10.0.0.5"]
+
+    monkeypatch.setattr(netguard, "resolve", resolve)
+    with pytest.raises(BlockedAddress) as refused:
+        await resolve_checked("hooks.example.com", 443, allow_private=False)
+    assert (refused.value.address, refused.value.reason) == ("10.0.0.5", "private")
+    assert "hooks.example.com" in str(refused.value)
+    assert await resolve_checked("hooks.example.com", 443, allow_private=True) == ["93.184.215.14", "10.0.0.5"]
+
+
+async def test_the_real_resolver_answers_for_an_address_literal() -> None:
+    assert await netguard.resolve("127.0.0.1", 80) == ["127.0.0.1"]
+    with pytest.raises(BlockedAddress):
+        await resolve_checked("127.0.0.1", 80, allow_private=False)
