@@ -1,5 +1,5 @@
 --[[
-  Count one call of the mock backend, once per call token (test instrumentation, DESIGN.md section 5).
+  Count one call of the mock backend, once per call token (test instrumentation; the mock is described in docs/api.md).
 
   KEYS[1]  inferq:{Q}:mock:calls   hash: job id -> calls
   KEYS[2]  inferq:{Q}:mock:calls:<token>   string: this call was counted (expires after an hour)
