@@ -5,6 +5,7 @@ redis-py's own parser for the rest (LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -13,9 +14,11 @@ import pytest
 from redis import exceptions as redis_errors
 from redis._parsers.base import BaseParser
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from emulator.valkey import ValkeyProcess, free_port
-from inferq.faults import Backoff, Fault, classify, drop_stale_connections, error_code, is_recoverable
+from inferq.faults import Backoff, Fault, FaultRun, classify, drop_stale_connections, error_code, is_recoverable
 
 
 @pytest.fixture
@@ -100,11 +103,12 @@ async def test_a_blocked_read_of_a_primary_turned_replica_is_unblocked_transient
 
 
 async def test_a_refused_connection_and_a_timeout_are_transient(server: ValkeyProcess) -> None:
-    gone = Redis(port=free_port(), socket_connect_timeout=1)
+    no_retry = Retry(NoBackoff(), 0)  # redis-py's default retries three times with backoff: see the first error
+    gone = Redis(port=free_port(), socket_connect_timeout=1, retry=no_retry)
     refused = await raised(gone.ping())
     assert isinstance(refused, redis_errors.ConnectionError) and classify(refused) is Fault.TRANSIENT
     await gone.aclose()
-    slow = Redis(host=server.host, port=server.port, socket_timeout=0.2)
+    slow = Redis(host=server.host, port=server.port, socket_timeout=0.2, retry=no_retry)
     server.freeze()
     try:
         timed_out = await raised(slow.ping())
@@ -172,3 +176,23 @@ def test_backoff_is_capped_exponential_with_full_jitter() -> None:
     assert backoff.failures == 200
     backoff.reset()
     assert backoff.failures == 0 and backoff.next() <= 0.2
+
+
+async def test_a_fault_run_counts_each_fault_logs_the_first_and_lets_a_bug_through(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[Fault] = []
+    run = FaultRun("renewal failed", logging.getLogger("test.faults"), on_fault=seen.append, base_s=0.01, cap_s=0.02)
+    with caplog.at_level(logging.INFO, logger="test.faults"):
+        for exc in (redis_errors.ReadOnlyError("READONLY"), redis_errors.OutOfMemoryError("OOM"), TimeoutError()):
+            assert 0.0 <= await run.absorb(exc) <= 0.02
+        run.succeeded()
+        await run.absorb(redis_errors.BusyLoadingError("LOADING"))
+    assert seen == [Fault.TRANSIENT, Fault.CAPACITY, Fault.TRANSIENT, Fault.TRANSIENT]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and all("retrying with backoff" in w for w in warnings)  # the first of each run
+    assert any("answers again after 3 failures" in r.getMessage() for r in caplog.records)
+    bug = redis_errors.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
+    with pytest.raises(redis_errors.ResponseError, match="WRONGTYPE"):
+        await run.absorb(bug)
+    assert len(seen) == 4  # a bug is not counted as a Redis fault
