@@ -96,7 +96,8 @@ def _dig(summary: dict[str, Any], path: str) -> Any:
 
 AGGREGATED = ("jobs_per_s", "jobs_per_s_to_last_finish", "submit_per_s", "queue_to_done_ms.p50",
               "queue_to_done_ms.p95", "queue_to_done_ms.p99", "queue_to_done_ms.max", "server_queue_wait_ms.p50",
-              "server_queue_wait_ms.p95", "server_run_ms.p50", "server_run_ms.p95", "elapsed_s")
+              "server_queue_wait_ms.p95", "server_run_ms.p50", "server_run_ms.p95", "elapsed_s",
+              "cpu_ms_per_job_system", "valkey_usec_per_job")
 
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -151,7 +152,11 @@ def rows(report: dict[str, Any]) -> list[dict[str, str]]:
                             f"{fmt_spread(agg.get('queue_to_done_ms.p99'), 1)} ms")
         cpu = cpu_per_job(scenario.get("runs", []))
         if cpu:
-            figures += "\nCPU ms/job: " + ", ".join(f"{role} {ms:.2f}" for role, ms in cpu.items())
+            figures += (f"\nCPU ms/job: gateway+workers+Valkey {fmt_spread(agg.get('cpu_ms_per_job_system'), 2)} = "
+                        + ", ".join(f"{role} {ms:.2f}" for role, ms in cpu.items()))
+        valkey = valkey_line(scenario)
+        if valkey:
+            figures += "\n" + valkey
         target = scenario.get("target") or {}
         out.append({"what": label, "setup": setup, "figures": figures,
                     "errors": str(errors) if not scenario.get("exception") else "EXC",
@@ -164,6 +169,22 @@ def rows(report: dict[str, Any]) -> list[dict[str, str]]:
     for row in report.get("extra_rows", []):
         out.append({"errors": "0", "target": "", "verdict": "", **row})
     return out
+
+
+def valkey_line(scenario: dict[str, Any], top: int = 5) -> str:
+    """``Valkey 207 (190-215) µs/job: evalsha 137 (3), ...; scripts finish 60, ...``: the total's median and spread
+    over the runs, then the commands and scripts over all runs."""
+    section = scenario.get("valkey")
+    if not section or section.get("total_usec_per_job") is None:
+        return ""
+    from .valkeystats import fmt_line
+
+    line = fmt_line(section, top)
+    spread_ = (scenario.get("aggregate") or {}).get("valkey_usec_per_job")
+    if spread_ and spread_.get("n", 0) > 1:
+        rest = line.partition(" µs/job")[2]
+        line = f"Valkey {fmt_spread(spread_)} µs/job" + rest
+    return line
 
 
 def cpu_per_job(runs: list[dict[str, Any]]) -> dict[str, float]:

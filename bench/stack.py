@@ -60,9 +60,12 @@ def _stop(process: subprocess.Popen[bytes] | None, timeout: float = 30.0) -> Non
 
 class Stack:
     def __init__(self, *, workers: int, window: int, mode: str = "emulator", env: dict[str, str] | None = None,
-                 log_dir: Path | None = None, name: str = "stack") -> None:
+                 log_dir: Path | None = None, name: str = "stack", gateways: int = 1) -> None:
         if mode not in ("emulator", "direct"):
             raise ValueError(f"unknown stack mode {mode!r}")
+        if gateways != 1 and mode != "direct":
+            raise ValueError("several gateway processes (uvicorn --workers) need the direct stack")
+        self.gateways = gateways
         self.workers = workers
         self.window = window
         self.mode = mode
@@ -97,7 +100,7 @@ class Stack:
         return env
 
     def describe(self) -> dict[str, Any]:
-        return {"mode": self.mode, "workers": self.workers, "window": self.window,
+        return {"mode": self.mode, "workers": self.workers, "window": self.window, "gateways": self.gateways,
                 "env": {k: v for k, v in self.env().items()
                         if k.startswith(("INFERQ_", "UVICORN_")) and k != "INFERQ_API_KEYS"},
                 "started_in_s": self.started_in_s}
@@ -155,7 +158,8 @@ class Stack:
                                     log_file=self.log_dir / f"{self.name}-valkey.log").start()
         env = {**self.env(), "INFERQ_REDIS_URL": self.redis_url, "INFERQ_METRICS_PORT": "0"}
         self._popen([sys.executable, "-m", "uvicorn", "functions.gateway.app:app", "--host", "127.0.0.1",
-                     "--port", str(self.port), "--no-server-header", "--no-access-log"], env)
+                     "--port", str(self.port), "--no-server-header", "--no-access-log",
+                     *(["--workers", str(self.gateways)] if self.gateways > 1 else [])], env)
         for i in range(self.workers):
             self._popen([sys.executable, "-m", "gpu_worker"], {**env, "INFERQ_WORKER_ID": f"bench-{i}"})
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -217,8 +221,9 @@ class Stack:
         """CPU seconds (user + system) used so far by each role's processes: the gateway, the workers, Valkey and
         the rest of the emulator (supervisor with moto and the ECS agent, scaler)."""
         totals: dict[str, float] = {}
-        if self.mode == "direct":
+        if self.mode == "direct":  # with their children: uvicorn --workers N forks N gateway processes
             members = [(p.pid, self.argv[p.pid]) for p in self.processes]
+            members += [(pid, self.argv[p.pid]) for p in self.processes for pid, _ in _children(p.pid)]
             if self.valkey is not None and self.valkey.process is not None:
                 members.append((self.valkey.process.pid, "valkey-server"))
         else:

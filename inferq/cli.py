@@ -1,31 +1,39 @@
-"""The ``inferq`` command: ``up`` (the emulator), ``submit`` and ``status`` (HTTP clients of a running gateway).
+"""The ``inferq`` command: ``up`` (the emulator) and the HTTP commands, built on :mod:`inferq.client`.
 
 Imports stay inside the commands: ``inferq up`` must not pay for httpx or rich, and the clients not for the
-emulator. ``submit`` and ``status`` find the gateway and the key the way a person would expect after ``make up``:
+emulator. The HTTP commands find the gateway and the key the way a person would expect after ``make up``:
 ``--url``/``--api-key``, else ``INFERQ_URL``/``INFERQ_API_KEY``, else what ``inferq up`` left in ``--data-dir``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-USAGE = """usage: inferq {up,submit,status} [options]
+if TYPE_CHECKING:
+    from .client import Client, Job
+
+USAGE = """usage: inferq {up,submit,wait,status,cancel,dlq,redrive} [options]
 
   up       run the whole stack on this machine (gateway, Valkey, scaler, workers)
-  submit   submit a job: inferq submit "text" [--wait]
-  status   live view of the queue and the fleet: lag, pending, desired, workers, recent jobs
+  submit   submit a job: inferq submit "text" [--wait], or many: inferq submit --file jobs.jsonl
+  wait     wait for jobs to end and print them: inferq wait ID...
+  status   live view of the queue and the fleet; with job ids, print those jobs
+  cancel   cancel jobs: inferq cancel ID...
+  dlq      list your dead-lettered jobs, newest first
+  redrive  queue dead-lettered jobs again: inferq redrive ID...
 
 inferq COMMAND --help for a command's options"""
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 RECENT_FILE = "recent-jobs"
 RECENT_KEEP = 50
-TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
 
 
 class CliError(Exception):
@@ -42,12 +50,23 @@ def main(argv: list[str] | None = None) -> int:
         from emulator.up import main as up
 
         return up(rest)
-    commands = {"submit": submit, "status": status}
+    commands: dict[str, Callable[[list[str]], int]] = {
+        "submit": submit, "wait": wait, "status": status, "cancel": cancel, "dlq": dlq, "redrive": redrive,
+    }
     if command not in commands:
         print(f"inferq: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
+    from .client import GatewayUnreachable, InferqError
+
     try:
         return commands[command](rest)
+    except GatewayUnreachable as exc:
+        print(f"inferq {command}: cannot reach the gateway ({exc.message}); is `inferq up` running?",
+              file=sys.stderr)
+        return 1
+    except InferqError as exc:
+        print(f"inferq {command}: the gateway answered {exc.status} ({exc.type}: {exc.message})", file=sys.stderr)
+        return 1
     except CliError as exc:
         print(f"inferq {command}: {exc}", file=sys.stderr)
         return 1
@@ -55,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-# ---------------------------------------------------------------------- shared client plumbing
+# ---------------------------------------------------------------------- shared plumbing
 
 
 def _client_args(parser: argparse.ArgumentParser) -> None:
@@ -84,60 +103,54 @@ def _api_key(args: argparse.Namespace) -> str:
     return key
 
 
-def _client(args: argparse.Namespace, timeout: float = 10.0) -> Any:
-    import httpx
+def _client(args: argparse.Namespace, timeout: float = 30.0) -> Client:
+    from .client import Client
 
-    return httpx.Client(
-        base_url=_base_url(args), headers={"Authorization": f"Bearer {_api_key(args)}"}, timeout=timeout
-    )
+    return Client(_base_url(args), _api_key(args), timeout=timeout)
 
 
-def _call(client: Any, method: str, path: str, **kwargs: Any) -> Any:
-    """One request; a transport failure or an error envelope becomes a CliError naming the gateway's words."""
-    import httpx
-
-    try:
-        response = client.request(method, path, **kwargs)
-    except httpx.HTTPError as exc:
-        raise CliError(f"cannot reach the gateway at {client.base_url}: {exc} (is `inferq up` running?)") from None
-    if response.status_code >= 400:
-        try:
-            error = response.json()["error"]
-            detail = f"{error['type']}: {error['message']}"
-        except (ValueError, KeyError, TypeError):
-            detail = response.text[:200]
-        raise CliError(f"{method} {path} answered {response.status_code} ({detail})")
-    return response.json()
-
-
-def _remember(data_dir: Path, job_id: str) -> None:
+def _remember(data_dir: Path, job_ids: list[str]) -> None:
     """Keep the ids this client submitted: the API lists no jobs, so ``status`` shows these."""
     path = data_dir / RECENT_FILE
     try:
         known = path.read_text().split() if path.exists() else []
-        known = [*[j for j in known if j != job_id][-(RECENT_KEEP - 1):], job_id]
+        fresh = set(job_ids)
+        known = [*[j for j in known if j not in fresh], *job_ids][-RECENT_KEEP:]
         data_dir.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(known) + "\n")
     except OSError:
         pass
 
 
-def _answer_text(job: dict[str, Any]) -> str:
-    body = (job.get("result") or {}).get("body") or {}
-    try:
-        choice = body["choices"][0]
-        return str(choice.get("message", {}).get("content") if "message" in choice else choice.get("text"))
-    except (KeyError, IndexError, TypeError, AttributeError):
-        return ""
+def _print_job(job: Job, as_json: bool, took: float | None = None) -> None:
+    if as_json:
+        print(json.dumps(job.raw, indent=2))
+        return
+    after = f" after {took:.2f}s" if took is not None else ""
+    dead = " (dead-lettered)" if job.dead_lettered else ""
+    print(f"{job.id} {job.status.value}{dead}{after}")
+    if job.text is not None:
+        print(job.text)
+    elif job.error:
+        print(f"{job.error.get('type')}: {job.error.get('message')}")
+
+
+def _exit_code(jobs: list[Job]) -> int:
+    return 0 if jobs and all(job.status.value == "succeeded" for job in jobs) else 1
 
 
 # ---------------------------------------------------------------------- inferq submit
 
 
 def submit(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="inferq submit", description="Submit one chat completion job.")
-    parser.add_argument("text", help="the user message")
-    parser.add_argument("--wait", action="store_true", help="wait for the job to end and print the answer")
+    parser = argparse.ArgumentParser(
+        prog="inferq submit", description="Submit one chat completion job, or every line of a JSONL file."
+    )
+    parser.add_argument("text", nargs="?", help="the user message")
+    parser.add_argument("--file", type=Path, help="JSONL: one POST /v1/jobs body (or OpenAI Batch line) per line; "
+                        "'-' reads stdin. Re-running the same file submits nothing twice")
+    parser.add_argument("--concurrency", type=int, default=16, help="requests in flight with --file (16)")
+    parser.add_argument("--wait", action="store_true", help="wait for the jobs to end and print them")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds --wait waits at most (300)")
     parser.add_argument("--model", default="mock", help="body.model (default mock)")
     parser.add_argument("--max-tokens", type=int, help="body.max_tokens")
@@ -146,6 +159,10 @@ def submit(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the job object as JSON")
     _client_args(parser)
     args = parser.parse_args(argv)
+    if (args.text is None) == (args.file is None):
+        parser.error("give either the text of one job or --file")
+    if args.file is not None:
+        return _submit_file(args)
 
     body: dict[str, Any] = {"model": args.model}
     if args.completions:
@@ -154,55 +171,145 @@ def submit(argv: list[str]) -> int:
         body["messages"] = [{"role": "user", "content": args.text}]
     if args.max_tokens is not None:
         body["max_tokens"] = args.max_tokens
-    request: dict[str, Any] = {"body": body}
-    if args.completions:
-        request["url"] = "/v1/completions"
-    if args.idempotency_key:
-        request["idempotency_key"] = args.idempotency_key
 
     started = time.monotonic()
-    with _client(args, timeout=30.0) as client:
-        job = _call(client, "POST", "/v1/jobs", json=request)
-        _remember(args.data_dir, job["id"])
+    with _client(args) as client:
+        job = client.submit(body, url="/v1/completions" if args.completions else None,
+                            idempotency_key=args.idempotency_key)
+        _remember(args.data_dir, [job.id])
         if not args.wait:
-            _print_job(job, args.json, None)
+            _print_job(job, args.json)
             return 0
-        deadline = started + args.timeout
-        while job["status"] not in TERMINAL:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                print(f"{job['id']} still {job['status']} after {args.timeout:g}s", file=sys.stderr)
-                return 1
-            wait = max(1, min(20, int(left)))
-            job = _call(client, "GET", f"/v1/jobs/{job['id']}", params={"wait": wait})
+        job = client.wait(job.id, timeout=max(0.0, args.timeout - (time.monotonic() - started)))
+    if not job.terminal:
+        print(f"{job.id} still {job.status.value} after {args.timeout:g}s", file=sys.stderr)
+        return 1
     _print_job(job, args.json, time.monotonic() - started)
-    return 0 if job["status"] == "succeeded" else 1
+    return _exit_code([job])
 
 
-def _print_job(job: dict[str, Any], as_json: bool, took: float | None) -> None:
-    if as_json:
-        import json
+def _submit_file(args: argparse.Namespace) -> int:
+    import asyncio
 
-        print(json.dumps(job, indent=2))
-        return
-    after = f" after {took:.2f}s" if took is not None else ""
-    print(f"{job['id']} {job['status']}{after}")
-    if job["status"] == "succeeded":
-        print(_answer_text(job))
-    elif job.get("error"):
-        print(f"{job['error'].get('type')}: {job['error'].get('message')}")
+    from .bulk import BadJobFile, read_jobs, submit_all
+    from .client import AsyncClient
+
+    try:
+        lines = read_jobs(args.file)
+    except OSError as exc:
+        raise CliError(f"cannot read {args.file}: {exc}") from None
+    except BadJobFile as exc:
+        raise CliError(str(exc)) from None
+    if not lines:
+        raise CliError(f"{args.file} has no jobs")
+
+    async def run() -> list[dict[str, Any]]:
+        concurrency = max(1, args.concurrency)
+        async with AsyncClient(_base_url(args), _api_key(args), max_connections=concurrency) as client:
+            return await submit_all(client, lines, concurrency=concurrency, wait=args.wait, wait_s=args.timeout)
+
+    results = asyncio.run(run())
+    failed = [r for r in results if "error" in r]
+    for result in results:
+        print(json.dumps(result))
+    _remember(args.data_dir, [r["id"] for r in results if "id" in r])
+    print(f"inferq submit: {len(results) - len(failed)} of {len(results)} jobs accepted", file=sys.stderr)
+    if failed:
+        return 1
+    return 0 if not args.wait else int(any(r.get("status") != "succeeded" for r in results))
+
+
+# ---------------------------------------------------------------------- inferq wait, cancel, redrive, dlq
+
+
+def _ids_command(prog: str, description: str, extra: Callable[[argparse.ArgumentParser], Any] | None = None
+                 ) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("ids", nargs="+", metavar="ID", help="job ids")
+    parser.add_argument("--json", action="store_true", help="print the job objects as JSON")
+    if extra is not None:
+        extra(parser)
+    _client_args(parser)
+    return parser
+
+
+def wait(argv: list[str]) -> int:
+    parser = _ids_command("inferq wait", "Wait for jobs to end (long-poll) and print them.", lambda p: p.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait at most, for all of them (300)"))
+    args = parser.parse_args(argv)
+    deadline = time.monotonic() + args.timeout
+    jobs = []
+    with _client(args) as client:
+        for job_id in args.ids:
+            job = client.wait(job_id, timeout=max(0.0, deadline - time.monotonic()))
+            _print_job(job, args.json)
+            jobs.append(job)
+    if any(not job.terminal for job in jobs):
+        print(f"inferq wait: not every job ended within {args.timeout:g}s", file=sys.stderr)
+    return _exit_code(jobs)
+
+
+def cancel(argv: list[str]) -> int:
+    from .client import JobTerminal
+
+    args = _ids_command("inferq cancel", "Cancel queued or running jobs.").parse_args(argv)
+    code = 0
+    with _client(args) as client:
+        for job_id in args.ids:
+            try:
+                _print_job(client.cancel(job_id), args.json)
+            except JobTerminal as exc:
+                print(f"{job_id}: already {exc.job.status.value if exc.job else 'ended'}", file=sys.stderr)
+                code = 1
+    return code
+
+
+def redrive(argv: list[str]) -> int:
+    args = _ids_command("inferq redrive", "Queue dead-lettered jobs again, attempts reset.").parse_args(argv)
+    with _client(args) as client:
+        for job_id in args.ids:
+            _print_job(client.redrive(job_id), args.json)
+    return 0
+
+
+def dlq(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="inferq dlq", description="Your dead-lettered jobs, newest first.")
+    parser.add_argument("--limit", type=int, default=20, help="at most this many (20, up to 1000)")
+    parser.add_argument("--json", action="store_true", help="print the job objects as JSON lines")
+    _client_args(parser)
+    args = parser.parse_args(argv)
+    with _client(args) as client:
+        jobs = client.dlq(limit=args.limit)
+    for job in jobs:
+        if args.json:
+            print(json.dumps(job.raw))
+        else:
+            error = job.error or {}
+            print(f"{job.id} attempts={job.attempts} {error.get('type', '')}: {error.get('message', '')}")
+    if not args.json:
+        print(f"{len(jobs)} dead-lettered job(s)", file=sys.stderr)
+    return 0
 
 
 # ---------------------------------------------------------------------- inferq status
 
 
 def status(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="inferq status", description="Live view of the queue and the fleet.")
+    parser = argparse.ArgumentParser(prog="inferq status", description="Live view of the queue and the fleet; "
+                                     "with job ids, print those jobs.")
+    parser.add_argument("ids", nargs="*", metavar="ID", help="job ids to print instead of the live view")
     parser.add_argument("--interval", type=float, default=1.0, help="refresh period in seconds (1)")
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
     parser.add_argument("--jobs", type=int, default=10, help="recent jobs shown (10)")
+    parser.add_argument("--json", action="store_true", help="with ids: print the job objects as JSON")
     _client_args(parser)
     args = parser.parse_args(argv)
+
+    if args.ids:
+        with _client(args) as client:
+            for job_id in args.ids:
+                _print_job(client.get(job_id), args.json)
+        return 0
 
     from rich.console import Console
 
@@ -226,14 +333,18 @@ def status(argv: list[str]) -> int:
             return 0
 
 
-def _status_view(client: Any, args: argparse.Namespace) -> Any:
+def _status_view(client: Client, args: argparse.Namespace) -> Any:
     from rich.console import Group
     from rich.table import Table
 
+    from .client import GatewayUnreachable, InferqError, NotFound
+
     try:
-        scale = _call(client, "GET", "/v1/scale")
-    except CliError as exc:
-        return Group(f"[red]{exc}[/red]")
+        scale = client.scale()
+    except GatewayUnreachable as exc:
+        return Group(f"[red]cannot reach the gateway at {client.base_url}: {exc.message}[/red]")
+    except InferqError as exc:
+        return Group(f"[red]GET /v1/scale answered {exc.status} ({exc.type}: {exc.message})[/red]")
     fleet = Table(title=f"inferq at {client.base_url}", title_justify="left")
     for column in ("lag", "pending", "unfinished", "dlq", "workers", "desired", "last decision"):
         fleet.add_column(column, justify="left" if column == "last decision" else "right")
@@ -252,13 +363,13 @@ def _status_view(client: Any, args: argparse.Namespace) -> Any:
     colours = {"succeeded": "green", "failed": "red", "running": "yellow", "queued": "cyan"}
     for job_id in reversed(recent):
         try:
-            job = _call(client, "GET", f"/v1/jobs/{job_id}")
-        except CliError:
+            job = client.get(job_id)
+        except (NotFound, GatewayUnreachable):
             continue  # expired from Redis, or another key's job
-        state = job["status"]
-        detail = _answer_text(job) if state == "succeeded" else (job.get("error") or {}).get("message", "")
-        age = f"{time.time() - float(job['created_at']):.0f}s" if job.get("created_at") else "-"
-        jobs.add_row(job_id, f"[{colours.get(state, 'white')}]{state}[/]", str(job.get("attempts", "")), age,
+        state = job.status.value
+        detail = job.text if state == "succeeded" else (job.error or {}).get("message", "")
+        age = f"{time.time() - job.created_at:.0f}s" if job.created_at else "-"
+        jobs.add_row(job_id, f"[{colours.get(state, 'white')}]{state}[/]", str(job.attempts), age,
                      (detail or "")[:60])
     return Group(fleet, jobs)
 

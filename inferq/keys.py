@@ -59,6 +59,16 @@ class Keys:
         return self.prefix + "stats"
 
     @property
+    def tenants(self) -> str:
+        """Hash tenant -> its unfinished jobs (``INFERQ_TENANT_MAX_DEPTH``); a tenant leaves it at zero."""
+        return self.prefix + "tenants"
+
+    @property
+    def history(self) -> str:
+        """Capped list of the scaler's samples of the counters, newest first (the console's charts)."""
+        return self.prefix + "history"
+
+    @property
     def workers(self) -> str:
         return self.prefix + "workers"
 

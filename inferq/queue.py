@@ -7,7 +7,9 @@ to count, not an error.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from redis.exceptions import ResponseError
 from .jobs import Job, JobRequest, JobStatus, canonical_json, idempotency_digest, new_job_id
 from .keys import GROUP, WEBHOOK_GROUP, Keys
 from .scripting import Code, Scripts
+from .scripting import ReplicationLag as ReplicationLag  # re-exported: callers catch it with the queue errors
 from .settings import Settings
 
 
@@ -43,6 +46,16 @@ class QueueFull(QueueError):
 
     def __init__(self, unfinished: int) -> None:
         super().__init__(f"{unfinished} unfinished jobs: the queue is full")
+        self.unfinished = unfinished
+
+
+class TenantQuotaFull(QueueFull):
+    """The tenant has ``INFERQ_TENANT_MAX_DEPTH`` unfinished jobs: one tenant cannot fill the queue for all."""
+
+    code = Code.TENANT_FULL
+
+    def __init__(self, unfinished: int) -> None:
+        QueueError.__init__(self, f"{unfinished} unfinished jobs of this tenant: its quota is full")
         self.unfinished = unfinished
 
 
@@ -82,11 +95,14 @@ class Lease(int, Enum):
 
 @dataclass(frozen=True)
 class Delivery:
-    """A job handed to this worker: run it, then finish, retry or release it by its entry."""
+    """A job handed to this worker: run it, then finish, retry or release it by its entry and lease token.
+    The lease token is this delivery's own (start.lua records it on the job): once the entry is reclaimed or
+    started again, the token no longer matches and this delivery's writes change nothing."""
 
     entry_id: str
     job: Job
     reclaimed: bool = False
+    lease: str = ""
 
     @property
     def attempt(self) -> int:
@@ -132,6 +148,21 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def new_token() -> str:
+    """A random token, generated once per script call (or per delivery, for a lease): a resent copy of the call
+    carries the same token, which is how the script knows it already ran (G9)."""
+    return secrets.token_hex(8)
+
+
+def settle_token(delivery: Delivery, *what: str) -> str:
+    """The call token of a finish, retry or release: derived from the delivery's lease and what is written, so the
+    worker's own retry of the same write after an error it saw (a timeout, ReplicationLag) is recognised as a
+    resend too and answers as the first did; another write by the same delivery is a different call."""
+    if not delivery.lease:
+        return new_token()
+    return hashlib.sha256("\0".join((delivery.lease, *what)).encode()).hexdigest()[:16]
+
+
 def _optional_int(value: Any) -> int | None:
     return int(value) if value not in (None, "") else None
 
@@ -162,7 +193,8 @@ class Queue:
         """Create the worker group on the stream and the webhook group on the events stream, at id 0 with
         MKSTREAM: a group made at ``$`` would silently skip entries added before it."""
         counters = ("unfinished", "enqueued", "succeeded", "failed", "cancelled", "expired", "retried",
-                    "reclaimed", "released", "dead_lettered", "duplicate_results", "skipped_terminal", "redriven")
+                    "reclaimed", "released", "dead_lettered", "duplicate_results", "skipped_terminal", "redriven",
+                    "stale_writes", "latency_ms_total")
         pipe = self.redis.pipeline(transaction=False)
         for counter in counters:  # every counter readable from the start, not only once first incremented
             pipe.hsetnx(self.keys.stats, counter, 0)
@@ -174,10 +206,20 @@ class Queue:
                 if "BUSYGROUP" not in str(exc):
                     raise
 
+    async def _write(self, calls: list[tuple[str, list[str], list[Any]]], *, replicated: bool) -> list[Any]:
+        """Run script calls in one round trip. ``replicated``: a write the caller reports as accepted or final,
+        which with ``INFERQ_REDIS_WAIT_REPLICAS`` waits for that many replicas (half the socket timeout at most)
+        or raises :class:`ReplicationLag`."""
+        replicas = self.settings.redis_wait_replicas
+        if replicated and replicas > 0 and calls:
+            timeout_ms = max(1, int(self.settings.redis_timeout_s * 500))
+            return await self.scripts.replicated(calls, replicas, timeout_ms)
+        return await self.scripts.many(calls)
+
     # ------------------------------------------------------------------ the HTTP side
 
     def _enqueue_call(self, tenant: str, request: JobRequest, job_id: str, now: int) -> tuple:
-        keys = [self.keys.stream, self.keys.stats, self.keys.expiry, self.keys.job(job_id)]
+        keys = [self.keys.stream, self.keys.stats, self.keys.expiry, self.keys.job(job_id), self.keys.tenants]
         if request.idempotency_key is not None:
             keys.append(self.keys.idem(tenant, idempotency_digest(request.idempotency_key)))
         fields: list[Any] = ["url", request.url, "body", canonical_json(request.body)]
@@ -193,7 +235,7 @@ class Queue:
             fields += ["trace", request.traceparent]
         expires_at = now + request.ttl_s * 1000 if request.ttl_s is not None else ""
         args = [job_id, tenant, request.digest(), self.settings.max_queue_depth, now, self.settings.result_ttl_s,
-                expires_at, *fields]
+                expires_at, self.settings.tenant_max_depth, *fields]
         return ("enqueue", keys, args)
 
     async def _enqueued(self, tenant: str, request: JobRequest, job_id: str, now: int, reply: Any) -> tuple[Job, bool]:
@@ -226,13 +268,16 @@ class Queue:
             return Job.from_hash(record), True
         if code == Code.QUEUE_FULL:
             raise QueueFull(int(reply[1]))
+        if code == Code.TENANT_FULL:
+            raise TenantQuotaFull(int(reply[1]))
         raise QueueError(f"enqueue returned {reply!r}")
 
     async def enqueue(self, tenant: str, request: JobRequest, *, now: int | None = None) -> tuple[Job, bool]:
-        """Accept a job in one round trip. Returns the job and whether it is an idempotent replay."""
+        """Accept a job in one round trip. Returns the job and whether it is an idempotent replay.
+        Raises QueueFull (TenantQuotaFull for the tenant's quota) and, with replicas to wait for, ReplicationLag."""
         now = now or now_ms()
         job_id = new_job_id()
-        reply = await self.scripts(*self._enqueue_call(tenant, request, job_id, now))
+        [reply] = await self._write([self._enqueue_call(tenant, request, job_id, now)], replicated=True)
         return await self._enqueued(tenant, request, job_id, now, reply)
 
     async def enqueue_many(self, tenant: str, requests: Sequence[JobRequest]) -> list[tuple[Job, bool]]:
@@ -240,7 +285,7 @@ class Queue:
         now = now_ms()
         ids = [new_job_id() for _ in requests]
         calls = [self._enqueue_call(tenant, r, i, now) for r, i in zip(requests, ids, strict=True)]
-        replies = await self.scripts.many(calls)
+        replies = await self._write(calls, replicated=True)
         return [await self._enqueued(tenant, r, i, now, reply)
                 for r, i, reply in zip(requests, ids, replies, strict=True)]
 
@@ -276,10 +321,10 @@ class Queue:
 
     async def cancel(self, tenant: str, job_id: str, *, now: int | None = None) -> Job:
         """Cancel (queued) or request cancellation (running). Raises JobNotFound or JobTerminal."""
-        keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.job(job_id),
-                self.keys.done(job_id)]
-        args = [tenant, now or now_ms(), self.settings.result_ttl_s, self.settings.events_maxlen]
-        reply = await self.scripts("cancel", keys, args)
+        keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.tenants,
+                self.keys.job(job_id), self.keys.done(job_id)]
+        args = [tenant, now or now_ms(), self.settings.result_ttl_s, self.settings.events_maxlen, new_token()]
+        [reply] = await self._write([("cancel", keys, args)], replicated=True)
         if int(reply[0]) == Code.NOT_FOUND:
             raise JobNotFound(job_id)
         job = await self.get(job_id, tenant)
@@ -290,8 +335,9 @@ class Queue:
         return job
 
     async def redrive(self, tenant: str, job_id: str, *, now: int | None = None) -> Job:
-        keys = [self.keys.stream, self.keys.stats, self.keys.dlq, self.keys.job(job_id), self.keys.done(job_id)]
-        reply = await self.scripts("redrive", keys, [tenant, now or now_ms()])
+        keys = [self.keys.stream, self.keys.stats, self.keys.dlq, self.keys.tenants, self.keys.job(job_id),
+                self.keys.done(job_id)]
+        [reply] = await self._write([("redrive", keys, [tenant, now or now_ms(), new_token()])], replicated=True)
         code = int(reply[0])
         if code == Code.NOT_FOUND:
             raise JobNotFound(job_id)
@@ -341,26 +387,26 @@ class Queue:
 
     # ------------------------------------------------------------------ the worker side
 
-    def _start_call(self, entry_id: str, job_id: str, consumer: str, now: int, reclaimed: bool) -> tuple:
+    def _start_call(self, entry_id: str, job_id: str, consumer: str, now: int, reclaimed: bool, lease: str) -> tuple:
         keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.dlq, self.keys.job(job_id),
-                self.keys.done(job_id), self.keys.expiry]
+                self.keys.done(job_id), self.keys.expiry, self.keys.tenants]
         args = [entry_id, consumer, now, self.settings.max_deliveries, self.settings.result_ttl_s,
-                self.settings.events_maxlen, "1" if reclaimed else "0"]
+                self.settings.events_maxlen, "1" if reclaimed else "0", lease]
         return ("start", keys, args)
 
     async def _start_entries(
         self, consumer: str, entries: Sequence[tuple[str, dict[str, str]]], reclaimed: bool
     ) -> tuple[list[Delivery], list[Skipped]]:
         now = now_ms()
-        live = [(entry_id, fields.get("job", "")) for entry_id, fields in entries if fields]
-        replies = await self.scripts.many([self._start_call(e, j, consumer, now, reclaimed) for e, j in live])
+        live = [(entry_id, fields.get("job", ""), new_token()) for entry_id, fields in entries if fields]
+        replies = await self.scripts.many([self._start_call(e, j, consumer, now, reclaimed, t) for e, j, t in live])
         deliveries: list[Delivery] = []
         skipped: list[Skipped] = []
-        for (entry_id, job_id), reply in zip(live, replies, strict=True):
+        for (entry_id, job_id, lease), reply in zip(live, replies, strict=True):
             code = int(reply[0])
             if code == 0:
                 record = dict(zip(reply[1::2], reply[2::2], strict=True))
-                deliveries.append(Delivery(entry_id, Job.from_hash(record), reclaimed))
+                deliveries.append(Delivery(entry_id, Job.from_hash(record), reclaimed, lease))
             else:
                 skipped.append(Skipped(entry_id, job_id, Code(code), reply[1] if len(reply) > 1 else None))
         return deliveries, skipped
@@ -408,41 +454,49 @@ class Queue:
             Code.NOT_FOUND: Outcome.NOT_FOUND,
             Code.TERMINAL: Outcome.DUPLICATE,
             Code.STALE: Outcome.STALE,
+            Code.STALE_OWNER: Outcome.STALE,
             Code.ENDED: Outcome.ENDED,
         }[Code(code)]
 
     def _finish_call(self, delivery: Delivery, status: JobStatus, result: Any, error: Any, now: int) -> tuple:
         job_id = delivery.job.id
-        keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.job(job_id),
+        keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.tenants, self.keys.job(job_id),
                 self.keys.done(job_id)]
-        args = [delivery.entry_id, status.value, json.dumps(result) if result is not None else "",
-                json.dumps(error) if error is not None else "", now, self.settings.result_ttl_s,
-                self.settings.events_maxlen]
+        result_json = json.dumps(result) if result is not None else ""
+        error_json = json.dumps(error) if error is not None else ""
+        args = [delivery.entry_id, status.value, result_json, error_json, now, self.settings.result_ttl_s,
+                self.settings.events_maxlen, delivery.lease,
+                settle_token(delivery, "finish", status.value, result_json, error_json)]
         return ("finish", keys, args)
 
     async def finish(
         self, delivery: Delivery, status: JobStatus, *, result: Any = None, error: Any = None, now: int | None = None
     ) -> Outcome:
-        """Write the terminal state once (first writer wins) and acknowledge the entry."""
+        """Write the terminal state once (first writer wins) and acknowledge the entry. A delivery this worker no
+        longer holds changes nothing (Outcome.STALE)."""
         if status not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
             raise ValueError(f"a worker cannot finish a job as {status.value}")
-        reply = await self.scripts(*self._finish_call(delivery, status, result, error, now or now_ms()))
+        [reply] = await self._write([self._finish_call(delivery, status, result, error, now or now_ms())],
+                                    replicated=True)
         return self._outcome(reply, Outcome.WRITTEN)
 
     async def finish_many(self, items: Sequence[tuple[Delivery, JobStatus, Any, Any]]) -> list[Outcome]:
         """Several finishes in one round trip (each still its own atomic script)."""
         now = now_ms()
-        replies = await self.scripts.many([self._finish_call(d, s, r, e, now) for d, s, r, e in items])
+        replies = await self._write([self._finish_call(d, s, r, e, now) for d, s, r, e in items], replicated=True)
         return [self._outcome(reply, Outcome.WRITTEN) for reply in replies]
 
     async def retry(self, delivery: Delivery, *, delay_ms: int, error: Any, now: int | None = None) -> Outcome:
         """Acknowledge this attempt and queue the next (or dead-letter past max attempts), atomically."""
         job_id = delivery.job.id
         keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.dlq,
-                self.keys.job(job_id), self.keys.done(job_id)]
+                self.keys.tenants, self.keys.job(job_id), self.keys.done(job_id)]
+        error_json = json.dumps(error)
         args = [delivery.entry_id, now or now_ms(), max(0, int(delay_ms)), self.settings.max_attempts,
-                json.dumps(error), self.settings.result_ttl_s, self.settings.events_maxlen]
-        reply = await self.scripts("retry", keys, args)
+                error_json, self.settings.result_ttl_s, self.settings.events_maxlen, delivery.lease,
+                settle_token(delivery, "retry", error_json)]
+        # a retry may end the job (dead-lettered, or cancelled): with replicas to wait for, it waits like finish
+        [reply] = await self._write([("retry", keys, args)], replicated=True)
         if int(reply[0]) == 2:
             return Outcome.DEAD_LETTERED
         return self._outcome(reply, Outcome.RETRY_SCHEDULED)
@@ -450,7 +504,8 @@ class Queue:
     async def release(self, delivery: Delivery) -> Outcome:
         """Give the job back at once without spending an attempt (shutdown)."""
         keys = [self.keys.stream, self.keys.stats, self.keys.job(delivery.job.id)]
-        reply = await self.scripts("release", keys, [delivery.entry_id])
+        args = [delivery.entry_id, delivery.lease, settle_token(delivery, "release")]
+        reply = await self.scripts("release", keys, args)
         return self._outcome(reply, Outcome.RELEASED)
 
     async def renew(self, consumer: str, deliveries: Sequence[Delivery]) -> list[Lease]:
@@ -458,14 +513,15 @@ class Queue:
         if not deliveries:
             return []
         keys = [self.keys.stream, *(self.keys.job(d.job.id) for d in deliveries)]
-        codes = await self.scripts("renew", keys, [consumer, *(d.entry_id for d in deliveries)])
+        args = [consumer, *(d.entry_id for d in deliveries), *(d.lease for d in deliveries)]
+        codes = await self.scripts("renew", keys, args)
         return [Lease(int(c)) for c in codes]
 
     async def _expire_calls(self, job_ids: Sequence[str], now: int | None = None) -> int:
         now = now or now_ms()
         calls = [
             ("expire", [self.keys.stream, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.expiry,
-                        self.keys.job(j), self.keys.done(j)],
+                        self.keys.tenants, self.keys.job(j), self.keys.done(j)],
              [j, now, self.settings.result_ttl_s, self.settings.events_maxlen])
             for j in job_ids
         ]
@@ -484,7 +540,7 @@ class Queue:
         if not due:
             return 0
         keys = [self.keys.stream, self.keys.delayed, *(self.keys.job(j) for j in due)]
-        return int(await self.scripts("promote", keys, [now, *due]))
+        return int(await self.scripts("promote", keys, [now, new_token(), *due]))
 
     async def heartbeat(self, worker_id: str, in_flight: int, *, now: int | None = None) -> None:
         await self.redis.hset(self.keys.workers, worker_id, f"{now or now_ms()} {in_flight}")

@@ -15,7 +15,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from redis.exceptions import NoScriptError
+from redis import exceptions as redis_errors
+from redis.asyncio.cluster import PipelineCommand, RedisCluster
+from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 SCRIPTS_DIR = Path(__file__).parent / "scripts"
 _INCLUDE = re.compile(r'^--- @include "([A-Za-z]+)"\s*$', re.MULTILINE)
@@ -34,6 +36,20 @@ class Code(IntEnum):
     STALE = -5
     NOT_DEAD_LETTERED = -6
     ENDED = -7
+    STALE_OWNER = -8  # finish/retry/release by a caller that no longer holds the delivery: counted, nothing changed
+    TENANT_FULL = -9  # enqueue past INFERQ_TENANT_MAX_DEPTH
+
+
+class ReplicationLag(redis_errors.ConnectionError):
+    """Fewer replicas than ``INFERQ_REDIS_WAIT_REPLICAS`` acknowledged a write within the wait. The write is on the
+    primary but a failover now could lose it, so callers treat it like an unreachable Redis (503 with
+    ``Retry-After``, or try again): every script is safe to resend, and a resent copy waits for the first copy's
+    write as well (see ``includes/replay.lua``)."""
+
+    def __init__(self, acknowledged: int, wanted: int) -> None:
+        super().__init__(f"only {acknowledged} of {wanted} replicas acknowledged the write in time")
+        self.acknowledged = acknowledged
+        self.wanted = wanted
 
 
 @dataclass(frozen=True)
@@ -103,6 +119,60 @@ class Scripts:
         except NoScriptError:
             await self.client.script_load(script.source)
             return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+
+    async def replicated(
+        self, calls: list[tuple[str, list[str], list[Any]]], replicas: int, timeout_ms: int
+    ) -> list[Any]:
+        """Run script calls, then ``WAIT replicas timeout_ms`` on the same connection (WAIT counts the replicas
+        that have the writes of its own connection), and raise :class:`ReplicationLag` when fewer acknowledged.
+        Standalone: one non-transactional pipeline (WAIT inside MULTI would not block). Cluster: every key of a
+        queue is in one slot, so the calls and the WAIT go as one pipeline on one connection of the slot's
+        primary; a redirection (the slot moved) is followed by running the calls normally, which refreshes the
+        slot map, and the whole is tried once more -- safe, because every script is safe to resend."""
+        for attempt in range(3):
+            results, acknowledged = await self._with_wait(calls, replicas, timeout_ms)
+            redirected = False
+            for i, result in enumerate(results):
+                if isinstance(result, NoScriptError):
+                    await self.client.script_load(load(calls[i][0]).source)
+                    redirected = True
+                elif isinstance(result, (MovedError, AskError, TryAgainError)) and attempt < 2:
+                    await self.many(calls)
+                    redirected = True
+                elif isinstance(result, Exception):
+                    raise result
+            if redirected:
+                continue
+            if isinstance(acknowledged, Exception):
+                raise acknowledged
+            if int(acknowledged) < replicas:
+                raise ReplicationLag(int(acknowledged), replicas)
+            return results
+        raise redis_errors.ConnectionError("the queue's slot kept moving while waiting for replicas")
+
+    async def _with_wait(
+        self, calls: list[tuple[str, list[str], list[Any]]], replicas: int, timeout_ms: int
+    ) -> tuple[list[Any], Any]:
+        commands: list[tuple[Any, ...]] = []
+        for name, keys, args in calls:
+            script = load(name)
+            script.check_keys(keys)
+            commands.append(("EVALSHA", script.sha, len(keys), *keys, *args))
+        commands.append(("WAIT", replicas, timeout_ms))
+        if isinstance(self.client, RedisCluster):
+            await self.client.initialize()
+            node = self.client.get_node_from_key(calls[0][1][0])
+            if node is None:
+                raise redis_errors.ClusterDownError("no primary serves the queue's slot")
+            stack = [PipelineCommand(i, *command) for i, command in enumerate(commands)]
+            await node.execute_pipeline(stack)
+            results = [command.result for command in stack]
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            results = list(await pipe.execute(raise_on_error=False))
+        return results[:-1], results[-1]
 
     async def many(self, calls: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
         """Run many script calls in one round trip (a non-transactional pipeline); each stays atomic alone."""

@@ -152,6 +152,8 @@ class Settings:
     max_deliveries: int = _setting(5, _int(1, 1000))
     job_timeout_s: int = _setting(600, _int(1, 3600))
     max_queue_depth: int = _setting(10000, _int(0))
+    tenant_max_depth: int = _setting(0, _int(0))
+    redis_wait_replicas: int = _setting(0, _int(0, 16))
     max_body_bytes: int = _setting(262144, _int(1))
     result_ttl_s: int = _setting(86400, _int(1))
     window: int = _setting(8, _int(1, 4096))
@@ -173,6 +175,14 @@ class Settings:
     scaler_wake_url: str | None = _setting(None, _optional_str)
     ecs_cluster: str | None = _setting(None, _optional_str)
     ecs_service: str | None = _setting(None, _optional_str)
+    webhook_secret_id: str | None = field(
+        default=None,
+        metadata={
+            "parse": _optional_str,
+            "doc": "Secrets Manager id of the webhook signing key, for a process that is not handed the key itself "
+            "(the scaler Lambda reads it at first use, again every 5 minutes); `INFERQ_WEBHOOK_SECRET` wins when set.",
+        },
+    )
     webhook_secret: str | None = _setting(None, _optional_str)
     webhook_max_age_s: int = _setting(3600, _int(1))
     webhook_allow_private: bool = _setting(False, _bool)

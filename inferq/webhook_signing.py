@@ -16,8 +16,10 @@ import base64
 import binascii
 import hashlib
 import hmac
+import json
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from .settings import Settings, SettingsError
 
@@ -53,21 +55,47 @@ def sign(key: bytes | str, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(digest).decode()
 
 
+class WebhookVerificationError(Exception):
+    """The delivery is not authentic or not fresh: answer it 4xx and ignore it."""
+
+
+def verify_webhook(
+    secret: str | bytes, headers: Mapping[str, str], body: bytes | str, *, tolerance_s: int = TOLERANCE_S,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """The receiver's check, returning the delivered body (the final job object): one of the ``v1`` signatures
+    matches and the timestamp is within ``tolerance_s`` of now (no replays of old deliveries). Header names in any
+    case; ``body`` the raw bytes as received. Raises :class:`WebhookVerificationError` saying what is wrong."""
+    lower = {k.lower(): v for k, v in headers.items()}
+    msg_id, stamp, signatures = (lower.get(n) for n in ("webhook-id", "webhook-timestamp", "webhook-signature"))
+    for name, value in (("webhook-id", msg_id), ("webhook-timestamp", stamp), ("webhook-signature", signatures)):
+        if not value:
+            raise WebhookVerificationError(f"missing header {name}")
+    assert msg_id and stamp and signatures
+    try:
+        timestamp = int(stamp)
+    except ValueError:
+        raise WebhookVerificationError("webhook-timestamp is not an integer") from None
+    if abs((now if now is not None else time.time()) - timestamp) > tolerance_s:
+        raise WebhookVerificationError("webhook-timestamp is outside the tolerance (a replay, or a skewed clock)")
+    raw = body.encode() if isinstance(body, str) else body
+    try:
+        expected = sign(secret, msg_id, timestamp, raw)
+    except SettingsError as exc:
+        raise WebhookVerificationError(f"the secret cannot be used: {exc}") from None
+    if not any(hmac.compare_digest(expected, candidate) for candidate in signatures.split()):
+        raise WebhookVerificationError("no signature matches")
+    parsed: dict[str, Any] = json.loads(raw)
+    return parsed
+
+
 def verify(
     secret: str | bytes, headers: Mapping[str, str], body: bytes, *, tolerance_s: int = TOLERANCE_S,
     now: float | None = None,
 ) -> bool:
-    """The receiver's check: one of the ``v1`` signatures matches, and the timestamp is within ``tolerance_s`` of
-    now (no replays of old deliveries). Header names in any case."""
-    lower = {k.lower(): v for k, v in headers.items()}
-    msg_id, stamp, signatures = (lower.get(n) for n in ("webhook-id", "webhook-timestamp", "webhook-signature"))
-    if not (msg_id and stamp and signatures):
-        return False
+    """:func:`verify_webhook` as a yes or no."""
     try:
-        timestamp = int(stamp)
-    except ValueError:
+        verify_webhook(secret, headers, body, tolerance_s=tolerance_s, now=now)
+    except (WebhookVerificationError, ValueError):
         return False
-    if abs((now if now is not None else time.time()) - timestamp) > tolerance_s:
-        return False
-    expected = sign(secret, msg_id, timestamp, body)
-    return any(hmac.compare_digest(expected, candidate) for candidate in signatures.split(" "))
+    return True

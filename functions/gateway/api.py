@@ -27,7 +27,7 @@ from inferq.jobs import Job, JobRequest
 from inferq.queue import Queue
 from inferq.settings import Settings
 
-from . import errors
+from . import console, errors
 from .auth import KeyStore, StaticKeys, key_store
 from .clients import QueueProvider
 from .edge import Edge
@@ -462,6 +462,7 @@ def create_app(
     app.state.telemetry = telemetry
     errors.install(app)
     _routes(gw, app.router)
+    console.install(gw, app.router)
     app.add_middleware(Edge, max_body_bytes=settings.max_body_bytes, telemetry=telemetry)
 
     def openapi() -> dict[str, Any]:

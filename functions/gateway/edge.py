@@ -131,7 +131,7 @@ class Edge:
         for key in ("tenant", "job_id", "lambda_request_id", "error"):
             if state.get(key):
                 fields[key] = state[key]
-        self.telemetry.logger.info("request", extra=fields)
+        self.telemetry.access(status, fields)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -1,8 +1,11 @@
 """Logs and metrics of the gateway.
 
-Logs: Powertools Logger, JSON, one line per request with ``request_id`` (the Lambda request id, else
-``X-Request-Id``, else a fresh one) and ``job_id`` when there is one. Prompts, outputs and metadata are never
-logged.
+Logs: Powertools Logger, JSON. The access line of a request (``request_id``: the Lambda request id, else
+``X-Request-Id``, else a fresh one; ``job_id`` when there is one) is at INFO for every refused or failed request
+(status >= 400) and at DEBUG for the rest: a Powertools line costs the gateway about as much CPU as answering a
+long poll, and at INFO, the default, a line per request cost S3 about 20% of its throughput and one per submit
+still about 10% (``make bench ARGS="--only L"``, docs/benchmarks.md). ``INFERQ_LOG_LEVEL=DEBUG`` logs every
+request. Prompts, outputs and metadata are never logged.
 
 Metrics: counted in process on the hot path (a dict increment) and written as CloudWatch EMF by Powertools
 only when :meth:`Telemetry.flush` runs, which the Lambda handler does once per invocation. Outside Lambda
@@ -14,8 +17,10 @@ too_large, invalid, idempotency_conflict, queue_full, unavailable, error), ``Sca
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
+from typing import Any
 
 from aws_lambda_powertools import Logger
 
@@ -30,6 +35,14 @@ class Telemetry:
         self.logger = Logger(service=self.service, level=level)
         self.totals: Counter[str] = Counter()
         self._pending: Counter[tuple[str, str]] = Counter()
+
+    def access(self, status: int, fields: dict[str, Any]) -> None:
+        """The access line of one request: INFO for an answer >= 400, DEBUG otherwise (the level is checked before
+        the record is built: a line not logged costs a comparison)."""
+        if status >= 400:
+            self.logger.info("request", extra=fields, stacklevel=3)  # stacklevel: the caller's location
+        elif self.logger.log_level <= logging.DEBUG:
+            self.logger.debug("request", extra=fields, stacklevel=3)
 
     def count(self, metric: str, reason: str = "") -> None:
         key = f"{metric}.{reason}" if reason else metric

@@ -135,6 +135,11 @@ def webhook_pass(settings: Settings) -> WebhookPass | None:
             _webhooks_missing_logged = True
             logger.warning("scaler: webhook delivery unavailable here; workers deliver them", extra={"error": str(exc)})
         return None
+    try:
+        settings = with_webhook_secret(settings)
+    except Exception as exc:  # Secrets Manager unreachable: send nothing unsigned this time; workers deliver too
+        logger.warning("scaler: webhook secret unreadable; no webhook pass", extra={"error": type(exc).__name__})
+        return None
 
     async def deliver(queue: Queue, budget_s: float, http_timeout_s: float) -> dict[str, int]:
         report = await deliver_webhooks(
@@ -143,6 +148,20 @@ def webhook_pass(settings: Settings) -> WebhookPass | None:
         return {"delivered": report.delivered, "failed": report.failed, "abandoned": report.abandoned}
 
     return deliver
+
+
+WEBHOOK_SECRET_MAX_AGE_S = 300
+
+
+def with_webhook_secret(settings: Settings) -> Settings:
+    """``INFERQ_WEBHOOK_SECRET_ID``: the signing secret read from Secrets Manager at first use and kept for five
+    minutes (Powertools' cache), so a rotated secret reaches the scaler without a redeploy."""
+    if settings.webhook_secret or not settings.webhook_secret_id:
+        return settings
+    from aws_lambda_powertools.utilities import parameters
+
+    value = parameters.get_secret(settings.webhook_secret_id, max_age=WEBHOOK_SECRET_MAX_AGE_S)
+    return settings.replace(webhook_secret=value.decode() if isinstance(value, bytes) else str(value))
 
 
 def _run(coro: Coroutine[Any, Any, _T]) -> _T:

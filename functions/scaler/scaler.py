@@ -24,6 +24,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from inferq.faults import classify, is_recoverable
+from inferq.history import record_sample
 from inferq.policy import Decision, Demand, ScalePolicy, ScaleState, decide
 from inferq.queue import Observation, Queue
 
@@ -166,6 +167,7 @@ class Scaler:
             await self._decide_and_apply(tick, tick.observation, tick.counts, state_fields, now)
         if tick.observation is not None:
             await self._housekeeping(tick, tick.observation)
+            await self._record_history(tick, tick.observation, now)
         self._emit(tick, now)
         return tick
 
@@ -231,6 +233,18 @@ class Scaler:
                     self.logger.warning("scaler: webhook pass failed", extra=_fault(exc))
                 else:  # not Redis's fault: a bug of the sender, loud, but scaling goes on
                     self.logger.exception("scaler: webhook pass failed", extra=_fault(exc))
+
+    async def _record_history(self, tick: Tick, observation: Observation, now: float) -> None:
+        """One sample for the console's charts (:mod:`inferq.history`); a lost one is a gap, not a failure."""
+        running = tick.counts.running if tick.counts is not None else None
+        try:
+            await asyncio.wait_for(
+                record_sample(self.queue, observation, desired=tick.desired, running=running, at=now),
+                self._redis_wait_s,
+            )
+        except Exception as exc:
+            _recoverable_or_raise(exc)
+            self.logger.warning("scaler: could not record a history sample", extra=_fault(exc))
 
     def _emit(self, tick: Tick, now: float) -> None:
         from aws_lambda_powertools.metrics import MetricUnit

@@ -2,18 +2,22 @@
   Cancel a job for its tenant. Queued (in the stream or waiting out a backoff): cancelled at once, its entry
   removed. Running: cancellation is requested; the worker holding it sees the flag on its next lease renewal,
   aborts the backend call and finishes it cancelled (or a reclaiming worker ends it, if that worker died).
+  Safe to resend (G9): the answer is recorded against the call token (field cancel_call), so a resent copy
+  of a cancel that succeeded answers as it did, never "already terminal".
 
   KEYS[1] stream
   KEYS[2] stats
   KEYS[3] events
   KEYS[4] delayed
-  KEYS[5] job record
-  KEYS[6] done (long-poll wakeup)
+  KEYS[5] tenants (unfinished jobs per tenant)
+  KEYS[6] job record
+  KEYS[7] done (long-poll wakeup)
 
   ARGV[1] tenant
   ARGV[2] now (ms)
   ARGV[3] result TTL (s)
   ARGV[4] events max length
+  ARGV[5] call token (random, one per call)
 
   Returns
     {0}            cancelled now
@@ -22,29 +26,35 @@
     -4 TERMINAL    {-4, status}
 ]]
 local rcall = redis.call
-local streamKey, statsKey, eventsKey, delayedKey, jobKey, doneKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local tenant, now, resultTtl, eventsMaxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local streamKey, statsKey, eventsKey, delayedKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local tenantsKey, jobKey, doneKey = KEYS[5], KEYS[6], KEYS[7]
+local tenant, now, resultTtl, eventsMaxlen, call = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
 --- @include "ackEntry"
 --- @include "isTerminal"
+--- @include "replay"
 --- @include "terminate"
 
-local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'tenant')
+local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'tenant', 'cancel_call')
 local jobId, status, entry, owner = job[1], job[2], job[3], job[4]
 if not jobId or owner ~= tenant then
   return {-1}
+end
+local again = replayed(jobKey, 'cancel_call', job[5], call)
+if again then
+  return again
 end
 if TERMINAL[status] then
   return {-4, status}
 end
 if status == 'running' then
   rcall('HSET', jobKey, 'cancel', '1')
-  return {1}
+  return remember(jobKey, 'cancel_call', call, {1})
 end
 if entry and entry ~= '' then
   ackEntry(streamKey, entry)
 end
 rcall('ZREM', delayedKey, jobId)
-terminate(jobKey, doneKey, statsKey, eventsKey, jobId, 'cancelled', now, resultTtl, eventsMaxlen,
+terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, 'cancelled', now, resultTtl, eventsMaxlen,
   {'error', '{"type":"cancelled","message":"the job was cancelled before it ran"}'})
-return {0}
+return remember(jobKey, 'cancel_call', call, {0})

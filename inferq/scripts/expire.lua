@@ -3,14 +3,18 @@
   leaves the unfinished count at once instead of when a worker next has a free slot. Called by the scaler's and
   the workers' sweeps over the expiry index, and by the gateway when it reads such a job.
   A job that started, or already ended, just leaves the index.
+  Safe to resend (G9): a copy that finds the job expired at its own now (finished_at = ARGV[2]) answers
+  "expired now" again and changes nothing. (Two sweeps that expire one job in the same millisecond both say
+  so; the answer only feeds a count.)
 
   KEYS[1] stream
   KEYS[2] stats
   KEYS[3] events
   KEYS[4] delayed
   KEYS[5] expiry
-  KEYS[6] job record
-  KEYS[7] done (long-poll wakeup)
+  KEYS[6] tenants (unfinished jobs per tenant)
+  KEYS[7] job record
+  KEYS[8] done (long-poll wakeup)
 
   ARGV[1] job id
   ARGV[2] now (ms)
@@ -24,18 +28,21 @@
 ]]
 local rcall = redis.call
 local streamKey, statsKey, eventsKey, delayedKey, expiryKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local jobKey, doneKey = KEYS[6], KEYS[7]
+local tenantsKey, jobKey, doneKey = KEYS[6], KEYS[7], KEYS[8]
 local jobId, now, resultTtl, eventsMaxlen = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 
 --- @include "ackEntry"
 --- @include "isTerminal"
 --- @include "terminate"
 
-local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'expires_at', 'started_at')
+local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'expires_at', 'started_at', 'finished_at')
 local status, entry, expiresAt, startedAt = job[2], job[3], job[4], job[5]
 if not job[1] then
   rcall('ZREM', expiryKey, jobId)
   return {-1}
+end
+if status == 'expired' and job[6] == ARGV[2] then
+  return {0}
 end
 if TERMINAL[status] or status ~= 'queued' or (startedAt and startedAt ~= '') or not expiresAt or expiresAt == '' then
   rcall('ZREM', expiryKey, jobId)
@@ -49,6 +56,6 @@ if entry and entry ~= '' then
 end
 rcall('ZREM', delayedKey, jobId)
 rcall('ZREM', expiryKey, jobId)
-terminate(jobKey, doneKey, statsKey, eventsKey, jobId, 'expired', now, resultTtl, eventsMaxlen,
+terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, 'expired', ARGV[2], resultTtl, eventsMaxlen,
   {'error', '{"type":"expired","message":"no attempt started within ttl_s"}'})
 return {0}

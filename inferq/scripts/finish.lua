@@ -1,13 +1,20 @@
 --[[
   Record the outcome of an attempt: succeeded, failed (not retryable) or cancelled. First writer wins (G2):
   if the job is already terminal the entry is acknowledged and the late result discarded and counted.
-  A success from an older attempt is still accepted (the work was done); a failure or cancel from a stale
-  entry is discarded, because a newer attempt is in charge.
+  Owner check: only the holder of the delivery (the job's live entry and its lease token, set by start) may
+  write. A stale holder -- its entry was reclaimed by another consumer, or started again -- changes nothing:
+  its entry is not acknowledged (it may be the new holder's), no result is written, even a success (the
+  holder that now runs the job writes it); it is refused and counted (stale_writes).
+  Safe to resend (G9): the written answer and a refusal are recorded against the call token (fields settled,
+  refused); a resent copy answers the same and changes nothing (no second duplicate_results or stale_writes).
+  The client derives the call token from the lease and what is written, so the worker's own retry of the same
+  write is a resend too. A copy so late that another delivery has written since is refused (TERMINAL or
+  STALE_OWNER) and changes nothing but those counters.
 
   KEYS[1] stream
   KEYS[2] stats
   KEYS[3] events
-  KEYS[4] delayed
+  KEYS[4] tenants (unfinished jobs per tenant)
   KEYS[5] job record
   KEYS[6] done (long-poll wakeup)
 
@@ -18,43 +25,46 @@
   ARGV[5] now (ms)
   ARGV[6] result TTL (s)
   ARGV[7] events max length
+  ARGV[8] lease token of the delivery (from start)
+  ARGV[9] call token (the same for the same write of one delivery: queue.settle_token)
 
   Returns
     {0}                written
-    -1 NOT_FOUND
-    -4 TERMINAL        {-4, status}: duplicate result, discarded and counted (duplicate_results)
-    -5 STALE           failure from an entry that is no longer the job's live entry; discarded
+    -1 NOT_FOUND       entry acknowledged
+    -4 TERMINAL        {-4, status}: duplicate result, discarded and counted (duplicate_results); acknowledged
+    -8 STALE_OWNER     the caller no longer holds the delivery: nothing changed, counted (stale_writes)
 ]]
 local rcall = redis.call
-local streamKey, statsKey, eventsKey, delayedKey, jobKey, doneKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local streamKey, statsKey, eventsKey, tenantsKey, jobKey, doneKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local entryId, newStatus, resultJson, errorJson = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local now, resultTtl, eventsMaxlen = ARGV[5], ARGV[6], ARGV[7]
+local now, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 
 --- @include "ackEntry"
 --- @include "isTerminal"
+--- @include "replay"
 --- @include "terminate"
 
-ackEntry(streamKey, entryId)
-local job = rcall('HMGET', jobKey, 'id', 'status', 'entry')
+local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 'refused')
 local jobId, status, entry = job[1], job[2], job[3]
 if not jobId then
+  ackEntry(streamKey, entryId)
   return {-1}
 end
-if TERMINAL[status] then
-  rcall('HINCRBY', statsKey, 'duplicate_results', 1)
-  return {-4, status}
+local again = replayed(jobKey, 'settled', job[5], call) or replayed(jobKey, 'refused', job[6], call)
+if again then
+  return again
 end
-if entry ~= entryId then
-  if newStatus ~= 'succeeded' then
-    return {-5}
-  end
-  -- a newer attempt is queued or running: take it back, the job is done
-  if entry and entry ~= '' then
-    ackEntry(streamKey, entry)
-  end
-  rcall('ZREM', delayedKey, jobId)
+if TERMINAL[status] then
+  ackEntry(streamKey, entryId)
+  rcall('HINCRBY', statsKey, 'duplicate_results', 1)
+  return remember(jobKey, 'refused', call, {-4, status})
+end
+if entry ~= entryId or job[4] ~= lease or lease == '' then
+  rcall('HINCRBY', statsKey, 'stale_writes', 1)
+  return remember(jobKey, 'refused', call, {-8})
 end
 
+ackEntry(streamKey, entryId)
 local extra = {}
 if resultJson ~= '' then
   table.insert(extra, 'result')
@@ -64,5 +74,8 @@ if errorJson ~= '' then
   table.insert(extra, 'error')
   table.insert(extra, errorJson)
 end
-terminate(jobKey, doneKey, statsKey, eventsKey, jobId, newStatus, now, resultTtl, eventsMaxlen, extra)
+-- the answer is recorded by terminate's own HSET: one command less on the hot path
+table.insert(extra, 'settled')
+table.insert(extra, memo(call, {0}))
+terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, newStatus, now, resultTtl, eventsMaxlen, extra)
 return {0}

@@ -1,14 +1,19 @@
 --[[
-  Re-enqueue a dead-lettered job for its tenant with its attempts reset; it leaves the dead-letter stream.
+  Re-enqueue a dead-lettered job for its tenant with its attempts reset; it leaves the dead-letter stream and
+  counts again among the queue's and the tenant's unfinished jobs.
+  Safe to resend (G9): the answer is recorded against the call token (field redrive_call), so a resent copy
+  answers as the first run did, never "not dead-lettered", and adds no second entry.
 
   KEYS[1] stream
   KEYS[2] stats
   KEYS[3] dlq
-  KEYS[4] job record
-  KEYS[5] done (long-poll wakeup)
+  KEYS[4] tenants (unfinished jobs per tenant)
+  KEYS[5] job record
+  KEYS[6] done (long-poll wakeup)
 
   ARGV[1] tenant
   ARGV[2] now (ms)
+  ARGV[3] call token (random, one per call)
 
   Returns
     {0, entry}              queued again
@@ -16,13 +21,19 @@
     -6 NOT_DEAD_LETTERED    {-6, status}
 ]]
 local rcall = redis.call
-local streamKey, statsKey, dlqKey, jobKey, doneKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local tenant = ARGV[1]
+local streamKey, statsKey, dlqKey, tenantsKey, jobKey, doneKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local tenant, call = ARGV[1], ARGV[3]
 
-local job = rcall('HMGET', jobKey, 'id', 'status', 'tenant', 'dead_lettered', 'dlq_entry')
+--- @include "replay"
+
+local job = rcall('HMGET', jobKey, 'id', 'status', 'tenant', 'dead_lettered', 'dlq_entry', 'redrive_call')
 local jobId, status, owner, dead, dlqEntry = job[1], job[2], job[3], job[4], job[5]
 if not jobId or owner ~= tenant then
   return {-1}
+end
+local again = replayed(jobKey, 'redrive_call', job[6], call)
+if again then
+  return again
 end
 if dead ~= '1' then
   return {-6, status}
@@ -33,10 +44,11 @@ end
 rcall('PERSIST', jobKey)
 rcall('DEL', doneKey)
 rcall('HDEL', jobKey, 'result', 'error', 'last_error', 'started_at', 'finished_at', 'dlq_entry', 'cancel', 'worker',
-  'expires_at')
+  'expires_at', 'lease')
 local entry = rcall('XADD', streamKey, '*', 'job', jobId, 'attempt', '1')
 rcall('HSET', jobKey, 'status', 'queued', 'attempts', '1', 'deliveries', '0', 'dead_lettered', '0', 'entry', entry,
   'redriven_at', ARGV[2])
 rcall('HINCRBY', statsKey, 'unfinished', 1)
 rcall('HINCRBY', statsKey, 'redriven', 1)
-return {0, entry}
+rcall('HINCRBY', tenantsKey, owner, 1)
+return remember(jobKey, 'redrive_call', call, {0, entry})

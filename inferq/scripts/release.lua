@@ -2,39 +2,57 @@
   Give a job back without spending an attempt (worker shutdown): the old entry is acknowledged and a new one
   added in the same step, so the job is at once available to other workers instead of after the claim-idle time.
   The delivery it had does not count against max deliveries.
+  Owner check as in finish: a caller that no longer holds the delivery (entry and lease token) changes nothing
+  -- no acknowledgement, no new entry -- and is counted (stale_writes).
+  Safe to resend (G9): the answer is recorded against the call token (fields settled, refused); a resent copy
+  answers the same and adds no second entry.
+  The client derives the call token from the lease and what is written, so the worker's own retry of the same
+  write is a resend too. A copy so late that another delivery has written since is refused (TERMINAL or
+  STALE_OWNER) and changes nothing but those counters.
 
   KEYS[1] stream
   KEYS[2] stats
   KEYS[3] job record
 
   ARGV[1] entry id
+  ARGV[2] lease token of the delivery (from start)
+  ARGV[3] call token (the same for the same write of one delivery: queue.settle_token)
 
   Returns
-    {0, entry}     released under a new entry
-    -1 NOT_FOUND   entry acknowledged
-    -4 TERMINAL    {-4, status}: nothing to give back; entry acknowledged
-    -5 STALE       entry acknowledged
+    {0, entry}       released under a new entry
+    -1 NOT_FOUND     entry acknowledged
+    -4 TERMINAL      {-4, status}: nothing to give back; entry acknowledged
+    -8 STALE_OWNER   the caller no longer holds the delivery: nothing changed, counted (stale_writes)
 ]]
 local rcall = redis.call
 local streamKey, statsKey, jobKey = KEYS[1], KEYS[2], KEYS[3]
-local entryId = ARGV[1]
+local entryId, lease, call = ARGV[1], ARGV[2], ARGV[3]
 
 --- @include "ackEntry"
 --- @include "isTerminal"
+--- @include "replay"
 
-ackEntry(streamKey, entryId)
-local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'attempts', 'deliveries')
+local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'attempts', 'deliveries', 'lease', 'settled', 'refused')
 local jobId, status, entry, attempts, deliveries = job[1], job[2], job[3], job[4], tonumber(job[5] or '0')
 if not jobId then
+  ackEntry(streamKey, entryId)
   return {-1}
 end
+local again = replayed(jobKey, 'settled', job[7], call) or replayed(jobKey, 'refused', job[8], call)
+if again then
+  return again
+end
 if TERMINAL[status] then
+  ackEntry(streamKey, entryId)
   return {-4, status}
 end
-if entry ~= entryId then
-  return {-5}
+if entry ~= entryId or job[6] ~= lease or lease == '' then
+  rcall('HINCRBY', statsKey, 'stale_writes', 1)
+  return remember(jobKey, 'refused', call, {-8})
 end
+ackEntry(streamKey, entryId)
 local newEntry = rcall('XADD', streamKey, '*', 'job', jobId, 'attempt', attempts)
 rcall('HSET', jobKey, 'status', 'queued', 'entry', newEntry, 'deliveries', math.max(deliveries - 1, 0))
+rcall('HDEL', jobKey, 'lease')
 rcall('HINCRBY', statsKey, 'released', 1)
-return {0, newEntry}
+return remember(jobKey, 'settled', call, {0, newEntry})

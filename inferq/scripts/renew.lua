@@ -1,14 +1,17 @@
 --[[
   Renew the leases a worker holds: reset the idle time of each of its pending entries (XCLAIM to itself,
   JUSTID, which does not count a delivery) so a long inference is never reclaimed while its worker is healthy.
-  An entry that another consumer has taken over is left alone and reported lost. Also reports, per job,
-  whether cancellation was requested, so the worker can abort the backend call.
+  A delivery is held while the job's live entry and lease token are the ones start gave it (a field compare,
+  no XPENDING); an entry another consumer has taken over, or that was started again, is left alone and
+  reported lost. Also reports, per job, whether cancellation was requested, so the worker can abort the
+  backend call. Safe to resend: a second run answers the same and only resets the idle times again.
 
   KEYS[1] stream
   KEYS[2..n] job records, one per entry
 
   ARGV[1] consumer (worker id)
   ARGV[2..n] entry ids, in the order of the job keys
+  ARGV[n+1..2n-1] lease tokens (from start), in the same order
 
   Returns one code per entry
     0 renewed
@@ -19,23 +22,21 @@
 local rcall = redis.call
 local streamKey = KEYS[1]
 local consumer = ARGV[1]
+local count = #KEYS - 1
 
 --- @include "isTerminal"
 
 local codes = {}
-for i = 2, #KEYS do
-  local entryId = ARGV[i]
+for i = 1, count do
+  local entryId, lease = ARGV[1 + i], ARGV[1 + count + i]
   local code = 2
-  local job = rcall('HMGET', KEYS[i], 'status', 'entry', 'cancel')
+  local job = rcall('HMGET', KEYS[1 + i], 'status', 'entry', 'cancel', 'lease')
   if TERMINAL[job[1]] then
     code = 3
-  elseif job[2] == entryId then
-    local pending = rcall('XPENDING', streamKey, 'workers', entryId, entryId, 1)
-    if pending[1] and pending[1][2] == consumer then
-      rcall('XCLAIM', streamKey, 'workers', consumer, 0, entryId, 'JUSTID')
-      code = (job[3] == '1') and 1 or 0
-    end
+  elseif job[2] == entryId and job[4] == lease and lease ~= '' then
+    rcall('XCLAIM', streamKey, 'workers', consumer, 0, entryId, 'JUSTID')
+    code = (job[3] == '1') and 1 or 0
   end
-  codes[i - 1] = code
+  codes[i] = code
 end
 return codes

@@ -2,14 +2,22 @@
   A retryable failure: acknowledge the old entry and, in the same step, either queue the next attempt
   (at once, or in the delayed set for its backoff) or, past max attempts, fail the job and dead-letter it.
   No crash window can leave two live entries for one job (G3).
+  Owner check as in finish: a caller that no longer holds the delivery (entry and lease token) changes
+  nothing -- it acknowledges nothing, adds no attempt and ends nothing -- and is counted (stale_writes).
+  Safe to resend (G9): the answer is recorded against the call token (fields settled, refused); a resent copy
+  answers the same and adds no second entry.
+  The client derives the call token from the lease and what is written, so the worker's own retry of the same
+  write is a resend too. A copy so late that another delivery has written since is refused (TERMINAL or
+  STALE_OWNER) and changes nothing but those counters.
 
   KEYS[1] stream
   KEYS[2] stats
   KEYS[3] events
   KEYS[4] delayed
   KEYS[5] dlq
-  KEYS[6] job record
-  KEYS[7] done (long-poll wakeup)
+  KEYS[6] tenants (unfinished jobs per tenant)
+  KEYS[7] job record
+  KEYS[8] done (long-poll wakeup)
 
   ARGV[1] entry id
   ARGV[2] now (ms)
@@ -18,58 +26,71 @@
   ARGV[5] error JSON of this attempt
   ARGV[6] result TTL (s)
   ARGV[7] events max length
+  ARGV[8] lease token of the delivery (from start)
+  ARGV[9] call token (the same for the same write of one delivery: queue.settle_token)
 
   Returns
     {1, attempt, due_ms}   next attempt queued (due_ms 0: in the stream now; else in the delayed set)
     {2}                    attempts exhausted: failed and dead-lettered
-    -1 NOT_FOUND
-    -4 TERMINAL            {-4, status}: late failure of a finished job, discarded and counted
-    -5 STALE               the entry is not the job's live entry; discarded
+    -1 NOT_FOUND           entry acknowledged
+    -4 TERMINAL            {-4, status}: late failure of a finished job, discarded and counted; acknowledged
     -7 ENDED               {-7, "cancelled"}: cancellation was requested, so the job ends cancelled
+    -8 STALE_OWNER         the caller no longer holds the delivery: nothing changed, counted (stale_writes)
 ]]
 local rcall = redis.call
 local streamKey, statsKey, eventsKey, delayedKey, dlqKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local jobKey, doneKey = KEYS[6], KEYS[7]
+local tenantsKey, jobKey, doneKey = KEYS[6], KEYS[7], KEYS[8]
 local entryId, now, delay, maxAttempts = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local errorJson, resultTtl, eventsMaxlen = ARGV[5], ARGV[6], ARGV[7]
+local errorJson, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 
 --- @include "ackEntry"
 --- @include "isTerminal"
+--- @include "replay"
 --- @include "terminate"
 --- @include "deadLetter"
 
-ackEntry(streamKey, entryId)
-local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'attempts', 'cancel')
+local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'attempts', 'cancel', 'lease', 'settled', 'refused')
 local jobId, status, entry, attempts, cancel = job[1], job[2], job[3], tonumber(job[4] or '1'), job[5]
 if not jobId then
+  ackEntry(streamKey, entryId)
   return {-1}
 end
+local again = replayed(jobKey, 'settled', job[7], call) or replayed(jobKey, 'refused', job[8], call)
+if again then
+  return again
+end
 if TERMINAL[status] then
+  ackEntry(streamKey, entryId)
   rcall('HINCRBY', statsKey, 'duplicate_results', 1)
-  return {-4, status}
+  return remember(jobKey, 'refused', call, {-4, status})
 end
-if entry ~= entryId then
-  return {-5}
+if entry ~= entryId or job[6] ~= lease or lease == '' then
+  rcall('HINCRBY', statsKey, 'stale_writes', 1)
+  return remember(jobKey, 'refused', call, {-8})
 end
+
+ackEntry(streamKey, entryId)
 if cancel == '1' then
-  terminate(jobKey, doneKey, statsKey, eventsKey, jobId, 'cancelled', now, resultTtl, eventsMaxlen,
+  terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, 'cancelled', now, resultTtl, eventsMaxlen,
     {'error', '{"type":"cancelled","message":"the job was cancelled"}'})
-  return {-7, 'cancelled'}
+  return remember(jobKey, 'settled', call, {-7, 'cancelled'})
 end
 if attempts >= maxAttempts then
-  deadLetter(jobKey, doneKey, statsKey, eventsKey, dlqKey, jobId, now, resultTtl, eventsMaxlen, 'max_attempts', errorJson)
-  return {2}
+  deadLetter(jobKey, doneKey, statsKey, tenantsKey, eventsKey, dlqKey, jobId, now, resultTtl, eventsMaxlen,
+    'max_attempts', errorJson)
+  return remember(jobKey, 'settled', call, {2})
 end
 
 attempts = attempts + 1
 rcall('HINCRBY', statsKey, 'retried', 1)
 rcall('HSET', jobKey, 'status', 'queued', 'attempts', attempts, 'deliveries', '0', 'last_error', errorJson)
+rcall('HDEL', jobKey, 'lease')
 if delay > 0 then
   local due = now + delay
   rcall('HSET', jobKey, 'entry', '')
   rcall('ZADD', delayedKey, due, jobId)
-  return {1, attempts, due}
+  return remember(jobKey, 'settled', call, {1, attempts, due})
 end
 local newEntry = rcall('XADD', streamKey, '*', 'job', jobId, 'attempt', attempts)
 rcall('HSET', jobKey, 'entry', newEntry)
-return {1, attempts, 0}
+return remember(jobKey, 'settled', call, {1, attempts, 0})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -76,12 +77,19 @@ class Resolver:
             "AWS::Partition": "aws",
             "AWS::StackName": "inferq",
             "AWS::URLSuffix": "amazonaws.com",
+            "AWS::StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/inferq/0a1b2c3d-4e5f-6789-abcd-0123",
         }
         if name in pseudo:
             return pseudo[name]
         default = self.template["Parameters"][name].get("Default")
         assert default is not None, f"parameter {name} has no default"
         return ",".join(map(str, default)) if isinstance(default, list) else str(default)
+
+    def _substitute(self, name: str) -> Any:
+        """``${Name}`` in Fn::Sub: a parameter (or pseudo parameter), a resource, or ``Resource.Attribute``."""
+        if "." in name:
+            return self.value({"Fn::GetAtt": name})
+        return self.value({"Ref": name})
 
     def condition(self, name: str) -> bool:
         return bool(self.value(self.template["Conditions"][name]))
@@ -123,6 +131,14 @@ class Resolver:
         if function == "Fn::Split":
             separator, text = args
             return str(self.value(text)).split(separator)
+        if function == "Fn::Select":
+            index, items = args
+            return self.value(items)[int(self.value(index))]
+        if function == "Fn::FindInMap":
+            name, top, second = (str(self.value(a)) for a in args)
+            return self.template["Mappings"][name][top][second]
+        if function == "Fn::Sub" and isinstance(args, str):
+            return re.sub(r"\$\{([^}!]+)\}", lambda m: str(self._substitute(m.group(1))), args)
         raise NotImplementedError(f"{function} in {node}")
 
 

@@ -7,6 +7,7 @@ IAM scoped to single resources.
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -20,6 +21,7 @@ from inferq.settings import Settings
 from .cfn import (
     FUNCTIONS,
     NESTED,
+    NO_VALUE,
     READ_ONLY_VERBS,
     ROOT,
     TEMPLATE,
@@ -32,6 +34,9 @@ from .cfn import (
 
 # Stand-ins for nested-stack outputs where a value must parse (the URL the settings validate).
 ATTRIBUTES = {"Cache.Outputs.RedisUrl": "rediss://cache.inferq.test:6379/0"}
+WEBHOOK_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:hooks-AbCdEf"
+HF_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:hf-AbCdEf"
+TOKEN_REF = "{{resolve:secretsmanager:${AuthSecret}:SecretString:token}}"
 # AWS managed policies a role may carry. Their '*' resources are AWS's to scope: ENIs for a Lambda in a VPC,
 # X-Ray segments, the ECS agent's registration, ECR auth tokens. Everything else is inline and scoped.
 MANAGED_POLICIES = {
@@ -71,6 +76,12 @@ def allowed(translated: dict[str, Any], role: str, action: str) -> list[Any]:
 def worker_container(gpu: dict[str, Any]) -> dict[str, Any]:
     containers = gpu["Resources"]["TaskDefinition"]["Properties"]["ContainerDefinitions"]
     return next(c for c in containers if c["Name"] == "worker")
+
+
+def worker_environment(gpu: dict[str, Any], **overrides: str) -> dict[str, str]:
+    """The worker container's environment as ECS would start it, parameters at their defaults but ``overrides``."""
+    resolver = Resolver(gpu, overrides={"RedisUrl": "rediss://cache:6379/0", **overrides})
+    return {e["Name"]: e["Value"] for e in resolver.value(worker_container(gpu)["Environment"])}
 
 
 # --- linters ---
@@ -380,9 +391,13 @@ def test_cache_is_valkey_with_tls_and_a_token_generated_in_secrets_manager(neste
     assert serverless["Engine"] == "valkey"
     assert cache["DefaultUser"]["Properties"]["AuthenticationMode"]["Passwords"] == [{"Fn::Sub": token_ref}]
     assert cache["DefaultUser"]["Properties"]["UserName"] == "default"
-    url = nested["cache"]["Outputs"]["RedisUrl"]["Value"]["Fn::If"]
-    assert url[1]["Fn::Sub"].startswith("rediss://") and url[1]["Fn::Sub"].endswith("?cluster=true")
-    assert url[2]["Fn::Sub"].startswith("rediss://")
+    url = nested["cache"]["Outputs"]["RedisUrl"]["Value"]
+    assert Resolver(nested["cache"]).value(url) == (
+        "rediss://ReplicationGroup.PrimaryEndPoint.Address:ReplicationGroup.PrimaryEndPoint.Port/0"
+    )
+    assert Resolver(nested["cache"], overrides={"Mode": "serverless"}).value(url) == (
+        "rediss://ServerlessCache.Endpoint.Address:ServerlessCache.Endpoint.Port?cluster=true"
+    )
 
 
 def test_gpu_fleet_scales_from_zero_on_a_managed_capacity_provider(nested: dict[str, dict[str, Any]]) -> None:
@@ -438,3 +453,127 @@ def test_alarms_watch_the_scaler_metrics_by_queue(nested: dict[str, dict[str, An
     for metric in ("Dlq", "OldestJobAgeSeconds", "Lag"):
         assert f"MAX({metric}) FROM inferq WHERE queue = '${{QueueName}}'" in expressions
     assert "AWS::CloudWatch::Dashboard" in {r["Type"] for r in resources.values()}
+
+
+# --- the job timeout, the webhook secret, one scaler at a time, durability (issue 11) ---
+
+
+def test_the_job_timeout_reaches_the_workers_that_enforce_it_and_not_the_gateway(
+    translated: dict[str, Any], nested: dict[str, dict[str, Any]]
+) -> None:
+    assert "INFERQ_JOB_TIMEOUT_S" not in environment(translated, "GatewayFunction")
+    gpu_parameters = translated["Resources"]["Gpu"]["Properties"]["Parameters"]
+    assert gpu_parameters["JobTimeoutSeconds"] == {"Ref": "JobTimeoutSeconds"}
+    env = worker_environment(nested["gpu"], JobTimeoutSeconds="900")
+    assert Settings.from_env(env).job_timeout_s == 900
+    default = translated["Parameters"]["JobTimeoutSeconds"]["Default"]
+    assert worker_environment(nested["gpu"])["INFERQ_JOB_TIMEOUT_S"] == str(default)
+
+
+def test_a_generated_webhook_secret_reaches_the_workers_and_the_scaler_by_reference_only(
+    translated: dict[str, Any], nested: dict[str, dict[str, Any]]
+) -> None:
+    resources = translated["Resources"]
+    generated = resources["WebhookSecret"]
+    assert generated["Type"] == "AWS::SecretsManager::Secret"
+    assert generated["Properties"]["GenerateSecretString"]["PasswordLength"] >= 32
+    gpu_parameters = resources["Gpu"]["Properties"]["Parameters"]
+    scaler_env = environment(translated, "ScalerFunction")
+    for resolver, arn in ((Resolver(translated), "WebhookSecret"),
+                          (Resolver(translated, overrides={"WebhookSecretArn": WEBHOOK_ARN}), WEBHOOK_ARN)):
+        assert resolver.value(gpu_parameters["WebhookSecretArn"]) == arn
+        assert resolver.value(scaler_env)["INFERQ_WEBHOOK_SECRET_ID"] == arn
+        assert resolver.value(translated["Outputs"]["WebhookSecretArn"]["Value"]) == arn
+    assert not Resolver(translated, overrides={"WebhookSecretArn": WEBHOOK_ARN}).condition("CreateWebhookSecret")
+    # the value itself never sits in a function or task definition
+    for logical_id in FUNCTIONS:
+        assert "INFERQ_WEBHOOK_SECRET" not in environment(translated, logical_id)
+    assert "INFERQ_WEBHOOK_SECRET" not in worker_environment(nested["gpu"], WebhookSecretArn=WEBHOOK_ARN)
+    # ECS injects it into the worker from the secret
+    gpu = nested["gpu"]
+    container = Resolver(gpu, overrides={"RedisUrl": "r", "WebhookSecretArn": WEBHOOK_ARN}).value(worker_container(gpu))
+    assert container["Secrets"] == [{"Name": "INFERQ_WEBHOOK_SECRET", "ValueFrom": WEBHOOK_ARN}]
+    assert "Secrets" not in Resolver(gpu, overrides={"RedisUrl": "r"}).value(worker_container(gpu))
+
+
+def _policies(gpu: dict[str, Any], role: str, **overrides: str) -> Any:
+    return Resolver(gpu, overrides={"RedisUrl": "r", **overrides}).value(
+        gpu["Resources"][role]["Properties"].get("Policies", [])
+    )
+
+
+def test_only_the_scaler_and_the_tasks_execution_role_may_read_the_webhook_secret(
+    translated: dict[str, Any], nested: dict[str, dict[str, Any]]
+) -> None:
+    resolver = Resolver(translated)
+    readers = {
+        owner
+        for owner, statement in role_statements(translated)
+        if "secretsmanager:GetSecretValue" in as_list(statement["Action"])
+        and resolver.value(statement["Resource"]) == "WebhookSecret"
+    }
+    assert readers == {role_of(translated, "ScalerFunction")}
+    gpu = nested["gpu"]
+    read = {"Effect": "Allow", "Action": "secretsmanager:GetSecretValue"}
+    policies = _policies(gpu, "TaskExecutionRole", WebhookSecretArn=WEBHOOK_ARN)
+    assert [p["PolicyDocument"]["Statement"] for p in policies] == [[{**read, "Resource": WEBHOOK_ARN}]]
+    both = _policies(gpu, "TaskExecutionRole", WebhookSecretArn=WEBHOOK_ARN, HuggingFaceTokenSecretArn=HF_ARN)
+    assert [p["PolicyDocument"]["Statement"] for p in both] == [
+        [{**read, "Resource": HF_ARN}, {**read, "Resource": WEBHOOK_ARN}]
+    ]
+    assert _policies(gpu, "TaskExecutionRole") is NO_VALUE  # no secret, no policy
+    assert WEBHOOK_ARN not in json.dumps(_policies(gpu, "TaskRole", WebhookSecretArn=WEBHOOK_ARN))
+
+
+def test_scaler_invocations_never_overlap(translated: dict[str, Any]) -> None:
+    assert function(translated, "ScalerFunction")["ReservedConcurrentExecutions"] == 1
+
+
+def test_wait_replicas_reach_the_gateway_and_the_workers(
+    translated: dict[str, Any], nested: dict[str, dict[str, Any]]
+) -> None:
+    assert environment(translated, "GatewayFunction")["INFERQ_REDIS_WAIT_REPLICAS"] == {"Ref": "RedisWaitReplicas"}
+    gpu_parameters = translated["Resources"]["Gpu"]["Properties"]["Parameters"]
+    assert gpu_parameters["RedisWaitReplicas"] == {"Ref": "RedisWaitReplicas"}
+    assert translated["Parameters"]["RedisWaitReplicas"]["Default"] == 0
+    assert Settings.from_env(worker_environment(nested["gpu"], RedisWaitReplicas="1")).redis_wait_replicas == 1
+
+
+def test_memorydb_is_a_durable_cache_option_behind_the_same_url_and_token(
+    translated: dict[str, Any], nested: dict[str, dict[str, Any]]
+) -> None:
+    cache = nested["cache"]
+    resources = cache["Resources"]
+    memorydb = Resolver(cache, overrides={"Mode": "memorydb"})
+    assert memorydb.condition("IsMemoryDb")
+    assert not memorydb.condition("IsReplicationGroup") and not memorydb.condition("IsServerless")
+    assert not Resolver(cache).condition("IsMemoryDb")  # ElastiCache stays the default
+    for name in ("MemoryDbCluster", "MemoryDbUser", "MemoryDbAcl", "MemoryDbSubnetGroup", "MemoryDbParameterGroup"):
+        assert resources[name]["Condition"] == "IsMemoryDb", name
+    cluster = memorydb.value(resources["MemoryDbCluster"]["Properties"])
+    assert (cluster["Engine"], cluster["TLSEnabled"], cluster["Port"]) == ("valkey", True, 6379)
+    assert (cluster["ACLName"], cluster["SubnetGroupName"], cluster["SecurityGroupIds"]) == (
+        "MemoryDbAcl",
+        "MemoryDbSubnetGroup",
+        ["CacheSecurityGroup"],
+    )
+    assert cluster["NumReplicasPerShard"] == 1  # two nodes: a primary and a replica in another zone
+    one_node = Resolver(cache, overrides={"Mode": "memorydb", "Nodes": "1"})
+    assert one_node.value(resources["MemoryDbCluster"]["Properties"]["NumReplicasPerShard"]) == 0
+    params = memorydb.value(resources["MemoryDbParameterGroup"]["Properties"])
+    assert params["Parameters"] == {"maxmemory-policy": "noeviction"}
+    user = resources["MemoryDbUser"]["Properties"]
+    assert user["AuthenticationMode"] == {"Type": "password", "Passwords": [{"Fn::Sub": TOKEN_REF}]}
+    assert resources["MemoryDbAcl"]["Properties"]["UserNames"] == [{"Ref": "MemoryDbUser"}]
+    # The secret names the ACL user, so clients authenticate as it with the token (MemoryDB reserves "default").
+    template = resources["AuthSecret"]["Properties"]["GenerateSecretString"]["SecretStringTemplate"]
+    assert json.loads(memorydb.value(template)) == {"username": memorydb.value(user["UserName"])}
+    assert json.loads(Resolver(cache).value(template)) == {"username": "default"}
+    url = memorydb.value(cache["Outputs"]["RedisUrl"]["Value"])
+    assert url == "rediss://MemoryDbCluster.ClusterEndpoint.Address:6379?cluster=true"
+    assert Settings(redis_url=url).redis_url == url
+    # The root stack chooses it with CacheMode and hands its URL and secret to every process as before.
+    assert "memorydb" in translated["Parameters"]["CacheMode"]["AllowedValues"]
+    cache_parameters = translated["Resources"]["Cache"]["Properties"]["Parameters"]
+    assert cache_parameters["Mode"] == {"Ref": "CacheMode"}
+    assert cache_parameters["MemoryDbNodeType"] == {"Ref": "MemoryDbNodeType"}

@@ -1,7 +1,9 @@
 --[[
   Acknowledge a stream entry and delete it, so XLEN(stream) is always exactly lag + pending.
+  Returns how many entries the XACK acknowledged: 0 when a resent call already did it.
 ]]
 local function ackEntry(streamKey, entryId)
-  rcall('XACK', streamKey, 'workers', entryId)
+  local acked = rcall('XACK', streamKey, 'workers', entryId)
   rcall('XDEL', streamKey, entryId)
+  return acked
 end

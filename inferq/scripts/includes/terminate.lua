@@ -1,13 +1,22 @@
 --[[
   Move a job to a terminal status, once. Callers have checked that it is not terminal yet.
-  Emits the terminal event (webhooks), wakes long-poll waiters, settles the counters, starts the result TTL.
+  Emits the terminal event (webhooks), wakes long-poll waiters, settles the counters (the queue's and the
+  tenant's unfinished jobs, latency_ms_total: the sum of finished_at - created_at over terminal jobs, which the
+  console divides by the terminal counts), starts the result TTL.
   extra: flat list of more job fields to set (result, error, dead_lettered, ...).
 ]]
-local function terminate(jobKey, doneKey, statsKey, eventsKey, jobId, status, now, resultTtl, eventsMaxlen, extra)
-  local tenant, webhook = unpack(rcall('HMGET', jobKey, 'tenant', 'webhook_url'))
+local function terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, status, now, resultTtl,
+                         eventsMaxlen, extra)
+  local tenant, webhook, createdAt = unpack(rcall('HMGET', jobKey, 'tenant', 'webhook_url', 'created_at'))
   rcall('HSET', jobKey, 'status', status, 'finished_at', now, 'entry', '', unpack(extra))
   rcall('HINCRBY', statsKey, 'unfinished', -1)
   rcall('HINCRBY', statsKey, status, 1)
+  if createdAt then
+    rcall('HINCRBY', statsKey, 'latency_ms_total', string.format('%d', math.max(0, tonumber(now) - tonumber(createdAt))))
+  end
+  if tenant and rcall('HINCRBY', tenantsKey, tenant, -1) <= 0 then
+    rcall('HDEL', tenantsKey, tenant)  -- only tenants with open jobs stay in the hash
+  end
   rcall('XADD', eventsKey, 'MAXLEN', '~', eventsMaxlen, '*', 'job', jobId, 'status', status,
     'tenant', tenant or '', 'webhook', (webhook and webhook ~= '') and '1' or '0')
   rcall('EXPIRE', jobKey, resultTtl)

@@ -85,7 +85,8 @@ def get_event(job_id: str, wait: str = "0") -> dict[str, Any]:
 def test_sixty_sequential_invocations_in_one_process_including_a_new_event_loop(
     gateway_module: ModuleType, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.DEBUG)
+    gateway_module.app.state.telemetry.logger.setLevel(logging.DEBUG)  # a successful request's line is DEBUG
     submit = load_event("apiGatewayProxyV2SubmitJob.json")
     submit_b64 = load_event("apiGatewayProxyV2SubmitJobBase64.json")
     health = load_event("apiGatewayProxyV2Healthz.json")

@@ -47,7 +47,7 @@ def gateway(make_app: AppFactory) -> FastAPI:
 def test_every_answer_matches_the_openapi_document_and_none_is_5xx(gateway: FastAPI, mode: GenerationMode) -> None:
     schema = schemathesis.openapi.from_asgi("/openapi.json", gateway)
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 8
+    assert len(operations) == 9  # with GET /v1/stats/history
 
     doc = gateway.openapi()
     seen: dict[str, set[int]] = {}
@@ -70,6 +70,7 @@ def test_every_answer_matches_the_openapi_document_and_none_is_5xx(gateway: Fast
         assert 202 in seen["POST /v1/jobs"], seen
         assert 404 in seen["GET /v1/jobs/{job_id}"], seen
         assert seen["GET /v1/scale"] == {200}, seen
+        assert seen["GET /v1/stats/history"] == {200}, seen
     else:
         assert 422 in seen["POST /v1/jobs"], seen
 

@@ -1,9 +1,13 @@
 """Random interleavings of every transition across several simulated consumers, against a real Valkey.
 
-After every step: each job has exactly one status; ``unfinished`` equals the number of non-terminal jobs; a
-non-terminal job has exactly one live place (stream entry, pending or not, or the delayed set) and a terminal one
-none; a terminal status never changes; and a terminal job is never handed to the model again.
-Leases expire at once here (claim-idle 0), so every reclaim steals from a live consumer: the hardest case.
+After every step: each job has exactly one status; ``unfinished`` equals the number of non-terminal jobs, and the
+per-tenant counts agree; a non-terminal job has exactly one live place (stream entry, pending or not, or the
+delayed set) and a terminal one none, so the stream is empty when every job is terminal; a terminal status never
+changes; and a terminal job is never handed to the model again.
+Leases expire at once here (claim-idle 0), so every reclaim steals from a live consumer: the hardest case. The
+consumer that lost an entry keeps its delivery and may still finish, retry or release it (a stale holder, G9):
+each such write must be refused and change nothing. Any script call may be resent (run twice with the same
+arguments, G9): the copy must answer the same and change nothing.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from emulator.valkey import ValkeyProcess
 from inferq.jobs import JobRequest, JobStatus
-from inferq.queue import Delivery, JobNotFound, JobTerminal, Queue, QueueFull, now_ms
+from inferq.queue import Delivery, JobNotFound, JobTerminal, Outcome, Queue, QueueFull, now_ms
 from inferq.settings import Settings
+from tests.integration.protocol.resend import Resending, difference, snapshot, without_refusals
 
 CONSUMERS = ("c1", "c2", "c3")
 EXAMPLES = int(os.environ.get("INFERQ_STATEFUL_EXAMPLES", "1000"))
@@ -34,8 +39,10 @@ class QueueMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         config = Settings(redis_url=self.server.url, queue="sm" + uuid.uuid4().hex[:10], claim_idle_ms=0,
-                          max_attempts=2, max_deliveries=3, max_queue_depth=12)
+                          max_attempts=2, max_deliveries=3, max_queue_depth=12, tenant_max_depth=8)
         self.q = Queue.connect(config)
+        self.resend = Resending(self.q, always=False)
+        self.q.scripts = self.resend
         self.run(self.q.ensure_groups())
         self.jobs: list[str] = []
         self.held: dict[str, list[Delivery]] = {c: [] for c in CONSUMERS}
@@ -47,7 +54,8 @@ class QueueMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.run(self.q.redis.delete(*(self.q.keys.job(j) for j in self.jobs), self.q.keys.stream,
-                                     self.q.keys.delayed, self.q.keys.stats, self.q.keys.dlq, self.q.keys.events))
+                                     self.q.keys.delayed, self.q.keys.stats, self.q.keys.dlq, self.q.keys.events,
+                                     self.q.keys.tenants))
         self.run(self.q.close())
         self.loop.close()
 
@@ -66,6 +74,23 @@ class QueueMachine(RuleBasedStateMachine):
 
     def holding(self) -> bool:
         return any(self.held.values())
+
+    def _settle(self, d: Delivery, write: Any, written: tuple[Outcome, ...]) -> None:
+        """Run a finish, retry or release of ``d``. If ``d`` no longer holds its job (the entry was reclaimed,
+        or the job moved on), the write must be refused and change nothing but the stale-write count."""
+        status, entry, lease = self.run(self.q.redis.hmget(self.q.keys.job(d.job.id), "status", "entry", "lease"))
+        terminal = JobStatus(status).terminal
+        stale = not terminal and (entry != d.entry_id or lease != d.lease)
+        before = self.run(snapshot(self.q)) if stale else None
+        outcome = self.run(write)
+        if terminal:
+            assert outcome is Outcome.DUPLICATE, f"a write to a terminal job answered {outcome}"
+        elif stale:
+            assert outcome is Outcome.STALE, f"a stale holder's write answered {outcome}"
+            after = self.run(snapshot(self.q))
+            assert without_refusals(after, self.q) == without_refusals(before, self.q), difference(before, after)
+        else:
+            assert outcome in written, f"the holder's write answered {outcome}"
 
     # ------------------------------------------------------------ rules
 
@@ -90,20 +115,23 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(index=st.integers(0, 5), status=st.sampled_from([JobStatus.SUCCEEDED, JobStatus.FAILED]))
     def finish(self, index: int, status: JobStatus) -> None:
         if d := self._pop(index):
-            self.run(self.q.finish(d, status, result={"ok": True} if status is JobStatus.SUCCEEDED else None,
-                                   error=None if status is JobStatus.SUCCEEDED else {"type": "x", "message": "y"}))
+            ok = status is JobStatus.SUCCEEDED
+            write = self.q.finish(d, status, result={"ok": True} if ok else None,
+                                  error=None if ok else {"type": "x", "message": "y"})
+            self._settle(d, write, (Outcome.WRITTEN,))
 
     @precondition(holding)
     @rule(index=st.integers(0, 5), delay=st.sampled_from([0, 0, 5_000]))
     def fail_and_retry(self, index: int, delay: int) -> None:
         if d := self._pop(index):
-            self.run(self.q.retry(d, delay_ms=delay, error={"type": "timeout", "message": "t"}, now=self.clock))
+            self._settle(d, self.q.retry(d, delay_ms=delay, error={"type": "timeout", "message": "t"}, now=self.clock),
+                         (Outcome.RETRY_SCHEDULED, Outcome.DEAD_LETTERED, Outcome.ENDED))
 
     @precondition(holding)
     @rule(index=st.integers(0, 5))
     def release(self, index: int) -> None:
         if d := self._pop(index):
-            self.run(self.q.release(d))
+            self._settle(d, self.q.release(d), (Outcome.RELEASED,))
 
     @rule(consumer=st.sampled_from(CONSUMERS))
     def crash(self, consumer: str) -> None:
@@ -120,6 +148,12 @@ class QueueMachine(RuleBasedStateMachine):
             self.run(self.q.cancel(tenant, self.jobs[index % len(self.jobs)]))
         except (JobNotFound, JobTerminal):
             pass
+
+    @rule(calls=st.integers(1, 3))
+    def resend_the_next_calls(self, calls: int) -> None:
+        """The next script calls are each run twice with the same arguments (a timeout, a failover, redis-py's
+        retry); Resending checks that each copy answers the same and changes nothing."""
+        self.resend.arm(calls)
 
     @rule()
     def promote(self) -> None:
@@ -150,6 +184,10 @@ class QueueMachine(RuleBasedStateMachine):
                     assert entries[job_id] == 1 and job_id not in delayed
         unfinished = int(self.run(self.q.redis.hget(self.q.keys.stats, "unfinished")) or 0)
         assert unfinished == open_jobs
+        per_tenant = Counter(r["tenant"] for r in records if not JobStatus(r["status"]).terminal)
+        assert self.run(self.q.redis.hgetall(self.q.keys.tenants)) == {t: str(n) for t, n in per_tenant.items()}
+        if open_jobs == 0:
+            assert self.run(self.q.redis.xlen(self.q.keys.stream)) == 0
 
     async def _records(self) -> list[dict[str, str]]:
         pipe = self.q.redis.pipeline(transaction=False)

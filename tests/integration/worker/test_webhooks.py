@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from standardwebhooks import Webhook
 
+from inferq.client import verify_webhook
 from inferq.keys import WEBHOOK_GROUP
 from inferq.queue import Queue
 from inferq.settings import Settings
@@ -58,6 +59,7 @@ async def test_webhook_is_signed_retried_after_a_500_with_the_same_webhook_id_an
     for method, path, headers, body in receiver.requests:
         assert (method, path) == ("POST", "/hook")
         assert verify(SECRET, headers, body)
+        assert verify_webhook(SECRET, headers, body)["id"] == job.id  # the client checks the worker's real signature
         assert Webhook(SECRET).verify(body, headers)["id"] == job.id  # the reference library agrees
         sent = json.loads(body)
         assert sent["id"] == job.id and sent["status"] == "succeeded" and sent["metadata"] == {"k": "v"}

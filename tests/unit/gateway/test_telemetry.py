@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -46,3 +47,24 @@ def test_flush_writes_one_emf_line_per_dimension_set(
 def test_the_namespace_follows_powertools_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "custom")
     assert Telemetry().namespace == "custom"
+
+
+def test_access_lines_are_info_for_refusals_and_debug_for_successes(caplog: pytest.LogCaptureFixture) -> None:
+    # a service name of its own: Powertools configures the logger of a name once per process
+    telemetry = Telemetry(level="INFO", service="gateway-access-info")
+    caplog.set_level(logging.DEBUG)
+    telemetry.access(202, {"request_id": "r1", "job_id": "job_1"})
+    telemetry.access(200, {"request_id": "r2"})
+    telemetry.access(429, {"request_id": "r3"})
+    telemetry.access(500, {"request_id": "r4", "error": "internal_error"})
+    lines = [(r.levelname, r.__dict__["request_id"]) for r in caplog.records if r.getMessage() == "request"]
+    assert lines == [("INFO", "r3"), ("INFO", "r4")]
+
+    caplog.clear()
+    telemetry = Telemetry(level="DEBUG", service="gateway-access-debug")  # INFERQ_LOG_LEVEL=DEBUG: every request
+    telemetry.access(202, {"request_id": "r1", "job_id": "job_1"})
+    telemetry.access(404, {"request_id": "r2"})
+    lines = [(r.levelname, r.__dict__["request_id"]) for r in caplog.records if r.getMessage() == "request"]
+    assert lines == [("DEBUG", "r1"), ("INFO", "r2")]
+    assert all(r.funcName == "test_access_lines_are_info_for_refusals_and_debug_for_successes"
+               for r in caplog.records if r.getMessage() == "request")  # the caller's location, not telemetry's
