@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from redis.exceptions import NoScriptError
+
 from inferq.faults import FaultRun
 from inferq.jobs import Job
 from inferq.keys import Keys
@@ -131,6 +133,8 @@ class MockBackend:
                 await self._count_script(keys=[self._key, f"{self._key}:{token}"], args=[job_id], client=pipe)
             try:
                 return list(await pipe.execute())
+            except NoScriptError:  # a new primary after a failover: the next execute loads the script there
+                continue
             except Exception as exc:
                 await asyncio.sleep(await faults.absorb(exc))
 
