@@ -12,11 +12,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from emulator.valkey import ValkeyProcess, fail_over, wait_in_sync
+from functions.gateway.api import create_app
 from inferq.queue import Queue
 from inferq.settings import Settings
+from tests.integration.gateway.support import CHAT, KEYS, A
 from tests.integration.worker.support import chat, status_is, submit, worker_processes
 
 from .support import Endpoint, assert_each_ended_once, submit_until_accepted
@@ -74,3 +77,28 @@ async def test_long_jobs_submitted_before_and_after_a_failover_each_run_once(
             worker.terminate()
             assert await worker.wait() == 0
     await queue.close()
+
+
+async def test_the_gateway_follows_the_endpoint_to_the_new_primary_without_a_single_error(
+    endpoint: tuple[Endpoint, ValkeyProcess, ValkeyProcess],
+) -> None:
+    """Its pooled connections still reach the demoted primary: the first READONLY on each makes redis-py close it
+    and resend on a new connection, which the endpoint sends to the new primary (safe: nothing was written)."""
+    proxy, a, b = endpoint
+    settings = Settings(redis_url=proxy.url, queue="q" + uuid.uuid4().hex[:8], redis_timeout_s=1.0)
+    app = create_app(settings, keys=KEYS)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
+    try:
+        first = [await client.post("/v1/jobs", json=CHAT, headers=A) for _ in range(3)]
+        assert all(r.status_code == 202 for r in first)
+        await asyncio.to_thread(fail_over, a, b, promoted=lambda: proxy.switch(b))
+        for _ in range(5):
+            response = await client.post("/v1/jobs", json=CHAT, headers=A)
+            assert response.status_code == 202, response.text
+        job_id = response.json()["id"]
+        cancelled = await client.post(f"/v1/jobs/{job_id}/cancel", headers=A)
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+        assert b.info("replication")["role"] == "master" and a.info("replication")["role"] == "slave"
+    finally:
+        await client.aclose()
+        await app.state.gateway.aclose()
