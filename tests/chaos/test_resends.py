@@ -38,8 +38,9 @@ def server(tmp_path: Path) -> Iterator[ValkeyProcess]:
 
 
 def fault_settings(url: str) -> Settings:
-    # claim-idle well above every fault: each job's entry stays with the worker that holds it
-    return Settings(redis_url=url, queue="q" + uuid.uuid4().hex[:8], window=8, claim_idle_ms=15_000,
+    # claim-idle above every fault: each job's entry stays with the worker that holds it (an entry whose read reply
+    # was lost is reclaimed after it)
+    return Settings(redis_url=url, queue="q" + uuid.uuid4().hex[:8], window=8, claim_idle_ms=6_000,
                     redis_timeout_s=TIMEOUT_S, retry_base_ms=0, metrics_port=0, job_timeout_s=60, drain_s=5)
 
 
