@@ -19,14 +19,13 @@ HISTORY_SAMPLES = 720
 SAMPLE_EVERY_S = 5.0
 COUNTERS = ("enqueued", "succeeded", "failed", "cancelled", "expired", "latency_ms_total")
 """Cumulative counters of ``inferq:{Q}:stats`` copied into each sample (absent ones as 0; ``latency_ms_total`` is
-the sum over terminal jobs of finished_at - created_at, in ms)."""
+the sum over terminal jobs of finished_at - created_at, in ms: a reader divides its growth by the terminal jobs of
+the same interval, and an interval in which none ended has no latency, not a latency of zero)."""
 
 
 def sample(stats: dict[str, int], observation: Observation, *, at: float, desired: int | None,
            running: int | None) -> dict[str, Any]:
-    counters = {name: int(stats.get(name, 0)) for name in COUNTERS if name != "latency_ms_total"}
-    if "latency_ms_total" in stats:  # absent until the first job ends: "no data", not "zero latency"
-        counters["latency_ms_total"] = int(stats["latency_ms_total"])
+    counters = {name: int(stats.get(name, 0)) for name in COUNTERS}
     return {
         "at": round(at, 3),
         **counters,

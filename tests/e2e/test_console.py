@@ -108,12 +108,16 @@ def keyboard_reaches_everything(browser: Browser) -> None:
         return all.length;
     })()""")
     assert total >= 5
-    reached = set()
-    for _ in range(total + 5):
+    reached: set[int] = set()
+    # a live page may add focusable rows (the dead letters refresh) between presses: allow for more tab stops than
+    # were counted, and stop as soon as every counted control has had the focus
+    for _ in range(3 * total + 10):
         browser.key(*TAB)
         mark = browser.js("document.activeElement && document.activeElement.dataset.kb")
         if mark is not None:
             reached.add(int(mark))
+        if len(reached) == total:
+            break
     missing = browser.js(f"""[...document.querySelectorAll('[data-kb]')]
         .filter((e) => !{json.dumps(sorted(reached))}.includes(Number(e.dataset.kb)))
         .map((e) => e.outerHTML.slice(0, 80))""")
@@ -244,10 +248,8 @@ def test_the_overview_charts_throughput_and_latency(stack: Emulator, browser: Br
                  ">= 2)", timeout=60, what="throughput points")
     newest = alice.history()[-1]
     latency_points = int(browser.js("Number(document.getElementById('chart-latency').dataset.points)"))
-    if "latency_ms_total" in newest:  # the stats counter exists: the chart draws it
-        assert latency_points >= 1
-    else:  # no counter yet: the chart says so instead of drawing zeros
-        assert latency_points == 0 and "no data" in browser.text("#chart-latency")
+    assert newest["latency_ms_total"] > 0  # jobs ended: the chart draws their queue-to-done time
+    assert latency_points >= 1
     assert browser.js("document.querySelector('#chart-throughput svg polyline') !== null")
     assert browser.text("#g-delayed") != "\u2013"  # a number, not the placeholder dash
     browser.screenshot(shots / "overview.png")

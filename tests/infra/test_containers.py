@@ -1,5 +1,6 @@
-"""The container side: gpu_worker/Dockerfile passes hadolint and copies only what exists; emulator/compose.yaml
-(which Docker, absent here, would run) wires the roles of `inferq up` the way docs/architecture.md describes."""
+"""The container side read as files: every Dockerfile passes hadolint and takes its base images as build arguments;
+gpu_worker/Dockerfile copies only what exists; emulator/compose.yaml wires the roles of `inferq up` the way
+docs/architecture.md describes, every image a variable. tests/docker builds and runs them."""
 
 from __future__ import annotations
 
@@ -17,7 +18,31 @@ import yaml
 from .cfn import ROOT, SAM_VENV, run
 
 DOCKERFILE = ROOT / "gpu_worker" / "Dockerfile"
+DOCKERFILES = sorted(
+    path
+    for path in [*ROOT.glob("*/Dockerfile"), *ROOT.glob("*/*.Dockerfile")]
+    if not path.relative_to(ROOT).parts[0].startswith(".")
+)
 COMPOSE = ROOT / "emulator" / "compose.yaml"
+HOST_NETWORK = ROOT / "docker" / "compose.host.yaml"
+DEFAULTED = re.compile(r"\$\{(\w+):-([^}]*)\}")
+
+
+def with_defaults(value: Any) -> Any:
+    """The compose file as Compose reads it with none of its variables set: each ``${NAME:-default}`` its default."""
+    if isinstance(value, str):
+        return DEFAULTED.sub(lambda m: m.group(2), value)
+    if isinstance(value, dict):
+        return {k: with_defaults(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [with_defaults(v) for v in value]
+    return value
+
+
+def instructions(dockerfile: Path) -> list[str]:
+    """The file's instructions, continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", dockerfile.read_text())
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
 def hadolint() -> str:
@@ -29,23 +54,46 @@ def hadolint() -> str:
 
 
 @pytest.fixture(scope="module")
-def compose() -> dict[str, Any]:
+def raw_compose() -> dict[str, Any]:
     return yaml.safe_load(COMPOSE.read_text())
 
 
-def test_worker_dockerfile_passes_hadolint() -> None:
-    run([hadolint(), "--failure-threshold", "info", str(DOCKERFILE)])
+@pytest.fixture(scope="module")
+def compose(raw_compose: dict[str, Any]) -> dict[str, Any]:
+    return with_defaults(raw_compose)
+
+
+def test_every_dockerfile_is_found_and_passes_hadolint() -> None:
+    assert DOCKERFILE in DOCKERFILES and len(DOCKERFILES) >= 3, DOCKERFILES
+    run([hadolint(), "--failure-threshold", "info", *map(str, DOCKERFILES)])
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_base_image_is_a_build_argument_with_a_public_default(dockerfile: Path) -> None:
+    lines = instructions(dockerfile)
+    first_from = next(i for i, line in enumerate(lines) if line.startswith("FROM "))
+    defaults = dict(line.split()[1].split("=", 1) for line in lines[:first_from] if line.startswith("ARG "))
+    stages = {line.split()[3] for line in lines if line.startswith("FROM ") and len(line.split()) == 4}
+    for line in lines:
+        if line.startswith("FROM "):
+            image = line.split()[1]
+            match = re.fullmatch(r"\$\{(\w+)\}", image)
+            assert match or image in stages, f"{dockerfile.name}: {line} names an image, not a build argument"
+            if match:
+                assert re.fullmatch(r"[\w./-]+:[\w.-]+", defaults.get(match.group(1), "")), (line, defaults)
 
 
 def test_worker_image_runs_the_worker_as_a_non_root_user_stopped_by_sigterm() -> None:
-    lines = [line.strip() for line in DOCKERFILE.read_text().splitlines() if line.strip() and line[0] != "#"]
+    lines = instructions(DOCKERFILE)
     final_stage = lines[max(i for i, line in enumerate(lines) if line.startswith("FROM ")) :]
-    assert re.match(r"FROM python:3\.1[23]-slim$", final_stage[0])
+    assert final_stage[0] == "FROM ${PYTHON_IMAGE}"
+    assert any(re.fullmatch(r"ARG PYTHON_IMAGE=python:3\.1[23]-slim", line) for line in lines)
     user = next(line for line in reversed(final_stage) if line.startswith("USER "))
     assert user.split()[1].split(":")[0] not in ("root", "0")
     assert "STOPSIGNAL SIGTERM" in final_stage
     assert final_stage[-1] == 'CMD ["python", "-m", "gpu_worker"]'
     assert any('".[${INFERQ_EXTRAS}]"' in line for line in lines)
+    assert any("--no-cache-dir" in line and "--only-binary=:all:" in line for line in lines)
     assert "ARG INFERQ_EXTRAS=worker" in lines
 
 
@@ -54,6 +102,19 @@ def test_worker_dockerfile_copies_only_paths_the_repository_has() -> None:
         if line.startswith("COPY ") and "--from=" not in line:
             for source in line.split()[1:-1]:
                 assert (ROOT / source).exists(), f"{source} (COPY in {DOCKERFILE.name}) is not in the repository"
+
+
+def test_compose_names_every_image_by_a_variable_with_a_public_default(raw_compose: dict[str, Any]) -> None:
+    for name, service in raw_compose["services"].items():
+        assert DEFAULTED.fullmatch(service["image"]), f"{name}: image {service['image']} is not a variable"
+        if "build" in service:
+            assert DEFAULTED.fullmatch(service["build"]["args"]["PYTHON_IMAGE"]), name
+
+
+def test_the_host_network_override_covers_every_service(compose: dict[str, Any]) -> None:
+    override = yaml.safe_load(HOST_NETWORK.read_text())["services"]
+    assert set(override) == set(compose["services"])
+    assert {s["network_mode"] for s in override.values()} == {"host"}
 
 
 def test_compose_runs_every_role_of_the_emulator(compose: dict[str, Any]) -> None:
