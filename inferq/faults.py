@@ -42,7 +42,8 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     redis_errors.ConnectionError,  # reset, refused, and its subclasses: BusyLoadingError (LOADING), auth (a rotation)
     redis_errors.TimeoutError,
     TimeoutError,  # asyncio.timeout / wait_for around a call
-    OSError,  # a socket error that redis-py did not wrap
+    ConnectionError,  # a socket reset, refusal or broken pipe that redis-py did not wrap (not every OSError: a
+    # missing file is not the network's fault)
     redis_errors.ReadOnlyError,  # READONLY: a primary that was just demoted
     redis_errors.ClusterDownError,  # CLUSTERDOWN, and its subclass MasterDownError (MASTERDOWN)
     redis_errors.TryAgainError,  # TRYAGAIN: a multi-key command during resharding

@@ -196,3 +196,9 @@ async def test_a_fault_run_counts_each_fault_logs_the_first_and_lets_a_bug_throu
     with pytest.raises(redis_errors.ResponseError, match="WRONGTYPE"):
         await run.absorb(bug)
     assert len(seen) == 4  # a bug is not counted as a Redis fault
+
+
+def test_a_local_os_error_is_not_a_redis_fault() -> None:
+    assert classify(BrokenPipeError()) is Fault.TRANSIENT
+    assert classify(FileNotFoundError("model weights")) is Fault.BUG
+    assert classify(PermissionError()) is Fault.BUG
