@@ -49,5 +49,6 @@ def test_the_summary_is_median_and_range_over_the_runs() -> None:
 def test_peak_rss_reads_vmhwm_and_skips_gone_processes() -> None:
     mine = batch.peak_rss_mb([os.getpid()])
     assert mine is not None and mine > 1  # this Python holds more than a megabyte
-    assert batch.peak_rss_mb([os.getpid(), 2**22 + 12345]) == mine
+    with_gone = batch.peak_rss_mb([os.getpid(), 2**22 + 12345])  # the peak only grows meanwhile
+    assert with_gone is not None and with_gone >= mine
     assert batch.peak_rss_mb([2**22 + 12345]) is None
