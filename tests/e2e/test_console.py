@@ -101,6 +101,8 @@ def job_status(browser: Browser) -> str:
 def keyboard_reaches_everything(browser: Browser) -> None:
     """Tab from the top of the page: every visible control gets the focus, in a finite number of presses."""
     total = browser.js("""(() => {
+        // marks left by an earlier walk (on controls of a view now hidden) would count as unreachable
+        document.querySelectorAll('[data-kb]').forEach((e) => { delete e.dataset.kb; });
         const all = [...document.querySelectorAll('a[href], button, input, select, textarea, [tabindex]')]
             .filter((e) => !e.disabled && e.tabIndex >= 0 && e.getClientRects().length > 0);
         all.forEach((e, i) => e.dataset.kb = String(i));
