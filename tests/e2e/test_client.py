@@ -158,6 +158,11 @@ def test_the_results_feed_yields_every_terminal_job_once_across_a_resume(client:
     tail = client.events(after=now.cursor, wait=5, timeout=90)
     late = client.submit(chat("feed late", latency_ms=1500))
     assert late.id in (job.id for job in tail)
+    caught_up = client.events(after=saved, wait=0)
+    list(caught_up)
+    started = time.monotonic()
+    assert list(client.events(after=caught_up.cursor, wait=2, timeout=3)) == []  # a deadline ends a quiet stream
+    assert time.monotonic() - started < 30
     assert client.events(after=saved, max_jobs=0).cursor == saved  # a zero count asks for nothing
 
 
