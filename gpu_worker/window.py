@@ -1,0 +1,200 @@
+"""The worker's window: how many jobs it holds at once, fixed (``INFERQ_WINDOW=N``) or adaptive (``auto``).
+
+A fixed window is wrong for some workload: the right concurrency for vLLM depends on prompt and output lengths
+(how many sequences fit in the KV cache). Too small leaves the batch half empty; too large queues requests
+*inside* the engine, where no other replica can take them and reclaim cannot see them. With ``auto`` the window
+follows the model server's own load signals (:class:`~gpu_worker.backends.base.EngineLoad`: requests waiting in
+the engine, requests running, KV-cache usage), read every :data:`POLL_S` seconds (never per job) by
+:class:`AdaptiveWindow`, and :class:`WindowLaw` (pure, no I/O) decides the size:
+
+- **shrink multiplicatively** when requests wait inside the engine (the smoothed count above
+  :data:`WAITING_TOLERANCE` and some waiting now): by the share of the window that waits, as DCTCP cuts by the
+  share of marked packets, and by at most x :data:`DECREASE` per poll; then hold for :data:`HOLD_POLLS` polls
+  so the engine can drain what already queued before the signal is read again (the signal lags the window);
+- **grow** while nothing waits, the KV cache has room (below :data:`KV_HIGH`) and the window is full (a window
+  that is not used says nothing about the engine's room, so an idle worker's window does not creep to the
+  maximum): doubling until the first wait (slow start, so a fresh worker reaches a large batch in a few polls),
+  then additively, by 1 per poll, and by :data:`PROBE_STEP` near the size where requests last queued, so it
+  probes that edge slowly instead of oscillating across it;
+- always within ``[1, INFERQ_WINDOW_MAX]``.
+
+A backend without signals (a server with no vLLM metrics) gives no reason to shrink: the window then grows to
+``INFERQ_WINDOW_MAX`` as it fills, like a static window of that size. A failed read holds the size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from inferq.settings import Settings
+
+from .backends.base import EngineLoad
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5
+"""Period of the load reads: a few per second is enough for batches that last seconds, and costs one small HTTP
+request (vLLM's /metrics page) per period, whatever the job rate."""
+DECREASE = 0.8
+WAITING_TOLERANCE = 0.5
+"""Smoothed waiting count above which the engine is queueing: one sample of one waiting request (a request seen
+between arrival and the next engine step) is tolerated, two in a row are not."""
+SMOOTHING = 0.5
+"""Weight of the newest sample in the moving average of the waiting count."""
+KV_HIGH = 0.9
+HOLD_POLLS = 2
+PROBE_STEP = 0.25
+
+LoadSource = Callable[[], Awaitable[EngineLoad | None]]
+
+
+class WindowLaw:
+    """The control law, a pure state machine: :meth:`step` takes one load sample and the worker's in-flight count
+    and returns the new window."""
+
+    def __init__(
+        self, maximum: int, *, initial: int = 1, decrease: float = DECREASE, tolerance: float = WAITING_TOLERANCE,
+        smoothing: float = SMOOTHING, kv_high: float = KV_HIGH, hold_polls: int = HOLD_POLLS,
+        probe_step: float = PROBE_STEP,
+    ) -> None:
+        if maximum < 1:
+            raise ValueError(f"maximum must be >= 1, got {maximum}")
+        if not 0 < decrease < 1:
+            raise ValueError(f"decrease must be in (0, 1), got {decrease}")
+        self.maximum = maximum
+        self.size = float(min(max(initial, 1), maximum))
+        self.decrease = decrease
+        self.tolerance = tolerance
+        self.smoothing = smoothing
+        self.kv_high = kv_high
+        self.hold_polls = hold_polls
+        self.probe_step = probe_step
+        self.waiting = 0.0  # moving average of the engine's waiting count
+        self.ceiling: float | None = None  # the size at which requests last queued in the engine
+        self.slow_start = True
+        self._hold = 0
+
+    @property
+    def current(self) -> int:
+        return max(1, min(self.maximum, math.floor(self.size)))
+
+    def step(self, load: EngineLoad | None, in_flight: int) -> int:
+        if load is None:  # no signals: nothing says the engine is full
+            load = EngineLoad(waiting=0.0, running=float(in_flight))
+        self.waiting = self.smoothing * load.waiting + (1 - self.smoothing) * self.waiting
+        if self._hold:
+            self._hold -= 1
+        elif self.waiting > self.tolerance and load.waiting > 0:  # still queueing now, not only on average
+            # DCTCP-like: cut by the share that queues, at most by ``decrease`` (so one request too many costs one
+            # slot, a slow-start overshoot costs a fifth per poll)
+            self.ceiling = self.size
+            self.size = max(1.0, self.size * max(self.decrease, 1 - load.waiting / self.size))
+            self.slow_start = False
+            self._hold = self.hold_polls
+        elif self._may_grow(load, in_flight):
+            if self.slow_start:
+                self.size *= 2
+            elif self.ceiling is not None and self.size >= self.ceiling - 1:
+                self.size += self.probe_step
+            else:
+                self.size += 1
+            self.size = min(self.size, float(self.maximum))
+        return self.current
+
+    def _may_grow(self, load: EngineLoad, in_flight: int) -> bool:
+        if load.waiting > 0:
+            return False
+        if load.kv_cache_usage is not None and load.kv_cache_usage >= self.kv_high:
+            return False
+        return in_flight >= self.current
+
+
+class Window(Protocol):
+    """What the worker's pull loop asks: how many jobs it may hold now."""
+
+    @property
+    def size(self) -> int: ...
+
+    async def run(self, stop: asyncio.Event, in_flight: Callable[[], int], changed: Callable[[int, int], None]) -> None:
+        """Adapt until ``stop``, calling ``changed(old, new)`` on each change."""
+        ...
+
+
+class StaticWindow:
+    """``INFERQ_WINDOW=N``: N, always."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    async def run(self, stop: asyncio.Event, in_flight: Callable[[], int], changed: Callable[[int, int], None]) -> None:
+        return None
+
+
+class AdaptiveWindow:
+    """``INFERQ_WINDOW=auto``: reads the backend's load every ``poll_s`` and lets :class:`WindowLaw` size the
+    window."""
+
+    def __init__(self, source: LoadSource | None, maximum: int, *, poll_s: float = POLL_S,
+                 law: WindowLaw | None = None) -> None:
+        self.source = source
+        self.law = law or WindowLaw(maximum)
+        self.poll_s = poll_s
+        self.last_load: EngineLoad | None = None
+        self._failures = 0
+
+    @property
+    def size(self) -> int:
+        return self.law.current
+
+    async def read(self) -> tuple[bool, EngineLoad | None]:
+        """(read, load): ``read`` is False when the source failed (the window then holds its size)."""
+        if self.source is None:
+            return True, None
+        try:
+            load = await self.source()
+        except Exception as exc:  # the model server restarting, a proxy in the way: not the worker's problem
+            self._failures += 1
+            if self._failures in (1, 10) or self._failures % 100 == 0:
+                log.warning("cannot read the model server's load (%s: %s); the window holds at %d",
+                            type(exc).__name__, exc, self.size)
+            return False, None
+        self._failures = 0
+        return True, load
+
+    async def poll(self, in_flight: int) -> int:
+        """One read and one step of the law; returns the window."""
+        ok, load = await self.read()
+        if ok:
+            self.last_load = load
+            self.law.step(load, in_flight)
+        return self.size
+
+    async def run(self, stop: asyncio.Event, in_flight: Callable[[], int], changed: Callable[[int, int], None]) -> None:
+        while not stop.is_set():
+            before = self.size
+            after = await self.poll(in_flight())
+            if after != before:
+                changed(before, after)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.poll_s)
+
+
+def window_for(settings: Settings, backend: Any) -> StaticWindow | AdaptiveWindow:
+    """The window ``settings`` asks for; with ``auto``, fed by the backend's ``load()`` when it has one."""
+    if not settings.adaptive_window:
+        return StaticWindow(settings.window_limit)
+    source = getattr(backend, "load", None)
+    if not callable(source):
+        log.warning("the %s backend publishes no load signals: INFERQ_WINDOW=auto grows to INFERQ_WINDOW_MAX",
+                    getattr(backend, "name", "configured"))
+        source = None
+    return AdaptiveWindow(source, settings.window_max)
