@@ -14,6 +14,8 @@ Scenarios (``--only`` takes a comma-separated subset):
       when present)
 - K   core ceiling (bench.core)
 - E   elasticity simulation (bench.simulate, when present)
+- V   efficiency against the real vLLM on CPU (bench.efficiency): output tokens/s straight to the server at its
+      best concurrency vs through inferq with static windows and INFERQ_WINDOW=auto
 
 Every HTTP scenario (and F) reports CPU per job by role and gateway + workers + Valkey as one figure, and
 Valkey's command time per job by command (bench.valkeystats). ``--scale`` adds the scale-out grid (bench.scale).
@@ -47,7 +49,7 @@ from typing import Any
 from . import floor, load, report, scale, valkeystats
 from .stack import ROOT, Stack, spawn_worker, stop_process
 
-ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E")
+ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E", "V")
 CAVEAT = ("client, gateway, Valkey, scaler, emulator supervisor and workers all share this machine's cores; "
           "the load generator's own CPU is taken from the system under test, and other processes on a shared "
           "machine add noise (load average recorded per scenario)")
@@ -677,7 +679,8 @@ class Bench:
         """The other engineers' parts, by their ``run`` functions, when they exist."""
         quick = self.args.quick
         parts: list[tuple[str, str, str]] = [("C", "bench.gateway", "gateway"), ("D", "bench.worker", "worker"),
-                                             ("K", "bench.core", "core"), ("E", "bench.simulate", "elasticity")]
+                                             ("K", "bench.core", "core"), ("E", "bench.simulate", "elasticity"),
+                                             ("V", "bench.efficiency", "efficiency")]
         for key, module_name, section in parts:
             if key not in self.only:
                 continue

