@@ -7,11 +7,11 @@ follows the model server's own load signals (:class:`~gpu_worker.backends.base.E
 the engine, requests running, KV-cache usage), read every :data:`POLL_S` seconds (never per job) by
 :class:`AdaptiveWindow`, and :class:`WindowLaw` (pure, no I/O) decides the size:
 
-- **shrink multiplicatively** when more requests wait inside the engine than a small buffer (:func:`buffer`:
-  :data:`BUFFER_SHARE` of the running batch, 1 to :data:`BUFFER_MAX`; smoothed, and only while the engine still queues now): by
-  the share of the window that waits beyond the buffer, as DCTCP cuts by the share of marked packets, and by at
-  most x :data:`DECREASE` per poll; then hold for :data:`HOLD_POLLS` polls so the engine can drain what already
-  queued before the signal is read again (the signal lags the window);
+- **shrink multiplicatively** when more requests wait inside the engine than a small buffer (:meth:`WindowLaw.buffer`:
+  :data:`BUFFER_SHARE` of the running batch, 1 to :data:`BUFFER_MAX`; smoothed, and only while the engine still
+  queues now): by the share of the window that waits beyond the buffer, as DCTCP cuts by the share of marked
+  packets, and by at most x :data:`DECREASE` per poll; then hold for :data:`HOLD_POLLS` polls so the engine can
+  drain what already queued before the signal is read again (the signal lags the window);
 - **grow** while fewer than the buffer wait, the KV cache has room (below :data:`KV_HIGH`) and the window is
   full (a window that is not used says nothing about the engine's room, so an idle worker's window does not
   creep to the maximum): doubling until the first cut (slow start, so a fresh worker reaches a large batch in a
@@ -142,7 +142,8 @@ class Window(Protocol):
     def size(self) -> int: ...
 
     async def run(self, stop: asyncio.Event, in_flight: Callable[[], int], changed: Callable[[int, int], None]) -> None:
-        """Adapt until ``stop``, calling ``changed(old, new)`` on each change."""
+        """Adapt until ``stop`` (not before: the worker supervises its tasks, and one that ends early stops it),
+        calling ``changed(old, new)`` on each change."""
         ...
 
 
@@ -157,7 +158,7 @@ class StaticWindow:
         return self._size
 
     async def run(self, stop: asyncio.Event, in_flight: Callable[[], int], changed: Callable[[int, int], None]) -> None:
-        return None
+        await stop.wait()  # nothing to adapt; a supervised task ends only when its worker stops
 
 
 class AdaptiveWindow:
