@@ -12,11 +12,11 @@ the engine, requests running, KV-cache usage), read every :data:`POLL_S` seconds
   queues now): by the share of the window that waits beyond the buffer, as DCTCP cuts by the share of marked
   packets, and by at most x :data:`DECREASE` per poll; then hold for :data:`HOLD_POLLS` polls so the engine can
   drain what already queued before the signal is read again (the signal lags the window);
-- **grow** while fewer than the buffer wait, the KV cache has room (below :data:`KV_HIGH`), the gauges show the
-  window (:data:`SEEN_SHARE`) and the window is full (a window that is not used says nothing about the engine's
-  room, so an idle worker's window does not creep to the maximum): doubling until the first cut (slow start, so a
-  fresh worker reaches a large batch in a few polls), then additively, by 1 per poll, and by :data:`PROBE_STEP`
-  near the size of the last cut, so it probes that edge slowly instead of oscillating across it;
+- **grow** while fewer than the buffer wait, the KV cache has room (below :data:`KV_HIGH`) and the window is
+  full (a window that is not used says nothing about the engine's room, so an idle worker's window does not
+  creep to the maximum): doubling until the first cut while the gauges show the window (slow start, so a fresh
+  worker reaches a large batch in a few polls; :data:`SEEN_SHARE`), otherwise additively, by 1 per poll, and by
+  :data:`PROBE_STEP` near the size of the last cut, so it probes that edge slowly instead of oscillating across it;
 - always within ``[1, INFERQ_WINDOW_MAX]``.
 
 A backend without signals (a server with no vLLM metrics) gives no reason to shrink: the window then grows to
@@ -60,9 +60,11 @@ SMOOTHING = 0.5
 KV_HIGH = 0.9
 HOLD_POLLS = 2
 SEEN_SHARE = 0.8
-"""The window grows only once the engine's gauges show most of it (running + waiting >= this share of the jobs in
-flight): vLLM's gauges trail its requests by a few tenths of a second, and doubling on a reading taken before
-the last doubling arrived overshoots by far."""
+"""Slow start doubles the window only once the engine's gauges show most of it (running + waiting >= this share
+of the jobs in flight), and otherwise grows it by one: vLLM's gauges trail its requests by a few tenths of a
+second, and doubling on a reading taken before the last doubling arrived overshoots by far. (Requests held in
+the server's HTTP front end, before its engine, are not in the gauges either: a front end that is the
+bottleneck keeps the window growing by one.)"""
 PROBE_STEP = 0.25
 
 LoadSource = Callable[[], Awaitable[EngineLoad | None]]
@@ -116,7 +118,7 @@ class WindowLaw:
             self.slow_start = False
             self._hold = self.hold_polls
         elif self._may_grow(load, in_flight, buffer):
-            if self.slow_start:
+            if self.slow_start and load.running + load.waiting >= SEEN_SHARE * in_flight:
                 self.size *= 2
             elif self.ceiling is not None and self.size >= self.ceiling - 1:
                 self.size += self.probe_step
@@ -136,8 +138,6 @@ class WindowLaw:
             return False
         if load.kv_cache_usage is not None and load.kv_cache_usage >= self.kv_high:
             return False
-        if load.running + load.waiting < SEEN_SHARE * in_flight:
-            return False  # the gauges do not show our window yet (they lag): growing on them would overshoot
         return in_flight >= self.current
 
 

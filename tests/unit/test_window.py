@@ -91,13 +91,12 @@ def test_it_does_not_grow_when_the_kv_cache_is_full_or_the_window_unused() -> No
     assert law.current > 8
 
 
-def test_it_waits_for_the_gauges_to_show_the_window_before_growing_it() -> None:
+def test_slow_start_doubles_only_once_the_gauges_show_the_window() -> None:
     law = WindowLaw(maximum=64, initial=16)
-    for _ in range(5):  # the engine's gauges still show the window before the last doubling
-        law.step(EngineLoad(waiting=0, running=8), 16)
-    assert law.current == 16
-    law.step(EngineLoad(waiting=0, running=16), 16)
-    assert law.current == 32
+    law.step(EngineLoad(waiting=0, running=8), 16)  # the gauges still show the window before the last doubling
+    assert law.current == 17
+    law.step(EngineLoad(waiting=0, running=17), 17)
+    assert law.current == 34
 
 
 def test_without_signals_it_grows_to_the_maximum_as_it_fills() -> None:
