@@ -8,7 +8,8 @@ concurrency changes during the run and no static window is right throughout) is 
 
 (a) straight to the server by ``c`` closed loops, for a few ``c``: the best is the server's own best;
 (b) through inferq: gateway (uvicorn) -> Valkey -> one ``python -m gpu_worker`` with the ``openai`` backend ->
-    the same server, all jobs submitted at once, with static windows and with ``INFERQ_WINDOW=auto``.
+    the same server, all jobs submitted at once, with static windows and with ``INFERQ_WINDOW=auto``; each worker
+    first runs :data:`WARMUP` jobs unmeasured, so ``auto`` is measured settled, as a long-lived worker runs.
 
 The runs of the two paths alternate (each round in the opposite order of the last), so the machine's load drifting
 during the scenario favours neither; ``--quick`` runs one round, a full run three (median with min and max).
@@ -51,6 +52,8 @@ KV_BYTES = KV_BLOCKS * 128 * 512
 MAX_NUM_SEQS = 24
 WINDOW_MAX = 32
 SAMPLE_S = 0.25
+WARMUP = 32
+"""Jobs each worker runs before its measured run (not counted)."""
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
@@ -170,6 +173,8 @@ async def through_inferq(stack: Stack, server: str, bodies: list[dict[str, Any]]
         async with httpx.AsyncClient(base_url=stack.url, headers=stack.headers, timeout=60.0,
                                      limits=httpx.Limits(max_connections=64)) as client:
             await _wait_for_worker(client, worker)
+            # a worker lives long: measure it settled, not while ``auto`` is still growing from one
+            await _collect_all(client, await _submit_all(client, bodies[:WARMUP]))
             with Sampler(server, f"http://127.0.0.1:{metrics_port}/metrics") as sampler:
                 started = time.perf_counter()
                 ids = await _submit_all(client, bodies)
