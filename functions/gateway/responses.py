@@ -10,6 +10,7 @@ _ERRORS = {
     409: "Conflict with the object's state",
     413: "Body above its bound",
     422: "Invalid request",
+    429: "A tenant quota reached (INFERQ_TENANT_MAX_FILES, INFERQ_TENANT_MAX_BATCHES)",
     503: "Redis unreachable, or no files bucket configured",
 }
 
