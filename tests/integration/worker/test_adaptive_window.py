@@ -5,9 +5,14 @@ current window has room for."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from emulator.valkey import free_port
 from gpu_worker.backends.mock import MockBackend
 from gpu_worker.window import AdaptiveWindow
 from gpu_worker.worker import Worker
@@ -15,7 +20,7 @@ from inferq.jobs import JobStatus
 from inferq.queue import Queue
 from inferq.settings import Settings
 
-from .support import chat, submit
+from .support import REPO, chat, submit, terminal, worker_env, worker_processes
 
 SLOTS = 4
 WINDOW_MAX = 24
@@ -125,3 +130,32 @@ async def test_the_pull_loop_takes_only_what_the_current_window_has_room_for(set
     await task
     assert await all_succeeded(queue, ids)
     assert seen[2] == 2 and seen[6] == 6  # grew: the pull loop woke and filled the new slots
+
+
+async def test_a_worker_process_runs_with_window_auto_and_publishes_its_window(settings: Settings,
+                                                                               tmp_path: Path) -> None:
+    port = free_port()
+    settings = settings.replace(window="auto", window_max=6)
+    queue = Queue.connect(settings)
+    try:
+        with worker_processes(settings, tmp_path) as spawn:
+            worker = spawn("auto", INFERQ_METRICS_PORT=str(port))
+            await worker.started(queue)
+            jobs = [await submit(queue, chat(f"q{i}", latency_ms=50)) for i in range(30)]
+            for job in jobs:
+                assert (await terminal(queue, job.id, timeout=60)).status is JobStatus.SUCCEEDED
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            window = next(float(line.split()[-1]) for line in text.splitlines()
+                          if line.startswith("inferq_worker_window{"))
+            assert 1 <= window <= 6
+            worker.terminate()
+            assert await worker.wait(timeout=30) == 0
+    finally:
+        await queue.close()
+
+
+def test_a_bad_window_stops_the_worker_naming_the_variable(settings: Settings) -> None:
+    env = worker_env(settings, INFERQ_WINDOW="adaptive")
+    done = subprocess.run([sys.executable, "-m", "gpu_worker"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 2 and "INFERQ_WINDOW" in done.stderr and "auto" in done.stderr
