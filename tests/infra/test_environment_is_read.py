@@ -106,11 +106,21 @@ def _settings_properties() -> dict[str, set[str]]:
     settings_class = next(
         n for n in parsed("inferq.settings").body if isinstance(n, ast.ClassDef) and n.name == "Settings"
     )
-    return {
-        item.name: _names_used(item) & FIELDS
-        for item in settings_class.body
+    props = [
+        item for item in settings_class.body
         if isinstance(item, ast.FunctionDef) and any(getattr(d, "id", None) == "property" for d in item.decorator_list)
-    }
+    ]
+    names = {item.name for item in props}
+    reads = {item.name: _names_used(item) & (FIELDS | names) for item in props}
+    changed = True
+    while changed:  # a property that reads another property reads that one's fields too (target -> window_limit)
+        changed = False
+        for used in reads.values():
+            more = set().union(*(reads[other] for other in used & names)) - used
+            if more:
+                used |= more
+                changed = True
+    return {prop: used & FIELDS for prop, used in reads.items()}
 
 
 def settings_read_by(entry: str) -> set[str]:
