@@ -26,24 +26,20 @@ from .settings import Settings
 
 
 class QueueError(Exception):
-    code: Code
+    """A request the queue refused; the gateway maps each subclass to its HTTP answer."""
 
 
 class JobNotFound(QueueError):
-    code = Code.NOT_FOUND
+    pass
 
 
 class IdempotencyConflict(QueueError):
-    code = Code.CONFLICT
-
     def __init__(self, job_id: str) -> None:
         super().__init__(f"idempotency key already used with a different request (job {job_id})")
         self.job_id = job_id
 
 
 class QueueFull(QueueError):
-    code = Code.QUEUE_FULL
-
     def __init__(self, unfinished: int) -> None:
         super().__init__(f"{unfinished} unfinished jobs: the queue is full")
         self.unfinished = unfinished
@@ -52,23 +48,19 @@ class QueueFull(QueueError):
 class TenantQuotaFull(QueueFull):
     """The tenant has ``INFERQ_TENANT_MAX_DEPTH`` unfinished jobs: one tenant cannot fill the queue for all."""
 
-    code = Code.TENANT_FULL
-
     def __init__(self, unfinished: int) -> None:
         QueueError.__init__(self, f"{unfinished} unfinished jobs of this tenant: its quota is full")
         self.unfinished = unfinished
 
 
 class JobTerminal(QueueError):
-    code = Code.TERMINAL
-
     def __init__(self, job: Job) -> None:
         super().__init__(f"job {job.id} is already {job.status.value}")
         self.job = job
 
 
 class NotDeadLettered(QueueError):
-    code = Code.NOT_DEAD_LETTERED
+    pass
 
 
 class Outcome(str, Enum):

@@ -45,7 +45,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 import httpx
@@ -100,7 +100,6 @@ class WebhookReport:
     abandoned: int = 0  # given up: too old, the job is gone, or refused
     refused: int = 0  # of the abandoned: the host is (or resolves to) an internal address
     without_webhook: int = 0
-    errors: list[str] = field(default_factory=list)
 
     def add(self, other: WebhookReport) -> None:
         self.delivered += other.delivered
@@ -108,7 +107,6 @@ class WebhookReport:
         self.abandoned += other.abandoned
         self.refused += other.refused
         self.without_webhook += other.without_webhook
-        self.errors += other.errors
 
 
 class WebhookSender:

@@ -40,7 +40,6 @@ local entryId, newStatus, resultJson, errorJson = ARGV[1], ARGV[2], ARGV[3], ARG
 local now, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 
 --- @include "ackEntry"
---- @include "isTerminal"
 --- @include "replay"
 --- @include "terminate"
 
@@ -48,7 +47,7 @@ local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 
 local jobId, status, entry = job[1], job[2], job[3]
 if not jobId then
   ackEntry(streamKey, entryId)
-  return {-1}
+  return {CODE_NOT_FOUND}
 end
 local again = replayed(jobKey, 'settled', job[5], call) or replayed(jobKey, 'refused', job[6], call)
 if again then
@@ -57,11 +56,11 @@ end
 if TERMINAL[status] then
   ackEntry(streamKey, entryId)
   rcall('HINCRBY', statsKey, 'duplicate_results', 1)
-  return remember(jobKey, 'refused', call, {-4, status})
+  return remember(jobKey, 'refused', call, {CODE_TERMINAL, status})
 end
 if entry ~= entryId or job[4] ~= lease or lease == '' then
   rcall('HINCRBY', statsKey, 'stale_writes', 1)
-  return remember(jobKey, 'refused', call, {-8})
+  return remember(jobKey, 'refused', call, {CODE_STALE_OWNER})
 end
 
 ackEntry(streamKey, entryId)

@@ -44,7 +44,6 @@ local entryId, now, delay, maxAttempts = ARGV[1], tonumber(ARGV[2]), tonumber(AR
 local errorJson, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 
 --- @include "ackEntry"
---- @include "isTerminal"
 --- @include "replay"
 --- @include "terminate"
 --- @include "deadLetter"
@@ -53,7 +52,7 @@ local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'attempts', 'cancel'
 local jobId, status, entry, attempts, cancel = job[1], job[2], job[3], tonumber(job[4] or '1'), job[5]
 if not jobId then
   ackEntry(streamKey, entryId)
-  return {-1}
+  return {CODE_NOT_FOUND}
 end
 local again = replayed(jobKey, 'settled', job[7], call) or replayed(jobKey, 'refused', job[8], call)
 if again then
@@ -62,18 +61,18 @@ end
 if TERMINAL[status] then
   ackEntry(streamKey, entryId)
   rcall('HINCRBY', statsKey, 'duplicate_results', 1)
-  return remember(jobKey, 'refused', call, {-4, status})
+  return remember(jobKey, 'refused', call, {CODE_TERMINAL, status})
 end
 if entry ~= entryId or job[6] ~= lease or lease == '' then
   rcall('HINCRBY', statsKey, 'stale_writes', 1)
-  return remember(jobKey, 'refused', call, {-8})
+  return remember(jobKey, 'refused', call, {CODE_STALE_OWNER})
 end
 
 ackEntry(streamKey, entryId)
 if cancel == '1' then
   terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, 'cancelled', now, resultTtl, eventsMaxlen,
     {'error', '{"type":"cancelled","message":"the job was cancelled"}'})
-  return remember(jobKey, 'settled', call, {-7, 'cancelled'})
+  return remember(jobKey, 'settled', call, {CODE_ENDED, 'cancelled'})
 end
 if attempts >= maxAttempts then
   deadLetter(jobKey, doneKey, statsKey, tenantsKey, eventsKey, dlqKey, jobId, now, resultTtl, eventsMaxlen,
