@@ -33,6 +33,7 @@ from .valkey import ValkeyProcess, free_port
 
 EMULATOR_SCALER_INTERVAL_S = "2"
 DEFAULT_VALKEY_PORT = 6380
+DEFAULT_FILES_BUCKET = "inferq-files"
 READY_TIMEOUT_S = 60.0
 _KEY_RE = re.compile(r"^[A-Za-z0-9_.~-]{8,256}$")
 
@@ -102,6 +103,17 @@ def _aws_env(endpoint: str) -> dict[str, str]:
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_REGION": "us-east-1",
     }
+
+
+def create_bucket(endpoint: str, bucket: str) -> None:
+    """The files bucket (Files, Uploads, batch output) in moto's S3, on the same server as ECS."""
+    import boto3
+
+    credentials = _aws_env(endpoint)  # the children's: moto's test credentials
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name=credentials["AWS_REGION"],
+                      aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"])
+    s3.create_bucket(Bucket=bucket)
 
 
 class Supervisor:
@@ -177,6 +189,7 @@ class Supervisor:
             "INFERQ_ECS_CLUSTER": self.names.cluster,
             "INFERQ_ECS_SERVICE": self.names.service,
             "INFERQ_SCALER_WAKE_URL": f"http://127.0.0.1:{self.wake_port}/wake",
+            "INFERQ_FILES_BUCKET": self.settings.files_bucket or DEFAULT_FILES_BUCKET,
             "PYTHONUNBUFFERED": "1",
         }
         # the wake goes to this scaler, not to a Lambda function; AWS goes to moto, whatever the shell had set
@@ -189,6 +202,7 @@ class Supervisor:
             "--no-access-log",  # the gateway logs every request itself, as JSON
         ])
         await asyncio.to_thread(self.ecs.start)
+        await asyncio.to_thread(create_bucket, self.ecs.endpoint, child_env["INFERQ_FILES_BUCKET"])
         # EMF metrics are for CloudWatch: a JSON blob every tick would drown the log (POWERTOOLS_METRICS_DISABLED=false
         # brings them back)
         scaler_env = {"POWERTOOLS_METRICS_DISABLED": self.env.get("POWERTOOLS_METRICS_DISABLED", "true")}

@@ -92,3 +92,28 @@ class Keys:
     @property
     def mock_calls(self) -> str:
         return self.prefix + "mock:calls"
+
+    def batch(self, batch_id: str) -> str:
+        """Hash: one batch's record (status, times, counts, the driver's progress through the input file)."""
+        return f"{self.prefix}batch:{batch_id}"
+
+    def batch_lines(self, batch_id: str) -> str:
+        """Hash: input line number -> job id, written with the driver's progress in one transaction."""
+        return f"{self.prefix}batch:{batch_id}:lines"
+
+    @property
+    def batches_active(self) -> str:
+        """Sorted set of the batches the driver still has work on (score: created, ms)."""
+        return self.prefix + "batches:active"
+
+    def batches_of(self, tenant: str) -> str:
+        """Sorted set of a tenant's batches (score: created, ms), for ``GET /v1/batches``."""
+        return f"{self.prefix}batches:tenant:{tenant}"
+
+    def batch_lock(self, batch_id: str) -> str:
+        """``SET NX PX`` lease: one driver at a time works on a batch."""
+        return f"{self.prefix}batch:{batch_id}:lock"
+
+    def upload(self, upload_id: str) -> str:
+        """Hash: an open Uploads API upload (expires with it)."""
+        return f"{self.prefix}upload:{upload_id}"

@@ -130,6 +130,27 @@ def _log_level(name: str, raw: str) -> str:
     return value
 
 
+_WINDOW_RE = re.compile(r"^([1-9][0-9]{0,6})([smh])$")
+_WINDOW_UNIT_S = {"s": 1, "m": 60, "h": 3600}
+
+
+def window_seconds(window: str) -> int | None:
+    """Seconds of a batch ``completion_window`` such as ``24h`` (also ``30m``, ``90s``), or None if malformed."""
+    match = _WINDOW_RE.match(window)
+    return int(match.group(1)) * _WINDOW_UNIT_S[match.group(2)] if match else None
+
+
+def _windows(name: str, raw: str) -> tuple[str, ...]:
+    """Comma-separated batch completion windows a client may ask for (``24h`` is OpenAI's only value)."""
+    values = tuple(part.strip() for part in raw.split(",") if part.strip())
+    if not values:
+        raise SettingsError(name, "must name at least one completion window, e.g. 24h")
+    for value in values:
+        if window_seconds(value) is None:
+            raise SettingsError(name, f"{value!r} is not a window like 24h, 30m or 90s")
+    return values
+
+
 def _setting(default: Any, parse: Callable[[str, str], Any]) -> Any:
     return field(default=default, metadata={"parse": parse})
 
@@ -186,6 +207,11 @@ class Settings:
     webhook_max_age_s: int = _setting(3600, _int(1))
     webhook_allow_private: bool = _setting(False, _bool)
     events_maxlen: int = _setting(100000, _int(100))
+    files_bucket: str | None = _setting(None, _optional_str)
+    max_upload_bytes: int = _setting(4 * 1024 * 1024, _int(1024, 6 * 1024 * 1024))
+    max_file_bytes: int = _setting(200 * 1024 * 1024, _int(1024))
+    batch_completion_windows: tuple[str, ...] = _setting(("24h",), _windows)
+    batch_max_lines: int = _setting(50000, _int(1))
     worker_id: str | None = _setting(None, _optional_str)
     log_level: str = _setting("INFO", _log_level)
     log_payloads: bool = _setting(False, _bool)

@@ -83,7 +83,14 @@ SETTING_DOCS: dict[str, str] = {
     "suffix). Must be unique per live worker.",
     "models": "Path of the model registry (YAML or JSON): one queue per model, selected by `body.model`. Unset: one "
     "queue.",
-    "files_bucket": "S3 bucket of the Files, Uploads and Batches APIs and of large payloads.",
+    "files_bucket": "S3 bucket of the Files, Uploads and Batches APIs and of large payloads (unset: those APIs "
+    "answer 503). `inferq up` creates `inferq-files` in its moto S3.",
+    "max_upload_bytes": "Largest file in one `POST /v1/files`, and largest part of an upload (one request through "
+    "API Gateway and Lambda, which carry 6 MB at most, base64 included).",
+    "max_file_bytes": "Largest file the Uploads API assembles (`bytes` of `POST /v1/uploads`).",
+    "batch_completion_windows": "Comma-separated `completion_window` values `POST /v1/batches` accepts (`24h` is "
+    "OpenAI's; `90s`, `30m` style values let tests and operators expire batches sooner).",
+    "batch_max_lines": "Most requests in one batch input file (more: the batch fails validation).",
     # scaler
     "scale_min": "Workers the scaler keeps when idle.",
     "scale_max": "Most workers the scaler asks for.",
@@ -118,7 +125,6 @@ PLANNED = (
     "redis_wait_replicas",
     "webhook_allow_private",
     "inline_max_bytes",
-    "files_bucket",
     "models",
     "window_max",
 )

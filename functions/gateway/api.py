@@ -27,7 +27,7 @@ from inferq.jobs import Job, JobRequest
 from inferq.queue import Queue
 from inferq.settings import Settings
 
-from . import console, errors
+from . import batches, console, errors, events, files
 from .auth import KeyStore, StaticKeys, key_store
 from .clients import QueueProvider
 from .edge import Edge
@@ -463,7 +463,10 @@ def create_app(
     errors.install(app)
     _routes(gw, app.router)
     console.install(gw, app.router)
-    app.add_middleware(Edge, max_body_bytes=settings.max_body_bytes, telemetry=telemetry)
+    for module in (files, batches, events):  # Files/Uploads, Batches, the results feed: routes in their own modules
+        module.routes(gw, app.router)
+    app.add_middleware(Edge, max_body_bytes=settings.max_body_bytes, telemetry=telemetry,
+                       max_upload_bytes=settings.max_upload_bytes)
 
     def openapi() -> dict[str, Any]:
         # Built on first request, not at import: the schema costs more than the app does to start.

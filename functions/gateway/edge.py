@@ -27,6 +27,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:=-]{1,128}$")
 _BODYLESS = frozenset({"GET", "HEAD", "OPTIONS"})
 SUBMIT_PATH = "/v1/jobs"
+UPLOAD_PATH_RE = re.compile(r"^/v1/(?:files|uploads/[^/]+/(?:parts|complete))$")  # complete: up to 10,000 part ids
+UPLOAD_FRAMING_BYTES = 64 * 1024
 REJECT_REASONS = {
     400: "invalid",
     401: "unauthorized",
@@ -39,10 +41,14 @@ REJECT_REASONS = {
 
 
 class Edge:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, telemetry: Telemetry) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_body_bytes: int, telemetry: Telemetry, max_upload_bytes: int | None = None
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.telemetry = telemetry
+        # file bodies (POST /v1/files, upload parts and their list) have their own bound, plus room for the framing
+        self.max_upload_bytes = (max_upload_bytes or max_body_bytes) + UPLOAD_FRAMING_BYTES
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -73,6 +79,7 @@ class Edge:
     async def _bounded_body(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
         """The app's ``receive`` with the whole body buffered, or None when an answer (413, 400) was sent or
         the client left."""
+        limit = self.max_upload_bytes if UPLOAD_PATH_RE.match(scope["path"]) else self.max_body_bytes
         declared = _header(scope, b"content-length")
         if declared is not None:
             try:
@@ -82,8 +89,8 @@ class Edge:
             except ValueError:
                 await _send_json(send, 400, envelope("bad_request", "invalid Content-Length"))
                 return None
-            if length > self.max_body_bytes:
-                await self._too_large(send)
+            if length > limit:
+                await self._too_large(send, limit)
                 return None
         if scope["method"] in _BODYLESS:
             return receive
@@ -95,8 +102,8 @@ class Edge:
                 return None
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_body_bytes:
-                await self._too_large(send)
+            if size > limit:
+                await self._too_large(send, limit)
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -113,10 +120,8 @@ class Edge:
 
         return replay
 
-    async def _too_large(self, send: Send) -> None:
-        await _send_json(
-            send, 413, envelope("request_too_large", f"the request body exceeds {self.max_body_bytes} bytes")
-        )
+    async def _too_large(self, send: Send, limit: int) -> None:
+        await _send_json(send, 413, envelope("request_too_large", f"the request body exceeds {limit} bytes"))
 
     def _account(self, scope: Scope, state: dict[str, Any], status: int, started: float) -> None:
         if scope["method"] == "POST" and scope["path"] == SUBMIT_PATH and status >= 400:

@@ -117,9 +117,25 @@ async def invoke(settings: Settings, *, once: bool, budget_s: float) -> list[Tic
             webhooks=webhook_pass(settings),
             cadence=CADENCE,
         )
-        return await scaler.run(budget_s=budget_s, span_s=SCHEDULE_PERIOD_S, once=once)
+        ticks, _ = await asyncio.gather(  # batches advance at every size of fleet, zero included
+            scaler.run(budget_s=budget_s, span_s=SCHEDULE_PERIOD_S, once=once), drive_batches(settings, queue, budget_s)
+        )
+        return ticks
     finally:
         await queue.close()
+
+
+async def drive_batches(settings: Settings, queue: Queue, budget_s: float) -> None:
+    """The batch driver (``inferq.batch_driver``) for the invocation's time, when a files bucket is configured."""
+    if not settings.files_bucket:
+        return
+    from functions.storage import FileStore
+    from inferq.batch_driver import BatchDriver
+
+    try:
+        await BatchDriver(queue, FileStore(settings.files_bucket), settings).run(budget_s=max(0.0, budget_s - 5.0))
+    except Exception:  # a batch that cannot move now must not stop the scaling; the next tick tries again
+        logger.exception("batch driver pass failed")
 
 
 _webhooks_missing_logged = False

@@ -250,7 +250,8 @@ def test_gateway_may_invoke_only_the_scaler_and_read_only_its_secrets(translated
     secrets = [Resolver(translated).value(r) for r in allowed(translated, role, "secretsmanager:GetSecretValue")]
     assert sorted(secrets) == ["ApiKeysSecret", "Cache.Outputs.AuthSecretArn"]
     actions = {a for owner, s in role_statements(translated) if owner == role for a in as_list(s["Action"])}
-    assert actions == {"lambda:InvokeFunction", "secretsmanager:GetSecretValue"}
+    files = {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListBucket"}
+    assert actions == {"lambda:InvokeFunction", "secretsmanager:GetSecretValue"} | files
 
 
 def test_scaler_may_update_only_the_gpu_service(translated: dict[str, Any]) -> None:

@@ -1,0 +1,152 @@
+"""The batch driver against real Valkey and moto's S3 (in process): crash safety of the line -> job step, the
+status machine, and the output files, with this test acting as the worker."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from functions.storage import FileStore
+from inferq.batch_driver import BatchDriver, PassReport
+from inferq.batches import Batches, BatchStatus, new_file_id
+from inferq.jobs import JobStatus
+from inferq.queue import Queue
+from inferq.scripting import Scripts
+from inferq.settings import Settings
+
+TENANT = "tenant-a"
+BUCKET = "inferq-test-files"
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[FileStore]:
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        yield FileStore(BUCKET, client)
+
+
+def lines(n: int) -> bytes:
+    return b"".join(
+        json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+                    "body": {"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]}}).encode() + b"\n"
+        for i in range(n)
+    )
+
+
+async def new_batch(queue: Queue, store: FileStore, data: bytes, window: str = "24h") -> str:
+    file_id = new_file_id()
+    store.put(TENANT, file_id, data, "in.jsonl", "batch")
+    batch = await Batches(queue).create(TENANT, file_id, "/v1/chat/completions", window, None)
+    return batch.id
+
+
+async def work_off(queue: Queue) -> int:
+    """Act as a worker: run every queued job to success."""
+    done = 0
+    while True:
+        deliveries, _ = await queue.read("test-worker", 500)
+        if not deliveries:
+            return done
+        items: list[tuple[Any, JobStatus, Any, Any]] = [
+            (d, JobStatus.SUCCEEDED, {"status_code": 200, "body": {"echo": d.job.body["messages"][0]["content"]}},
+             None) for d in deliveries]
+        await queue.finish_many(items)
+        done += len(deliveries)
+
+
+async def test_a_crash_between_enqueue_and_progress_never_makes_two_jobs_for_a_line(
+    queue: Queue, store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch_id = await new_batch(queue, store, lines(1200))
+    driver = BatchDriver(queue, store, queue.settings)
+    await driver.run_once()  # validating -> in_progress
+    batches = Batches(queue)
+    assert (await batches.get(batch_id)).status is BatchStatus.IN_PROGRESS  # type: ignore[union-attr]
+
+    real = Scripts.__call__
+
+    async def crash_on_progress(self: Scripts, name: str, keys: list[str], args: list[Any]) -> Any:
+        if name == "advancebatch":
+            raise ConnectionError("driver died after enqueueing its chunk")
+        return await real(self, name, keys, args)
+
+    monkeypatch.setattr(Scripts, "__call__", crash_on_progress)
+    for _ in range(2):
+        with pytest.raises(ConnectionError):
+            await driver.step(batch_id, PassReport())
+    monkeypatch.undo()
+    while (await batches.get(batch_id)).next_line < 1200:  # type: ignore[union-attr]
+        await driver.step(batch_id, PassReport())
+
+    stats = await queue.stats()
+    assert stats["enqueued"] == 1200, "the chunk enqueued before each crash was replayed, not enqueued again"
+    line_jobs = await queue.redis.hgetall(queue.keys.batch_lines(batch_id))
+    assert len(line_jobs) == 1200 and len(set(line_jobs.values())) == 1200
+
+
+async def test_a_batch_runs_to_completed_with_its_output_in_file_order(queue: Queue, store: FileStore) -> None:
+    batch_id = await new_batch(queue, store, lines(50) + b"\n")  # a trailing blank line is no request
+    driver = BatchDriver(queue, store, queue.settings)
+    await driver.run_once()
+    await driver.run_once()
+    assert await work_off(queue) == 50
+    await driver.run_once()  # -> finalizing, output written -> completed
+    batch = await Batches(queue).get(batch_id, TENANT)
+    assert batch is not None and batch.status is BatchStatus.COMPLETED
+    assert (batch.total, batch.completed, batch.failed) == (50, 50, 0)
+    assert batch.error_file_id is None and batch.output_file_id
+    output = [json.loads(x) for x in b"".join(store.chunks(TENANT, batch.output_file_id)).splitlines()]
+    assert [x["custom_id"] for x in output] == [f"c{i}" for i in range(50)]
+    assert output[3]["response"] == {"status_code": 200, "request_id": output[3]["response"]["request_id"],
+                                     "body": {"echo": "q3"}}
+    assert not await queue.redis.zscore(queue.keys.batches_active, batch_id)
+    assert await queue.redis.ttl(queue.keys.batch(batch_id)) > 0
+
+
+async def test_at_zero_workers_a_full_queue_holds_the_batch_back_instead_of_failing_it(
+    valkey: Any, queue_name: str, store: FileStore
+) -> None:
+    settings = Settings(redis_url=valkey.url, queue=queue_name, max_queue_depth=30)
+    queue = Queue.connect(settings)
+    await queue.ensure_groups()
+    try:
+        batch_id = await new_batch(queue, store, lines(100))
+        driver = BatchDriver(queue, store, settings)
+        for _ in range(3):
+            await driver.run_once()
+        batch = await Batches(queue).get(batch_id)
+        assert batch is not None and batch.status is BatchStatus.IN_PROGRESS and batch.next_line == 30
+        await work_off(queue)
+        for _ in range(4):
+            await driver.run_once()
+            await work_off(queue)
+        batch = await Batches(queue).get(batch_id)
+        assert batch is not None and batch.status is BatchStatus.COMPLETED and batch.completed == 100
+    finally:
+        await queue.close()
+
+
+async def test_advancing_and_moving_a_batch_are_safe_to_resend(queue: Queue, store: FileStore) -> None:
+    batch_id = await new_batch(queue, store, lines(3))
+    keys = [queue.keys.batch(batch_id), queue.keys.batch_lines(batch_id)]
+    first = await queue.scripts("advancebatch", keys, [0, 2, 99, 0, "job_a", 1, "job_b"])
+    again = await queue.scripts("advancebatch", keys, [0, 2, 99, 0, "job_a", 1, "job_b"])
+    assert first == again == 1
+    assert await queue.scripts("advancebatch", keys, [1, 3, 120, 2, "job_c"]) == 0  # someone else's view: dropped
+    batches = Batches(queue)
+    args = ("validating", "in_progress")
+    assert await queue.scripts("movebatch", keys[:1], [",".join(args), "cancelling"]) == [1, "cancelling"]
+    assert await queue.scripts("movebatch", keys[:1], [",".join(args), "cancelling"]) == [1, "cancelling"]
+    assert await batches.move(batch_id, (BatchStatus.IN_PROGRESS,), BatchStatus.FINALIZING) is False
+    assert await queue.scripts("movebatch", [queue.keys.batch("batch_none")], ["a", "b"]) == [-1]
