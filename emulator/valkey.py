@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -36,13 +37,22 @@ def _send(host: str, port: int, *command: str, timeout: float = 1.0) -> bytes:
     )
     with socket.create_connection((host, port), timeout=timeout) as sock:
         sock.sendall(payload)
-        chunks = []
+        reply = b""
         while True:
             chunk = sock.recv(65536)
-            chunks.append(chunk)
-            if not chunk or chunk.endswith(b"\r\n"):
-                break
-        return b"".join(chunks)
+            reply += chunk
+            if not chunk or _complete(reply):
+                return reply
+
+
+def _complete(reply: bytes) -> bool:
+    """Whether ``reply`` holds one whole simple reply: a line, or a bulk string (``$n``) of n bytes after it."""
+    head, sep, rest = reply.partition(b"\r\n")
+    if not sep:
+        return False
+    if head.startswith(b"$") and head[1:].lstrip(b"-").isdigit() and int(head[1:]) >= 0:
+        return len(rest) >= int(head[1:]) + 2
+    return True
 
 
 class ValkeyProcess:
@@ -145,6 +155,60 @@ class ValkeyProcess:
         assert self.process is not None
         os.kill(self.process.pid, signal.SIGCONT)
 
+    # ---------------------------------------------------------------- faults a managed Redis produces
+
+    def call(self, *command: str, timeout: float = 2.0) -> bytes:
+        """One command, answered as raw RESP (``+OK``, ``:3``, ``-ERR ...``)."""
+        return _send(self.host, self.port, *command, timeout=timeout)
+
+    def _ok(self, *command: str) -> None:
+        reply = self.call(*command)
+        if not reply.startswith(b"+OK"):
+            raise RuntimeError(f"{' '.join(command)}: {reply!r}")
+
+    def replicate(self, primary: ValkeyProcess) -> None:
+        """Become a replica of ``primary`` (``REPLICAOF``): its clients' writes get ``READONLY`` from now on."""
+        self._ok("REPLICAOF", primary.host, str(primary.port))
+
+    def promote(self) -> None:
+        """Stop replicating and accept writes (``REPLICAOF NO ONE``), as a failover does to a replica."""
+        self._ok("REPLICAOF", "NO", "ONE")
+
+    def info(self, section: str) -> dict[str, str]:
+        reply = self.call("INFO", section).decode(errors="replace")
+        fields = (line.split(":", 1) for line in reply.splitlines() if ":" in line and not line.startswith("#"))
+        return {name: value.strip() for name, value in fields}
+
+    def in_sync_with(self, primary: ValkeyProcess) -> bool:
+        """A replica whose link is up and that has applied everything ``primary`` has written."""
+        mine = self.info("replication")
+        return (
+            mine.get("role") == "slave" and mine.get("master_link_status") == "up"
+            and mine.get("slave_repl_offset") == primary.info("replication").get("master_repl_offset")
+        )
+
+    def set_maxmemory(self, limit: str, policy: str = "noeviction") -> None:
+        """``maxmemory`` (e.g. ``"1mb"``, ``"0"`` for none) with a policy; ``noeviction`` answers writes with OOM."""
+        self._ok("CONFIG", "SET", "maxmemory-policy", policy)
+        self._ok("CONFIG", "SET", "maxmemory", limit)
+
+    def config_set(self, name: str, value: str) -> None:
+        self._ok("CONFIG", "SET", name, value)
+
+    def pause(self, ms: int, mode: str = "ALL") -> None:
+        """``CLIENT PAUSE``: hold every command (``ALL``) or every write (``WRITE``) of normal clients for ``ms``."""
+        self._ok("CLIENT", "PAUSE", str(ms), mode)
+
+    def unpause(self) -> None:
+        self._ok("CLIENT", "UNPAUSE")
+
+    def kill_clients(self, client_type: str = "normal") -> int:
+        """``CLIENT KILL TYPE``: close every connection of that type but the caller's; how many were closed."""
+        reply = self.call("CLIENT", "KILL", "TYPE", client_type, "SKIPME", "yes")
+        if not reply.startswith(b":"):
+            raise RuntimeError(f"CLIENT KILL: {reply!r}")
+        return int(reply[1:].strip())
+
     def stop(self, timeout: float = 5.0) -> None:
         """Graceful stop: SIGTERM lets the server flush its AOF."""
         if not self.process or self.process.poll() is not None:
@@ -175,6 +239,34 @@ class ValkeyProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def fail_over(
+    primary: ValkeyProcess, replica: ValkeyProcess, *, timeout: float = 10.0,
+    promoted: Callable[[], None] | None = None,
+) -> None:
+    """Make ``replica`` the primary, as a managed Redis does in a maintenance window: writes paused on the primary
+    until the replica has them all (nothing is lost), the replica promoted, the old primary demoted to a replica of
+    it, writes resumed. Clients still connected to the old primary get ``READONLY`` from then on; commands held by
+    the pause get it too. ``promoted`` runs between the promotion and the demotion: where an endpoint name is moved
+    to the new primary. Run it again with the roles swapped to restore them."""
+    primary.pause(int(timeout * 1000), "WRITE")
+    try:
+        wait_in_sync(replica, primary, timeout)
+        replica.promote()
+        if promoted is not None:
+            promoted()
+        primary.replicate(replica)
+    finally:
+        primary.unpause()
+
+
+def wait_in_sync(replica: ValkeyProcess, primary: ValkeyProcess, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not replica.in_sync_with(primary):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"replica on port {replica.port} did not catch up within {timeout} s")
+        time.sleep(0.02)
 
 
 def _die_with_parent() -> None:

@@ -2,6 +2,8 @@
 
 SIGTERM (ECS stopping the task, the emulator scaling in) or SIGINT: stop pulling, drain for ``INFERQ_DRAIN_S``,
 release the rest, exit 0. A second signal skips the rest of the drain. A bad setting exits 2 naming the variable.
+A task of the worker that died (a fault that is not Redis's to wait out, a bug) stops it: it releases its jobs,
+deregisters and exits 1, so ECS replaces it.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ async def serve(settings: Settings) -> int:
     finally:
         await backend.aclose()
         await queue.close()
-    return 0
+    return 1 if worker.failure else 0
 
 
 def main() -> int:

@@ -5,6 +5,11 @@ A separate task renews every live lease every ``min(1 s, claim-idle / 3)``, so a
 I/O and never holds the event loop, so nothing it does can starve this task. The same call tells which jobs were
 cancelled (abort, finish ``cancelled``) and which were lost to another worker or already ended (abort, write
 nothing): the ``renew`` script answers one :class:`~inferq.queue.Lease` per entry.
+
+A Redis fault the fault model calls recoverable (a failover's ``READONLY``, a timeout, a full server) is tried
+again at the next interval: a short outage costs no lease. Anything else ends :meth:`LeaseKeeper.run` with the
+exception, and the worker, which supervises it, stops: a worker without a lease keeper would let every long job
+be reclaimed and run twice (G4).
 """
 
 from __future__ import annotations
@@ -14,9 +19,8 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from inferq.faults import Fault, FaultRun
 from inferq.queue import Delivery, Lease, Queue
-
-from .redis_errors import TRANSIENT, cancelling
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +57,13 @@ def renew_interval_s(claim_idle_ms: int) -> float:
 class LeaseKeeper:
     def __init__(
         self, queue: Queue, consumer: str, jobs: Callable[[], Iterable[InFlight]], *, claim_idle_ms: int,
-        on_error: Callable[[], None] | None = None,
+        on_fault: Callable[[Fault], None] | None = None,
     ) -> None:
         self.queue = queue
         self.consumer = consumer
         self.jobs = jobs
         self.interval_s = renew_interval_s(claim_idle_ms)
-        self.on_error = on_error
+        self.on_fault = on_fault
         self.renewals = 0
 
     async def renew_once(self) -> None:
@@ -77,17 +81,11 @@ class LeaseKeeper:
                          extra={"job_id": job.delivery.job.id})
 
     async def run(self, stop: asyncio.Event) -> None:
-        failures = 0
+        faults = FaultRun("lease renewal failed", log, on_fault=self.on_fault, clients=[self.queue.redis])
         while not stop.is_set():
             await asyncio.sleep(self.interval_s)
             try:
                 await self.renew_once()
-                failures = 0
-            except TRANSIENT as exc:  # keep trying each interval: a short outage costs no lease
-                if cancelling():
-                    raise asyncio.CancelledError from exc
-                failures += 1
-                if self.on_error:
-                    self.on_error()
-                if failures == 1 or failures % 30 == 0:
-                    log.warning("lease renewal failed (%d in a row): %s", failures, exc)
+                faults.succeeded()
+            except Exception as exc:  # absorb() re-raises what is not a Redis fault to wait out
+                await faults.absorb(exc)  # the next try is the next interval: never later than a lease allows

@@ -6,6 +6,10 @@ idle for a two-second grace), never per job.
 A worker that stays busy longer than the expiry renews it shortly before it lapses, so a long busy spell is not
 left unprotected. Calls run in their own task, so a slow agent never delays jobs; when the state flips several
 times during one call, only the latest state is sent next.
+
+Protection is best effort: an agent that cannot be reached or refuses is retried with backoff, and a drain on
+SIGTERM still hands every job over. Anything else raised here is a bug and ends :meth:`TaskProtection.run`; the
+worker supervises it and stops.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ log = logging.getLogger(__name__)
 MAX_EXPIRES_MINUTES = 2880  # the ECS limit (48 hours)
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 IDLE_GRACE_S = 2.0
+
+
+class AgentError(Exception):
+    """The ECS agent answered with an error status."""
 
 
 def expires_minutes(settings: Settings) -> int:
@@ -69,7 +77,7 @@ class TaskProtection:
         self.calls += 1
         response = await self._client.put(self.url, json=body)
         if response.status_code >= 300:
-            raise RuntimeError(f"ECS agent answered {response.status_code}: {response.text[:200]}")
+            raise AgentError(f"ECS agent answered {response.status_code}: {response.text[:200]}")
 
     def _next_call_in(self) -> float | None:
         """Seconds until the agent must be called: 0 now, None not until the state changes."""
@@ -103,7 +111,7 @@ class TaskProtection:
         wanted = self._desired
         try:
             await self._put(wanted)
-        except Exception as exc:  # protection is best effort: a drain on SIGTERM still hands every job over
+        except (httpx.HTTPError, AgentError) as exc:  # best effort: a drain on SIGTERM still hands every job over
             self._applied = None
             log.warning("task scale-in protection: %s", exc, extra={"protection": wanted, "failures": failures + 1})
             return

@@ -11,8 +11,16 @@ Tasks of one worker, all on one event loop:
 - the maintenance task heartbeats and promotes due retries; the protection task holds ECS scale-in protection
   while busy; the webhook task delivers terminal events (see ``webhooks.py``).
 
-Redis failures are retried with backoff everywhere; an outcome that cannot be written yet keeps its slot until
-it can (or, past the shutdown grace, is left to be reclaimed), so nothing that was not finished is lost (G8).
+Redis faults follow :mod:`inferq.faults`: a TRANSIENT or CAPACITY one (a failover's ``READONLY``, a timeout, a
+full server) is retried with backoff everywhere, counted in ``redis_errors``; an outcome that cannot be written yet
+keeps its slot until it can (or, past the shutdown grace, is left to be reclaimed), so nothing that was not
+finished is lost (G8).
+
+Every task is supervised. Anything else (a BUG-class error, or any unexpected exception) that ends the pull loop,
+the lease keeper, the maintenance, protection or webhook task, or an outcome's write, stops the worker at once:
+it stops pulling, releases every job it holds without spending an attempt, deregisters, and :meth:`Worker.run`
+returns with :attr:`Worker.failure` set (``python -m gpu_worker`` exits 1, so ECS replaces the task). A worker never
+runs on with a dead task: without its lease keeper, every long job would be reclaimed and run twice (G4).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from typing import Any, TypeVar
 
 from redis.exceptions import ResponseError
 
+from inferq.faults import Fault, FaultRun, is_recoverable
 from inferq.jobs import Job, JobStatus
 from inferq.keys import GROUP, WEBHOOK_GROUP
 from inferq.queue import Delivery, Outcome, Queue, Skipped
@@ -44,7 +53,6 @@ from .leases import Abort, InFlight, LeaseKeeper
 from .logs import bind_job
 from .metrics import WorkerMetrics
 from .protection import TaskProtection
-from .redis_errors import TRANSIENT, Backoff, cancelling
 
 log = logging.getLogger(__name__)
 
@@ -120,10 +128,12 @@ class Worker:
         self._stopping = asyncio.Event()
         self._skip_drain = asyncio.Event()
         self._give_up_at: float | None = None
+        self.failure: str | None = None
+        """Why the worker stopped on its own (a task died), or None: the process exits non-zero when set."""
         self._finishes: Batcher[tuple[Delivery, JobStatus, Any, Any], Outcome] = Batcher(self.queue.finish_many)
         self.leases = LeaseKeeper(
             queue, self.id, self._in_flight.values, claim_idle_ms=settings.claim_idle_ms,
-            on_error=self.metrics.redis_errors.inc,
+            on_fault=self._count_fault,
         )
         self.webhooks = (
             WebhookSender(queue, settings, self.id, on_outcome=self.metrics.webhook) if webhooks else None
@@ -168,49 +178,75 @@ class Worker:
         webhook_task = (
             asyncio.create_task(self.webhooks.run(side_stop), name="webhooks") if self.webhooks else None
         )
+        supervised = background + ([webhook_task] if webhook_task is not None else [])
+        pull = asyncio.create_task(self._pull(until_idle), name="pull")
         try:
-            await self._pull(until_idle)
+            await self._supervise(pull, supervised)
             await self._drain()
         finally:
             side_stop.set()
+            pull.cancel()
             for task in background:
                 task.cancel()
             if webhook_task is not None:
                 with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                     await asyncio.wait_for(webhook_task, 5.0)
-            # bounded: a background task must never hold the shutdown (see redis_errors.cancelling)
-            _, stuck = await asyncio.wait(background, timeout=5.0)
+            # bounded: a background task must never hold the shutdown (see inferq.faults.cancelling)
+            _, stuck = await asyncio.wait([pull, *background], timeout=5.0)
             if stuck:
                 log.error("background tasks did not stop: %s", ", ".join(t.get_name() for t in stuck))
             await self._close()
-        log.info("worker stopped")
+        if self.failure:
+            log.error("worker stopped after a failure: %s", self.failure)
+        else:
+            log.info("worker stopped")
+
+    async def _supervise(self, pull: asyncio.Task[None], background: list[asyncio.Task[None]]) -> None:
+        """Wait for the pull loop to end; a background task that ends before it died (they only end once the
+        pull loop has), and stops the worker."""
+        alive = set(background)
+        while True:
+            done, _ = await asyncio.wait({pull, *alive}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {pull}:
+                alive.discard(task)
+                self._died(task.get_name(), _error_of(task))
+            if pull in done:
+                error = _error_of(pull)
+                if error is not None:
+                    self._died("pull", error)
+                return
+
+    def _died(self, what: str, error: BaseException | None) -> None:
+        """A task of this worker ended unexpectedly: stop at once, release everything, exit non-zero."""
+        reason = f"{what}: {type(error).__name__}: {error}" if error is not None else f"{what} ended"
+        log.error("the %s task died; stopping the worker and releasing its jobs", what, exc_info=error)
+        if self.failure is None:
+            self.failure = reason
+        self.stop(now=True)
+
+    def _count_fault(self, fault: Fault) -> None:
+        self.metrics.redis_errors.inc()
 
     async def _connect(self) -> bool:
         """Wait for Redis (a worker may start before it is reachable); False when stopped meanwhile."""
-        backoff = Backoff(cap_s=5.0)
+        faults = self._faults("cannot reach Redis", cap_s=5.0)
         while not self._stopping.is_set():
             try:
                 await self.queue.ensure_groups()
                 return True
-            except TRANSIENT as exc:
-                self._redis_failed(exc, backoff, "cannot reach Redis")
-                await _first(asyncio.sleep(backoff.next()), self._stopping.wait())
+            except Exception as exc:  # absorb() re-raises what is not a Redis fault to wait out
+                await _first(asyncio.sleep(await faults.absorb(exc)), self._stopping.wait())
         return False
 
-    def _redis_failed(self, exc: BaseException, backoff: Backoff, what: str) -> None:
-        """Account for a transient Redis failure before a backoff: re-raise a cancellation that surfaced as one
-        (Python 3.11 can turn a cancel racing asyncio.timeout into TimeoutError), count it, and log the first, the
-        tenth and every fiftieth of a run of failures."""
-        if cancelling():
-            raise asyncio.CancelledError from exc
-        self.metrics.redis_errors.inc()
-        if backoff.failures in (0, 10) or backoff.failures % 50 == 0:
-            log.warning("%s (%s: %s); retrying with backoff", what, type(exc).__name__, exc)
+    def _faults(self, what: str, *, cap_s: float = 2.0) -> FaultRun:
+        """The fault bookkeeping of one of this worker's loops (see :class:`inferq.faults.FaultRun`)."""
+        return FaultRun(what, log, on_fault=self._count_fault, clients=[self.queue.redis, self.reader.redis],
+                        cap_s=cap_s)
 
     async def _close(self) -> None:
         try:
             await asyncio.wait_for(self.queue.forget_worker(self.id), 5.0)
-        except TRANSIENT as exc:  # (TimeoutError, wait_for's, is an OSError)
+        except Exception as exc:  # on the way out: the heartbeat goes stale and is pruned
             log.warning("could not deregister: %r", exc)
         if self.webhooks:
             await self.webhooks.aclose()
@@ -224,7 +260,7 @@ class Worker:
     async def _pull(self, until_idle: bool) -> None:
         window = self.settings.window
         reclaim_every_s = min(self.settings.claim_idle_ms / 2000.0, 5.0)
-        backoff = Backoff()
+        faults = self._faults("cannot read from Redis")
         # run-until-idle checks for idleness after each empty read: keep those reads short
         block_ms = min(self.block_ms, 100) if until_idle else self.block_ms
         while not self._stopping.is_set():
@@ -241,16 +277,9 @@ class Worker:
                     if free <= 0:
                         continue
                 got, skipped = await self.reader.read(self.id, min(free, READ_BATCH), block_ms)
-                backoff.reset()
-            except TRANSIENT as exc:
-                self._redis_failed(exc, backoff, "cannot read from Redis")
-                await _first(asyncio.sleep(backoff.next()), self._stopping.wait())
-                continue
-            except Exception as exc:  # not a connection problem (a server error, a bug): loud, but keep going
-                if cancelling():
-                    raise asyncio.CancelledError from exc
-                log.exception("reading work failed; retrying with backoff")
-                await _first(asyncio.sleep(backoff.next()), self._stopping.wait())
+                faults.succeeded()
+            except Exception as exc:  # absorb() re-raises what is not a Redis fault: the pull dies
+                await _first(asyncio.sleep(await faults.absorb(exc)), self._stopping.wait())
                 continue
             if self._stopping.is_set() and got:
                 for delivery in got:  # read while stopping: give them straight back
@@ -283,7 +312,9 @@ class Worker:
             return False
         try:
             return (await self.queue.observe()).backlog == 0
-        except TRANSIENT:
+        except Exception as exc:
+            if not is_recoverable(exc):
+                raise
             return False
 
     def _count_skipped(self, skipped: list[Skipped]) -> None:
@@ -325,8 +356,8 @@ class Worker:
             job.settling = True
             self.metrics.run_time.observe(time.monotonic() - started)
             await self._settle(delivery, settle)
-        except Exception:  # a bug in writing the outcome: the entry is not renewed any more and will be reclaimed
-            log.exception("could not settle the job; it will be reclaimed after the claim-idle time")
+        except Exception as exc:  # a bug in writing the outcome: the worker stops; the entry is released or reclaimed
+            self._died("job writer", exc)
         finally:
             self._in_flight.pop(delivery.entry_id, None)
             if delivery.entry_id in self._suspects:
@@ -429,15 +460,15 @@ class Worker:
     async def _retrying(self, write: Callable[[], Awaitable[T]]) -> T | None:
         """Run a Redis write until it succeeds; None only past the shutdown grace (the entry stays pending and
         is reclaimed, so nothing is lost)."""
-        backoff = Backoff()
+        faults = self._faults("Redis write failed")
         while True:
             try:
                 return await write()
-            except TRANSIENT as exc:
-                self._redis_failed(exc, backoff, "Redis write failed")
+            except Exception as exc:  # absorb() re-raises what is not a Redis fault to wait out
+                delay = await faults.absorb(exc)
                 if self._give_up_at is not None and time.monotonic() > self._give_up_at:
                     return None
-                await asyncio.sleep(backoff.next())
+                await asyncio.sleep(delay)
 
     # ------------------------------------------------------------------ background
 
@@ -447,7 +478,9 @@ class Worker:
         removal of what dead workers left behind."""
         last_beat = 0.0
         last_prune = time.monotonic()
+        faults = self._faults("maintenance failed")
         while not stop.is_set():
+            delay = MAINTENANCE_S
             try:
                 if time.monotonic() - last_beat >= HEARTBEAT_S:
                     await self.queue.heartbeat(self.id, len(self._in_flight))
@@ -459,12 +492,10 @@ class Worker:
                 if time.monotonic() - last_prune >= PRUNE_EVERY_S:
                     last_prune = time.monotonic()
                     await self._prune()
-            except TRANSIENT as exc:
-                if cancelling():
-                    raise asyncio.CancelledError from exc
-                self.metrics.redis_errors.inc()
-                log.debug("maintenance failed: %s", exc)
-            await asyncio.sleep(MAINTENANCE_S)
+                faults.succeeded()
+            except Exception as exc:  # absorb() re-raises what is not a Redis fault: the task dies
+                delay = max(delay, await faults.absorb(exc))
+            await asyncio.sleep(delay)
 
     async def _prune(self, *, gone_after_s: float = GONE_AFTER_S) -> None:
         """Forget workers killed without a goodbye: heartbeats older than ``gone_after_s``, and group consumers
@@ -479,7 +510,9 @@ class Worker:
         for stream, group in ((self.queue.keys.stream, GROUP), (self.queue.keys.events, WEBHOOK_GROUP)):
             try:
                 consumers = await redis.xinfo_consumers(stream, group)
-            except ResponseError:
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc) and "no such key" not in str(exc):
+                    raise  # a fault (READONLY, BUSY, ...) for the caller's fault handling
                 continue
             for consumer in consumers:
                 name = consumer["name"]
@@ -504,6 +537,10 @@ class Worker:
             for task in pending:  # stuck writing to an unreachable Redis: the entries will be reclaimed
                 task.cancel()
         await self._finishes.wait_idle()
+
+
+def _error_of(task: asyncio.Task[Any]) -> BaseException | None:
+    return None if task.cancelled() else task.exception()
 
 
 async def _first(*aws: Awaitable[Any]) -> None:

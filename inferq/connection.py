@@ -27,6 +27,7 @@ from redis.asyncio.connection import Connection, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import EqualJitterBackoff
 
+from .faults import RECONNECT_ERRORS
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ def _client(settings: Settings, *, cluster: bool | None, socket_timeout: float |
     if cluster:
         return RedisCluster.from_url(url, **options)
     options["retry"] = Retry(EqualJitterBackoff(cap=0.5, base=0.05), retries=1)
+    options["retry_on_error"] = list(RECONNECT_ERRORS)  # a demoted primary: reconnect, reach the new one
     return Redis.from_url(url, **options)
 
 

@@ -52,6 +52,7 @@ import httpx
 from redis.exceptions import ResponseError
 
 from . import netguard
+from .faults import FaultRun
 from .guarded_http import GuardedTransport, read_capped
 from .keys import WEBHOOK_GROUP
 from .queue import Queue
@@ -351,17 +352,17 @@ class WebhookSender:
         return total
 
     async def run(self, stop: asyncio.Event, interval_s: float = 0.5) -> None:
-        """Deliver continuously until ``stop`` (a worker's background task)."""
-        failures = 0
+        """Deliver continuously until ``stop`` (a worker's background task). Redis faults are waited out (nothing is
+        lost: entries stay pending); a bug ends the task, and the worker's supervisor stops the worker."""
+        faults = FaultRun("webhooks: delivery pass failed", log, clients=(self.queue.redis,), base_s=interval_s,
+                          cap_s=5.0)
         while not stop.is_set():
             try:
                 await self.deliver_once(stop=stop)  # a stopping worker starts no new POST
-                failures = 0
-            except Exception as exc:  # Redis down: try again later, nothing is lost (entries stay pending)
-                failures += 1
-                if failures == 1 or failures % 30 == 0:
-                    log.warning("webhooks: delivery pass failed: %s: %s", type(exc).__name__, exc)
-            delay = interval_s if not failures else min(5.0, interval_s * 2**failures)
+                faults.succeeded()
+                delay = interval_s
+            except Exception as exc:
+                delay = await faults.absorb(exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
 

@@ -1,13 +1,15 @@
 """Every error is ``{"error": {"type", "message"}}`` (docs/api.md): one exception type for the API's own
 refusals, and handlers that turn FastAPI's, Starlette's, the queue's and Redis's exceptions into the envelope.
 
-Redis unreachable, frozen or failing over is a 503 with ``Retry-After`` (G8). A 503 on submit means the outcome
-is unknown (the command may have reached the server before it stopped answering): clients retry with the same
-``Idempotency-Key``.
+Redis errors follow the shared fault model (:mod:`inferq.faults`): unreachable, frozen, failing over (TRANSIENT)
+or full (CAPACITY, ``OOM``) is a 503 with ``Retry-After`` (G8); any other Redis error is a bug of ours, logged and
+answered 500. A 503 on submit means the outcome is unknown (the command may have reached the server before it
+stopped answering): clients retry with the same ``Idempotency-Key``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,9 +19,12 @@ from fastapi.responses import JSONResponse
 from redis import exceptions as redis_errors
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from inferq.faults import Fault, classify
 from inferq.queue import IdempotencyConflict, JobNotFound, JobTerminal, NotDeadLettered, QueueFull
 
 from .auth import KeysUnavailable
+
+log = logging.getLogger(__name__)
 
 RETRY_AFTER_UNAVAILABLE_S = 2
 RETRY_AFTER_QUEUE_FULL_S = 5
@@ -39,17 +44,12 @@ _TYPES = {
     503: "unavailable",
 }
 
-UNAVAILABLE: tuple[type[Exception], ...] = (
-    redis_errors.ConnectionError,  # includes BusyLoadingError, AuthenticationError
-    redis_errors.TimeoutError,
-    redis_errors.ReadOnlyError,  # a replica answering during failover
-    redis_errors.ClusterDownError,
-    redis_errors.TryAgainError,
-    redis_errors.MasterDownError,
+STORE_ERRORS: tuple[type[Exception], ...] = (
+    redis_errors.RedisError,
     TimeoutError,  # asyncio.timeout() around every Redis call
-    KeysUnavailable,
+    ConnectionError,  # a socket reset redis-py did not wrap
 )
-"""Exceptions that mean "the backing store cannot answer now": 503 with Retry-After."""
+"""Exceptions of the backing store, answered by :func:`store_error_response` through the fault model."""
 
 
 class ApiError(Exception):
@@ -84,6 +84,19 @@ def error_response(
 
 def unavailable_response(message: str = "the queue store is unavailable; retry later") -> JSONResponse:
     return error_response(503, message, headers={"Retry-After": str(RETRY_AFTER_UNAVAILABLE_S)})
+
+
+def store_error_response(exc: BaseException) -> JSONResponse:
+    """503 + ``Retry-After`` for a TRANSIENT or CAPACITY fault; a logged 500 for anything else (a bug: no request
+    a client can send may lead here)."""
+    fault = classify(exc)
+    if fault is Fault.CAPACITY:
+        log.warning("the queue store is full: %s", exc)
+        return unavailable_response("the queue store is full; retry later")
+    if fault is Fault.TRANSIENT:
+        return unavailable_response()
+    log.error("unexpected error from the queue store", exc_info=exc)
+    return error_response(500, "internal error")
 
 
 def describe_validation(errors: Iterable[Any], limit: int = 5) -> str:
@@ -140,9 +153,13 @@ def install(app: FastAPI) -> None:
     async def not_dead_lettered(request: Request, exc: Exception) -> JSONResponse:
         return error_response(409, "the job is not dead-lettered", type_="not_dead_lettered")
 
-    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
+    async def keys_unavailable(request: Request, exc: Exception) -> JSONResponse:
         request.scope.setdefault("state", {})["error"] = type(exc).__name__
         return unavailable_response()
+
+    async def store_error(request: Request, exc: Exception) -> JSONResponse:
+        request.scope.setdefault("state", {})["error"] = type(exc).__name__
+        return store_error_response(exc)
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
@@ -152,5 +169,6 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(JobNotFound, job_not_found)
     app.add_exception_handler(JobTerminal, job_terminal)
     app.add_exception_handler(NotDeadLettered, not_dead_lettered)
-    for exc_type in UNAVAILABLE:
-        app.add_exception_handler(exc_type, unavailable)
+    app.add_exception_handler(KeysUnavailable, keys_unavailable)
+    for exc_type in STORE_ERRORS:
+        app.add_exception_handler(exc_type, store_error)

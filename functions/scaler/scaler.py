@@ -7,7 +7,10 @@ only when that count differs from the service's, records the decision and the po
 :attr:`Cadence.every_s` until its time is nearly over; a wake-up from the gateway ticks once.
 
 Failure is never a guess: if Redis or ECS cannot be read, or the update fails, the service keeps its count, the
-tick is logged and counted (``ObserveErrors``, ``ApplyErrors``) and the next tick tries again.
+tick is logged (one line, no traceback) and counted (``ObserveErrors``, ``ApplyErrors``) and the next tick tries
+again. Redis failures follow the shared fault model (:mod:`inferq.faults`): a TRANSIENT or CAPACITY fault (a
+failover, a timeout, a full server) is such a failure; any other error is a bug and fails the invocation, once,
+with its traceback.
 """
 
 from __future__ import annotations
@@ -19,13 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
-from redis.exceptions import RedisError
 
+from inferq.faults import classify, is_recoverable
 from inferq.history import record_sample
 from inferq.policy import Decision, Demand, ScalePolicy, ScaleState, decide
 from inferq.queue import Observation, Queue
 
-REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
 ECS_ERRORS: tuple[type[BaseException], ...] = (BotoCoreError, ClientError)
 
 
@@ -151,10 +153,10 @@ class Scaler:
         try:
             tick.observation = await asyncio.wait_for(self.queue.observe(now=int(now * 1000)), self._redis_wait_s)
             state_fields = await asyncio.wait_for(self.queue.scale_state(), self._redis_wait_s)
-        except REDIS_ERRORS as exc:
+        except Exception as exc:
+            _recoverable_or_raise(exc)
             tick.errors.append("redis")
-            self.logger.warning("scaler: Redis unreachable, desired count unchanged",
-                                extra={"error": f"{type(exc).__name__}: {exc}"})
+            self.logger.warning("scaler: Redis unavailable, desired count unchanged", extra=_fault(exc))
         try:
             tick.counts = await asyncio.to_thread(self.ecs.counts)
         except EcsUnavailable as exc:
@@ -200,10 +202,11 @@ class Scaler:
                                            **decision.state.to_fields()),
                 self._redis_wait_s,
             )
-        except REDIS_ERRORS as exc:
+        except Exception as exc:
+            _recoverable_or_raise(exc)
             # The count is applied; the next tick adopts it from ECS as a change made now.
             tick.errors.append("record")
-            self.logger.warning("scaler: could not record the decision", extra={"error": f"{exc}"})
+            self.logger.warning("scaler: could not record the decision", extra=_fault(exc))
 
     async def _housekeeping(self, tick: Tick, observation: Observation) -> None:
         """Work no worker may be up to do: move due retries into the stream, and deliver webhooks of jobs that ended
@@ -211,12 +214,14 @@ class Scaler:
         if observation.delayed_due:
             try:
                 await asyncio.wait_for(self.queue.promote(), self._redis_wait_s)
-            except REDIS_ERRORS as exc:
-                self.logger.warning("scaler: could not promote due retries", extra={"error": f"{exc}"})
+            except Exception as exc:
+                _recoverable_or_raise(exc)
+                self.logger.warning("scaler: could not promote due retries", extra=_fault(exc))
         try:  # jobs whose ttl_s passed unstarted leave the unfinished count even with no worker up
             await asyncio.wait_for(self.queue.expire_due(), self._redis_wait_s)
-        except REDIS_ERRORS as exc:
-            self.logger.warning("scaler: could not expire jobs past their ttl_s", extra={"error": f"{exc}"})
+        except Exception as exc:
+            _recoverable_or_raise(exc)
+            self.logger.warning("scaler: could not expire jobs past their ttl_s", extra=_fault(exc))
         if self.webhooks is not None:
             try:
                 tick.webhooks = await self.webhooks(
@@ -224,7 +229,10 @@ class Scaler:
                 )
             except Exception as exc:  # best effort: undelivered events stay pending for the next pass
                 tick.errors.append("webhooks")
-                self.logger.warning("scaler: webhook pass failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+                if is_recoverable(exc):
+                    self.logger.warning("scaler: webhook pass failed", extra=_fault(exc))
+                else:  # not Redis's fault: a bug of the sender, loud, but scaling goes on
+                    self.logger.exception("scaler: webhook pass failed", extra=_fault(exc))
 
     async def _record_history(self, tick: Tick, observation: Observation, now: float) -> None:
         """One sample for the console's charts (:mod:`inferq.history`); a lost one is a gap, not a failure."""
@@ -234,8 +242,9 @@ class Scaler:
                 record_sample(self.queue, observation, desired=tick.desired, running=running, at=now),
                 self._redis_wait_s,
             )
-        except REDIS_ERRORS as exc:
-            self.logger.warning("scaler: could not record a history sample", extra={"error": f"{exc}"})
+        except Exception as exc:
+            _recoverable_or_raise(exc)
+            self.logger.warning("scaler: could not record a history sample", extra=_fault(exc))
 
     def _emit(self, tick: Tick, now: float) -> None:
         from aws_lambda_powertools.metrics import MetricUnit
@@ -266,3 +275,13 @@ class Scaler:
         for name, value in tick.webhooks.items():
             m.add_metric(name=f"Webhooks{name.capitalize()}", unit=MetricUnit.Count, value=value)
         m.flush_metrics()
+
+
+def _recoverable_or_raise(exc: Exception) -> None:
+    """Let a Redis failure that is not TRANSIENT or CAPACITY (a bug) fail the invocation."""
+    if not is_recoverable(exc):
+        raise exc
+
+
+def _fault(exc: BaseException) -> dict[str, str]:
+    return {"fault": classify(exc).value, "error": f"{type(exc).__name__}: {exc}"}

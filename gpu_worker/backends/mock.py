@@ -1,21 +1,28 @@
 """The mock backend (a contract: docs/api.md): a deterministic echo with failure controls, for tests,
 benchmarks and the emulator. Every call is counted in ``inferq:{Q}:mock:calls`` (job id -> calls) before it
-does anything else, so tests can prove how many times the model was really called."""
+does anything else, so tests can prove how many times the model was really called: once per call whatever the
+Redis faults (the count is resent with its call's token until written; ``mock_count.lua`` counts a token once)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import secrets
 import sys
+from pathlib import Path
 from typing import Any
 
+from redis.exceptions import NoScriptError
+
+from inferq.faults import FaultRun
 from inferq.jobs import Job
 from inferq.keys import Keys
 
 from ..batching import Batcher
 from .base import FatalError, RetryableError
 
+COUNT_SCRIPT = (Path(__file__).parent / "mock_count.lua").read_text()
 CRASH_EXIT_CODE = 86
 """Exit status of a worker that ``crash_deliveries`` brought down (what a segfaulting CUDA kernel looks like)."""
 
@@ -115,13 +122,21 @@ class MockBackend:
     def __init__(self, redis: Any, keys: Keys) -> None:
         self._redis = redis
         self._key = keys.mock_calls
-        self._calls: Batcher[str, int] = Batcher(self._count)
+        self._count_script = redis.register_script(COUNT_SCRIPT)
+        self._calls: Batcher[tuple[str, str], int] = Batcher(self._count)
 
-    async def _count(self, job_ids: list[str]) -> list[int]:
-        pipe = self._redis.pipeline(transaction=False)
-        for job_id in job_ids:
-            pipe.hincrby(self._key, job_id, 1)
-        return list(await pipe.execute())
+    async def _count(self, calls: list[tuple[str, str]]) -> list[int]:
+        faults = FaultRun("mock: counting calls failed", logging.getLogger(__name__), clients=[self._redis])
+        while True:
+            pipe = self._redis.pipeline(transaction=False)
+            for job_id, token in calls:
+                await self._count_script(keys=[self._key, f"{self._key}:{token}"], args=[job_id], client=pipe)
+            try:
+                return list(await pipe.execute())
+            except NoScriptError:  # a new primary after a failover: the next execute loads the script there
+                continue
+            except Exception as exc:
+                await asyncio.sleep(await faults.absorb(exc))
 
     async def complete(
         self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job
@@ -129,7 +144,7 @@ class MockBackend:
         controls = body.get("mock") or {}
         if not isinstance(controls, dict):
             raise FatalError("mock must be an object", status_code=400)
-        await self._calls.submit(job.id)
+        await self._calls.submit((job.id, secrets.token_hex(8)))
 
         crash = _control_int(controls, "crash_deliveries")
         if crash and job.deliveries <= crash:

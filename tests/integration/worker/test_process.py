@@ -97,3 +97,27 @@ async def test_metrics_are_served_on_the_metrics_port(settings: Settings, queue:
     assert f'inferq_worker_backend_errors_total{{kind="fatal",queue="{q}"}} 1.0' in scraped
     assert f'inferq_worker_window{{queue="{q}"}} 8.0' in scraped
     assert "inferq_worker_queue_wait_seconds_bucket" in scraped and "inferq_worker_run_seconds_count" in scraped
+
+
+async def test_a_task_that_dies_stops_the_worker_which_releases_its_jobs_and_exits_1(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A failure the fault model does not wait out (here a key of the wrong type, which only a bug or an operator
+    can cause) kills the maintenance task: the worker must not run on without it."""
+    settings = settings.replace(claim_idle_ms=60_000, window=4)
+    queue = Queue.connect(settings)
+    with worker_processes(settings, tmp_path) as spawn:
+        first = spawn("first")
+        await first.started(queue)
+        jobs = [await submit(queue, chat(f"long {i}", latency_ms=30_000)) for i in range(2)]
+        for job in jobs:
+            await status_is(queue, job.id, "running")
+        await queue.redis.set(queue.keys.delayed, "not a sorted set")  # WRONGTYPE for the promotion
+        assert await first.wait(timeout=20) == 1
+        lines = first.log_lines()
+        assert any("the maintenance task died" in line.get("msg", "") for line in lines), first.output()[-3000:]
+        for job in jobs:  # handed back at once, no attempt spent: the next worker need not wait for claim-idle
+            released = await queue.get(job.id)
+            assert released is not None and released.status is JobStatus.QUEUED and released.attempts == 1
+        assert await queue.redis.hget(queue.keys.workers, "first") is None  # deregistered
+    await queue.close()

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from emulator.valkey import ValkeyProcess, fail_over, wait_in_sync
 from gpu_worker.backends.mock import MockBackend
 from gpu_worker.worker import Worker
 from inferq.jobs import Job, JobStatus
@@ -254,3 +259,71 @@ async def test_pruning_forgets_dead_workers_but_never_a_consumer_holding_entries
     assert consumers == {"gone-holding"}
     assert set(await queue.redis.hkeys(queue.keys.workers)) == {"alive"}
     await worker.reader.close()
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[ValkeyProcess, ValkeyProcess]]:
+    """A primary and its replica, in sync: what a managed Redis fails over between."""
+    primary = ValkeyProcess(tmp_path / "primary", appendfsync=None).start()
+    replica = ValkeyProcess(tmp_path / "replica", appendfsync=None).start()
+    try:
+        replica.replicate(primary)
+        wait_in_sync(replica, primary)
+        yield primary, replica
+    finally:
+        replica.stop()
+        primary.stop()
+
+
+async def test_the_lease_keeper_outlives_a_failover_and_no_long_job_runs_twice(
+    pair: tuple[ValkeyProcess, ValkeyProcess], queue_name: str
+) -> None:
+    """The old primary demoted for a second and a half answers READONLY to every write of the worker (its lease
+    renewals included), then is promoted back: the leases are renewed again before anyone may reclaim them."""
+    primary, replica = pair
+    settings = Settings(redis_url=primary.url, queue=queue_name, claim_idle_ms=3000, window=8, retry_base_ms=0,
+                        metrics_port=0, job_timeout_s=30, drain_s=5)
+    queue = Queue.connect(settings)
+    await queue.ensure_groups()
+    jobs = [await submit(queue, chat(f"long {i}", latency_ms=7000)) for i in range(4)]
+    async with running_worker(settings, queue, worker_id="first", webhooks=False) as first:
+        for job in jobs:
+            await status_is(queue, job.id, "running")
+        # an idle worker keeps trying to reclaim idle entries all along
+        async with running_worker(settings, queue, worker_id="thief", webhooks=False):
+            await eventually(lambda: queue.redis.hexists(queue.keys.workers, "thief"), what="the thief to start")
+            await asyncio.to_thread(fail_over, primary, replica)
+            await asyncio.sleep(1.5)
+            await asyncio.to_thread(fail_over, replica, primary)
+            renewals = first.leases.renewals
+            await eventually(lambda: _more(first, renewals), timeout=10, what="renewals after the failover")
+            for job in jobs:
+                assert (await terminal(queue, job.id, timeout=30)).status is JobStatus.SUCCEEDED
+                assert await mock_calls(queue, job.id) == 1
+                assert len(await terminal_events(queue, job.id)) == 1
+        assert first.failure is None
+        assert first.metrics.redis_errors._value.get() > 0  # it saw the READONLY answers, counted, waited them out
+    stats = await queue.stats()
+    assert stats.get("reclaimed", 0) == 0 and stats["unfinished"] == 0
+    assert await queue.redis.xlen(queue.keys.stream) == 0
+    await queue.close()
+
+
+async def _more(worker: Worker, renewals: int) -> bool:
+    return worker.leases.renewals > renewals
+
+
+async def test_a_dead_background_task_stops_the_worker_and_releases_what_it_holds(
+    settings: Settings, queue: Queue
+) -> None:
+    job = await submit(queue, chat("long", latency_ms=30_000))
+    worker = Worker(settings, queue, MockBackend(queue.redis, queue.keys), worker_id="w", webhooks=False)
+    run = asyncio.create_task(worker.run())
+    await status_is(queue, job.id, "running")
+    await queue.redis.set(queue.keys.delayed, "not a sorted set")  # the maintenance task's promotion: WRONGTYPE
+    await asyncio.wait_for(run, 20)  # it stopped by itself, without a stop()
+    assert worker.failure is not None and worker.failure.startswith("maintenance: ResponseError")
+    released = await queue.get(job.id)
+    assert released is not None and released.status is JobStatus.QUEUED and released.attempts == 1
+    assert await queue.redis.hget(queue.keys.workers, "w") is None
+    assert await mock_calls(queue, job.id) == 1
