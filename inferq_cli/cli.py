@@ -191,8 +191,9 @@ def submit(argv: list[str]) -> int:
 def _submit_file(args: argparse.Namespace) -> int:
     import asyncio
 
-    from .bulk import BadJobFile, read_jobs, submit_all
     from inferq.client import AsyncClient
+
+    from .bulk import BadJobFile, read_jobs, submit_all
 
     try:
         lines = read_jobs(args.file)
