@@ -51,6 +51,7 @@ from .answers import (
     error_for,
 )
 from .jobs import JobStatus
+from .retry import backoff
 from .webhook_signing import WebhookVerificationError, verify_webhook
 
 __all__ = [
@@ -87,6 +88,7 @@ DEFAULT_RETRY_AFTER_S = 1.0
 """Used when a 503/429 carries no usable ``Retry-After``, and as the base of the backoff after a lost connection."""
 MAX_RETRY_AFTER_S = 30.0
 """A ``Retry-After`` above this is capped: the total retry budget is what bounds the wait."""
+_RANDOM = secrets.SystemRandom()  # resubmit timing that other clients cannot predict
 
 
 # ---------------------------------------------------------------------- answers
@@ -165,8 +167,7 @@ class RetryPolicy:
         exponential backoff with full jitter (a lost connection says nothing about when to come back)."""
         if hint_s is not None:
             return min(hint_s, MAX_RETRY_AFTER_S)
-        ceiling = min(DEFAULT_RETRY_AFTER_S * 2 ** (attempt - 1), MAX_RETRY_AFTER_S)
-        return secrets.SystemRandom().uniform(0, ceiling)
+        return backoff(attempt, DEFAULT_RETRY_AFTER_S, MAX_RETRY_AFTER_S, rng=_RANDOM)
 
 
 class _Retry:

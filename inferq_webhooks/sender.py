@@ -55,6 +55,7 @@ from inferq import netguard
 from inferq.faults import FaultRun
 from inferq.keys import WEBHOOK_GROUP
 from inferq.queue import Queue
+from inferq.retry import backoff
 from inferq.settings import Settings
 from inferq.webhook_signing import sign, signing_key, webhook_id
 
@@ -83,7 +84,7 @@ been idle this long (a live consumer touches the group every second)."""
 
 def retry_delay_ms(attempts: int) -> int:
     """Idle time before attempt ``attempts + 1`` after ``attempts`` failed ones (never below the lease)."""
-    return max(LEASE_MS, min(MAX_DELAY_MS, BASE_DELAY_MS * 2 ** max(attempts - 1, 0)))
+    return max(LEASE_MS, int(backoff(attempts, BASE_DELAY_MS, MAX_DELAY_MS, jitter=False)))
 
 
 # ------------------------------------------------------------------------------------------------ delivery
