@@ -42,26 +42,14 @@ local now, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARG
 --- @include "ackEntry"
 --- @include "replay"
 --- @include "terminate"
+--- @include "settleGuard"
 
 local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 'refused')
-local jobId, status, entry = job[1], job[2], job[3]
-if not jobId then
-  ackEntry(streamKey, entryId)
-  return {CODE_NOT_FOUND}
+local refusal = settleGuard(streamKey, statsKey, jobKey, entryId, lease, call, job, true)
+if refusal then
+  return refusal
 end
-local again = replayed(jobKey, 'settled', job[5], call) or replayed(jobKey, 'refused', job[6], call)
-if again then
-  return again
-end
-if TERMINAL[status] then
-  ackEntry(streamKey, entryId)
-  rcall('HINCRBY', statsKey, 'duplicate_results', 1)
-  return remember(jobKey, 'refused', call, {CODE_TERMINAL, status})
-end
-if entry ~= entryId or job[4] ~= lease or lease == '' then
-  rcall('HINCRBY', statsKey, 'stale_writes', 1)
-  return remember(jobKey, 'refused', call, {CODE_STALE_OWNER})
-end
+local jobId = job[1]
 
 ackEntry(streamKey, entryId)
 local extra = {}

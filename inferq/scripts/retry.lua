@@ -47,26 +47,14 @@ local errorJson, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7
 --- @include "replay"
 --- @include "terminate"
 --- @include "deadLetter"
+--- @include "settleGuard"
 
-local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'attempts', 'cancel', 'lease', 'settled', 'refused')
-local jobId, status, entry, attempts, cancel = job[1], job[2], job[3], tonumber(job[4] or '1'), job[5]
-if not jobId then
-  ackEntry(streamKey, entryId)
-  return {CODE_NOT_FOUND}
+local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 'refused', 'attempts', 'cancel')
+local refusal = settleGuard(streamKey, statsKey, jobKey, entryId, lease, call, job, true)
+if refusal then
+  return refusal
 end
-local again = replayed(jobKey, 'settled', job[7], call) or replayed(jobKey, 'refused', job[8], call)
-if again then
-  return again
-end
-if TERMINAL[status] then
-  ackEntry(streamKey, entryId)
-  rcall('HINCRBY', statsKey, 'duplicate_results', 1)
-  return remember(jobKey, 'refused', call, {CODE_TERMINAL, status})
-end
-if entry ~= entryId or job[6] ~= lease or lease == '' then
-  rcall('HINCRBY', statsKey, 'stale_writes', 1)
-  return remember(jobKey, 'refused', call, {CODE_STALE_OWNER})
-end
+local jobId, attempts, cancel = job[1], tonumber(job[7] or '1'), job[8]
 
 ackEntry(streamKey, entryId)
 if cancel == '1' then
