@@ -14,6 +14,8 @@ Scenarios (``--only`` takes a comma-separated subset):
       when present)
 - K   core ceiling (bench.core)
 - E   elasticity simulation (bench.simulate, when present)
+- B   one OpenAI batch of 10,000 lines (--quick: 1,000), mock 0 ms, 2 workers, window 32, through the Files and
+      Batches API of `inferq up` (bench.batch): wall time create -> completed, lines/s, the gateway's peak RSS
 
 Every HTTP scenario (and F) reports CPU per job by role and gateway + workers + Valkey as one figure, and
 Valkey's command time per job by command (bench.valkeystats). ``--scale`` adds the scale-out grid (bench.scale).
@@ -44,10 +46,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import floor, load, report, scale, valkeystats
+from . import batch, floor, load, report, scale, valkeystats
 from .stack import ROOT, Stack, spawn_worker, stop_process
 
-ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E")
+ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E", "B")
+BATCH_LINES = 10_000
+BATCH_LINES_QUICK = 1_000
+BATCH_WORKERS = 2
+BATCH_WINDOW = 32
 CAVEAT = ("client, gateway, Valkey, scaler, emulator supervisor and workers all share this machine's cores; "
           "the load generator's own CPU is taken from the system under test, and other processes on a shared "
           "machine add noise (load average recorded per scenario)")
@@ -102,12 +108,13 @@ class Bench:
             self.console.print(f"[red]error:[/] {message}", highlight=False)
 
     def stack(self, name: str, workers: int, window: int, env: dict[str, str] | None = None,
-              log_level: str | bool | None = True) -> Stack:
+              log_level: str | bool | None = True, mode: str | None = None) -> Stack:
         """A stack as ``make up`` runs it (the default log level) unless ``--log-level`` says otherwise;
         ``log_level=None`` ignores ``--log-level`` (the log cost scenario sets its own)."""
         level = self.args.log_level if log_level is True else log_level
         env = {**({"INFERQ_LOG_LEVEL": level} if level else {}), **(env or {}), **dict(self.args.env)}
-        return Stack(workers=workers, window=window, mode=self.args.stack, env=env, log_dir=self.logs, name=name)
+        return Stack(workers=workers, window=window, mode=mode or self.args.stack, env=env, log_dir=self.logs,
+                     name=name)
 
     async def _run_load(self, st: Stack, kind: str, title: str, n: int, clients: int, latency_ms: int,
                         name: str) -> load.LoadResult:
@@ -722,6 +729,40 @@ class Bench:
             finally:
                 self.progress.update(task, visible=False)
 
+    # ------------------------------------------------------------------ B: a batch
+
+    async def batch_scenario(self) -> None:
+        """Scenario B (bench.batch). Always on ``inferq up``: only the emulator has the files bucket (moto's S3)."""
+        count = BATCH_LINES_QUICK if self.args.quick else BATCH_LINES
+        data = batch.batch_lines(count)
+        repeats = self.sizes.repeats
+        task = self.progress.add_task(f"B batch of {count:,} lines x{repeats}", total=count * repeats)
+        runs: list[dict[str, Any]] = []
+        with self.stack("batch", BATCH_WORKERS, BATCH_WINDOW, mode="emulator") as st:
+            rss_before = batch.peak_rss_mb(st.pids()["gateway"])
+            for _ in range(repeats):
+                result = await batch.run_once(st, data, count, lambda k: self.advance(task, k))
+                if "error" in result:
+                    self.fail(f"B: {result['error']}")
+                runs.append(result)
+            rss_peak = batch.peak_rss_mb(st.pids()["gateway"])
+            described = st.describe()
+        self.progress.update(task, visible=False)
+        ok = [r for r in runs if "error" not in r]
+        summary = batch.summarize(ok)
+        self.report["batch"] = {"lines": count, "input_bytes": len(data), "workers": BATCH_WORKERS,
+                                "window": BATCH_WINDOW, "stack": described, "runs": runs, "aggregate": summary,
+                                "gateway_peak_rss_mb": {"after_start": rss_before, "after_runs": rss_peak}}
+        rss = ("" if rss_peak is None else
+               f"; gateway peak RSS {rss_peak:.0f} MB (at start {rss_before or 0:.0f} MB)")
+        self.report["extra_rows"].append({
+            "what": "B batch (Files + Batches API)",
+            "setup": f"{count:,} lines x{len(ok)}, {len(data) / 1e6:.1f} MB, {BATCH_WORKERS} workers, window "
+                     f"{BATCH_WINDOW}, mock 0 ms, inferq up",
+            "figures": f"create -> completed {report.fmt_spread(summary['wall_s'], 1)} s, "
+                       f"{report.fmt_spread(summary['lines_per_s'])} lines/s; upload "
+                       f"{report.fmt_spread(summary['upload_s'], 2)} s{rss}"})
+
     # ------------------------------------------------------------------ main
 
     async def run_async(self) -> None:
@@ -729,6 +770,8 @@ class Bench:
             await self._guard("HTTP scenarios", self.http_scenarios())
         if {"C", "D"} & self.only:
             await self._guard("worker cold start / drain", self.cold_and_drain())
+        if "B" in self.only:
+            await self._guard("B batch", self.batch_scenario())
 
     async def _guard(self, what: str, coro: Any) -> None:
         try:

@@ -145,6 +145,21 @@ class FileStore:
             if not page.get("IsTruncated"):
                 return found, False
 
+    def count_files(self, tenant: str, up_to: int) -> int:
+        """How many files the tenant stores, counted up to ``up_to`` (a quota check needs no more): keys only,
+        one LIST per 1,000, no HEAD."""
+        prefix = f"files/{_tenant(tenant)}/"
+        counted, token = 0, None
+        while counted < up_to:
+            kwargs: dict[str, str] = {"ContinuationToken": token} if token else {}
+            page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=prefix,
+                                               MaxKeys=min(1000, up_to - counted), **kwargs)
+            counted += int(page.get("KeyCount", len(page.get("Contents") or [])))
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                break
+        return min(counted, up_to)
+
     def delete(self, tenant: str, file_id: str) -> bool:
         if self.head(tenant, file_id) is None:
             return False

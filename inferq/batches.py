@@ -316,6 +316,13 @@ class Batches:
         await pipe.execute()
         return Batch.from_hash({k: str(v) for k, v in record.items()})
 
+    async def unfinished(self, tenant: str, up_to: int) -> int:
+        """How many of the tenant's batches have not ended (the driver still works on them), counted up to
+        ``up_to``: the tenant's index intersected with the active set, stopping at the bound."""
+        count: int = await self.redis.zintercard(2, [self.keys.batches_active, self.keys.batches_of(tenant)],
+                                                 limit=up_to)
+        return count
+
     async def get(self, batch_id: str, tenant: str | None = None) -> Batch | None:
         record = await self.redis.hgetall(self.keys.batch(batch_id))
         if not record or "status" not in record:

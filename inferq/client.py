@@ -14,7 +14,12 @@ What every caller of the API writes again otherwise, done once:
 The typed answers live in :mod:`inferq.answers` and the webhook check in :mod:`inferq.webhook_signing`; all are
 importable from here. This module is the only one in ``inferq`` that imports httpx: the queue protocol never
 needs it.
-There is no results-feed iterator: ``GET /v1/events`` is in the contract but the gateway does not serve it yet.
+- ``events`` iterates the results feed (``GET /v1/events``): the tenant's terminal jobs in the order they ended,
+  long-polling for more, resumable from a cursor the caller persists, bounded by an optional deadline or count.
+
+Files, Uploads and Batches (``/v1/files``, ``/v1/uploads``, ``/v1/batches``) have no typed objects here: they are
+the OpenAI API, so the official ``openai`` client, its ``base_url`` set to the gateway's ``/v1``, is the client for
+them.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import asyncio
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -56,9 +61,11 @@ from .webhook_signing import WebhookVerificationError, verify_webhook
 
 __all__ = [
     "AsyncClient",
+    "AsyncEventStream",
     "BadRequest",
     "Client",
     "Conflict",
+    "EventStream",
     "GatewayUnreachable",
     "IdempotencyConflict",
     "InferqError",
@@ -88,6 +95,8 @@ DEFAULT_RETRY_AFTER_S = 1.0
 """Used when a 503/429 carries no usable ``Retry-After``, and as the base of the backoff after a lost connection."""
 MAX_RETRY_AFTER_S = 30.0
 """A ``Retry-After`` above this is capped: the total retry budget is what bounds the wait."""
+MAX_EVENTS_PAGE = 1000
+"""The gateway's largest ``GET /v1/events`` ``limit``."""
 _RANDOM = secrets.SystemRandom()  # resubmit timing that other clients cannot predict
 
 
@@ -215,6 +224,109 @@ def _slice(deadline: float) -> int:
     return max(0, min(MAX_WAIT_SLICE_S, int(deadline - time.monotonic())))
 
 
+class _Feed:
+    """The bookkeeping of one results-feed read, shared by :class:`EventStream` and :class:`AsyncEventStream`: what
+    to ask for next, and when to stop (deadline or count reached).
+
+    The cursor moves a whole page at a time, and only once the page's last job has been handed out; the page asked
+    for never holds more jobs than ``max_jobs`` still allows, so a stream that stops by its own bounds stops exactly
+    at a page end and resuming from :attr:`cursor` sees every later job once."""
+
+    def __init__(self, after: str | None, limit: int, wait: float, timeout: float | None,
+                 max_jobs: int | None) -> None:
+        if not 1 <= limit <= MAX_EVENTS_PAGE:
+            raise ValueError(f"limit must be 1..{MAX_EVENTS_PAGE}, got {limit}")
+        if max_jobs is not None and max_jobs < 0:
+            raise ValueError(f"max_jobs must be >= 0, got {max_jobs}")
+        self.cursor = after
+        self.limit = limit
+        self.wait = max(0.0, min(float(wait), MAX_WAIT_SLICE_S))
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.left = max_jobs
+        self.buffer: list[Job] = []
+        self.page_cursor: str | None = None
+        self.caught_up = False
+
+    def done(self) -> bool:
+        if self.left == 0 or (self.caught_up and self.wait == 0):
+            return True
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def params(self) -> dict[str, Any]:
+        limit = self.limit if self.left is None else min(self.limit, self.left)
+        wait = self.wait if self.deadline is None else max(0.0, min(self.wait, self.deadline - time.monotonic()))
+        params: dict[str, Any] = {"limit": limit, "wait": round(wait, 3)}
+        if self.cursor is not None:
+            params["after"] = self.cursor
+        return params
+
+    def take_page(self, body: Any) -> None:
+        jobs = [Job.from_api(item) for item in body["data"]]
+        self.caught_up = not jobs and not body["has_more"]
+        if jobs:
+            self.buffer, self.page_cursor = jobs, body["cursor"]
+        else:  # nothing handed out: move on at once (the gateway skipped other tenants' entries)
+            self.cursor = body["cursor"]
+
+    def pop(self) -> Job:
+        job = self.buffer.pop(0)
+        if self.left is not None:
+            self.left -= 1
+        if not self.buffer:
+            self.cursor = self.page_cursor
+        return job
+
+
+class EventStream(Iterator[Job]):
+    """The results feed as an iterator of :class:`Job` (from :meth:`Client.events`).
+
+    :attr:`cursor` is where to resume (``client.events(after=stream.cursor)``): it covers every job handed out once
+    the stream stops by its own deadline or count, or after the last job of a page. A caller that breaks out
+    mid-page and resumes from it sees the rest of that page's jobs again (at least once, never missed)."""
+
+    def __init__(self, fetch: Callable[[dict[str, Any]], Any], feed: _Feed) -> None:
+        self._fetch = fetch
+        self._feed = feed
+
+    @property
+    def cursor(self) -> str | None:
+        return self._feed.cursor
+
+    def __iter__(self) -> EventStream:
+        return self
+
+    def __next__(self) -> Job:
+        feed = self._feed
+        while not feed.buffer:
+            if feed.done():
+                raise StopIteration
+            feed.take_page(self._fetch(feed.params()))
+        return feed.pop()
+
+
+class AsyncEventStream(AsyncIterator[Job]):
+    """:class:`EventStream` for asyncio (from :meth:`AsyncClient.events`): ``async for job in stream``."""
+
+    def __init__(self, fetch: Callable[[dict[str, Any]], Awaitable[Any]], feed: _Feed) -> None:
+        self._fetch = fetch
+        self._feed = feed
+
+    @property
+    def cursor(self) -> str | None:
+        return self._feed.cursor
+
+    def __aiter__(self) -> AsyncEventStream:
+        return self
+
+    async def __anext__(self) -> Job:
+        feed = self._feed
+        while not feed.buffer:
+            if feed.done():
+                raise StopAsyncIteration
+            feed.take_page(await self._fetch(feed.params()))
+        return feed.pop()
+
+
 # ---------------------------------------------------------------------- the blocking client
 
 
@@ -329,6 +441,28 @@ class Client:
         data = _json(self._request("GET", "/v1/stats/history", params=params))
         return list(data["data"])
 
+    def events(
+        self,
+        after: str | None = None,
+        *,
+        limit: int = 100,
+        wait: float = MAX_WAIT_SLICE_S,
+        timeout: float | None = None,
+        max_jobs: int | None = None,
+    ) -> EventStream:
+        """The tenant's terminal jobs in the order they ended (``GET /v1/events``), from the cursor ``after``
+        (None: as far back as the feed keeps), long-polling ``wait`` seconds at a time for more.
+
+        Endless unless bounded: it stops after ``timeout`` seconds or ``max_jobs`` jobs, or, with ``wait=0``, once
+        it has caught up (what has ended so far, then stop). Persist the returned
+        stream's :attr:`EventStream.cursor` to resume later; see there for what it covers."""
+        feed = _Feed(after, limit, wait, timeout, max_jobs)
+
+        def fetch(params: dict[str, Any]) -> Any:
+            return _json(self._request("GET", "/v1/events", params=params, extra_timeout=params["wait"]))
+
+        return EventStream(fetch, feed)
+
 
 # ---------------------------------------------------------------------- the asyncio client
 
@@ -429,3 +563,20 @@ class AsyncClient:
         params = {"limit": limit} if limit else None
         data = _json(await self._request("GET", "/v1/stats/history", params=params))
         return list(data["data"])
+
+    def events(
+        self,
+        after: str | None = None,
+        *,
+        limit: int = 100,
+        wait: float = MAX_WAIT_SLICE_S,
+        timeout: float | None = None,
+        max_jobs: int | None = None,
+    ) -> AsyncEventStream:
+        """See :meth:`Client.events`; iterate with ``async for``."""
+        feed = _Feed(after, limit, wait, timeout, max_jobs)
+
+        async def fetch(params: dict[str, Any]) -> Any:
+            return _json(await self._request("GET", "/v1/events", params=params, extra_timeout=params["wait"]))
+
+        return AsyncEventStream(fetch, feed)

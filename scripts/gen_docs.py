@@ -91,6 +91,12 @@ SETTING_DOCS: dict[str, str] = {
     "batch_completion_windows": "Comma-separated `completion_window` values `POST /v1/batches` accepts (`24h` is "
     "OpenAI's; `90s`, `30m` style values let tests and operators expire batches sooner).",
     "batch_max_lines": "Most requests in one batch input file (more: the batch fails validation).",
+    "tenant_max_files": "Files one tenant may keep stored (uploads, and the output and error files of its batches); "
+    "at the bound `POST /v1/files` and `POST /v1/uploads` answer 429 `quota_exceeded` until it deletes some. "
+    "Checked before each upload, so uploads racing each other can pass it together. 0: no limit.",
+    "tenant_max_batches": "Batches of one tenant not yet ended (validating, in progress, finalizing, cancelling); at "
+    "the bound `POST /v1/batches` answers 429 `quota_exceeded` with `Retry-After`. Checked before each create, so "
+    "creates racing each other can pass it together. 0: no limit.",
     # scaler
     "scale_min": "Workers the scaler keeps when idle.",
     "scale_max": "Most workers the scaler asks for.",

@@ -12,11 +12,13 @@ from inferq.batches import Batches, BatchNotFound, BatchTerminal
 from inferq.jobs import ENDPOINTS
 
 from .errors import ApiError
-from .files import check_file_id, file_store, in_s3
+from .files import QUOTA_EXCEEDED, check_file_id, file_store, in_s3
 from .models import MetadataKey, MetadataValue
 from .openapi import documented
 
 BATCH_ID_RE = re.compile(r"^batch_[a-z2-7]{26}$")
+RETRY_AFTER_BATCH_QUOTA_S = 60
+"""A batch takes minutes: asking again every minute is often enough."""
 
 
 class BatchCreate(BaseModel):
@@ -36,7 +38,7 @@ def routes(gw: Any, router: APIRouter) -> None:
     Tenant = Annotated[str, Depends(gw.authenticate)]
 
     @router.post("/v1/batches", summary="Create a batch from an uploaded JSONL file", response_model=None,
-                 responses=documented("The batch object", 400, 401, 404, 413, 422, 503))
+                 responses=documented("The batch object", 400, 401, 404, 413, 422, 429, 503))
     async def create_batch(payload: BatchCreate, background: BackgroundTasks, tenant: Tenant) -> JSONResponse:
         if payload.endpoint not in ENDPOINTS:
             raise ApiError(422, f"endpoint: must be one of {', '.join(ENDPOINTS)}")
@@ -46,6 +48,11 @@ def routes(gw: Any, router: APIRouter) -> None:
         info = await in_s3(file_store(gw).head, tenant, check_file_id(payload.input_file_id))
         if info is None:
             raise ApiError(404, "no such file")
+        bound = gw.settings.tenant_max_batches
+        if bound and await gw.call(Batches(gw.queue).unfinished(tenant, bound)) >= bound:
+            raise ApiError(429, f"this key has {bound} batches not yet ended, its quota (INFERQ_TENANT_MAX_BATCHES); "
+                                "retry when one ends", type_=QUOTA_EXCEEDED,
+                           headers={"Retry-After": str(RETRY_AFTER_BATCH_QUOTA_S)})
         batch = await gw.call(Batches(gw.queue).create(
             tenant, payload.input_file_id, payload.endpoint, payload.completion_window, payload.metadata))
         gw.after_enqueue(background)  # wake the scaler at zero workers: its driver validates the batch

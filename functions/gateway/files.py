@@ -29,6 +29,7 @@ PURPOSES = ("batch",)
 T = TypeVar("T")
 UPLOAD_TTL_S = 3600
 """An upload not completed within an hour expires, as OpenAI's do."""
+QUOTA_EXCEEDED = "quota_exceeded"
 
 
 def file_store(gw: Any) -> Any:
@@ -53,6 +54,15 @@ async def in_s3(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     except (BotoCoreError, ClientError) as exc:
         raise ApiError(503, f"the file store is unavailable ({type(exc).__name__}); retry later",
                        type_="files_unavailable", headers={"Retry-After": "2"}) from None
+
+
+async def check_file_quota(gw: Any, tenant: str) -> None:
+    """429 when the tenant stores ``INFERQ_TENANT_MAX_FILES`` files already. No ``Retry-After``: time frees
+    nothing, deleting files does."""
+    bound = gw.settings.tenant_max_files
+    if bound and await in_s3(file_store(gw).count_files, tenant, bound) >= bound:
+        raise ApiError(429, f"this key stores {bound} files, its quota (INFERQ_TENANT_MAX_FILES); delete some first",
+                       type_=QUOTA_EXCEEDED)
 
 
 def check_file_id(file_id: str) -> str:
@@ -105,8 +115,9 @@ def routes(gw: Any, router: APIRouter) -> None:
     settings = gw.settings
 
     @router.post("/v1/files", summary="Upload a file (multipart: file, purpose=batch)", response_model=None,
-                 responses=documented("The file object", 400, 401, 413, 422, 503))
+                 responses=documented("The file object", 400, 401, 413, 422, 429, 503))
     async def create_file(request: Request, tenant: Tenant) -> JSONResponse:
+        await check_file_quota(gw, tenant)
         upload, fields = await _form_file(request, "file", settings.max_upload_bytes)
         purpose = fields.get("purpose")
         if purpose not in PURPOSES:
@@ -170,13 +181,13 @@ def routes(gw: Any, router: APIRouter) -> None:
         return dict(record)
 
     @router.post("/v1/uploads", summary="Open an upload (for files larger than one request)", response_model=None,
-                 responses=documented("The upload object", 400, 401, 413, 422, 503))
+                 responses=documented("The upload object", 400, 401, 413, 422, 429, 503))
     async def create_upload(payload: UploadCreate, tenant: Tenant) -> JSONResponse:
         if payload.purpose not in PURPOSES:
             raise ApiError(422, f"purpose: must be one of {', '.join(PURPOSES)}")
         if payload.bytes > settings.max_file_bytes:
             raise ApiError(422, f"bytes: a file holds at most {settings.max_file_bytes} bytes")
-        file_store(gw)
+        await check_file_quota(gw, tenant)
         record = {"id": random_id("upload_"), "tenant": tenant, "filename": payload.filename,
                   "purpose": payload.purpose, "bytes": str(payload.bytes), "created_at": str(int(time.time())),
                   "status": "pending"}

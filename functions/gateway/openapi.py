@@ -44,14 +44,17 @@ FILE_ERRORS = {
     409: "Conflict with the object's state",
     413: "Body above its bound",
     422: "Invalid request",
+    429: "A tenant quota reached (INFERQ_TENANT_MAX_FILES, INFERQ_TENANT_MAX_BATCHES)",
     503: "Redis unreachable, or no files bucket configured",
 }
 
 
-def errors(*codes: int, texts: dict[int, str] = JOB_ERRORS) -> dict[int | str, dict[str, Any]]:
-    """The error statuses of a route, each the envelope; 429 and 503 with ``Retry-After``."""
+def errors(
+    *codes: int, texts: dict[int, str] = JOB_ERRORS, retry_after: tuple[int, ...] = (429, 503)
+) -> dict[int | str, dict[str, Any]]:
+    """The error statuses of a route, each the envelope; those in ``retry_after`` with that header."""
     return {
-        code: doc("ErrorEnvelope", texts[code], **({"Retry-After": "Seconds to wait"} if code in (429, 503) else {}))
+        code: doc("ErrorEnvelope", texts[code], **({"Retry-After": "Seconds to wait"} if code in retry_after else {}))
         for code in codes
     }
 
@@ -61,7 +64,7 @@ def documented(ok: str, *codes: int, content_type: str = "application/json") -> 
     described as ``ok`` (any JSON object unless ``content_type`` says otherwise) and the error statuses."""
     schema: dict[str, Any] = {"type": "object"} if content_type == "application/json" else {"type": "string"}
     ok_doc = {"description": ok, "content": {content_type: {"schema": schema}}}
-    return {200: ok_doc, **errors(*codes, texts=FILE_ERRORS)}
+    return {200: ok_doc, **errors(*codes, texts=FILE_ERRORS, retry_after=(503,))}  # a quota's 429: no Retry-After
 
 
 def install(app: FastAPI) -> None:

@@ -129,6 +129,15 @@ def test_compose_stop_drains_workers_and_nothing_is_lost(engine: Engine, stack: 
     assert {jobs[j]["status"] for j in ids + queued} == {"succeeded"}
 
 
+def test_files_work_in_the_compose_stack(stack: Stack) -> None:
+    line = b'{"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "mock"}}\n'
+    with stack.http() as client:
+        created = client.post("/v1/files", files={"file": ("in.jsonl", line)}, data={"purpose": "batch"})
+        assert created.status_code == 200, f"{created.text}\n{stack.logs(['gateway', 'moto-init'])}"
+        content = client.get(f"/v1/files/{created.json()['id']}/content")
+    assert content.status_code == 200 and content.content == line  # stored in moto's S3, read back
+
+
 def test_every_accepted_job_ended_exactly_once(stack: Stack) -> None:
     stats = {k: int(v) for k, v in stack.redis().hgetall(KEYS.stats).items()}
     assert stats["enqueued"] == len(ACCEPTED) == len(set(ACCEPTED)), stats

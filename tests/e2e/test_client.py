@@ -122,6 +122,50 @@ def test_scale_and_history(client: Client) -> None:
     assert len(client.history(limit=1)) == 1
 
 
+def test_the_results_feed_yields_every_terminal_job_once_across_a_resume(client: Client, stack: Emulator) -> None:
+    head = client.events(wait=0)
+    list(head)  # catch up with what earlier tests left in the feed
+    saved_at_start = head.cursor
+    assert saved_at_start is not None
+    jobs = [client.submit(chat(f"feed {i}")) for i in range(5)]
+    jobs.append(client.submit(chat("feed doomed", fail_attempts=99)))
+    hung = client.submit(chat("feed hang", hang=True))
+    client.cancel(hung.id)
+    jobs.append(hung)
+    ended = {job.id: client.wait(job.id, timeout=90) for job in jobs}
+    assert all(job.terminal for job in ended.values())
+
+    first = client.events(after=saved_at_start, limit=2, max_jobs=3, wait=0)
+    seen = [job.id for job in first]
+    assert len(seen) == 3
+    saved = first.cursor  # what a script would persist between runs
+
+    async def resume() -> list[str]:
+        key = (stack.data_dir / "dev-api-key").read_text().strip()
+        async with AsyncClient(stack.url, key) as aclient:
+            return [job.id async for job in aclient.events(after=saved, limit=2, wait=0)]
+
+    seen += asyncio.run(resume())
+    assert len(seen) == len(set(seen)), "a job was yielded twice across the resume"
+    assert set(ended) <= set(seen), "a terminal job was missed across the resume"
+    statuses = {job.id: job.status for job in client.events(after=saved_at_start, wait=0) if job.id in ended}
+    assert statuses == {job_id: job.status for job_id, job in ended.items()}
+    assert statuses[hung.id] is JobStatus.CANCELLED and statuses[jobs[5].id] is JobStatus.FAILED
+
+    # long-polling: a stream started before the job ends hands it over when it does
+    now = client.events(after=saved, wait=0)
+    list(now)
+    tail = client.events(after=now.cursor, wait=5, timeout=90)
+    late = client.submit(chat("feed late", latency_ms=1500))
+    assert late.id in (job.id for job in tail)
+    caught_up = client.events(after=saved, wait=0)
+    list(caught_up)
+    started = time.monotonic()
+    assert list(client.events(after=caught_up.cursor, wait=2, timeout=3)) == []  # a deadline ends a quiet stream
+    assert time.monotonic() - started < 30
+    assert client.events(after=saved, max_jobs=0).cursor == saved  # a zero count asks for nothing
+
+
 def test_the_async_client_submits_concurrently_and_waits(stack: Emulator) -> None:
     key = (stack.data_dir / "dev-api-key").read_text().strip()
 

@@ -12,9 +12,15 @@ const HISTORY_EVERY_MS = 10000;
 const DLQ_PAGE = 25;
 const DLQ_MAX = 1000;
 const RECENT_MAX = 20;
+const BATCHES_PAGE = 20;
+const BATCHES_EVERY_MS = 2000;
+const BATCH_ENDED = new Set(["completed", "failed", "expired", "cancelled"]);
 
 const $ = (id) => document.getElementById(id);
-const state = { view: "overview", job: null, jobPoll: null, dlqLimit: DLQ_PAGE, timers: [] };
+const state = {
+  view: "overview", job: null, jobPoll: null, dlqLimit: DLQ_PAGE, timers: [],
+  batchPages: [null], batchesRunning: false, // `after` of each page shown so far (null: the newest)
+};
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -82,7 +88,7 @@ function keyRefused() {
 
 function showView(name) {
   if (apiKey()) notice("");
-  state.view = ["overview", "jobs", "dlq"].includes(name) ? name : "overview";
+  state.view = ["overview", "jobs", "dlq", "batches"].includes(name) ? name : "overview";
   for (const section of document.querySelectorAll(".view")) {
     section.hidden = section.id !== `view-${state.view}`;
   }
@@ -98,6 +104,7 @@ function refreshView() {
   if (state.view === "overview") { refreshScale(); refreshHistory(); }
   if (state.view === "dlq") refreshDlq();
   if (state.view === "jobs") renderRecent();
+  if (state.view === "batches") refreshBatches();
 }
 
 function showKeyState() {
@@ -358,6 +365,65 @@ async function redrive(id) {
   }
 }
 
+// ------------------------------------------------------------------ batches
+
+// GET /v1/batches pages newest first with `after` (the last id of the page before): one page at a time, so a
+// tenant with thousands of batches costs one short read.
+async function refreshBatches() {
+  const after = state.batchPages[state.batchPages.length - 1];
+  const query = `v1/batches?limit=${BATCHES_PAGE}${after ? `&after=${encodeURIComponent(after)}` : ""}`;
+  try {
+    const list = await api("GET", query);
+    const batches = list.data || [];
+    $("batches-table").tBodies[0].replaceChildren(...batches.map(batchRow));
+    $("batches-empty").hidden = batches.length > 0;
+    $("batches-older").hidden = !list.has_more;
+    $("batches-older").dataset.after = list.last_id || "";
+    $("batches-newer").hidden = state.batchPages.length < 2;
+    state.batchesRunning = batches.some((b) => !BATCH_ENDED.has(b.status));
+  } catch (err) {
+    if (err.status !== 401) notice(`Batches unavailable: ${err.message}`, true);
+  }
+}
+
+function batchRow(batch) {
+  const counts = batch.request_counts || { total: 0, completed: 0, failed: 0 };
+  const ended = counts.completed + counts.failed;
+  // a batch cancelled while validating ends its lines without ever having counted them
+  const total = Math.max(counts.total, ended);
+  // no value while the total is unknown (validating): an indeterminate bar, not an empty one
+  const known = total > 0 || BATCH_ENDED.has(batch.status);
+  const bar = el("progress", { max: Math.max(1, total), value: known ? ended : null,
+    "aria-label": `Lines ended of ${batch.id}` });
+  const progress = el("div", { class: "progress" }, bar,
+    el("span", { class: "count" }, total ? `${fmt(ended)} / ${fmt(total)}` : "–"),
+    counts.failed ? el("span", { class: "bad" }, `${fmt(counts.failed)} failed`) : null);
+  const errors = (batch.errors && batch.errors.data) || [];
+  const status = [el("span", { class: `badge s-${batch.status}` }, batch.status.replace("_", " "))];
+  if (errors.length) status.push(el("div", { class: "help" }, `line ${errors[0].line}: ${errors[0].message}`));
+  const endedAt = batch.completed_at || batch.failed_at || batch.cancelled_at || batch.expired_at;
+  const cancellable = ["validating", "in_progress", "finalizing"].includes(batch.status);
+  return el("tr", { "data-batch": batch.id, "data-status": batch.status },
+    el("td", { class: "id" }, batch.id),
+    el("td", {}, status),
+    el("td", {}, progress),
+    el("td", {}, when(batch.created_at)),
+    el("td", {}, when(batch.in_progress_at)),
+    el("td", {}, when(endedAt)),
+    el("td", {}, cancellable ? el("button", { type: "button", class: "danger", "aria-label": `Cancel ${batch.id}`,
+      onclick: () => cancelBatch(batch.id) }, "Cancel") : null));
+}
+
+async function cancelBatch(id) {
+  try {
+    const batch = await api("POST", `v1/batches/${encodeURIComponent(id)}/cancel`);
+    notice(`Cancel requested: ${batch.id} is ${batch.status.replace("_", " ")}`);
+  } catch (err) {
+    notice(`Cancel failed: ${err.message}`, true);
+  }
+  refreshBatches();
+}
+
 // ------------------------------------------------------------------ wiring
 
 function route() {
@@ -397,9 +463,19 @@ document.addEventListener("DOMContentLoaded", () => {
     state.dlqLimit = Math.min(DLQ_MAX, state.dlqLimit + DLQ_PAGE);
     refreshDlq();
   });
+  $("batches-refresh").addEventListener("click", refreshBatches);
+  $("batches-older").addEventListener("click", () => {
+    state.batchPages.push($("batches-older").dataset.after);
+    refreshBatches();
+  });
+  $("batches-newer").addEventListener("click", () => {
+    if (state.batchPages.length > 1) state.batchPages.pop();
+    refreshBatches();
+  });
   window.addEventListener("hashchange", route);
   every(SCALE_EVERY_MS, () => state.view === "overview" && refreshScale());
   every(HISTORY_EVERY_MS, () => state.view === "overview" && refreshHistory());
+  every(BATCHES_EVERY_MS, () => state.view === "batches" && state.batchesRunning && refreshBatches());
   showKeyState();
   if (!apiKey()) notice("Enter an API key to see your queue and your jobs.");
   route();

@@ -207,3 +207,53 @@ async def test_the_feed_waits_for_the_next_terminal_job(client: httpx.AsyncClien
     page = (await client.get("/v1/events", headers=A, params={"after": cursor, "wait": 10}, timeout=30)).json()
     await task
     assert [j["id"] for j in page["data"]] == [job_id]
+
+
+# ---------------------------------------------------------------------- quotas
+
+
+async def test_the_file_quota_answers_429_until_a_file_is_deleted(
+    s3: Any, make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient]
+) -> None:
+    client = open_client(make_app(files_bucket=BUCKET, tenant_max_files=2))
+    kept = [await upload(client, b"{}\n") for _ in range(2)]
+    over = await client.post("/v1/files", headers=A, files={"file": ("in.jsonl", b"{}\n")}, data={"purpose": "batch"})
+    assert over.status_code == 429 and over.json()["error"]["type"] == "quota_exceeded"
+    assert "INFERQ_TENANT_MAX_FILES" in over.json()["error"]["message"]
+    assert "retry-after" not in over.headers  # time frees nothing; deleting does
+    opened = await client.post("/v1/uploads", headers=A, json={"filename": "big.jsonl", "purpose": "batch",
+                                                                "bytes": 2048})
+    assert opened.status_code == 429 and opened.json()["error"]["type"] == "quota_exceeded"
+    await upload(client, b"{}\n", headers=B)  # another tenant's count is its own
+    assert (await client.delete(f"/v1/files/{kept[0]['id']}", headers=A)).status_code == 200
+    await upload(client, b"{}\n")
+    assert len((await client.get("/v1/files", headers=A)).json()["data"]) == 2
+
+
+async def test_the_batch_quota_counts_batches_not_ended_and_answers_429_with_retry_after(
+    s3: Any, make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient]
+) -> None:
+    from functions.storage import FileStore
+    from inferq.batch_driver import BatchDriver
+
+    app = make_app(files_bucket=BUCKET, tenant_max_batches=2)
+    client = open_client(app)
+    file_id = (await upload(client, LINE.encode() + b"\n"))["id"]
+    other_file = (await upload(client, LINE.encode() + b"\n", headers=B))["id"]
+    request = {"input_file_id": file_id, "completion_window": "24h", "endpoint": "/v1/chat/completions"}
+
+    first, second = [(await client.post("/v1/batches", headers=A, json=request)).json() for _ in range(2)]
+    over = await client.post("/v1/batches", headers=A, json=request)
+    assert over.status_code == 429 and over.json()["error"]["type"] == "quota_exceeded"
+    assert int(over.headers["retry-after"]) > 0 and "INFERQ_TENANT_MAX_BATCHES" in over.json()["error"]["message"]
+    of_b = await client.post("/v1/batches", headers=B, json={**request, "input_file_id": other_file})
+    assert of_b.status_code == 200  # B has none running
+
+    # a cancelled batch is still counted until the driver has ended it, then its place is free
+    assert (await client.post(f"/v1/batches/{first['id']}/cancel", headers=A)).json()["status"] == "cancelling"
+    assert (await client.post("/v1/batches", headers=A, json=request)).status_code == 429
+    gateway = app.state.gateway
+    await BatchDriver(gateway.queue, FileStore(BUCKET), gateway.settings).run_once()
+    assert (await client.get(f"/v1/batches/{first['id']}", headers=A)).json()["status"] == "cancelled"
+    third = await client.post("/v1/batches", headers=A, json=request)
+    assert third.status_code == 200 and third.json()["id"] not in (first["id"], second["id"])
