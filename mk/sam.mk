@@ -42,6 +42,8 @@ _sam_find_lambda_python = for p in $(_sam_python_candidates); do \
 GATEWAY_SOURCES := inferq functions/__init__.py functions/storage.py functions/gateway
 SCALER_SOURCES := inferq inferq_webhooks functions/__init__.py functions/storage.py functions/scaler
 _sam_source_roots := inferq inferq_webhooks functions
+# inferq.client is the HTTP client for users (httpx): neither function runs it
+_sam_not_shipped := inferq/client
 
 # $(call _sam_copy_sources,PATHS): our own code -> $(ARTIFACTS_DIR), without caches or requirements files.
 define _sam_copy_sources
@@ -51,6 +53,7 @@ define _sam_copy_sources
 	for path in $(1); do \
 	  mkdir -p "$(ARTIFACTS_DIR)/$$(dirname "$$path")"; cp -R "$$path" "$(ARTIFACTS_DIR)/$$path"; \
 	done; \
+	for path in $(_sam_not_shipped); do rm -rf "$(ARTIFACTS_DIR)/$$path"; done; \
 	for root in $(_sam_source_roots); do \
 	  if [ -e "$(ARTIFACTS_DIR)/$$root" ]; then \
 	    find "$(ARTIFACTS_DIR)/$$root" \( -name __pycache__ -o -name '*.pyc' -o -name requirements.txt \) \

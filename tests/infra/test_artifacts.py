@@ -52,6 +52,7 @@ def test_the_gateway_zip_ships_the_protocol_and_the_gateway_only(tmp_path: Path)
     assert packages(artifact) == {"inferq", "functions", "functions.gateway"}
     assert sorted(p.name for p in (artifact / "functions").iterdir()) == ["__init__.py", "gateway", "storage.py"]
     assert (artifact / "inferq" / "scripts" / "enqueue.lua").is_file()
+    assert not (artifact / "inferq" / "client").exists()  # the users' HTTP client: the gateway never runs it
     assert list((artifact / "functions" / "gateway" / "console").glob("*.html"))
     assert not list(artifact.rglob("__pycache__")) and not list(artifact.rglob("requirements.txt"))
     assert missing_modules(ENTRY_POINTS["GatewayFunction"], artifact) == []
@@ -59,7 +60,7 @@ def test_the_gateway_zip_ships_the_protocol_and_the_gateway_only(tmp_path: Path)
 
 def test_the_scaler_zip_ships_the_protocol_the_webhook_sender_and_the_scaler_only(tmp_path: Path) -> None:
     artifact = copied("ScalerFunction", tmp_path)
-    assert packages(artifact) == {"inferq", "inferq_webhooks", "functions", "functions.scaler"}
+    assert packages(artifact) == {"inferq", "inferq_webhooks", "functions", "functions.scaler"}  # no inferq.client
     assert sorted(p.name for p in (artifact / "functions").iterdir()) == ["__init__.py", "scaler", "storage.py"]
     assert missing_modules(ENTRY_POINTS["ScalerFunction"], artifact) == []
 
