@@ -63,10 +63,6 @@ def _bool(name: str, raw: str) -> bool:
     raise SettingsError(name, f"must be true or false, got {raw!r}")
 
 
-def _str(name: str, raw: str) -> str:
-    return raw.strip()
-
-
 def _optional_str(name: str, raw: str) -> str | None:
     return raw.strip() or None
 
