@@ -16,6 +16,8 @@ Scenarios (``--only`` takes a comma-separated subset):
 - E   elasticity simulation (bench.simulate, when present)
 - B   one OpenAI batch of 10,000 lines (--quick: 1,000), mock 0 ms, 2 workers, window 32, through the Files and
       Batches API of `inferq up` (bench.batch): wall time create -> completed, lines/s, the gateway's peak RSS
+- V   efficiency against the real vLLM on CPU (bench.efficiency): output tokens/s straight to the server at its
+      best concurrency vs through inferq with static windows and INFERQ_WINDOW=auto
 
 Every HTTP scenario (and F) reports CPU per job by role and gateway + workers + Valkey as one figure, and
 Valkey's command time per job by command (bench.valkeystats). ``--scale`` adds the scale-out grid (bench.scale).
@@ -49,7 +51,7 @@ from typing import Any
 from . import batch, floor, load, report, scale, valkeystats
 from .stack import ROOT, Stack, spawn_worker, stop_process
 
-ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E", "B")
+ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E", "B", "V")
 BATCH_LINES = 10_000
 BATCH_LINES_QUICK = 1_000
 BATCH_WORKERS = 2
@@ -684,7 +686,8 @@ class Bench:
         """The other engineers' parts, by their ``run`` functions, when they exist."""
         quick = self.args.quick
         parts: list[tuple[str, str, str]] = [("C", "bench.gateway", "gateway"), ("D", "bench.worker", "worker"),
-                                             ("K", "bench.core", "core"), ("E", "bench.simulate", "elasticity")]
+                                             ("K", "bench.core", "core"), ("E", "bench.simulate", "elasticity"),
+                                             ("V", "bench.efficiency", "efficiency")]
         for key, module_name, section in parts:
             if key not in self.only:
                 continue

@@ -35,7 +35,7 @@ async def serve(settings: Settings) -> int:
         log.error("cannot start the %s backend: %s", settings.backend, exc)
         await queue.close()
         return 1
-    metrics = WorkerMetrics(settings.queue, settings.window)
+    metrics = WorkerMetrics(settings.queue, settings.window_limit)
     metrics.serve(settings.metrics_port)
     worker = Worker(
         settings, queue, backend, metrics=metrics, protection=TaskProtection.from_environment(settings)

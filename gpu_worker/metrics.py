@@ -17,9 +17,10 @@ class WorkerMetrics:
         self.in_flight = Gauge("inferq_worker_in_flight", "Jobs this worker holds now", ["queue"], registry=r).labels(
             **labels
         )
-        Gauge("inferq_worker_window", "Most jobs this worker holds at once", ["queue"], registry=r).labels(
-            **labels
-        ).set(window)
+        # with INFERQ_WINDOW=auto the worker sets it again at each change (gpu_worker/window.py)
+        self.window = Gauge("inferq_worker_window", "Most jobs this worker holds at once", ["queue"],
+                            registry=r).labels(**labels)
+        self.window.set(window)
         self._outcomes = Counter(
             "inferq_worker_jobs", "Attempts this worker ended, by outcome", ["queue", "outcome"], registry=r
         )

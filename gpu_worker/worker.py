@@ -53,6 +53,7 @@ from .leases import Abort, InFlight, LeaseKeeper
 from .logs import bind_job
 from .metrics import WorkerMetrics
 from .protection import TaskProtection
+from .window import Window, window_for
 
 log = logging.getLogger(__name__)
 
@@ -108,13 +109,17 @@ class Worker:
         protection: TaskProtection | None = None,
         webhooks: bool = True,
         block_ms: int = BLOCK_MS,
+        window: Window | None = None,
     ) -> None:
         _check_same_protocol(settings, queue.settings)
         self.settings = settings
         self.queue = queue
         self.backend = backend
         self.id = worker_id or settings.worker_id or default_worker_id()
-        self.metrics = metrics or WorkerMetrics(settings.queue, settings.window)
+        # fixed, or sized from the backend's load (INFERQ_WINDOW=auto): the pull loop asks it before each read
+        self.window = window or window_for(settings, backend)
+        self.metrics = metrics or WorkerMetrics(settings.queue, self.window.size)
+        self.metrics.window.set(self.window.size)
         self.protection = protection
         self.block_ms = block_ms
         self._own_reader = reader is None
@@ -175,6 +180,8 @@ class Worker:
         ]
         if self.protection:
             background.append(asyncio.create_task(self.protection.run(side_stop), name="protection"))
+        background.append(asyncio.create_task(
+            self.window.run(side_stop, lambda: len(self._in_flight), self._window_changed), name="window"))
         webhook_task = (
             asyncio.create_task(self.webhooks.run(side_stop), name="webhooks") if self.webhooks else None
         )
@@ -258,13 +265,12 @@ class Worker:
     # ------------------------------------------------------------------ pulling
 
     async def _pull(self, until_idle: bool) -> None:
-        window = self.settings.window
         reclaim_every_s = min(self.settings.claim_idle_ms / 2000.0, 5.0)
         faults = self._faults("cannot read from Redis")
         # run-until-idle checks for idleness after each empty read: keep those reads short
         block_ms = min(self.block_ms, 100) if until_idle else self.block_ms
         while not self._stopping.is_set():
-            free = window - len(self._in_flight)
+            free = self.window.size - len(self._in_flight)
             if free <= 0:
                 self._slot_freed.clear()
                 await _first(self._slot_freed.wait(), self._stopping.wait())
@@ -273,7 +279,7 @@ class Worker:
                 if time.monotonic() >= self._next_reclaim and not self._suspects:
                     self._next_reclaim = time.monotonic() + reclaim_every_s
                     await self._reclaim(free)
-                    free = window - len(self._in_flight)
+                    free = self.window.size - len(self._in_flight)
                     if free <= 0:
                         continue
                 got, skipped = await self.reader.read(self.id, min(free, READ_BATCH), block_ms)
@@ -336,6 +342,12 @@ class Worker:
                 self.metrics.reclaimed.inc()
             self.metrics.queue_wait.observe(max(0.0, now - delivery.job.created_at))
         self._occupancy_changed()
+
+    def _window_changed(self, old: int, new: int) -> None:
+        self.metrics.window.set(new)
+        log.debug("window %d -> %d", old, new)
+        if new > old:
+            self._slot_freed.set()  # the pull loop may be waiting for a slot: there are more now
 
     def _occupancy_changed(self) -> None:
         self.metrics.in_flight.set(len(self._in_flight))

@@ -10,7 +10,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 from .keys import TENANT, TENANT_RULE
@@ -112,6 +112,20 @@ def _api_keys(name: str, raw: str) -> dict[str, str] | None:
     return keys
 
 
+AUTO: Literal["auto"] = "auto"
+"""``INFERQ_WINDOW=auto``: the worker sizes its window from the model server's load (gpu_worker/window.py)."""
+
+
+def _window(name: str, raw: str) -> int | Literal["auto"]:
+    """integer 1 to 4096, or `auto` (sized from the model server's load, up to `INFERQ_WINDOW_MAX`)."""
+    if raw.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return _int(1, 4096)(name, raw)
+    except SettingsError:
+        raise SettingsError(name, f"must be an integer 1 to 4096 or 'auto', got {raw!r}") from None
+
+
 def _backend(name: str, raw: str) -> str:
     value = raw.strip().lower()
     if value not in {"mock", "openai", "vllm"}:
@@ -172,7 +186,8 @@ class Settings:
     redis_wait_replicas: int = _setting(0, _int(0, 16))
     max_body_bytes: int = _setting(262144, _int(1))
     result_ttl_s: int = _setting(86400, _int(1))
-    window: int = _setting(8, _int(1, 4096))
+    window: int | Literal["auto"] = _setting(8, _window)
+    window_max: int = _setting(64, _int(1, 4096))
     drain_s: int = _setting(25, _int(0, 3600))
     backend: str = _setting("mock", _backend)
     openai_base_url: str = _setting("http://127.0.0.1:8000", _http_url)
@@ -221,9 +236,20 @@ class Settings:
             raise SettingsError("INFERQ_RETRY_MAX_MS", "must be >= INFERQ_RETRY_BASE_MS")
 
     @property
+    def adaptive_window(self) -> bool:
+        """``INFERQ_WINDOW=auto``: the window follows the model server's load."""
+        return self.window == AUTO
+
+    @property
+    def window_limit(self) -> int:
+        """Most jobs one worker ever holds at once: the static window, or ``INFERQ_WINDOW_MAX`` with ``auto``."""
+        return self.window if isinstance(self.window, int) else self.window_max
+
+    @property
     def target_per_worker(self) -> int:
-        """Jobs one worker should carry; defaults to the window (docs/configuration.md)."""
-        return self.scale_target_per_worker or self.window
+        """Jobs one worker should carry; defaults to the window, with ``auto`` to ``INFERQ_WINDOW_MAX`` (the scaler
+        cannot see how far a worker's adaptive window has grown; docs/configuration.md)."""
+        return self.scale_target_per_worker or self.window_limit
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -70,8 +70,13 @@ SETTING_DOCS: dict[str, str] = {
     "[0, min(`INFERQ_RETRY_MAX_MS`, base * 2^(n-1))] (full jitter). 0: retry at once.",
     "retry_max_ms": "Cap of the retry backoff.",
     # worker
-    "window": "Jobs one worker runs at once; it reads only as many entries as it has free slots.",
-    "window_max": "Upper bound of the window when `INFERQ_WINDOW=auto` sizes it from the backend.",
+    "window": "Jobs one worker runs at once; it reads only as many entries as it has free slots. `auto`: the worker "
+    "sizes the window from the model server's own load (vLLM's requests waiting and running, KV-cache usage, read "
+    "every 0.5 s): it grows while nothing waits inside the engine and the KV cache has room, and shrinks when "
+    "requests queue there (gpu_worker/window.py).",
+    "window_max": "Upper bound of the window when `INFERQ_WINDOW=auto` sizes it from the backend. With `auto` it is "
+    "also the connections the `openai` backend keeps, vLLM's `max_num_seqs` with the `vllm` backend, and the "
+    "scaler's jobs per worker unless `INFERQ_SCALE_TARGET_PER_WORKER` is set.",
     "drain_s": "On SIGTERM, how long a worker lets in-flight jobs finish before it releases the rest to the queue.",
     "backend": "What runs a job: `mock` (deterministic echo with failure controls), `openai` (an OpenAI-compatible "
     "server such as `vllm serve`), `vllm` (vLLM's engine in-process; GPU images only).",
@@ -101,7 +106,7 @@ SETTING_DOCS: dict[str, str] = {
     "scale_min": "Workers the scaler keeps when idle.",
     "scale_max": "Most workers the scaler asks for.",
     "scale_target_per_worker": "Jobs (lagging + pending + delayed) one worker should carry: desired = "
-    "ceil(backlog / this). Unset: `INFERQ_WINDOW`.",
+    "ceil(backlog / this). Unset: `INFERQ_WINDOW` (with `auto`: `INFERQ_WINDOW_MAX`).",
     "scale_down_cooldown_s": "Calm time (demand asking for fewer workers without a break) before the scaler scales "
     "down; between two scale-downs the count only rises.",
     "scale_to_zero_after_s": "Idle time (nothing lagging, pending, delayed or in flight) before the last worker "

@@ -7,9 +7,9 @@ from typing import Any
 from inferq.keys import Keys
 from inferq.settings import Settings
 
-from .base import Backend, BackendError, FatalError, RetryableError, check_status
+from .base import Backend, BackendError, EngineLoad, FatalError, RetryableError, check_status
 
-__all__ = ["Backend", "BackendError", "FatalError", "RetryableError", "build_backend", "check_status"]
+__all__ = ["Backend", "BackendError", "EngineLoad", "FatalError", "RetryableError", "build_backend", "check_status"]
 
 
 async def build_backend(settings: Settings, redis: Any) -> Backend:
@@ -21,7 +21,7 @@ async def build_backend(settings: Settings, redis: Any) -> Backend:
     if settings.backend == "openai":
         from .openai import OpenAIBackend
 
-        return OpenAIBackend(settings.openai_base_url, window=settings.window, api_key=settings.openai_api_key)
+        return OpenAIBackend(settings.openai_base_url, window=settings.window_limit, api_key=settings.openai_api_key)
     if settings.backend == "vllm":
         from .vllm import VllmBackend  # imports vLLM itself only inside create()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from inferq.jobs import Job
@@ -63,6 +64,20 @@ class Backend(Protocol):
     ) -> tuple[int, Any]: ...
 
     async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """What a model server says about its own load: the signals ``INFERQ_WINDOW=auto`` sizes the window from
+    (gpu_worker/window.py). A backend that can read them has ``async def load(self) -> EngineLoad | None``
+    (None: the server publishes no such signals)."""
+
+    waiting: float
+    """Requests queued inside the engine, not yet scheduled: work no other replica can take."""
+    running: float
+    """Requests the engine is running (its batch)."""
+    kv_cache_usage: float | None = None
+    """Fraction of the KV cache in use, 0 to 1, when the engine reports it."""
 
 
 def is_retryable_status(status: int) -> bool:

@@ -20,7 +20,7 @@ from inferq.jobs import Job
 from inferq.keys import Keys
 
 from ..batching import Batcher
-from .base import FatalError, RetryableError
+from .base import EngineLoad, FatalError, RetryableError
 
 COUNT_SCRIPT = (Path(__file__).parent / "mock_count.lua").read_text()
 CRASH_EXIT_CODE = 86
@@ -117,13 +117,44 @@ def completion_answer(body: dict[str, Any], job: Job) -> dict[str, Any]:
 
 
 class MockBackend:
+    """``engine_slots`` simulates a model engine with that many batch slots (tests and benchmarks of
+    ``INFERQ_WINDOW=auto``): a call's ``latency_ms`` then runs in a slot, calls beyond the slots queue for one, and
+    :meth:`load` reports them as waiting, as vLLM's ``num_requests_waiting`` does. Answers are the same either way."""
+
     name = "mock"
 
-    def __init__(self, redis: Any, keys: Keys) -> None:
+    def __init__(self, redis: Any, keys: Keys, *, engine_slots: int | None = None) -> None:
         self._redis = redis
         self._key = keys.mock_calls
         self._count_script = redis.register_script(COUNT_SCRIPT)
         self._calls: Batcher[tuple[str, str], int] = Batcher(self._count)
+        self._slots = asyncio.Semaphore(engine_slots) if engine_slots else None
+        self._waiting = 0
+        self._running = 0
+
+    async def load(self) -> EngineLoad:
+        return EngineLoad(waiting=self._waiting, running=self._running)
+
+    async def _compute(self, latency_ms: int) -> None:
+        """The model's time: in a slot of the simulated engine, queued for one when all are taken."""
+        if self._slots is None:
+            self._running += 1
+            try:
+                await asyncio.sleep(latency_ms / 1000.0)
+            finally:
+                self._running -= 1
+            return
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        self._running += 1
+        try:
+            await asyncio.sleep(latency_ms / 1000.0)
+        finally:
+            self._running -= 1
+            self._slots.release()
 
     async def _count(self, calls: list[tuple[str, str]]) -> list[int]:
         faults = FaultRun("mock: counting calls failed", logging.getLogger(__name__), clients=[self._redis])
@@ -158,8 +189,8 @@ class MockBackend:
         if controls.get("hang"):
             await asyncio.Event().wait()  # never set: only the job timeout or a cancellation ends this
         latency = _control_int(controls, "latency_ms")
-        if latency:
-            await asyncio.sleep(latency / 1000.0)
+        if latency or self._slots is not None:
+            await self._compute(latency)
         if controls.get("fatal"):
             message = "mock: fatal error requested"
             raise FatalError(

@@ -1,16 +1,40 @@
-"""Any OpenAI-compatible server (``vllm serve`` as a sidecar in production) over HTTP, with httpx."""
+"""Any OpenAI-compatible server (``vllm serve`` as a sidecar in production) over HTTP, with httpx.
+
+Its load signals (for ``INFERQ_WINDOW=auto``) are vLLM's Prometheus metrics at ``/metrics`` of the same server:
+``vllm:num_requests_waiting``, ``vllm:num_requests_running`` and the KV-cache usage (``vllm:kv_cache_usage_perc``
+since vLLM 0.10, ``vllm:gpu_cache_usage_perc`` before), summed over the label sets (one per model/engine).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from inferq.jobs import Job
 
-from .base import RetryableError, check_status, parse_body, strip_mock
+from .base import EngineLoad, RetryableError, check_status, parse_body, strip_mock
 
 CONNECT_TIMEOUT_S = 5.0
+METRICS_TIMEOUT_S = 2.0
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+def parse_vllm_metrics(text: str) -> EngineLoad | None:
+    """vLLM's load from its Prometheus exposition text; None when the text has no vLLM request gauges (another
+    OpenAI-compatible server)."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (WAITING, RUNNING, *KV_CACHE_USAGE):
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    if WAITING not in totals or RUNNING not in totals:
+        return None
+    usage = next((totals[name] for name in KV_CACHE_USAGE if name in totals), None)
+    return EngineLoad(waiting=totals[WAITING], running=totals[RUNNING], kv_cache_usage=usage)
 
 
 class OpenAIBackend:
@@ -36,6 +60,11 @@ class OpenAIBackend:
             timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
             transport=transport,
         )
+        # a client of its own: the load is read while every connection of the window is busy with a job
+        self._metrics = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers={"User-Agent": "inferq-worker"}, transport=transport,
+            timeout=httpx.Timeout(METRICS_TIMEOUT_S), limits=httpx.Limits(max_connections=1),
+        )
 
     async def complete(
         self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job
@@ -52,5 +81,15 @@ class OpenAIBackend:
             raise RetryableError(f"cannot reach the model server: {type(exc).__name__}: {exc}") from exc
         return check_status(response.status_code, parse_body(raw))
 
+    async def load(self) -> EngineLoad | None:
+        """The server's load from ``GET /metrics``; None when it publishes no vLLM gauges there. Raises
+        :class:`httpx.HTTPError` when the server cannot be read now (the window then holds its size)."""
+        response = await self._metrics.get("/metrics")
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return parse_vllm_metrics(response.text)
+
     async def aclose(self) -> None:
         await self._client.aclose()
+        await self._metrics.aclose()

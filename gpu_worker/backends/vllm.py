@@ -18,7 +18,7 @@ from typing import Any
 from inferq.jobs import Job
 from inferq.settings import Settings, SettingsError
 
-from .base import FatalError, RetryableError, strip_mock
+from .base import EngineLoad, FatalError, RetryableError, strip_mock
 
 # OpenAI request field -> SamplingParams argument. Anything else in the body is not a sampling control
 # (model, messages, prompt, stream, user, ...) and is ignored, like vLLM's own server ignores unknown fields.
@@ -103,16 +103,49 @@ def to_openai(url: str, model: str, request_id: str, output: Any) -> dict[str, A
             "choices": choices, "usage": _usage(output)}
 
 
+class LoadRecorder:
+    """A vLLM stat logger (per engine) that keeps the scheduler's latest counts: the in-process engine's
+    equivalent of ``vllm:num_requests_waiting``/``running``/``kv_cache_usage_perc``. vLLM calls ``record`` from its
+    output loop on the event loop. ``SchedulerStats`` is not a stable vLLM interface: its fields are read with
+    defaults, and a version without them simply yields no signal (the auto window then grows to its maximum)."""
+
+    def __init__(self) -> None:
+        self.latest: EngineLoad | None = None
+
+    def factory(self, vllm_config: Any, engine_index: int = 0) -> LoadRecorder:
+        return self
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any = None, *args: Any, **kwargs: Any) -> None:
+        if scheduler_stats is None or not hasattr(scheduler_stats, "num_waiting_reqs"):
+            return
+        self.latest = EngineLoad(
+            waiting=float(scheduler_stats.num_waiting_reqs),
+            running=float(getattr(scheduler_stats, "num_running_reqs", 0)),
+            kv_cache_usage=getattr(scheduler_stats, "kv_cache_usage", None),
+        )
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def log(self) -> None:
+        pass
+
+    def record_sleep_state(self, is_awake: int, level: int) -> None:
+        pass
+
+
 class VllmBackend:
     name = "vllm"
 
     def __init__(
-        self, engine: Any, tokenizer: Any, model: str, sampling_params: Callable[..., Any]
+        self, engine: Any, tokenizer: Any, model: str, sampling_params: Callable[..., Any],
+        recorder: LoadRecorder | None = None,
     ) -> None:
         self._engine = engine
         self._tokenizer = tokenizer
         self._model = model
         self._sampling_params = sampling_params
+        self._recorder = recorder or LoadRecorder()
 
     @classmethod
     async def create(cls, settings: Settings) -> VllmBackend:
@@ -125,11 +158,17 @@ class VllmBackend:
                 "INFERQ_BACKEND=vllm needs vLLM in this image (pip install 'inferq[vllm]'); "
                 "use INFERQ_BACKEND=openai with a vllm serve sidecar otherwise"
             ) from exc
-        # the engine schedules at most the window's jobs at once: the worker never gives it more
-        args = AsyncEngineArgs(model=settings.vllm_model, max_num_seqs=max(settings.window, 1))
-        engine = AsyncLLMEngine.from_engine_args(args)
+        # the engine schedules at most the window's jobs at once (with auto, INFERQ_WINDOW_MAX): the worker never
+        # gives it more
+        args = AsyncEngineArgs(model=settings.vllm_model, max_num_seqs=settings.window_limit)
+        recorder = LoadRecorder()
+        engine = AsyncLLMEngine.from_engine_args(args, stat_loggers=[recorder.factory])
         tokenizer = await engine.get_tokenizer()
-        return cls(engine, tokenizer, settings.vllm_model, SamplingParams)
+        return cls(engine, tokenizer, settings.vllm_model, SamplingParams, recorder)
+
+    async def load(self) -> EngineLoad | None:
+        """The scheduler's latest counts (see :class:`LoadRecorder`)."""
+        return self._recorder.latest
 
     async def _prompt(self, url: str, body: dict[str, Any]) -> Any:
         if url == "/v1/chat/completions":

@@ -116,7 +116,7 @@ def test_an_invalid_file_fails_the_batch_with_line_errors(batch_stack: Emulator)
 def test_cancel_mid_way_keeps_the_partial_output(batch_stack: Emulator) -> None:
     client = client_for(batch_stack)
     n = 400
-    lines = [request_line(i, latency_ms=1000) for i in range(n)]
+    lines = [request_line(i, latency_ms=3000) for i in range(n)]  # long enough that the cancel finds lines queued
     uploaded = client.files.create(file=("slow.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                   completion_window="24h")

@@ -1,0 +1,228 @@
+"""The worker's window: how many jobs it holds at once, fixed (``INFERQ_WINDOW=N``) or adaptive (``auto``).
+
+A fixed window is wrong for some workload: the right concurrency for vLLM depends on prompt and output lengths
+(how many sequences fit in the KV cache). Too small leaves the batch half empty; too large queues requests
+*inside* the engine, where no other replica can take them and reclaim cannot see them. With ``auto`` the window
+follows the model server's own load signals (:class:`~gpu_worker.backends.base.EngineLoad`: requests waiting in
+the engine, requests running, KV-cache usage), read every :data:`POLL_S` seconds (never per job) by
+:class:`AdaptiveWindow`, and :class:`WindowLaw` (pure, no I/O) decides the size:
+
+- **shrink multiplicatively** when more requests wait inside the engine than a small buffer (:meth:`WindowLaw.buffer`:
+  :data:`BUFFER_SHARE` of the running batch, 1 to :data:`BUFFER_MAX`; smoothed, and only while the engine still
+  queues now): by the share of the window that waits beyond the buffer, as DCTCP cuts by the share of marked
+  packets, and by at most x :data:`DECREASE` per poll; then hold for :data:`HOLD_POLLS` polls so the engine can
+  drain what already queued before the signal is read again (the signal lags the window);
+- **grow** while fewer than the buffer wait, the KV cache has room (below :data:`KV_HIGH`) and the window is
+  full (a window that is not used says nothing about the engine's room, so an idle worker's window does not
+  creep to the maximum): doubling until the first cut while the gauges show the window (slow start, so a fresh
+  worker reaches a large batch in a few polls; :data:`SEEN_SHARE`), otherwise additively, by 1 per poll, and by
+  :data:`PROBE_STEP` near the size of the last cut, so it probes that edge slowly instead of oscillating across it;
+- always within ``[1, INFERQ_WINDOW_MAX]``.
+
+A backend without signals (a server with no vLLM metrics) gives no reason to shrink: the window then grows to
+``INFERQ_WINDOW_MAX`` as it fills, like a static window of that size. A failed read holds the size.
+
+Why a buffer rather than nothing waiting: when a request ends, its slot stays empty until the worker has written
+the result, pulled the next job and sent it, a few milliseconds to tens of them; an engine with the next request
+already queued fills the slot at its next step. Measured against vLLM on CPU (bench V), a window that keeps
+nothing waiting leaves the batch short by that refill time; one that keeps one or two waiting does not, and
+those few are all that no other replica can take.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from inferq.settings import Settings
+
+from .backends.base import EngineLoad
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5
+"""Period of the load reads: a few per second is enough for batches that last seconds, and costs one small HTTP
+request (vLLM's /metrics page) per period, whatever the job rate."""
+DECREASE = 0.8
+BUFFER_SHARE = 0.15
+BUFFER_MAX = 4.0
+"""Requests allowed to wait inside the engine: :data:`BUFFER_SHARE` of its running batch, at least one and at most
+:data:`BUFFER_MAX` (the next requests at hand when some end; a large batch ends a few per refill time, not more)."""
+TOLERANCE = 0.5
+"""How far the smoothed waiting count may exceed the buffer before the window is cut: one sample of one request
+more (a request seen between its arrival and the next engine step) is tolerated, two in a row are not."""
+SMOOTHING = 0.5
+"""Weight of the newest sample in the moving average of the waiting count."""
+KV_HIGH = 0.9
+HOLD_POLLS = 2
+SEEN_SHARE = 0.8
+"""Slow start doubles the window only once the engine's gauges show most of it (running + waiting >= this share
+of the jobs in flight), and otherwise grows it by one: vLLM's gauges trail its requests by a few tenths of a
+second, and doubling on a reading taken before the last doubling arrived overshoots by far. (Requests held in
+the server's HTTP front end, before its engine, are not in the gauges either: a front end that is the
+bottleneck keeps the window growing by one.)"""
+PROBE_STEP = 0.25
+
+LoadSource = Callable[[], Awaitable[EngineLoad | None]]
+
+
+class WindowLaw:
+    """The control law, a pure state machine: :meth:`step` takes one load sample and the worker's in-flight count
+    and returns the new window."""
+
+    def __init__(
+        self, maximum: int, *, initial: int = 1, decrease: float = DECREASE, tolerance: float = TOLERANCE,
+        smoothing: float = SMOOTHING, kv_high: float = KV_HIGH, hold_polls: int = HOLD_POLLS,
+        probe_step: float = PROBE_STEP, buffer_share: float = BUFFER_SHARE, buffer_max: float = BUFFER_MAX,
+    ) -> None:
+        if maximum < 1:
+            raise ValueError(f"maximum must be >= 1, got {maximum}")
+        if not 0 < decrease < 1:
+            raise ValueError(f"decrease must be in (0, 1), got {decrease}")
+        self.maximum = maximum
+        self.size = float(min(max(initial, 1), maximum))
+        self.decrease = decrease
+        self.tolerance = tolerance
+        self.smoothing = smoothing
+        self.kv_high = kv_high
+        self.hold_polls = hold_polls
+        self.probe_step = probe_step
+        self.buffer_share = buffer_share
+        self.buffer_max = buffer_max
+        self.waiting = 0.0  # moving average of the engine's waiting count
+        self.ceiling: float | None = None  # the size at which requests last queued in the engine
+        self.slow_start = True
+        self._hold = 0
+
+    @property
+    def current(self) -> int:
+        return max(1, min(self.maximum, math.floor(self.size)))
+
+    def step(self, load: EngineLoad | None, in_flight: int) -> int:
+        if load is None:  # no signals: nothing says the engine is full
+            load = EngineLoad(waiting=0.0, running=float(in_flight))
+        self.waiting = self.smoothing * load.waiting + (1 - self.smoothing) * self.waiting
+        buffer = self.buffer(load)
+        if self._hold:
+            self._hold -= 1
+        elif self.waiting > buffer + self.tolerance and load.waiting > buffer:  # queueing now, not only on average
+            # DCTCP-like: cut by the share that queues beyond the buffer, at most by ``decrease`` (one request too
+            # many costs one slot, a slow-start overshoot a fifth per poll)
+            self.ceiling = self.size
+            excess = load.waiting - buffer
+            self.size = max(1.0, self.size * max(self.decrease, 1 - excess / self.size))
+            self.slow_start = False
+            self._hold = self.hold_polls
+        elif self._may_grow(load, in_flight, buffer):
+            if self.slow_start and load.running + load.waiting >= SEEN_SHARE * in_flight:
+                self.size *= 2
+            elif self.ceiling is not None and self.size >= self.ceiling - 1:
+                self.size += self.probe_step
+            else:
+                self.size += 1
+            self.size = min(self.size, float(self.maximum))
+        return self.current
+
+    def buffer(self, load: EngineLoad) -> float:
+        """Requests that may wait inside the engine: the next one at hand when one ends."""
+        if self.buffer_share <= 0:
+            return 0.0
+        return min(self.buffer_max, max(1.0, self.buffer_share * load.running))
+
+    def _may_grow(self, load: EngineLoad, in_flight: int, buffer: float) -> bool:
+        if load.waiting >= max(buffer, 1e-9):
+            return False
+        if load.kv_cache_usage is not None and load.kv_cache_usage >= self.kv_high:
+            return False
+        return in_flight >= self.current
+
+
+class Window(Protocol):
+    """What the worker's pull loop asks: how many jobs it may hold now."""
+
+    @property
+    def size(self) -> int: ...
+
+    async def run(self, stop: asyncio.Event, in_flight: Callable[[], int], changed: Callable[[int, int], None]) -> None:
+        """Adapt until ``stop`` (not before: the worker supervises its tasks, and one that ends early stops it),
+        calling ``changed(old, new)`` on each change."""
+        ...
+
+
+class StaticWindow:
+    """``INFERQ_WINDOW=N``: N, always."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    async def run(self, stop: asyncio.Event, in_flight: Callable[[], int], changed: Callable[[int, int], None]) -> None:
+        await stop.wait()  # nothing to adapt; a supervised task ends only when its worker stops
+
+
+class AdaptiveWindow:
+    """``INFERQ_WINDOW=auto``: reads the backend's load every ``poll_s`` and lets :class:`WindowLaw` size the
+    window."""
+
+    def __init__(self, source: LoadSource | None, maximum: int, *, poll_s: float = POLL_S,
+                 law: WindowLaw | None = None) -> None:
+        self.source = source
+        self.law = law or WindowLaw(maximum)
+        self.poll_s = poll_s
+        self.last_load: EngineLoad | None = None
+        self._failures = 0
+
+    @property
+    def size(self) -> int:
+        return self.law.current
+
+    async def read(self) -> tuple[bool, EngineLoad | None]:
+        """(read, load): ``read`` is False when the source failed (the window then holds its size)."""
+        if self.source is None:
+            return True, None
+        try:
+            load = await self.source()
+        except Exception as exc:  # the model server restarting, a proxy in the way: not the worker's problem
+            self._failures += 1
+            if self._failures in (1, 10) or self._failures % 100 == 0:
+                log.warning("cannot read the model server's load (%s: %s); the window holds at %d",
+                            type(exc).__name__, exc, self.size)
+            return False, None
+        self._failures = 0
+        return True, load
+
+    async def poll(self, in_flight: int) -> int:
+        """One read and one step of the law; returns the window."""
+        ok, load = await self.read()
+        if ok:
+            self.last_load = load
+            self.law.step(load, in_flight)
+        return self.size
+
+    async def run(self, stop: asyncio.Event, in_flight: Callable[[], int], changed: Callable[[int, int], None]) -> None:
+        while not stop.is_set():
+            before = self.size
+            after = await self.poll(in_flight())
+            if after != before:
+                changed(before, after)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.poll_s)
+
+
+def window_for(settings: Settings, backend: Any) -> StaticWindow | AdaptiveWindow:
+    """The window ``settings`` asks for; with ``auto``, fed by the backend's ``load()`` when it has one."""
+    if not settings.adaptive_window:
+        return StaticWindow(settings.window_limit)
+    source = getattr(backend, "load", None)
+    if not callable(source):
+        log.warning("the %s backend publishes no load signals: INFERQ_WINDOW=auto grows to INFERQ_WINDOW_MAX",
+                    getattr(backend, "name", "configured"))
+        source = None
+    return AdaptiveWindow(source, settings.window_max)

@@ -1,0 +1,226 @@
+"""The adaptive window's control law (gpu_worker/window.py) against simulated engines, the load signals each
+backend reads, and the ``INFERQ_WINDOW=auto`` settings."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from gpu_worker.backends.base import EngineLoad
+from gpu_worker.backends.openai import parse_vllm_metrics
+from gpu_worker.backends.vllm import LoadRecorder
+from gpu_worker.window import AdaptiveWindow, StaticWindow, WindowLaw, window_for
+from inferq.settings import Settings, SettingsError
+
+
+def engine(capacity: int, in_flight: int) -> EngineLoad:
+    """An engine with ``capacity`` batch slots given ``in_flight`` requests: the rest wait inside it."""
+    return EngineLoad(waiting=max(0, in_flight - capacity), running=min(in_flight, capacity))
+
+
+def drive(law: WindowLaw, capacity: int, steps: int) -> list[int]:
+    """A worker with an endless backlog: its window is always full."""
+    sizes = []
+    for _ in range(steps):
+        sizes.append(law.step(engine(capacity, law.current), law.current))
+    return sizes
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 12, 40])
+def test_the_window_settles_at_the_engines_capacity_plus_a_small_buffer(capacity: int) -> None:
+    law = WindowLaw(maximum=64)
+    tail = drive(law, capacity, 300)[-150:]
+    mean = sum(tail) / len(tail)
+    buffer = min(4, max(1, 0.15 * capacity))
+    assert capacity <= mean <= capacity + buffer + 1, (capacity, mean, tail[-20:])
+    # settled, not oscillating: the engine's batch is full at nearly every poll, and what waits stays small
+    assert sum(1 for size in tail if size < capacity) <= len(tail) // 10, (capacity, tail)
+    assert max(tail) - min(tail) <= 2, (capacity, tail)
+
+
+def test_it_stops_growing_when_the_buffer_waits() -> None:
+    law = WindowLaw(maximum=64, initial=9)
+    law.slow_start = False
+    for _ in range(10):
+        law.step(EngineLoad(waiting=1, running=4), 9)  # buffer: one
+    assert law.current == 9
+    law.step(EngineLoad(waiting=0, running=9), 9)
+    assert law.current == 10
+
+
+def test_it_follows_the_capacity_down_and_up_again() -> None:
+    law = WindowLaw(maximum=64)
+    drive(law, 30, 200)
+    assert law.current >= 22
+    down = drive(law, 6, 100)[-50:]
+    assert max(down) <= 8 and min(down) >= 4
+    up = drive(law, 30, 200)[-50:]
+    assert sum(up) / len(up) >= 22
+
+
+def test_requests_waiting_in_the_engine_shrink_it_multiplicatively() -> None:
+    law = WindowLaw(maximum=64, initial=32)
+    law.slow_start = False
+    law.step(EngineLoad(waiting=20, running=12), 32)
+    assert law.current == int(32 * 0.8)
+    # held while the engine drains what queued before the signal caught up: no second cut at once
+    law.step(EngineLoad(waiting=20, running=12), 25)
+    assert law.current == 25
+
+
+def test_never_above_the_maximum_nor_below_one() -> None:
+    law = WindowLaw(maximum=10)
+    assert max(drive(law, 1000, 100)) == 10 and law.current == 10
+    for _ in range(100):
+        law.step(EngineLoad(waiting=500, running=0), law.current)
+        assert law.current >= 1
+    assert law.current == 1
+
+
+def test_it_does_not_grow_when_the_kv_cache_is_full_or_the_window_unused() -> None:
+    law = WindowLaw(maximum=64, initial=8)
+    for _ in range(20):
+        law.step(EngineLoad(waiting=0, running=8, kv_cache_usage=0.95), 8)
+    assert law.current == 8
+    for _ in range(20):  # an idle worker: its window says nothing about the engine's room
+        law.step(EngineLoad(waiting=0, running=2), 2)
+    assert law.current == 8
+    law.step(EngineLoad(waiting=0, running=8, kv_cache_usage=0.5), 8)
+    assert law.current > 8
+
+
+def test_slow_start_doubles_only_once_the_gauges_show_the_window() -> None:
+    law = WindowLaw(maximum=64, initial=16)
+    law.step(EngineLoad(waiting=0, running=8), 16)  # the gauges still show the window before the last doubling
+    assert law.current == 17
+    law.step(EngineLoad(waiting=0, running=17), 17)
+    assert law.current == 34
+
+
+def test_without_signals_it_grows_to_the_maximum_as_it_fills() -> None:
+    law = WindowLaw(maximum=20)
+    for _ in range(20):
+        law.step(None, law.current)
+    assert law.current == 20
+
+
+def test_a_single_transient_waiting_sample_is_tolerated() -> None:
+    law = WindowLaw(maximum=64, initial=20)
+    law.slow_start = False  # buffer: 15% of 16 running, 2.4 requests
+    law.step(EngineLoad(waiting=4, running=16), 20)
+    assert law.current == 20
+    law.step(EngineLoad(waiting=4, running=16), 20)
+    assert law.current < 20
+
+
+def test_a_failed_read_holds_the_window() -> None:
+    async def broken() -> EngineLoad | None:
+        raise OSError("connection refused")
+
+    window = AdaptiveWindow(broken, 32)
+    assert asyncio.run(window.poll(in_flight=1)) == 1
+    assert window.law.current == 1
+
+
+def test_the_adaptive_window_reports_its_changes_until_stopped() -> None:
+    async def scenario() -> list[tuple[int, int]]:
+        window = AdaptiveWindow(lambda: _const(EngineLoad(waiting=0, running=4)), 8, poll_s=0.01)
+        changes: list[tuple[int, int]] = []
+        stop = asyncio.Event()
+        task = asyncio.create_task(window.run(stop, lambda: window.size, lambda a, b: changes.append((a, b))))
+        while window.size < 8:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        return changes
+
+    assert asyncio.run(scenario()) == [(1, 2), (2, 4), (4, 8)]
+
+
+async def _const(load: EngineLoad) -> EngineLoad:
+    return load
+
+
+# ---------------------------------------------------------------- signals
+
+VLLM_0_32_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny-llama"} 7.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="tiny-llama"} 3.0
+# HELP vllm:num_requests_waiting_by_reason Number of requests waiting, by reason.
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny-llama",reason="capacity"} 3.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.42
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="tiny-llama"} 1234.0
+"""
+
+
+def test_vllm_metrics_are_read_by_their_real_names() -> None:
+    assert parse_vllm_metrics(VLLM_0_32_METRICS) == EngineLoad(waiting=3.0, running=7.0, kv_cache_usage=0.42)
+
+
+def test_older_vllm_names_and_several_engines() -> None:
+    text = (
+        'vllm:num_requests_running{engine="0"} 2\nvllm:num_requests_running{engine="1"} 3\n'
+        'vllm:num_requests_waiting{engine="0"} 1\nvllm:num_requests_waiting{engine="1"} 0\n'
+        'vllm:gpu_cache_usage_perc{engine="0"} 0.5\n'
+    )
+    assert parse_vllm_metrics(text) == EngineLoad(waiting=1.0, running=5.0, kv_cache_usage=0.5)
+
+
+def test_a_server_without_vllm_gauges_gives_no_signal() -> None:
+    assert parse_vllm_metrics("# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 3.5\n") is None
+
+
+def test_the_in_process_engine_signal_comes_from_its_scheduler_stats() -> None:
+    recorder = LoadRecorder()
+    logger = recorder.factory(None, 0)
+    logger.record(None, None)
+    assert recorder.latest is None
+    logger.record(SimpleNamespace(num_waiting_reqs=4, num_running_reqs=16, kv_cache_usage=0.8), None, engine_idx=0)
+    assert recorder.latest == EngineLoad(waiting=4.0, running=16.0, kv_cache_usage=0.8)
+
+
+# ---------------------------------------------------------------- settings
+
+
+def test_window_auto_and_its_maximum() -> None:
+    s = Settings.from_env({"INFERQ_WINDOW": "Auto", "INFERQ_WINDOW_MAX": "24"})
+    assert s.window == "auto" and s.adaptive_window and s.window_max == 24
+    assert s.window_limit == 24 and s.target_per_worker == 24
+    static = Settings.from_env({"INFERQ_WINDOW": "6", "INFERQ_WINDOW_MAX": "24"})
+    assert not static.adaptive_window and static.window_limit == 6 and static.target_per_worker == 6
+    assert Settings().window_max == 64
+
+
+@pytest.mark.parametrize(("name", "value"), [("INFERQ_WINDOW", "automatic"), ("INFERQ_WINDOW", "0"),
+                                             ("INFERQ_WINDOW_MAX", "0"), ("INFERQ_WINDOW_MAX", "auto")])
+def test_a_bad_window_names_its_variable(name: str, value: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({name: value})
+    assert info.value.variable == name and name in str(info.value)
+
+
+def test_window_for_picks_static_or_adaptive() -> None:
+    assert isinstance(window_for(Settings(window=5), object()), StaticWindow)
+    assert window_for(Settings(window=5), object()).size == 5
+
+    class WithLoad:
+        name = "x"
+
+        async def load(self) -> EngineLoad | None:
+            return None
+
+    adaptive = window_for(Settings(window="auto", window_max=9), WithLoad())
+    assert isinstance(adaptive, AdaptiveWindow) and adaptive.source is not None and adaptive.law.maximum == 9
+    blind = window_for(Settings(window="auto"), object())
+    assert isinstance(blind, AdaptiveWindow) and blind.source is None
