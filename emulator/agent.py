@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from inferq.retry import backoff
+
 from .ecs import MotoEcs
 from .httpd import HttpServer, Request
 from .procs import Child, LogSink
@@ -219,7 +221,7 @@ class EcsAgent:
             failed_fast = code not in (0, -signal.SIGKILL, -signal.SIGTERM) and lived < FAST_FAILURE_S
             self._fast_failures = self._fast_failures + 1 if failed_fast else 0
             over = self._fast_failures - CRASH_LOOP_AFTER
-            delay = min(0.5 * 2**over, 15.0) if over >= 0 else 0.0
+            delay = backoff(over + 1, 0.5, 15.0, jitter=False) if over >= 0 else 0.0
             self._not_before = time.monotonic() + delay
             self.sink.line("agent", f"{task.worker_id} exited on its own (exit {code}); replacing it"
                            + (f" in {delay:g}s (crash loop)" if delay else ""))

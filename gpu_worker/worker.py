@@ -44,7 +44,7 @@ from inferq.keys import GROUP, WEBHOOK_GROUP
 from inferq.queue import Delivery, Outcome, Queue, Skipped
 from inferq.retry import backoff_ms
 from inferq.settings import Settings
-from inferq.webhooks import WebhookSender
+from inferq_webhooks.sender import WebhookSender
 
 from .backends.base import Backend, FatalError, RetryableError, check_status, child_traceparent, trace_id
 from .batching import Batcher

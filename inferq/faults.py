@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 
 from redis import exceptions as redis_errors
 
+from .retry import backoff
+
 
 class Fault(enum.Enum):
     TRANSIENT = "transient"
@@ -107,7 +109,7 @@ class Backoff:
     def next(self) -> float:
         """Seconds to wait after one more failure: uniform in [0, min(cap, base * 2**failures)]."""
         self.failures += 1
-        return self._rng.uniform(0.0, min(self.cap_s, self.base_s * 2 ** min(self.failures, 30)))
+        return backoff(self.failures + 1, self.base_s, self.cap_s, rng=self._rng)
 
     def reset(self) -> None:
         self.failures = 0

@@ -152,7 +152,3 @@ class Job:
             "dead_lettered": self.dead_lettered,
             "metadata": self.metadata,
         }
-
-
-def error(type_: str, message: str) -> dict[str, str]:
-    return {"type": type_, "message": message}

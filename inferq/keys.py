@@ -6,6 +6,7 @@ script touches a single slot and runs on ElastiCache Serverless (always cluster 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 GROUP = "workers"
@@ -13,6 +14,13 @@ GROUP = "workers"
 
 WEBHOOK_GROUP = "webhooks"
 """The consumer group that delivers webhooks from the terminal events stream."""
+
+
+TENANT = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+"""What a tenant name may be, wherever it comes from (the API keys secret or ``INFERQ_API_KEYS``), so a tenant that
+works locally works deployed. It names keys (``idem:<tenant>:…``) and logs: no separators, spaces or controls."""
+
+TENANT_RULE = "1-64 ASCII letters, digits, '_', '.' or '-'"
 
 
 @dataclass(frozen=True)

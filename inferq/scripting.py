@@ -3,6 +3,8 @@
 Each script's header declares its keys (``KEYS[i]``, ``KEYS[i..n]`` for a variable tail, ``(optional)`` for a
 key that may be left out); every call is checked against it, so a caller can never pass the wrong keys.
 ``--- @include "name"`` pulls in ``scripts/includes/name.lua`` (one ``local function`` per file, after BullMQ).
+Every script starts with a generated prelude that defines the names it shares with Python (the group name, the
+failure codes, the terminal statuses) from the Python definitions, so none is typed twice.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import PipelineCommand, RedisCluster
 from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
+from .jobs import TERMINAL
+from .keys import GROUP
+
 SCRIPTS_DIR = Path(__file__).parent / "scripts"
 _INCLUDE = re.compile(r'^--- @include "([A-Za-z]+)"\s*$', re.MULTILINE)
 _KEY = re.compile(r"^\s*KEYS\[(\d+)(\.\.n)?\][^\n]*?(\(optional\))?\s*$", re.MULTILINE)
@@ -30,7 +35,6 @@ class Code(IntEnum):
     """The small negative codes scripts return on failure."""
 
     NOT_FOUND = -1
-    CONFLICT = -2
     QUEUE_FULL = -3
     TERMINAL = -4
     STALE = -5
@@ -78,6 +82,14 @@ def _expand(source: str, seen: frozenset[str] = frozenset()) -> str:
 
 
 @cache
+def prelude() -> str:
+    """The Lua locals every script starts with: ``GROUP``, ``CODE_<NAME>`` per :class:`Code`, ``TERMINAL``."""
+    codes = "\n".join(f"local CODE_{code.name} = {code.value}" for code in Code)
+    terminal = ", ".join(f"{status.value} = true" for status in sorted(TERMINAL))
+    return f"local GROUP = '{GROUP}'\n{codes}\nlocal TERMINAL = {{{terminal}}}\n"
+
+
+@cache
 def load(name: str) -> Script:
     raw = (SCRIPTS_DIR / f"{name}.lua").read_text()
     header = raw.split("]]", 1)[0]
@@ -92,7 +104,9 @@ def load(name: str) -> Script:
             required = max(required, int(index))
     if not required:
         raise ValueError(f"script {name} declares no KEYS in its header")
-    source = _expand(raw)
+    # after a shebang line (``#!lua flags=no-writes``), which must stay the first line
+    shebang, newline, rest = raw.partition("\n") if raw.startswith("#!") else ("", "", raw)
+    source = shebang + newline + prelude() + _expand(rest)
     sha = hashlib.sha1(source.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA-1
     return Script(name, source, sha, required, None if variadic else required + optional)
 
@@ -106,10 +120,6 @@ class Scripts:
 
     def __init__(self, client: Any) -> None:
         self.client = client
-
-    async def load_all(self) -> None:
-        for script in all_scripts():
-            await self.client.script_load(script.source)
 
     async def __call__(self, name: str, keys: list[str], args: list[Any]) -> Any:
         script = load(name)

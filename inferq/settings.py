@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 from urllib.parse import urlparse
 
+from .keys import TENANT, TENANT_RULE
+
 PREFIX = "INFERQ_"
 
 
@@ -61,10 +63,6 @@ def _bool(name: str, raw: str) -> bool:
     raise SettingsError(name, f"must be true or false, got {raw!r}")
 
 
-def _str(name: str, raw: str) -> str:
-    return raw.strip()
-
-
 def _optional_str(name: str, raw: str) -> str | None:
     return raw.strip() or None
 
@@ -98,9 +96,6 @@ def _http_url(name: str, raw: str) -> str:
     return value
 
 
-_TENANT_RE = re.compile(r"^[^\x00-\x1f,:]{1,128}$")
-
-
 def _api_keys(name: str, raw: str) -> dict[str, str] | None:
     """``tenant:key,tenant:key`` -> {key: tenant}. Development only: production keys live in Secrets Manager."""
     value = raw.strip()
@@ -111,8 +106,8 @@ def _api_keys(name: str, raw: str) -> dict[str, str] | None:
         tenant, sep, key = pair.strip().partition(":")
         if not sep or not tenant or not key:
             raise SettingsError(name, "must be 'tenant:key,tenant:key' (a pair is missing its ':')")
-        if not _TENANT_RE.match(tenant):
-            raise SettingsError(name, f"tenant {tenant!r} must be 1-128 characters without control characters")
+        if not TENANT.match(tenant):
+            raise SettingsError(name, f"tenant {tenant!r} must be {TENANT_RULE}")
         keys[key] = tenant
     return keys
 

@@ -2,8 +2,9 @@
 #
 # `sam build` (BuildMethod: makefile) runs `make build-<LogicalId>` in the repository root with ARTIFACTS_DIR set.
 # Each build target installs its function's third-party packages as Lambda-platform wheels (arm64, CPython 3.13:
-# no Docker, no compiler), copies inferq/ and functions/, then ships bytecode compiled by a python3.13 when this
-# machine has one: /var/task is read-only on Lambda, so without .pyc files every cold start compiles in memory.
+# no Docker, no compiler), copies the code that function runs (GATEWAY_SOURCES, SCALER_SOURCES), then ships
+# bytecode compiled by a python3.13 when this machine has one: /var/task is read-only on Lambda, so without .pyc
+# files every cold start compiles in memory.
 # Bytecode is portable across architectures; only the compiled wheels are arm64.
 #
 # Tools live outside the project's dependencies: aws-sam-cli (with its cfn-lint and samtranslator) and hadolint in
@@ -33,10 +34,35 @@ _sam_find_lambda_python = for p in $(_sam_python_candidates); do \
 	  if "$$p" -c 'import sys; sys.exit("%d.%d" % sys.version_info[:2] != "$(LAMBDA_PYTHON_VERSION)")' \
 	    >/dev/null 2>&1; then echo "$$p"; break; fi; done
 
-.PHONY: build-GatewayFunction build-ScalerFunction sam-tools sam-validate sam-build lint-infra lambda-runtime \
+.PHONY: build-GatewayFunction build-ScalerFunction sources-GatewayFunction sources-ScalerFunction sam-tools sam-validate sam-build lint-infra lambda-runtime \
 	print-lambda-python
 
-# $(call _sam_lambda_artifact,NAME): functions/NAME/requirements.txt + inferq/ + functions/ -> $(ARTIFACTS_DIR).
+# What each function runs, and nothing else: no CLI, emulator, bench or worker code in either zip, and the webhook
+# sender (inferq_webhooks) only in the scaler's. tests/infra/test_artifacts.py lists what these copy.
+GATEWAY_SOURCES := inferq functions/__init__.py functions/storage.py functions/gateway
+SCALER_SOURCES := inferq inferq_webhooks functions/__init__.py functions/storage.py functions/scaler
+_sam_source_roots := inferq inferq_webhooks functions
+# inferq.client is the HTTP client for users (httpx): neither function runs it
+_sam_not_shipped := inferq/client
+
+# $(call _sam_copy_sources,PATHS): our own code -> $(ARTIFACTS_DIR), without caches or requirements files.
+define _sam_copy_sources
+	@test -n "$(ARTIFACTS_DIR)" || { echo "sam.mk: ARTIFACTS_DIR is unset; run this through sam build" >&2; exit 2; }
+	@set -e; \
+	for root in $(_sam_source_roots); do rm -rf "$(ARTIFACTS_DIR)/$$root"; done; \
+	for path in $(1); do \
+	  mkdir -p "$(ARTIFACTS_DIR)/$$(dirname "$$path")"; cp -R "$$path" "$(ARTIFACTS_DIR)/$$path"; \
+	done; \
+	for path in $(_sam_not_shipped); do rm -rf "$(ARTIFACTS_DIR)/$$path"; done; \
+	for root in $(_sam_source_roots); do \
+	  if [ -e "$(ARTIFACTS_DIR)/$$root" ]; then \
+	    find "$(ARTIFACTS_DIR)/$$root" \( -name __pycache__ -o -name '*.pyc' -o -name requirements.txt \) \
+	      -prune -exec rm -rf {} +; \
+	  fi; \
+	done
+endef
+
+# $(call _sam_lambda_artifact,NAME,PATHS): functions/NAME/requirements.txt + PATHS -> $(ARTIFACTS_DIR).
 # pip runs under the Lambda's Python version when present, so environment markers match the runtime's.
 define _sam_lambda_artifact
 	@test -n "$(ARTIFACTS_DIR)" || { echo "sam.mk: ARTIFACTS_DIR is unset; run this through sam build" >&2; exit 2; }
@@ -47,11 +73,9 @@ define _sam_lambda_artifact
 	  --target "$(ARTIFACTS_DIR)" --platform $(LAMBDA_PLATFORM) --implementation cp \
 	  --python-version $(LAMBDA_PYTHON_VERSION) --only-binary=:all: --no-compile --no-warn-conflicts \
 	  -r functions/$(1)/requirements.txt; \
-	rm -rf "$(ARTIFACTS_DIR)/bin"; \
-	rm -rf "$(ARTIFACTS_DIR)/inferq" "$(ARTIFACTS_DIR)/functions"; \
-	cp -R inferq functions "$(ARTIFACTS_DIR)/"; \
-	find "$(ARTIFACTS_DIR)/inferq" "$(ARTIFACTS_DIR)/functions" \
-	  \( -name __pycache__ -o -name '*.pyc' -o -name requirements.txt \) -prune -exec rm -rf {} +; \
+	rm -rf "$(ARTIFACTS_DIR)/bin"
+	$(call _sam_copy_sources,$(2))
+	@set -e; py="$$($(_sam_find_lambda_python))"; \
 	if [ -n "$$py" ]; then \
 	  echo "sam.mk: $(1): bytecode by $$py"; \
 	  "$$py" -m compileall -q -j 0 --invalidation-mode unchecked-hash "$(ARTIFACTS_DIR)"; \
@@ -61,10 +85,17 @@ define _sam_lambda_artifact
 endef
 
 build-GatewayFunction:
-	$(call _sam_lambda_artifact,gateway)
+	$(call _sam_lambda_artifact,gateway,$(GATEWAY_SOURCES))
 
 build-ScalerFunction:
-	$(call _sam_lambda_artifact,scaler)
+	$(call _sam_lambda_artifact,scaler,$(SCALER_SOURCES))
+
+# Only our own code of each artifact, into ARTIFACTS_DIR: what tests/infra/test_artifacts.py lists.
+sources-GatewayFunction:
+	$(call _sam_copy_sources,$(GATEWAY_SOURCES))
+
+sources-ScalerFunction:
+	$(call _sam_copy_sources,$(SCALER_SOURCES))
 
 print-lambda-python:
 	@$(_sam_find_lambda_python)

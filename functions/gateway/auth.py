@@ -20,12 +20,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from inferq.keys import TENANT, TENANT_RULE
 from inferq.settings import Settings, SettingsError
 
 log = logging.getLogger("inferq.gateway.auth")
 
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
-_TENANT_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 REFRESH_BACKOFF_S = 10.0
 """After a failed refresh, the stale copy is served this long before the next try."""
 
@@ -74,8 +74,8 @@ def parse_secret(raw: str) -> list[tuple[bytes, str]]:
     for hex_digest, tenant in data.items():
         if not isinstance(hex_digest, str) or not _DIGEST_RE.match(hex_digest.lower()):
             raise ValueError("every key of the API keys secret must be a SHA-256 hex digest (64 hex characters)")
-        if not isinstance(tenant, str) or not _TENANT_RE.match(tenant):
-            raise ValueError(f"tenant {tenant!r} must be 1-64 letters, digits, '_', '.', '-'")
+        if not isinstance(tenant, str) or not TENANT.match(tenant):
+            raise ValueError(f"tenant {tenant!r} must be {TENANT_RULE}")
         digests.append((bytes.fromhex(hex_digest), tenant))
     return digests
 

@@ -14,7 +14,7 @@ from inferq.jobs import ENDPOINTS
 from .errors import ApiError
 from .files import QUOTA_EXCEEDED, check_file_id, file_store, in_s3
 from .models import MetadataKey, MetadataValue
-from .responses import documented
+from .openapi import documented
 
 BATCH_ID_RE = re.compile(r"^batch_[a-z2-7]{26}$")
 RETRY_AFTER_BATCH_QUOTA_S = 60

@@ -8,9 +8,8 @@ from fastapi.responses import JSONResponse
 from inferq import feed
 
 from .errors import ApiError
-from .responses import documented
-
-MAX_WAIT_S = 20.0
+from .models import MAX_WAIT_S
+from .openapi import documented
 
 
 def routes(gw: Any, router: APIRouter) -> None:

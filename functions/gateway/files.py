@@ -21,7 +21,7 @@ from starlette.datastructures import UploadFile
 from inferq.batches import new_file_id, random_id
 
 from .errors import ApiError
-from .responses import documented
+from .openapi import documented
 
 FILE_ID_RE = re.compile(r"^file-[a-z2-7]{26}$")
 UPLOAD_ID_RE = re.compile(r"^upload_[a-z2-7]{26}$")

@@ -25,6 +25,9 @@ from inferq.jobs import ENDPOINTS
 from inferq.netguard import check_webhook_host
 
 MAX_METADATA_PAIRS = 16
+IDEMPOTENCY_KEY_MAX = 255
+MAX_WAIT_S = 20.0
+"""The longest ``wait`` of a long poll (``GET /v1/jobs/{id}``, ``GET /v1/events``)."""
 MAX_METADATA_KEY = 256
 MAX_METADATA_VALUE = 4096
 MAX_TTL_S = 366 * 86400
@@ -102,7 +105,7 @@ class JobCreate(BaseModel):
         examples=[CHAT_BODY_EXAMPLE],
     )
     url: Endpoint = Field(default="/v1/chat/completions", description="The model server endpoint.")
-    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = Field(
+    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=IDEMPOTENCY_KEY_MAX)] | None = Field(
         default=None,
         description="Same tenant and key return the same job (header `Idempotency-Key` does the same).",
     )

@@ -145,7 +145,7 @@ def webhook_pass(settings: Settings) -> WebhookPass | None:
     """One webhook delivery pass per tick, when this artifact has the sender's HTTP client (httpx)."""
     global _webhooks_missing_logged
     try:
-        from inferq.webhooks import deliver_webhooks
+        from inferq_webhooks.sender import deliver_webhooks
     except ImportError as exc:
         if not _webhooks_missing_logged:
             _webhooks_missing_logged = True

@@ -31,21 +31,20 @@ local tenantsKey, jobKey, doneKey = KEYS[5], KEYS[6], KEYS[7]
 local tenant, now, resultTtl, eventsMaxlen, call = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
 --- @include "ackEntry"
---- @include "isTerminal"
 --- @include "replay"
 --- @include "terminate"
 
 local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'tenant', 'cancel_call')
 local jobId, status, entry, owner = job[1], job[2], job[3], job[4]
 if not jobId or owner ~= tenant then
-  return {-1}
+  return {CODE_NOT_FOUND}
 end
 local again = replayed(jobKey, 'cancel_call', job[5], call)
 if again then
   return again
 end
 if TERMINAL[status] then
-  return {-4, status}
+  return {CODE_TERMINAL, status}
 end
 if status == 'running' then
   rcall('HSET', jobKey, 'cancel', '1')

@@ -53,13 +53,13 @@ end
 if maxDepth > 0 then
   local unfinished = tonumber(rcall('HGET', statsKey, 'unfinished') or '0')
   if unfinished >= maxDepth then
-    return {-3, unfinished}
+    return {CODE_QUEUE_FULL, unfinished}
   end
 end
 if tenantMaxDepth > 0 then
   local mine = tonumber(rcall('HGET', tenantsKey, tenant) or '0')
   if mine >= tenantMaxDepth then
-    return {-9, mine}
+    return {CODE_TENANT_FULL, mine}
   end
 end
 

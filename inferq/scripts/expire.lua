@@ -32,14 +32,13 @@ local tenantsKey, jobKey, doneKey = KEYS[6], KEYS[7], KEYS[8]
 local jobId, now, resultTtl, eventsMaxlen = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 
 --- @include "ackEntry"
---- @include "isTerminal"
 --- @include "terminate"
 
 local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'expires_at', 'started_at', 'finished_at')
 local status, entry, expiresAt, startedAt = job[2], job[3], job[4], job[5]
 if not job[1] then
   rcall('ZREM', expiryKey, jobId)
-  return {-1}
+  return {CODE_NOT_FOUND}
 end
 if status == 'expired' and job[6] == ARGV[2] then
   return {0}

@@ -40,29 +40,16 @@ local entryId, newStatus, resultJson, errorJson = ARGV[1], ARGV[2], ARGV[3], ARG
 local now, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 
 --- @include "ackEntry"
---- @include "isTerminal"
 --- @include "replay"
 --- @include "terminate"
+--- @include "settleGuard"
 
 local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 'refused')
-local jobId, status, entry = job[1], job[2], job[3]
-if not jobId then
-  ackEntry(streamKey, entryId)
-  return {-1}
+local refusal = settleGuard(streamKey, statsKey, jobKey, entryId, lease, call, job, true)
+if refusal then
+  return refusal
 end
-local again = replayed(jobKey, 'settled', job[5], call) or replayed(jobKey, 'refused', job[6], call)
-if again then
-  return again
-end
-if TERMINAL[status] then
-  ackEntry(streamKey, entryId)
-  rcall('HINCRBY', statsKey, 'duplicate_results', 1)
-  return remember(jobKey, 'refused', call, {-4, status})
-end
-if entry ~= entryId or job[4] ~= lease or lease == '' then
-  rcall('HINCRBY', statsKey, 'stale_writes', 1)
-  return remember(jobKey, 'refused', call, {-8})
-end
+local jobId = job[1]
 
 ackEntry(streamKey, entryId)
 local extra = {}

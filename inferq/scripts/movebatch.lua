@@ -19,7 +19,7 @@ local from, to = ARGV[1], ARGV[2]
 
 local current = rcall('HGET', batchKey, 'status')
 if not current then
-  return {-1}
+  return {CODE_NOT_FOUND}
 end
 if current == to then
   return {1, current}

@@ -24,7 +24,7 @@ local now, stale = tonumber(ARGV[1]), tonumber(ARGV[2])
 local length = rcall('XLEN', streamKey)
 local pending, groupMissing, oldest = 0, 0, 0
 if length > 0 then
-  local ok, summary = pcall(rcall, 'XPENDING', streamKey, 'workers')
+  local ok, summary = pcall(rcall, 'XPENDING', streamKey, GROUP)
   if ok then
     pending = tonumber(summary[1]) or 0
   else

@@ -29,14 +29,14 @@ local tenant, call = ARGV[1], ARGV[3]
 local job = rcall('HMGET', jobKey, 'id', 'status', 'tenant', 'dead_lettered', 'dlq_entry', 'redrive_call')
 local jobId, status, owner, dead, dlqEntry = job[1], job[2], job[3], job[4], job[5]
 if not jobId or owner ~= tenant then
-  return {-1}
+  return {CODE_NOT_FOUND}
 end
 local again = replayed(jobKey, 'redrive_call', job[6], call)
 if again then
   return again
 end
 if dead ~= '1' then
-  return {-6, status}
+  return {CODE_NOT_DEAD_LETTERED, status}
 end
 if dlqEntry and dlqEntry ~= '' then
   rcall('XDEL', dlqKey, dlqEntry)

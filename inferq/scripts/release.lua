@@ -29,27 +29,15 @@ local streamKey, statsKey, jobKey = KEYS[1], KEYS[2], KEYS[3]
 local entryId, lease, call = ARGV[1], ARGV[2], ARGV[3]
 
 --- @include "ackEntry"
---- @include "isTerminal"
 --- @include "replay"
+--- @include "settleGuard"
 
-local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'attempts', 'deliveries', 'lease', 'settled', 'refused')
-local jobId, status, entry, attempts, deliveries = job[1], job[2], job[3], job[4], tonumber(job[5] or '0')
-if not jobId then
-  ackEntry(streamKey, entryId)
-  return {-1}
+local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 'refused', 'attempts', 'deliveries')
+local refusal = settleGuard(streamKey, statsKey, jobKey, entryId, lease, call, job, false)
+if refusal then
+  return refusal
 end
-local again = replayed(jobKey, 'settled', job[7], call) or replayed(jobKey, 'refused', job[8], call)
-if again then
-  return again
-end
-if TERMINAL[status] then
-  ackEntry(streamKey, entryId)
-  return {-4, status}
-end
-if entry ~= entryId or job[6] ~= lease or lease == '' then
-  rcall('HINCRBY', statsKey, 'stale_writes', 1)
-  return remember(jobKey, 'refused', call, {-8})
-end
+local jobId, attempts, deliveries = job[1], job[7], tonumber(job[8] or '0')
 ackEntry(streamKey, entryId)
 local newEntry = rcall('XADD', streamKey, '*', 'job', jobId, 'attempt', attempts)
 rcall('HSET', jobKey, 'status', 'queued', 'entry', newEntry, 'deliveries', math.max(deliveries - 1, 0))

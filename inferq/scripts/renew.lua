@@ -24,7 +24,6 @@ local streamKey = KEYS[1]
 local consumer = ARGV[1]
 local count = #KEYS - 1
 
---- @include "isTerminal"
 
 local codes = {}
 for i = 1, count do
@@ -34,7 +33,7 @@ for i = 1, count do
   if TERMINAL[job[1]] then
     code = 3
   elseif job[2] == entryId and job[4] == lease and lease ~= '' then
-    rcall('XCLAIM', streamKey, 'workers', consumer, 0, entryId, 'JUSTID')
+    rcall('XCLAIM', streamKey, GROUP, consumer, 0, entryId, 'JUSTID')
     code = (job[3] == '1') and 1 or 0
   end
   codes[i] = code

@@ -44,36 +44,23 @@ local entryId, now, delay, maxAttempts = ARGV[1], tonumber(ARGV[2]), tonumber(AR
 local errorJson, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 
 --- @include "ackEntry"
---- @include "isTerminal"
 --- @include "replay"
 --- @include "terminate"
 --- @include "deadLetter"
+--- @include "settleGuard"
 
-local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'attempts', 'cancel', 'lease', 'settled', 'refused')
-local jobId, status, entry, attempts, cancel = job[1], job[2], job[3], tonumber(job[4] or '1'), job[5]
-if not jobId then
-  ackEntry(streamKey, entryId)
-  return {-1}
+local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 'refused', 'attempts', 'cancel')
+local refusal = settleGuard(streamKey, statsKey, jobKey, entryId, lease, call, job, true)
+if refusal then
+  return refusal
 end
-local again = replayed(jobKey, 'settled', job[7], call) or replayed(jobKey, 'refused', job[8], call)
-if again then
-  return again
-end
-if TERMINAL[status] then
-  ackEntry(streamKey, entryId)
-  rcall('HINCRBY', statsKey, 'duplicate_results', 1)
-  return remember(jobKey, 'refused', call, {-4, status})
-end
-if entry ~= entryId or job[6] ~= lease or lease == '' then
-  rcall('HINCRBY', statsKey, 'stale_writes', 1)
-  return remember(jobKey, 'refused', call, {-8})
-end
+local jobId, attempts, cancel = job[1], tonumber(job[7] or '1'), job[8]
 
 ackEntry(streamKey, entryId)
 if cancel == '1' then
   terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, 'cancelled', now, resultTtl, eventsMaxlen,
     {'error', '{"type":"cancelled","message":"the job was cancelled"}'})
-  return remember(jobKey, 'settled', call, {-7, 'cancelled'})
+  return remember(jobKey, 'settled', call, {CODE_ENDED, 'cancelled'})
 end
 if attempts >= maxAttempts then
   deadLetter(jobKey, doneKey, statsKey, tenantsKey, eventsKey, dlqKey, jobId, now, resultTtl, eventsMaxlen,

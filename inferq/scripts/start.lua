@@ -41,7 +41,6 @@ local entryId, consumer, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local maxDeliveries, resultTtl, eventsMaxlen, reclaimed, lease = tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 
 --- @include "ackEntry"
---- @include "isTerminal"
 --- @include "replay"
 --- @include "terminate"
 --- @include "deadLetter"
@@ -51,7 +50,7 @@ local jobId, status, entry, cancel, expiresAt, startedAt = job[1], job[2], job[3
 
 if not jobId then
   ackEntry(streamKey, entryId)
-  return {-1}
+  return {CODE_NOT_FOUND}
 end
 local again = replayed(jobKey, 'settled', job[8], lease)
 if again then
@@ -67,11 +66,11 @@ if TERMINAL[status] then
   if ackEntry(streamKey, entryId) > 0 then
     rcall('HINCRBY', statsKey, 'skipped_terminal', 1)
   end
-  return {-4, status}
+  return {CODE_TERMINAL, status}
 end
 if entry ~= entryId then
   ackEntry(streamKey, entryId)
-  return {-5}
+  return {CODE_STALE}
 end
 if reclaimed == '1' then
   rcall('HINCRBY', statsKey, 'reclaimed', 1)
@@ -80,14 +79,14 @@ if cancel == '1' then
   ackEntry(streamKey, entryId)
   terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, 'cancelled', now, resultTtl, eventsMaxlen,
     {'error', '{"type":"cancelled","message":"the job was cancelled"}'})
-  return remember(jobKey, 'settled', lease, {-7, 'cancelled'})
+  return remember(jobKey, 'settled', lease, {CODE_ENDED, 'cancelled'})
 end
 if expiresAt and expiresAt ~= '' and (not startedAt or startedAt == '') and now > tonumber(expiresAt) then
   ackEntry(streamKey, entryId)
   rcall('ZREM', expiryKey, jobId)
   terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, 'expired', now, resultTtl, eventsMaxlen,
     {'error', '{"type":"expired","message":"no attempt started within ttl_s"}'})
-  return remember(jobKey, 'settled', lease, {-7, 'expired'})
+  return remember(jobKey, 'settled', lease, {CODE_ENDED, 'expired'})
 end
 
 local deliveries = rcall('HINCRBY', jobKey, 'deliveries', 1)
@@ -96,7 +95,7 @@ if deliveries > maxDeliveries then
   deadLetter(jobKey, doneKey, statsKey, tenantsKey, eventsKey, dlqKey, jobId, now, resultTtl, eventsMaxlen,
     'max_deliveries', '{"type":"max_deliveries","message":"the job was delivered ' .. (deliveries - 1) ..
     ' times without finishing (did it crash its worker?)"}')
-  return remember(jobKey, 'settled', lease, {-7, 'failed'})
+  return remember(jobKey, 'settled', lease, {CODE_ENDED, 'failed'})
 end
 
 rcall('HSET', jobKey, 'status', 'running', 'worker', consumer, 'leased_at', now, 'lease', lease)

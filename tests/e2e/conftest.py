@@ -95,8 +95,8 @@ class Emulator:
         return self.process.pid
 
     def start(self, timeout: float = 60.0) -> Emulator:
-        argv = [sys.executable, "-m", "inferq.cli", "up", "--port", str(self.port), "--data-dir", str(self.data_dir),
-                *self.valkey_args]
+        argv = [sys.executable, "-m", "inferq_cli.cli", "up", "--port", str(self.port),
+                "--data-dir", str(self.data_dir), *self.valkey_args]
         log = self.log_path.open("ab")
         started = time.monotonic()
         self.process = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,

@@ -30,7 +30,7 @@ ENTRY_POINTS = {
     "ScalerFunction": "functions.scaler.app",
     "worker": "gpu_worker.__main__",
 }
-REPOSITORY_PACKAGES = ("inferq", "functions", "gpu_worker")
+REPOSITORY_PACKAGES = ("inferq", "inferq_webhooks", "functions", "gpu_worker")
 FIELDS = set(Settings.__dataclass_fields__)
 
 
@@ -215,7 +215,7 @@ def test_the_reading_check_tells_a_process_that_reads_a_setting_from_one_that_do
         "POWERTOOLS_SERVICE_NAME: worker does not ship Powertools",
     ]
     # lazy imports count: the scaler sends webhooks through a module it imports inside a function
-    assert "inferq.webhooks" in import_closure(ENTRY_POINTS["ScalerFunction"])
+    assert "inferq_webhooks.sender" in import_closure(ENTRY_POINTS["ScalerFunction"])
     assert "webhook_max_age_s" in settings_read_by(ENTRY_POINTS["ScalerFunction"])
     # a property counts as the fields it reads
     assert "scale_target_per_worker" in settings_read_by(ENTRY_POINTS["ScalerFunction"])

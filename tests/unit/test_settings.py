@@ -39,6 +39,7 @@ def test_every_variable_is_read_with_its_prefix() -> None:
         ("INFERQ_QUEUE", "{brace}"),
         ("INFERQ_BACKEND", "tensorrt"),
         ("INFERQ_API_KEYS", "nocolon"),
+        ("INFERQ_API_KEYS", "team b:k2"),  # the same tenant rule as the API keys secret (inferq.keys.TENANT)
         ("INFERQ_OPENAI_BASE_URL", "localhost:8000"),
         ("INFERQ_JOB_TIMEOUT_S", "3601"),
         ("INFERQ_SCALER_INTERVAL_S", "nan"),
@@ -53,9 +54,9 @@ def test_a_bad_value_names_its_variable(name: str, value: str) -> None:
 
 
 def test_permissive_where_nothing_breaks() -> None:
-    s = Settings.from_env({"INFERQ_API_KEYS": "a:k1,team b:k2", "INFERQ_MAX_BODY_BYTES": "512",
+    s = Settings.from_env({"INFERQ_API_KEYS": "a:k1,team-b:k2", "INFERQ_MAX_BODY_BYTES": "512",
                            "INFERQ_CLAIM_IDLE_MS": "50", "INFERQ_QUEUE": "gpu:a100"})
-    assert s.api_keys == {"k1": "a", "k2": "team b"} and s.max_body_bytes == 512 and s.claim_idle_ms == 50
+    assert s.api_keys == {"k1": "a", "k2": "team-b"} and s.max_body_bytes == 512 and s.claim_idle_ms == 50
     assert s.queue == "gpu:a100"
 
 

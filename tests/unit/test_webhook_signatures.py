@@ -53,7 +53,7 @@ def test_the_reference_library_verifies_our_signatures(secret: str) -> None:
     now = int(time.time())
     body = b'{"id":"job_x","status":"succeeded"}'
     signature = sign(secret, "job_x_1-0", now, body)
-    # a whsec_ secret is given to the library as it is; a plain one as its UTF-8 bytes (see inferq.webhooks)
+    # a whsec_ secret is given to the library as it is; a plain one as its UTF-8 bytes (see inferq_webhooks.sender)
     library = Webhook(secret if secret.startswith("whsec_") else secret.encode())
     assert library.verify(body, headers("job_x_1-0", now, signature)) == {"id": "job_x", "status": "succeeded"}
     with pytest.raises(WebhookVerificationError):

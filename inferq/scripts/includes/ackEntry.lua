@@ -3,7 +3,7 @@
   Returns how many entries the XACK acknowledged: 0 when a resent call already did it.
 ]]
 local function ackEntry(streamKey, entryId)
-  local acked = rcall('XACK', streamKey, 'workers', entryId)
+  local acked = rcall('XACK', streamKey, GROUP, entryId)
   rcall('XDEL', streamKey, entryId)
   return acked
 end

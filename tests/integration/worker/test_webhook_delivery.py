@@ -21,12 +21,13 @@ from typing import Any
 import httpx
 import pytest
 
-from inferq import netguard, webhooks
-from inferq.guarded_http import GuardedTransport
+from inferq import netguard
 from inferq.keys import WEBHOOK_GROUP
 from inferq.queue import Queue
 from inferq.settings import Settings
-from inferq.webhooks import LEASE_MS, WebhookSender, deliver_webhooks
+from inferq_webhooks import sender as webhooks
+from inferq_webhooks.guarded_http import GuardedTransport
+from inferq_webhooks.sender import LEASE_MS, WebhookSender, deliver_webhooks
 
 from .support import chat, eventually, submit
 

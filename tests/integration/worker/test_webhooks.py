@@ -18,7 +18,7 @@ from inferq.keys import WEBHOOK_GROUP
 from inferq.queue import Queue
 from inferq.settings import Settings
 from inferq.webhook_signing import verify
-from inferq.webhooks import WebhookSender, deliver_webhooks
+from inferq_webhooks.sender import WebhookSender, deliver_webhooks
 
 from .support import Receiver, chat, eventually, submit, terminal, worker_processes
 

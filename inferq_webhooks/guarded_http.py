@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import httpcore
 import httpx
 
-from . import netguard
+from inferq import netguard
 
 MAX_CONNECTIONS = 16
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .client import AsyncClient, InferqError
+from inferq.client import AsyncClient, InferqError
 
 FILE_FIELDS = ("url", "metadata", "timeout_s", "ttl_s", "webhook_url", "priority")
 JobLine = tuple[int, dict[str, Any], str]

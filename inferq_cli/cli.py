@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .client import Client, Job
+    from inferq.client import Client, Job
 
 USAGE = """usage: inferq {up,submit,wait,status,cancel,dlq,redrive} [options]
 
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     if command not in commands:
         print(f"inferq: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
-    from .client import GatewayUnreachable, InferqError
+    from inferq.client import GatewayUnreachable, InferqError
 
     try:
         return commands[command](rest)
@@ -104,7 +104,7 @@ def _api_key(args: argparse.Namespace) -> str:
 
 
 def _client(args: argparse.Namespace, timeout: float = 30.0) -> Client:
-    from .client import Client
+    from inferq.client import Client
 
     return Client(_base_url(args), _api_key(args), timeout=timeout)
 
@@ -191,8 +191,9 @@ def submit(argv: list[str]) -> int:
 def _submit_file(args: argparse.Namespace) -> int:
     import asyncio
 
+    from inferq.client import AsyncClient
+
     from .bulk import BadJobFile, read_jobs, submit_all
-    from .client import AsyncClient
 
     try:
         lines = read_jobs(args.file)
@@ -250,7 +251,7 @@ def wait(argv: list[str]) -> int:
 
 
 def cancel(argv: list[str]) -> int:
-    from .client import JobTerminal
+    from inferq.client import JobTerminal
 
     args = _ids_command("inferq cancel", "Cancel queued or running jobs.").parse_args(argv)
     code = 0
@@ -337,7 +338,7 @@ def _status_view(client: Client, args: argparse.Namespace) -> Any:
     from rich.console import Group
     from rich.table import Table
 
-    from .client import GatewayUnreachable, InferqError, NotFound
+    from inferq.client import GatewayUnreachable, InferqError, NotFound
 
     try:
         scale = client.scale()

@@ -1,0 +1,221 @@
+"""The job routes of HTTP API v1 (docs/api.md): submit, get (with wait), cancel, the dead-letter queue, the scale
+view and the health checks. Their OpenAPI responses come from :mod:`.openapi`; submit and get also have the
+hand-written fast path of :mod:`.hotpath`."""
+
+import re
+from functools import partial
+from typing import TYPE_CHECKING, Annotated
+
+from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from inferq.jobs import Job, JobRequest
+
+from .errors import ApiError
+from .hotpath import HotRoute, fast_path, get_job_fast, submit_job_fast
+from .models import ALLOW_PRIVATE, IDEMPOTENCY_KEY_MAX, JOB_CREATE_EXAMPLE, MAX_WAIT_S, JobCreate
+from .openapi import doc, errors
+
+if TYPE_CHECKING:
+    from .api import Gateway
+
+JOB_ID_RE = re.compile(r"^job_[a-z2-7]{26}$")
+TRACEPARENT_RE = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+def job_response(request: Request, job: Job, status: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
+    request.state.job_id = job.id
+    return JSONResponse(job.to_api(), status, headers=headers)
+
+
+def _job_id(job_id: str) -> str:
+    # Anything that is not one of our ids is unknown: no Redis lookup, and no odd strings in key names.
+    if not JOB_ID_RE.match(job_id):
+        raise ApiError(404, "no such job")
+    return job_id
+
+
+def _parse_job_request(raw: bytes, allow_private_webhooks: bool) -> JobCreate:
+    try:
+        return JobCreate.model_validate_json(raw or b"null", context={ALLOW_PRIVATE: allow_private_webhooks})
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_input=False, include_url=False)]
+        ) from None
+
+
+def routes(gw: "Gateway", router: APIRouter) -> None:
+    """The API's routes, on ``router`` (the app's own: an included router would add a dispatch layer per request)."""
+    router.route_class = HotRoute
+    Tenant = Annotated[str, Depends(gw.authenticate)]
+
+    @router.post(
+        "/v1/jobs",
+        status_code=202,
+        summary="Submit a job",
+        response_model=None,
+        responses={
+            202: doc("JobObject", "Accepted", Location="/v1/jobs/{id}"),
+            200: doc(
+                "JobObject",
+                "Idempotent replay: the job first created with this key, as it is now",
+                **{"Idempotent-Replayed": "true", "Location": "/v1/jobs/{id}"},
+            ),
+            **errors(400, 401, 409, 413, 422, 429, 503),
+        },
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {"$ref": "#/components/schemas/JobCreate"},
+                        "examples": {"chat": {"summary": "A chat completion", "value": JOB_CREATE_EXAMPLE}},
+                    }
+                },
+            }
+        },
+    )
+    @fast_path(partial(submit_job_fast, gw))
+    async def submit_job(
+        request: Request,
+        background: BackgroundTasks,
+        tenant: Tenant,
+        idempotency_key: Annotated[
+            str | None,
+            Header(alias="Idempotency-Key", min_length=1, max_length=IDEMPOTENCY_KEY_MAX,
+                   description="Same as `idempotency_key` in the body; both given must be equal"),
+        ] = None,
+        traceparent: Annotated[str | None, Header(description="W3C trace context, passed to the worker")] = None,
+    ) -> JSONResponse:
+        payload = _parse_job_request(await request.body(), gw.settings.webhook_allow_private)
+        key = payload.idempotency_key
+        if idempotency_key is not None:
+            if key is not None and key != idempotency_key:
+                raise ApiError(422, "the Idempotency-Key header and body.idempotency_key differ")
+            key = idempotency_key
+        job_request = JobRequest(
+            body=payload.body,
+            url=payload.url,
+            metadata=payload.metadata,
+            timeout_s=payload.timeout_s,
+            ttl_s=payload.ttl_s,
+            webhook_url=payload.webhook_url,
+            idempotency_key=key,
+            traceparent=traceparent if traceparent and TRACEPARENT_RE.match(traceparent) else None,
+        )
+        job, replayed = await gw.call(gw.queue.enqueue(tenant, job_request))
+        headers = {"Location": f"/v1/jobs/{job.id}"}
+        if replayed:
+            gw.telemetry.count("IdempotentReplays")
+            return job_response(request, job, 200, {**headers, "Idempotent-Replayed": "true"})
+        gw.telemetry.count("JobsEnqueued")
+        gw.after_enqueue(background)
+        return job_response(request, job, 202, headers)
+
+    @router.get(
+        "/v1/jobs/{job_id}",
+        summary="Get a job, optionally waiting for it to finish",
+        response_model=None,
+        responses={200: doc("JobObject", "The job"), **errors(400, 401, 404, 413, 422, 503)},
+    )
+    @fast_path(partial(get_job_fast, gw))
+    async def get_job(
+        request: Request,
+        job_id: str,
+        tenant: Tenant,
+        wait: Annotated[
+            float,
+            Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait for a terminal state (returns at once when "
+                                                   "the job ends)"),
+        ] = 0,
+    ) -> JSONResponse:
+        _job_id(job_id)
+        if wait > 0:
+            job = await gw.call(gw.queue.wait(job_id, tenant, wait), extra_s=wait)
+        else:
+            job = await gw.call(gw.queue.get(job_id, tenant))
+        if job is None:
+            raise ApiError(404, "no such job")
+        return job_response(request, job)
+
+    @router.post(
+        "/v1/jobs/{job_id}/cancel",
+        summary="Cancel a job",
+        response_model=None,
+        responses={
+            200: doc("JobObject", "Cancelled (queued) or cancellation requested (running)"),
+            409: doc("JobConflict", "Already terminal; the job is in `job`"),
+            **errors(400, 401, 404, 413, 422, 503),
+        },
+    )
+    async def cancel_job(request: Request, job_id: str, tenant: Tenant) -> JSONResponse:
+        _job_id(job_id)
+        job = await gw.call(gw.queue.cancel(tenant, job_id))
+        return job_response(request, job)
+
+    @router.get(
+        "/v1/dlq",
+        summary="List the tenant's dead-lettered jobs, newest first",
+        response_model=None,
+        responses={200: doc("JobList", "Dead-lettered jobs"), **errors(400, 401, 413, 422, 503)},
+    )
+    async def list_dead_letters(
+        tenant: Tenant, limit: Annotated[int, Query(ge=1, le=1000, description="At most this many jobs")] = 20
+    ) -> JSONResponse:
+        jobs = await gw.call(gw.queue.dead_letters(tenant, limit))
+        return JSONResponse({"object": "list", "data": [job.to_api() for job in jobs]})
+
+    @router.post(
+        "/v1/dlq/{job_id}/redrive",
+        status_code=202,
+        summary="Queue a dead-lettered job again, attempts reset",
+        response_model=None,
+        responses={
+            202: doc("JobObject", "Queued again", Location="/v1/jobs/{id}"),
+            409: doc("ErrorEnvelope", "The job is not dead-lettered"),
+            **errors(400, 401, 404, 413, 422, 503),
+        },
+    )
+    async def redrive_job(request: Request, background: BackgroundTasks, job_id: str, tenant: Tenant) -> JSONResponse:
+        _job_id(job_id)
+        job = await gw.call(gw.queue.redrive(tenant, job_id))
+        gw.after_enqueue(background)
+        return job_response(request, job, 202, {"Location": f"/v1/jobs/{job.id}"})
+
+    @router.get(
+        "/v1/scale",
+        summary="The scaler's view of the queue",
+        response_model=None,
+        responses={200: doc("ScaleView", "Queue depth, workers and the last decision"),
+                   **errors(400, 401, 413, 422, 503)},
+    )
+    async def scale(tenant: Tenant) -> JSONResponse:
+        seen = await gw.call(gw.queue.observe())
+        return JSONResponse(
+            {
+                "lag": seen.lag,
+                "pending": seen.pending,
+                "unfinished": seen.unfinished,
+                "dlq": seen.dlq,
+                "workers": seen.workers,
+                "desired": seen.desired,
+                "decision": {"reason": seen.reason or None, "at": seen.decided_at},
+            }
+        )
+
+    @router.get("/healthz", summary="Liveness (no auth)", response_model=None,
+                responses={200: doc("Health", "The process answers"), **errors(400, 413)})
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    @router.get(
+        "/readyz",
+        summary="Readiness: Redis answers (no auth)",
+        response_model=None,
+        responses={200: doc("Health", "Ready"), **errors(400, 413, 503)},
+    )
+    async def readyz() -> JSONResponse:
+        await gw.call(gw.queue.ping())
+        return JSONResponse({"status": "ready"})

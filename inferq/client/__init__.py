@@ -1,0 +1,81 @@
+"""The Python client of HTTP API v1: :class:`Client` (blocking) and :class:`AsyncClient`, both on httpx.
+
+What every caller of the API writes again otherwise, done once:
+
+- ``submit`` sends an ``Idempotency-Key`` (a random one when none is given) and retries a 503 (outcome unknown),
+  a 429 (queue full) and a lost connection with THE SAME key after ``Retry-After``, within a bounded number of
+  attempts and a bounded total time. The key makes the retry safe: a job accepted before the failure comes back
+  as the same job (200, ``Idempotent-Replayed``), never as a second one.
+- ``wait`` long-polls ``GET /v1/jobs/{id}?wait=`` in slices of at most 20 s until the job ends or the deadline.
+- Answers are typed: :class:`Job` (the job object) with :class:`~inferq.jobs.JobStatus`, and one exception class
+  per error ``type`` of the envelope, each carrying the HTTP status and the envelope itself.
+- :func:`verify_webhook` checks a delivery's Standard Webhooks signature.
+
+The typed answers live in :mod:`inferq.answers` and the webhook check in :mod:`inferq.webhook_signing`; all are
+importable from here. The blocking client is in :mod:`.blocking`, the asyncio one in :mod:`.aio`, what both share
+in :mod:`.common`. This package is the only part of ``inferq`` that imports httpx: the queue protocol never needs
+it (tests/unit/test_layout.py).
+- ``events`` iterates the results feed (``GET /v1/events``): the tenant's terminal jobs in the order they ended,
+  long-polling for more, resumable from a cursor the caller persists, bounded by an optional deadline or count.
+
+Files, Uploads and Batches (``/v1/files``, ``/v1/uploads``, ``/v1/batches``) have no typed objects here: they are
+the OpenAI API, so the official ``openai`` client, its ``base_url`` set to the gateway's ``/v1``, is the client for
+them.
+"""
+
+from __future__ import annotations
+
+from ..answers import (
+    BadRequest,
+    Conflict,
+    GatewayUnreachable,
+    IdempotencyConflict,
+    InferqError,
+    InvalidRequest,
+    Job,
+    JobTerminal,
+    ModelNotFound,
+    NotDeadLettered,
+    NotFound,
+    QueueFull,
+    RequestTooLarge,
+    ServerError,
+    Unauthorized,
+    Unavailable,
+)
+from ..jobs import JobStatus
+from ..webhook_signing import WebhookVerificationError, verify_webhook
+from .aio import AsyncClient
+from .blocking import Client
+from .common import AsyncEventStream, EventStream
+from .common import RetryPolicy as RetryPolicy  # re-exported: the building blocks a caller may use directly
+from .common import error_from as error_from
+from .common import new_idempotency_key as new_idempotency_key
+from .common import retry_after_s as retry_after_s
+from .common import submit_request as submit_request
+
+__all__ = [
+    "AsyncClient",
+    "AsyncEventStream",
+    "BadRequest",
+    "Client",
+    "Conflict",
+    "EventStream",
+    "GatewayUnreachable",
+    "IdempotencyConflict",
+    "InferqError",
+    "InvalidRequest",
+    "Job",
+    "JobStatus",
+    "JobTerminal",
+    "ModelNotFound",
+    "NotDeadLettered",
+    "NotFound",
+    "QueueFull",
+    "RequestTooLarge",
+    "ServerError",
+    "Unauthorized",
+    "Unavailable",
+    "WebhookVerificationError",
+    "verify_webhook",
+]

@@ -1,0 +1,229 @@
+"""The consumer side of the queue, what a worker runs: read and reclaim entries, start them under a lease, then
+finish, retry or release each delivery, renew the leases, and sweep what is due (retries to promote, jobs to
+expire). A duplicate or stale completion is a normal event to count, so these return an :class:`Outcome`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from .jobs import Job, JobStatus
+from .keys import GROUP
+from .queue_core import QueueCore, new_token, now_ms
+from .scripting import Code
+
+
+class Outcome(str, Enum):
+    """What a worker's transition did."""
+
+    WRITTEN = "written"  # finish: terminal state recorded
+    RETRY_SCHEDULED = "retry_scheduled"
+    DEAD_LETTERED = "dead_lettered"
+    RELEASED = "released"
+    DUPLICATE = "duplicate"  # the job was already terminal: discarded and counted
+    STALE = "stale"  # the entry was no longer the job's live entry
+    NOT_FOUND = "not_found"
+    ENDED = "ended"  # the job ended some other way here (e.g. cancellation requested)
+
+
+class Lease(int, Enum):
+    """Per-entry answer of a lease renewal."""
+
+    HELD = 0
+    CANCEL_REQUESTED = 1
+    LOST = 2
+    TERMINAL = 3
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A job handed to this worker: run it, then finish, retry or release it by its entry and lease token.
+    The lease token is this delivery's own (start.lua records it on the job): once the entry is reclaimed or
+    started again, the token no longer matches and this delivery's writes change nothing."""
+
+    entry_id: str
+    job: Job
+    reclaimed: bool = False
+    lease: str = ""
+
+    @property
+    def attempt(self) -> int:
+        return self.job.attempts
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An entry that start.lua settled without running the model (terminal, stale, expired, dead-lettered)."""
+
+    entry_id: str
+    job_id: str
+    code: Code
+    status: str | None = None
+
+
+def settle_token(delivery: Delivery, *what: str) -> str:
+    """The call token of a finish, retry or release: derived from the delivery's lease and what is written, so the
+    worker's own retry of the same write after an error it saw (a timeout, ReplicationLag) is recognised as a
+    resend too and answers as the first did; another write by the same delivery is a different call."""
+    if not delivery.lease:
+        return new_token()
+    return hashlib.sha256("\0".join((delivery.lease, *what)).encode()).hexdigest()[:16]
+
+
+class Consumer(QueueCore):
+    def _start_call(self, entry_id: str, job_id: str, consumer: str, now: int, reclaimed: bool, lease: str) -> tuple:
+        keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.dlq, self.keys.job(job_id),
+                self.keys.done(job_id), self.keys.expiry, self.keys.tenants]
+        args = [entry_id, consumer, now, self.settings.max_deliveries, self.settings.result_ttl_s,
+                self.settings.events_maxlen, "1" if reclaimed else "0", lease]
+        return ("start", keys, args)
+
+    async def _start_entries(
+        self, consumer: str, entries: Sequence[tuple[str, dict[str, str]]], reclaimed: bool
+    ) -> tuple[list[Delivery], list[Skipped]]:
+        now = now_ms()
+        live = [(entry_id, fields.get("job", ""), new_token()) for entry_id, fields in entries if fields]
+        replies = await self.scripts.many([self._start_call(e, j, consumer, now, reclaimed, t) for e, j, t in live])
+        deliveries: list[Delivery] = []
+        skipped: list[Skipped] = []
+        for (entry_id, job_id, lease), reply in zip(live, replies, strict=True):
+            code = int(reply[0])
+            if code == 0:
+                record = dict(zip(reply[1::2], reply[2::2], strict=True))
+                deliveries.append(Delivery(entry_id, Job.from_hash(record), reclaimed, lease))
+            else:
+                skipped.append(Skipped(entry_id, job_id, Code(code), reply[1] if len(reply) > 1 else None))
+        return deliveries, skipped
+
+    async def read(
+        self, consumer: str, count: int, block_ms: int | None = None
+    ) -> tuple[list[Delivery], list[Skipped]]:
+        """Take up to ``count`` new entries for ``consumer`` and start them. ``block_ms`` must stay below the
+        client's socket timeout."""
+        if count <= 0:
+            return [], []
+        entries = await self.read_group(self.keys.stream, GROUP, consumer, count, block_ms)
+        return await self._start_entries(consumer, entries, reclaimed=False) if entries else ([], [])
+
+    async def reclaim(self, consumer: str, count: int) -> tuple[list[Delivery], list[Skipped]]:
+        """Take over up to ``count`` entries idle longer than ``INFERQ_CLAIM_IDLE_MS`` (their worker died or hung)."""
+        if count <= 0:
+            return [], []
+        try:
+            reply = await self.redis.xautoclaim(
+                self.keys.stream, GROUP, consumer, self.settings.claim_idle_ms, self._reclaim_cursor, count=count
+            )
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            await self.ensure_groups()
+            return [], []
+        self._reclaim_cursor = reply[0]
+        return await self._start_entries(consumer, reply[1], reclaimed=True)
+
+    def _outcome(self, reply: Any, written: Outcome) -> Outcome:
+        code = int(reply[0])
+        if code >= 0:
+            return written
+        return {
+            Code.NOT_FOUND: Outcome.NOT_FOUND,
+            Code.TERMINAL: Outcome.DUPLICATE,
+            Code.STALE: Outcome.STALE,
+            Code.STALE_OWNER: Outcome.STALE,
+            Code.ENDED: Outcome.ENDED,
+        }[Code(code)]
+
+    def _finish_call(self, delivery: Delivery, status: JobStatus, result: Any, error: Any, now: int) -> tuple:
+        job_id = delivery.job.id
+        keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.tenants, self.keys.job(job_id),
+                self.keys.done(job_id)]
+        result_json = json.dumps(result) if result is not None else ""
+        error_json = json.dumps(error) if error is not None else ""
+        args = [delivery.entry_id, status.value, result_json, error_json, now, self.settings.result_ttl_s,
+                self.settings.events_maxlen, delivery.lease,
+                settle_token(delivery, "finish", status.value, result_json, error_json)]
+        return ("finish", keys, args)
+
+    async def finish(
+        self, delivery: Delivery, status: JobStatus, *, result: Any = None, error: Any = None, now: int | None = None
+    ) -> Outcome:
+        """Write the terminal state once (first writer wins) and acknowledge the entry. A delivery this worker no
+        longer holds changes nothing (Outcome.STALE)."""
+        if status not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
+            raise ValueError(f"a worker cannot finish a job as {status.value}")
+        [reply] = await self._write([self._finish_call(delivery, status, result, error, now or now_ms())],
+                                    replicated=True)
+        return self._outcome(reply, Outcome.WRITTEN)
+
+    async def finish_many(self, items: Sequence[tuple[Delivery, JobStatus, Any, Any]]) -> list[Outcome]:
+        """Several finishes in one round trip (each still its own atomic script)."""
+        now = now_ms()
+        replies = await self._write([self._finish_call(d, s, r, e, now) for d, s, r, e in items], replicated=True)
+        return [self._outcome(reply, Outcome.WRITTEN) for reply in replies]
+
+    async def retry(self, delivery: Delivery, *, delay_ms: int, error: Any, now: int | None = None) -> Outcome:
+        """Acknowledge this attempt and queue the next (or dead-letter past max attempts), atomically."""
+        job_id = delivery.job.id
+        keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.dlq,
+                self.keys.tenants, self.keys.job(job_id), self.keys.done(job_id)]
+        error_json = json.dumps(error)
+        args = [delivery.entry_id, now or now_ms(), max(0, int(delay_ms)), self.settings.max_attempts,
+                error_json, self.settings.result_ttl_s, self.settings.events_maxlen, delivery.lease,
+                settle_token(delivery, "retry", error_json)]
+        # a retry may end the job (dead-lettered, or cancelled): with replicas to wait for, it waits like finish
+        [reply] = await self._write([("retry", keys, args)], replicated=True)
+        if int(reply[0]) == 2:
+            return Outcome.DEAD_LETTERED
+        return self._outcome(reply, Outcome.RETRY_SCHEDULED)
+
+    async def release(self, delivery: Delivery) -> Outcome:
+        """Give the job back at once without spending an attempt (shutdown)."""
+        keys = [self.keys.stream, self.keys.stats, self.keys.job(delivery.job.id)]
+        args = [delivery.entry_id, delivery.lease, settle_token(delivery, "release")]
+        reply = await self.scripts("release", keys, args)
+        return self._outcome(reply, Outcome.RELEASED)
+
+    async def renew(self, consumer: str, deliveries: Sequence[Delivery]) -> list[Lease]:
+        """Renew this worker's leases; learn which jobs were cancelled or lost."""
+        if not deliveries:
+            return []
+        keys = [self.keys.stream, *(self.keys.job(d.job.id) for d in deliveries)]
+        args = [consumer, *(d.entry_id for d in deliveries), *(d.lease for d in deliveries)]
+        codes = await self.scripts("renew", keys, args)
+        return [Lease(int(c)) for c in codes]
+
+    async def expire_due(self, *, now: int | None = None, limit: int = 100) -> int:
+        """Expire jobs whose ``ttl_s`` passed before an attempt started (sweeps by the scaler and the workers)."""
+        now = now or now_ms()
+        due = await self.redis.zrangebyscore(self.keys.expiry, "-inf", now, start=0, num=limit)
+        return await self._expire_calls(due, now) if due else 0
+
+    async def promote(self, *, now: int | None = None, limit: int = 100) -> int:
+        """Move due retries from the delayed set into the stream."""
+        now = now or now_ms()
+        due = await self.redis.zrangebyscore(self.keys.delayed, "-inf", now, start=0, num=limit)
+        if not due:
+            return 0
+        keys = [self.keys.stream, self.keys.delayed, *(self.keys.job(j) for j in due)]
+        return int(await self.scripts("promote", keys, [now, new_token(), *due]))
+
+    async def heartbeat(self, worker_id: str, in_flight: int, *, now: int | None = None) -> None:
+        await self.redis.hset(self.keys.workers, worker_id, f"{now or now_ms()} {in_flight}")
+
+    async def forget_worker(self, worker_id: str) -> None:
+        """Remove a stopped worker's heartbeat, and its consumer once it holds nothing: deleting a consumer
+        drops its pending entries, which would strand them."""
+        await self.redis.hdel(self.keys.workers, worker_id)
+        try:
+            held = await self.redis.xpending_range(self.keys.stream, GROUP, "-", "+", 1, consumername=worker_id)
+            if not held:
+                await self.redis.xgroup_delconsumer(self.keys.stream, GROUP, worker_id)
+        except ResponseError:
+            pass

@@ -1,0 +1,205 @@
+"""The producer side of the queue, what the HTTP API runs: accept a job (once per idempotency key), read it, wait
+for it to end, cancel it, list and redrive dead letters. Refusals raise the exceptions below, which the gateway
+maps to its HTTP answers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .jobs import Job, JobRequest, JobStatus, canonical_json, idempotency_digest, new_job_id
+from .queue_core import QueueCore, new_token, now_ms
+from .scripting import Code
+
+
+class QueueError(Exception):
+    """A request the queue refused; the gateway maps each subclass to its HTTP answer."""
+
+
+class JobNotFound(QueueError):
+    pass
+
+
+class IdempotencyConflict(QueueError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"idempotency key already used with a different request (job {job_id})")
+        self.job_id = job_id
+
+
+class QueueFull(QueueError):
+    def __init__(self, unfinished: int) -> None:
+        super().__init__(f"{unfinished} unfinished jobs: the queue is full")
+        self.unfinished = unfinished
+
+
+class TenantQuotaFull(QueueFull):
+    """The tenant has ``INFERQ_TENANT_MAX_DEPTH`` unfinished jobs: one tenant cannot fill the queue for all."""
+
+    def __init__(self, unfinished: int) -> None:
+        QueueError.__init__(self, f"{unfinished} unfinished jobs of this tenant: its quota is full")
+        self.unfinished = unfinished
+
+
+class JobTerminal(QueueError):
+    def __init__(self, job: Job) -> None:
+        super().__init__(f"job {job.id} is already {job.status.value}")
+        self.job = job
+
+
+class NotDeadLettered(QueueError):
+    pass
+
+
+class Producer(QueueCore):
+    def _enqueue_call(self, tenant: str, request: JobRequest, job_id: str, now: int) -> tuple:
+        keys = [self.keys.stream, self.keys.stats, self.keys.expiry, self.keys.job(job_id), self.keys.tenants]
+        if request.idempotency_key is not None:
+            keys.append(self.keys.idem(tenant, idempotency_digest(request.idempotency_key)))
+        fields: list[Any] = ["url", request.url, "body", canonical_json(request.body)]
+        if request.metadata:
+            fields += ["metadata", canonical_json(request.metadata)]
+        if request.timeout_s is not None:
+            fields += ["timeout_s", request.timeout_s]
+        if request.ttl_s is not None:
+            fields += ["ttl_s", request.ttl_s]
+        if request.webhook_url:
+            fields += ["webhook_url", request.webhook_url]
+        if request.traceparent:
+            fields += ["trace", request.traceparent]
+        expires_at = now + request.ttl_s * 1000 if request.ttl_s is not None else ""
+        args = [job_id, tenant, request.digest(), self.settings.max_queue_depth, now, self.settings.result_ttl_s,
+                expires_at, self.settings.tenant_max_depth, *fields]
+        return ("enqueue", keys, args)
+
+    async def _enqueued(self, tenant: str, request: JobRequest, job_id: str, now: int, reply: Any) -> tuple[Job, bool]:
+        code = int(reply[0])
+        if code == 0:
+            job = Job(
+                id=job_id,
+                tenant=tenant,
+                status=JobStatus.QUEUED,
+                url=request.url,
+                body=request.body,
+                attempts=1,
+                deliveries=0,
+                created_at=now / 1000.0,
+                metadata=dict(request.metadata),
+                timeout_s=request.timeout_s,
+                ttl_s=request.ttl_s,
+                webhook_url=request.webhook_url,
+                traceparent=request.traceparent,
+                entry=reply[2],
+            )
+            return job, False
+        if code == 1:
+            record = await self.redis.hgetall(self.keys.job(reply[1]))
+            if not record or "status" not in record:  # its record expired under a live key: it protects nothing
+                await self.redis.delete(self.keys.idem(tenant, idempotency_digest(request.idempotency_key or "")))
+                return await self.enqueue(tenant, request, now=now)
+            if record.get("digest") != request.digest():
+                raise IdempotencyConflict(reply[1])
+            return Job.from_hash(record), True
+        if code == Code.QUEUE_FULL:
+            raise QueueFull(int(reply[1]))
+        if code == Code.TENANT_FULL:
+            raise TenantQuotaFull(int(reply[1]))
+        raise QueueError(f"enqueue returned {reply!r}")
+
+    async def enqueue(self, tenant: str, request: JobRequest, *, now: int | None = None) -> tuple[Job, bool]:
+        """Accept a job in one round trip. Returns the job and whether it is an idempotent replay.
+        Raises QueueFull (TenantQuotaFull for the tenant's quota) and, with replicas to wait for, ReplicationLag."""
+        now = now or now_ms()
+        job_id = new_job_id()
+        [reply] = await self._write([self._enqueue_call(tenant, request, job_id, now)], replicated=True)
+        return await self._enqueued(tenant, request, job_id, now, reply)
+
+    async def enqueue_many(self, tenant: str, requests: Sequence[JobRequest]) -> list[tuple[Job, bool]]:
+        """Accept many jobs in one round trip, each still its own atomic script (batch clients, benchmarks)."""
+        now = now_ms()
+        ids = [new_job_id() for _ in requests]
+        calls = [self._enqueue_call(tenant, r, i, now) for r, i in zip(requests, ids, strict=True)]
+        replies = await self._write(calls, replicated=True)
+        return [await self._enqueued(tenant, r, i, now, reply)
+                for r, i, reply in zip(requests, ids, replies, strict=True)]
+
+    async def get(self, job_id: str, tenant: str | None = None) -> Job | None:
+        """The job, or None when unknown or (with ``tenant``) another tenant's."""
+        record = await self.redis.hgetall(self.keys.job(job_id))
+        if not record or "status" not in record:
+            return None
+        job = Job.from_hash(record)
+        if tenant is not None and job.tenant != tenant:
+            return None
+        expires_at = record.get("expires_at")
+        if job.status is JobStatus.QUEUED and expires_at and not job.started_at and int(expires_at) < now_ms():
+            await self._expire_calls([job_id])  # its ttl_s passed while it waited: expire it now, not at pick-up
+            return await self.get(job_id, tenant)
+        return job
+
+    async def wait(self, job_id: str, tenant: str | None, timeout_s: float) -> Job | None:
+        """The job as soon as it is terminal, or as it is when ``timeout_s`` is over. Blocks in Redis on the job's
+        wakeup list (BLMOVE list->itself keeps the element for other waiters), on one connection, in slices
+        shorter than the socket timeout so a frozen server is still noticed within it."""
+        job = await self.get(job_id, tenant)
+        if job is None or job.status.terminal or timeout_s <= 0:
+            return job
+        deadline = time.monotonic() + timeout_s
+        done_key = self.keys.done(job_id)
+        slice_s = max(0.1, self.settings.redis_timeout_s * 0.5)
+        while (remaining := deadline - time.monotonic()) > 0.01:
+            woke = await self.redis.blmove(done_key, done_key, min(remaining, slice_s), "LEFT", "RIGHT")
+            if woke is not None:
+                break
+        return await self.get(job_id, tenant)
+
+    async def cancel(self, tenant: str, job_id: str, *, now: int | None = None) -> Job:
+        """Cancel (queued) or request cancellation (running). Raises JobNotFound or JobTerminal."""
+        keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.tenants,
+                self.keys.job(job_id), self.keys.done(job_id)]
+        args = [tenant, now or now_ms(), self.settings.result_ttl_s, self.settings.events_maxlen, new_token()]
+        [reply] = await self._write([("cancel", keys, args)], replicated=True)
+        if int(reply[0]) == Code.NOT_FOUND:
+            raise JobNotFound(job_id)
+        job = await self.get(job_id, tenant)
+        if job is None:
+            raise JobNotFound(job_id)
+        if int(reply[0]) == Code.TERMINAL:
+            raise JobTerminal(job)
+        return job
+
+    async def redrive(self, tenant: str, job_id: str, *, now: int | None = None) -> Job:
+        keys = [self.keys.stream, self.keys.stats, self.keys.dlq, self.keys.tenants, self.keys.job(job_id),
+                self.keys.done(job_id)]
+        [reply] = await self._write([("redrive", keys, [tenant, now or now_ms(), new_token()])], replicated=True)
+        code = int(reply[0])
+        if code == Code.NOT_FOUND:
+            raise JobNotFound(job_id)
+        if code == Code.NOT_DEAD_LETTERED:
+            raise NotDeadLettered(f"job {job_id} is not dead-lettered (status {reply[1]})")
+        job = await self.get(job_id, tenant)
+        if job is None:
+            raise JobNotFound(job_id)
+        return job
+
+    async def dead_letters(self, tenant: str, limit: int = 20) -> list[Job]:
+        """The tenant's dead-lettered jobs, newest first."""
+        found: list[Job] = []
+        upper = "+"
+        while len(found) < limit:
+            page = await self.redis.xrevrange(self.keys.dlq, max=upper, min="-", count=200)
+            if not page:
+                break
+            ids = [fields.get("job", "") for entry_id, fields in page if fields.get("tenant") == tenant]
+            if ids:
+                pipe = self.redis.pipeline(transaction=False)
+                for job_id in ids:
+                    pipe.hgetall(self.keys.job(job_id))
+                for record in await pipe.execute():
+                    if record and record.get("dead_lettered") == "1" and len(found) < limit:
+                        found.append(Job.from_hash(record))
+            if len(page) < 200:
+                break
+            upper = "(" + page[-1][0]
+        return found

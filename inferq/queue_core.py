@@ -1,0 +1,104 @@
+"""What both sides of the queue share: one queue (``INFERQ_QUEUE``) on one Redis client, its scripts, the
+replicated write, the group reads, and the expiry of jobs whose ``ttl_s`` passed (which both a read on the
+producer side and a sweep on the consumer side can decide).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Sequence
+from typing import Any, Self
+
+from redis.exceptions import ResponseError
+
+from .keys import GROUP, WEBHOOK_GROUP, Keys
+from .scripting import Scripts
+from .settings import Settings
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def new_token() -> str:
+    """A random token, generated once per script call (or per delivery, for a lease): a resent copy of the call
+    carries the same token, which is how the script knows it already ran (G9)."""
+    return secrets.token_hex(8)
+
+
+class QueueCore:
+    """One queue (``INFERQ_QUEUE``) on one Redis client."""
+
+    def __init__(self, client: Any, settings: Settings) -> None:
+        self.redis = client
+        self.settings = settings
+        self.keys = Keys(settings.queue)
+        self.scripts = Scripts(client)
+        self._reclaim_cursor = "0-0"
+
+    @classmethod
+    def connect(cls, settings: Settings, **options: Any) -> Self:
+        from .connection import connect
+
+        return cls(connect(settings, **options), settings)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    async def ping(self) -> bool:
+        return bool(await self.redis.ping())
+
+    async def ensure_groups(self) -> None:
+        """Create the worker group on the stream and the webhook group on the events stream, at id 0 with
+        MKSTREAM: a group made at ``$`` would silently skip entries added before it."""
+        counters = ("unfinished", "enqueued", "succeeded", "failed", "cancelled", "expired", "retried",
+                    "reclaimed", "released", "dead_lettered", "duplicate_results", "skipped_terminal", "redriven",
+                    "stale_writes", "latency_ms_total")
+        pipe = self.redis.pipeline(transaction=False)
+        for counter in counters:  # every counter readable from the start, not only once first incremented
+            pipe.hsetnx(self.keys.stats, counter, 0)
+        await pipe.execute()
+        for stream, group in ((self.keys.stream, GROUP), (self.keys.events, WEBHOOK_GROUP)):
+            try:
+                await self.redis.xgroup_create(stream, group, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    async def _write(self, calls: list[tuple[str, list[str], list[Any]]], *, replicated: bool) -> list[Any]:
+        """Run script calls in one round trip. ``replicated``: a write the caller reports as accepted or final,
+        which with ``INFERQ_REDIS_WAIT_REPLICAS`` waits for that many replicas (half the socket timeout at most)
+        or raises :class:`ReplicationLag`."""
+        replicas = self.settings.redis_wait_replicas
+        if replicated and replicas > 0 and calls:
+            timeout_ms = max(1, int(self.settings.redis_timeout_s * 500))
+            return await self.scripts.replicated(calls, replicas, timeout_ms)
+        return await self.scripts.many(calls)
+
+    async def read_group(
+        self, stream: str, group: str, consumer: str, count: int, block_ms: int | None = None
+    ) -> list[tuple[str, dict[str, str]]]:
+        """``XREADGROUP`` of new entries, as ``[(entry id, fields)]``; a missing group (the stream was deleted, or
+        Redis lost it) is created again and answers nothing this time."""
+        try:
+            reply = await self.redis.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            await self.ensure_groups()
+            return []
+        if not reply:
+            return []
+        # RESP2 answers [[stream, entries]], RESP3 {stream: [entries]}
+        return list(reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0])
+
+    async def _expire_calls(self, job_ids: Sequence[str], now: int | None = None) -> int:
+        now = now or now_ms()
+        calls = [
+            ("expire", [self.keys.stream, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.expiry,
+                        self.keys.tenants, self.keys.job(j), self.keys.done(j)],
+             [j, now, self.settings.result_ttl_s, self.settings.events_maxlen])
+            for j in job_ids
+        ]
+        return sum(1 for reply in await self.scripts.many(calls) if int(reply[0]) == 0)

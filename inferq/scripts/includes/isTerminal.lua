@@ -1,1 +1,0 @@
-local TERMINAL = {succeeded = true, failed = true, cancelled = true, expired = true}
