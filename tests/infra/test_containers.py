@@ -104,6 +104,17 @@ def test_worker_dockerfile_copies_only_paths_the_repository_has() -> None:
                 assert (ROOT / source).exists(), f"{source} (COPY in {DOCKERFILE.name}) is not in the repository"
 
 
+def test_the_build_context_sends_every_path_the_worker_dockerfile_copies() -> None:
+    """.dockerignore leaves out everything but what it names: a COPY of a path it does not name fails the build."""
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    allowed = {line[1:].strip("/") for line in ignore if line.startswith("!")}
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.startswith("COPY ") and "--from=" not in line:
+            for source in line.split()[1:-1]:
+                top = Path(source).parts[0]
+                assert top in allowed, f"{source} (COPY in {DOCKERFILE.name}) is excluded by .dockerignore"
+
+
 def test_compose_names_every_image_by_a_variable_with_a_public_default(raw_compose: dict[str, Any]) -> None:
     for name, service in raw_compose["services"].items():
         assert DEFAULTED.fullmatch(service["image"]), f"{name}: image {service['image']} is not a variable"
