@@ -5,8 +5,12 @@ queues requests inside the engine: the window must grow from one, see the queue,
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import Iterator
+from typing import Any
 
+import httpx
 import pytest
 
 from gpu_worker.backends.base import EngineLoad
@@ -23,6 +27,20 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 ENGINE_SEQS = 2
 WINDOW_MAX = 12
+RUN_S = 12.0
+"""How long the engine should be kept busy: dozens of 0.2 s polls, whatever the machine's speed."""
+MAX_JOBS = 1000
+
+
+async def timed_request(base_url: str, body: dict[str, Any]) -> float:
+    """Seconds one completion takes on the idle engine (the best of three, after a first that warms it)."""
+    times = []
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as http:
+        for _ in range(4):
+            began = time.perf_counter()
+            (await http.post("/v1/completions", json=body)).raise_for_status()
+            times.append(time.perf_counter() - began)
+    return max(min(times[1:]), 1e-3)
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +78,15 @@ async def test_the_worker_reads_vllms_gauges_and_adapts_its_window(settings: Set
         return load
 
     window = AdaptiveWindow(recorded, WINDOW_MAX, poll_s=0.2)
-    # ~1 s per pair of requests here: long enough for the gauges (which lag a few tenths of a second) to show it
     body = {"model": server.model, "prompt": "The queue holds", "max_tokens": 200, "temperature": 0,
             "ignore_eos": True}
+    # The engine's speed varies by an order of magnitude between machines (~0.5 s a request on 2 shared cores,
+    # ~0.1 s on a larger one): size the load by a measured request so the run lasts long enough for the window
+    # to grow past the engine's two slots and for the lagging gauges to show requests waiting there.
+    one = await timed_request(server.base_url, body)
+    count = min(MAX_JOBS, max(24, math.ceil(RUN_S * ENGINE_SEQS / one)))
     try:
-        jobs = [await submit(queue, body, url="/v1/completions") for _ in range(24)]
+        jobs = [await submit(queue, body, url="/v1/completions") for _ in range(count)]
         worker = Worker(settings, queue, backend, window=window, webhooks=False)
         task = asyncio.create_task(worker.run_until_idle())
         while not task.done():
@@ -76,7 +98,7 @@ async def test_the_worker_reads_vllms_gauges_and_adapts_its_window(settings: Set
         await backend.aclose()
         await queue.close()
 
-    seen = f"loads {[(x.waiting, x.running) for x in loads]}, windows {windows}"
+    seen = f"{count} jobs, {one:.3f} s a request; loads {[(x.waiting, x.running) for x in loads]}, windows {windows}"
     assert all(j is not None and j.status is JobStatus.SUCCEEDED for j in finished)
     assert any(load.running > 0 for load in loads), seen  # it read the engine at work
     assert max(windows) > ENGINE_SEQS, seen  # it grew from one while nothing waited ...
