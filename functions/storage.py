@@ -186,6 +186,15 @@ class FileStore:
     def writer(self, tenant: str, file_id: str, filename: str, purpose: str) -> MultipartWriter:
         return MultipartWriter(self, self.file_key(tenant, file_id), _meta(filename, purpose, int(time.time())))
 
+    def claimed(self, key: str) -> bytes:
+        """A claim-checked payload (``claims/``, :mod:`inferq.claimcheck`): the batch driver reads large results
+        back into output files."""
+        body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+        try:
+            return bytes(body.read())
+        finally:
+            body.close()
+
     # ------------------------------------------------------------------ upload parts
 
     def put_part(self, tenant: str, upload_id: str, part_id: str, body: bytes) -> None:

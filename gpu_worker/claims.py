@@ -35,6 +35,8 @@ T = TypeVar("T")
 TRIES = 3
 """S3 calls per read or write before the attempt is handed to the worker's retry."""
 BASE_MS, MAX_MS = 200, 2000
+URL_TTL_S = 3600
+"""How long a webhook's ``body_url`` is valid: a receiver may take a while to read what it was sent."""
 
 
 def s3_client() -> Any:
@@ -47,6 +49,7 @@ def s3_client() -> Any:
         endpoint_url=endpoint,
         config=Config(
             s3={"addressing_style": "path"} if endpoint else {},
+            signature_version="s3v4",
             connect_timeout=3,
             read_timeout=30,
             retries={"mode": "standard", "total_max_attempts": 2},
@@ -96,6 +99,22 @@ class ClaimCheck:
         claim = claimcheck.result_claim(job.tenant, job.id, data)
         await self._s3(f"store the result ({claim.bytes} bytes)", lambda: self._put(claim.key, data))
         return claimcheck.claimed_result(status_code, claim)
+
+    def job_api(self, job: Job) -> dict[str, Any]:
+        """The job object a webhook carries: a claimed result by presigned URL (docs/api.md, "Webhooks")."""
+        return claimcheck.job_by_url(job, self.sign)
+
+    def sign(self, key: str) -> str | None:
+        """A presigned GET of ``key``, valid :data:`URL_TTL_S` (signed locally; None if it cannot be)."""
+        if not self.bucket:
+            return None
+        try:
+            url: str = self.client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=URL_TTL_S)
+        except Exception as exc:  # no credentials to sign with: the receiver reads the job instead
+            log.error("cannot sign a claimed result's URL: %s", type(exc).__name__)
+            return None
+        return url
 
     # ------------------------------------------------------------------ S3
 

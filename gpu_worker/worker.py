@@ -143,7 +143,8 @@ class Worker:
             on_fault=self._count_fault,
         )
         self.webhooks = (
-            WebhookSender(queue, settings, self.id, on_outcome=self.metrics.webhook) if webhooks else None
+            WebhookSender(queue, settings, self.id, on_outcome=self.metrics.webhook, present=self.claims.job_api)
+            if webhooks else None
         )
 
     # ------------------------------------------------------------------ control

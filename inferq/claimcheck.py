@@ -13,7 +13,7 @@ I/O (the S3 reads and writes are ``functions/gateway/claims.py``'s and ``gpu_wor
   attempt that also finished) writes its own object and never overwrites the one the record points to.
 
 Objects are never deleted one by one: the bucket's lifecycle rule on ``claims/`` expires them after the job
-records that point to them are gone (docs/operations.md).
+records that point to them are gone (docs/api.md, "Large payloads").
 """
 
 from __future__ import annotations
@@ -21,9 +21,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
+
+from .jobs import Job
 
 PREFIX = "claims/"
 MARKER = "inferq_claim"
@@ -104,3 +107,23 @@ def claim_of_result(result: Any, tenant: str, job_id: str) -> Claim | None:
 def verify(claim: Claim, data: bytes) -> bool:
     """The bytes read back are the ones the claim was made for."""
     return len(data) == claim.bytes and hashlib.sha256(data).hexdigest() == claim.sha256
+
+
+def result_by_url(job: Job, url: str | None) -> dict[str, Any] | None:
+    """The public ``result`` of a job whose result is claimed (docs/api.md): ``{"status_code", "body_url",
+    "body_bytes"}``, ``url`` a presigned GET of it (None where nothing can sign one); None for an inline result."""
+    claim = claim_of_result(job.result, job.tenant, job.id)
+    if claim is None:
+        return None
+    return {"status_code": int((job.result or {}).get("status_code", 200)), "body_url": url,
+            "body_bytes": claim.bytes}
+
+
+def job_by_url(job: Job, sign: Callable[[str], str | None] | None = None) -> dict[str, Any]:
+    """The job object, a claimed result given by URL (``sign(key)`` presigns one), never the internal
+    reference: what pages of jobs and webhooks carry."""
+    api = job.to_api()
+    claim = claim_of_result(job.result, job.tenant, job.id)
+    if claim is not None:
+        api["result"] = result_by_url(job, sign(claim.key) if sign is not None else None)
+    return api

@@ -70,27 +70,24 @@ class Claims:
                     api["result"] = {"status_code": _status(job), "body": json.loads(data)}
                     return api
                 log.error("claimed result %s does not match its reference; answering its URL", claim.key)
-        api["result"] = self._by_url(job, claim)
+        api["result"] = claimcheck.result_by_url(job, self.sign(claim.key))
         return api
 
     def by_url(self, job: Job) -> dict[str, Any]:
         """The job object, a claimed result always by URL: for pages of jobs (the events feed) and conflicts,
         which must stay small whatever the results."""
-        api = job.to_api()
-        claim = claimcheck.claim_of_result(job.result, job.tenant, job.id)
-        if claim is not None:
-            api["result"] = self._by_url(job, claim)
-        return api
+        return claimcheck.job_by_url(job, self.sign)
 
-    def _by_url(self, job: Job, claim: claimcheck.Claim) -> dict[str, Any]:
-        # no bucket here but one at the worker: a misconfiguration, shown as a missing URL rather than a 500
-        url = None
-        if self.store is not None:
-            try:
-                url = self.store.url(claim.key, URL_TTL_S)
-            except StorageUnavailable as exc:
-                log.error("cannot sign a claimed result's URL: %s", exc)
-        return {"status_code": _status(job), "body_url": url, "body_bytes": claim.bytes}
+    def sign(self, key: str) -> str | None:
+        """A presigned GET of ``key``; None without a bucket here (one at the worker only is a misconfiguration,
+        shown as a missing URL rather than a 500) or without credentials to sign with."""
+        if self.store is None:
+            return None
+        try:
+            return self.store.url(key, URL_TTL_S)
+        except StorageUnavailable as exc:
+            log.error("cannot sign a claimed result's URL: %s", exc)
+            return None
 
 
 def _status(job: Job) -> int:

@@ -3,17 +3,22 @@ back before the model is called, a large result is stored, and S3 being down is 
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
+from functions.storage import FileStore
 from inferq import claimcheck
+from inferq.batch_driver import BatchDriver
+from inferq.batches import Batches, BatchStatus, new_file_id
 from inferq.queue import Queue
 from inferq.settings import Settings
 from tests.support.s3 import MotoS3
 
-from .support import TENANT, chat, eventually, mock_calls, running_worker, submit, terminal
+from .support import TENANT, Receiver, chat, eventually, mock_calls, running_worker, submit, terminal
 
 
 @pytest.fixture
@@ -106,6 +111,61 @@ async def test_a_small_result_stays_inline_and_nothing_is_stored(
         done = await terminal(queue, job.id, timeout=30)
     assert done.result is not None and done.result["body"]["choices"][0]["message"]["content"] == "hello"
     assert s3.keys(bucket) == []
+
+
+async def test_a_webhook_carries_a_claimed_result_as_a_presigned_url(
+    s3: MotoS3, bucket: str, settings: Settings, queue: Queue
+) -> None:
+    receiver = Receiver()
+    try:
+        text = "hook " * 1000
+        job = await submit(queue, chat(text), webhook_url=receiver.url)
+        worker_settings = settings.replace(files_bucket=bucket, inline_max_bytes=1024, webhook_allow_private=True)
+        async with running_worker(worker_settings, queue):
+            await terminal(queue, job.id, timeout=30)
+            await eventually(lambda: _received(receiver), timeout=30, what="the webhook")
+    finally:
+        receiver.close()
+    sent = json.loads(receiver.requests[0][3])
+    assert sent["status"] == "succeeded" and set(sent["result"]) == {"status_code", "body_url", "body_bytes"}
+    async with httpx.AsyncClient() as plain:
+        fetched = await plain.get(sent["result"]["body_url"])
+    assert fetched.status_code == 200 and len(fetched.content) == sent["result"]["body_bytes"]
+    assert json.loads(fetched.content)["choices"][0]["message"]["content"] == text
+
+
+async def test_a_batch_output_file_holds_claimed_results_inline(
+    s3: MotoS3, bucket: str, settings: Settings, queue: Queue
+) -> None:
+    store = FileStore(bucket)
+    texts = ["short", "long " * 2000, "again"]
+    data = b"".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+                                "body": chat(t)}).encode() + b"\n" for i, t in enumerate(texts))
+    file_id = new_file_id()
+    store.put(TENANT, file_id, data, "in.jsonl", "batch")
+    batch = await Batches(queue).create(TENANT, file_id, "/v1/chat/completions", "24h", None)
+    driver = BatchDriver(queue, store, queue.settings)
+    await driver.run_once()
+    await driver.run_once()
+    await running_worker_until_idle(settings.replace(files_bucket=bucket, inline_max_bytes=1024), queue)
+    assert len(s3.keys(bucket, f"claims/{TENANT}/results/")) == 1
+    await driver.run_once()
+    done = await Batches(queue).get(batch.id, TENANT)
+    assert done is not None and done.status is BatchStatus.COMPLETED and done.output_file_id
+    output = [json.loads(line) for line in b"".join(store.chunks(TENANT, done.output_file_id)).splitlines()]
+    answers = [line["response"]["body"]["choices"][0]["message"]["content"] for line in output]
+    assert answers == texts
+
+
+async def running_worker_until_idle(settings: Settings, queue: Queue) -> None:
+    from gpu_worker.backends.mock import MockBackend
+    from gpu_worker.worker import Worker
+
+    await Worker(settings, queue, MockBackend(queue.redis, queue.keys), webhooks=False).run_until_idle()
+
+
+async def _received(receiver: Receiver) -> bool:
+    return bool(receiver.requests)
 
 
 async def _at_least(queue: Queue, job_id: str, attempts: int) -> bool:
