@@ -14,13 +14,16 @@ import pytest
 from fastapi import FastAPI
 
 from inferq import claimcheck
+from inferq.client import AsyncClient
 from inferq.queue import Queue
 from inferq.settings import Settings
 from tests.integration.worker.support import running_worker, terminal
 from tests.support.s3 import MotoS3
 
 from .conftest import AppFactory
-from .support import A
+from .support import KEYS, A
+
+KEY_A = next(key for key, tenant in KEYS.items() if tenant == "tenant-a")
 
 MIB = 1024 * 1024
 SMALL_RECORD_BYTES = 4096
@@ -104,6 +107,10 @@ async def test_a_2mb_prompt_and_its_2mb_result_round_trip_through_s3_with_a_smal
         fetched = await plain.get(by_url["result"]["body_url"])
     assert fetched.status_code == 200 and fetched.content == stored
     assert "X-Amz-Expires=900" in by_url["result"]["body_url"]
+    # the Python client reads it into result.body, as if it had come inline
+    async with AsyncClient("http://gateway", KEY_A, transport=httpx.ASGITransport(app=app)) as inferq:
+        followed = await inferq.get(created["id"])
+    assert followed.text == prompt and followed.result is not None and followed.result["body"] == answer
 
     # the events feed always gives a claimed result by URL (a page holds up to 1,000 jobs)
     feed = (await client.get("/v1/events", headers=A)).json()
