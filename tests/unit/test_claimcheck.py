@@ -3,8 +3,11 @@ shown to a client as they are stored."""
 
 from __future__ import annotations
 
+import pytest
+
 from inferq import claimcheck
 from inferq.jobs import Job, JobStatus
+from inferq.settings import Settings, SettingsError
 
 DATA = claimcheck.encode({"model": "m", "messages": [{"role": "user", "content": "é \"x\""}]})
 
@@ -45,3 +48,11 @@ def test_a_claimed_result_is_shown_by_url_never_by_its_reference() -> None:
     inline = job("t", {"status_code": 200, "body": {"ok": True}})
     assert claimcheck.job_by_url(inline, lambda key: "unused") == inline.to_api()
     assert claimcheck.claim_of_result(stored.result, "t", "job_b") is None  # another job's object: not this one's
+
+
+def test_inline_max_bytes_is_validated_at_start_naming_the_variable() -> None:
+    assert Settings.from_env({}).inline_max_bytes == 65536
+    assert Settings.from_env({"INFERQ_INLINE_MAX_BYTES": "1048576"}).inline_max_bytes == 1048576
+    for bad in ("10", "lots", str(128 * 1024 * 1024)):
+        with pytest.raises(SettingsError, match="INFERQ_INLINE_MAX_BYTES"):
+            Settings.from_env({"INFERQ_INLINE_MAX_BYTES": bad})
