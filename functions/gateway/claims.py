@@ -28,6 +28,10 @@ the job object travels in it as a JSON string, where escaping can nearly double 
 URL_TTL_S = 900
 """How long a presigned ``body_url`` is valid (never longer than the credentials that signed it)."""
 RETRY_AFTER_S = "1"
+STORE_TIMEOUT_S = 20.0
+"""Longest wait for S3 to take a claimed body on submit (5 MB) before answering 503."""
+READ_TIMEOUT_S = 5.0
+"""Longest wait for S3 to give a claimed result to inline before answering its URL instead."""
 
 
 class Claims:
@@ -46,9 +50,10 @@ class Claims:
             return request
         claim = claimcheck.request_claim(tenant, data)
         try:
-            await asyncio.to_thread(self.store.put, claim.key, data)
-        except StorageUnavailable as exc:
-            log.warning("claim check failed: %s", exc)
+            async with asyncio.timeout(STORE_TIMEOUT_S):  # the thread runs on; a retry writes the same object
+                await asyncio.to_thread(self.store.put, claim.key, data)
+        except (StorageUnavailable, TimeoutError) as exc:
+            log.warning("claim check failed: %s", exc or "timed out")
             raise ApiError(503, "the payload store is unavailable: retry with the same Idempotency-Key",
                            headers={"Retry-After": RETRY_AFTER_S}) from None
         return dataclasses.replace(request, body=claimcheck.claimed_body(claim))
@@ -62,9 +67,10 @@ class Claims:
             return api
         if self.store is not None and claim.bytes <= self.response_inline_max:
             try:
-                data = await asyncio.to_thread(self.store.get, claim.key)
-            except StorageUnavailable as exc:
-                log.warning("claimed result unreadable, answering its URL: %s", exc)
+                async with asyncio.timeout(READ_TIMEOUT_S):
+                    data = await asyncio.to_thread(self.store.get, claim.key)
+            except (StorageUnavailable, TimeoutError) as exc:
+                log.warning("claimed result unreadable, answering its URL: %s", exc or "timed out")
             else:
                 if claimcheck.verify(claim, data):
                     api["result"] = {"status_code": _status(job), "body": json.loads(data)}

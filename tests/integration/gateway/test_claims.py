@@ -124,6 +124,13 @@ async def test_a_2mb_prompt_and_its_2mb_result_round_trip_through_s3_with_a_smal
     assert replay.status_code == 200 and replay.json()["id"] == first["id"]
     assert s3.keys(bucket, "claims/tenant-a/requests/") == [request_key]
 
+    # S3 unreadable when the job is read: its URL, signed locally, instead of an error
+    app.state.gateway.claims.response_inline_max = 3 * MIB
+    s3.stop()
+    unreadable = await client.get(f"/v1/jobs/{created['id']}", headers=A)
+    assert unreadable.status_code == 200 and unreadable.json()["result"]["body_bytes"] == len(stored)
+    assert unreadable.json()["result"]["body_url"].startswith(s3.endpoint)
+
 
 async def test_the_threshold_is_inline_max_bytes_of_compact_json(
     s3: MotoS3, bucket: str, queue: Queue, make_app: AppFactory,
