@@ -137,14 +137,15 @@ class ClaimCheck:
         self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
 
     async def _s3(self, what: str, call: Callable[[], T]) -> T:
-        for attempt in range(1, TRIES + 1):
+        attempt = 1
+        while True:
             try:
                 return await asyncio.to_thread(call)
             except _Missing:
                 raise FatalError("the request body is gone from S3 (its object expired before the job ran)") from None
             except Exception as exc:  # botocore's errors, a dropped connection, credentials: all worth a retry
-                if attempt == TRIES:
+                if attempt >= TRIES:
                     raise RetryableError(f"could not {what} in S3: {type(exc).__name__}") from exc
                 log.warning("S3 call failed (try %d of %d): %s", attempt, TRIES, type(exc).__name__)
                 await asyncio.sleep(backoff_ms(attempt, BASE_MS, MAX_MS) / 1000.0)
-        raise AssertionError("unreachable")
+                attempt += 1
