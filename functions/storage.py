@@ -57,6 +57,7 @@ def s3_client() -> Any:
         endpoint_url=endpoint,
         config=Config(
             s3={"addressing_style": "path"} if endpoint else {},
+            signature_version="s3v4",  # presigned URLs (claim checks) with an X-Amz-Expires, as S3 now requires
             connect_timeout=3,
             read_timeout=30,
             retries={"mode": "standard", "total_max_attempts": 3},
@@ -185,6 +186,15 @@ class FileStore:
     def writer(self, tenant: str, file_id: str, filename: str, purpose: str) -> MultipartWriter:
         return MultipartWriter(self, self.file_key(tenant, file_id), _meta(filename, purpose, int(time.time())))
 
+    def claimed(self, key: str) -> bytes:
+        """A claim-checked payload (``claims/``, :mod:`inferq.claimcheck`): the batch driver reads large results
+        back into output files."""
+        body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+        try:
+            return bytes(body.read())
+        finally:
+            body.close()
+
     # ------------------------------------------------------------------ upload parts
 
     def put_part(self, tenant: str, upload_id: str, part_id: str, body: bytes) -> None:
@@ -245,3 +255,58 @@ class MultipartWriter:
     def abort(self) -> None:
         self.store.client.abort_multipart_upload(Bucket=self.store.bucket, Key=self.key, UploadId=self.upload_id)
 
+
+
+# ---------------------------------------------------------------------- claim checks
+
+
+class StorageUnavailable(Exception):
+    """S3 could not be reached or refused a claim-check read or write (a fault to retry, never a 500)."""
+
+
+class ClaimStore:
+    """Claim-checked payloads (:mod:`inferq.claimcheck`) in one bucket, under ``claims/``: the gateway writes a
+    large request body and reads or presigns a large result. Encrypted as files are, by the bucket's default
+    encryption; removed by the bucket's lifecycle rule on ``claims/``, never one by one."""
+
+    def __init__(self, bucket: str, client: Any = None) -> None:
+        self.bucket = bucket
+        self._client = client
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = s3_client()
+        return self._client
+
+    def put(self, key: str, data: bytes) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageUnavailable(f"could not store {key}: {type(exc).__name__}") from exc
+
+    def get(self, key: str) -> bytes:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+            try:
+                return bytes(body.read())
+            finally:
+                body.close()
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageUnavailable(f"could not read {key}: {type(exc).__name__}") from exc
+
+    def url(self, key: str, ttl_s: int) -> str:
+        """A presigned GET of ``key``, valid ``ttl_s`` (signed locally: no request to S3)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            url: str = self.client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=ttl_s
+            )
+        except (BotoCoreError, ClientError) as exc:  # no credentials to sign with
+            raise StorageUnavailable(f"could not sign {key}: {type(exc).__name__}") from exc
+        return url

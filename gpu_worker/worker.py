@@ -48,6 +48,7 @@ from inferq_webhooks.sender import WebhookSender
 
 from .backends.base import Backend, FatalError, RetryableError, check_status, child_traceparent, trace_id
 from .batching import Batcher
+from .claims import ClaimCheck
 from .fastpack import use_hiredis_packing
 from .leases import Abort, InFlight, LeaseKeeper
 from .logs import bind_job
@@ -135,13 +136,15 @@ class Worker:
         self._give_up_at: float | None = None
         self.failure: str | None = None
         """Why the worker stopped on its own (a task died), or None: the process exits non-zero when set."""
+        self.claims = ClaimCheck(settings)  # large bodies and results in S3
         self._finishes: Batcher[tuple[Delivery, JobStatus, Any, Any], Outcome] = Batcher(self.queue.finish_many)
         self.leases = LeaseKeeper(
             queue, self.id, self._in_flight.values, claim_idle_ms=settings.claim_idle_ms,
             on_fault=self._count_fault,
         )
         self.webhooks = (
-            WebhookSender(queue, settings, self.id, on_outcome=self.metrics.webhook) if webhooks else None
+            WebhookSender(queue, settings, self.id, on_outcome=self.metrics.webhook, present=self.claims.job_api)
+            if webhooks else None
         )
 
     # ------------------------------------------------------------------ control
@@ -385,10 +388,12 @@ class Worker:
         deadline = asyncio.timeout(timeout_s)
         try:
             async with deadline:
+                request_body = await self.claims.request_body(record)
                 status, body = await self.backend.complete(
-                    record.url, record.body, timeout_s=timeout_s, traceparent=traceparent, job=record
+                    record.url, request_body, timeout_s=timeout_s, traceparent=traceparent, job=record
                 )
             status, body = check_status(status, body)
+            result = await self.claims.result(record, status, body)
         except asyncio.CancelledError:
             if job.abort is None:
                 raise  # not ours (the loop is shutting down): let it through
@@ -399,7 +404,7 @@ class Worker:
             return self._failed(record, exc, deadline.expired(), timeout_s)
         if self.settings.log_payloads:
             log.debug("response", extra={"status_code": status, "body": body})
-        return Settle("finish", JobStatus.SUCCEEDED, result={"status_code": status, "body": body})
+        return Settle("finish", JobStatus.SUCCEEDED, result=result)
 
     def _aborted(self, job: InFlight) -> Settle:
         task = asyncio.current_task()

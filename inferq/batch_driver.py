@@ -23,6 +23,7 @@ library. Its blocking calls run in a thread.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import secrets
 import time
@@ -30,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from . import claimcheck
 from .batches import Batch, Batches, BatchStatus, input_lines, new_file_id, output_line, parse_line, validate
 from .jobs import Job, JobRequest
 from .queue import JobNotFound, JobTerminal, Queue, QueueError, QueueFull
@@ -59,6 +61,7 @@ class FileSource(Protocol):
     def chunks(self, tenant: str, file_id: str, start: int = 0) -> Iterator[bytes]: ...
     def head(self, tenant: str, file_id: str) -> Any: ...
     def writer(self, tenant: str, file_id: str, filename: str, purpose: str) -> Writer: ...
+    def claimed(self, key: str) -> bytes: ...
 
 
 @dataclass
@@ -333,6 +336,17 @@ class BatchDriver:
         await pipe.execute()
         report.finished.append(batch.id)
 
+    async def _read_back(self, job: Job) -> Job:
+        """A claimed result read back from S3 (docs/api.md, "Large payloads"): output lines hold every body inline,
+        as OpenAI's do. An S3 fault ends this pass's files like any other; the next pass starts them over."""
+        claim = claimcheck.claim_of_result(job.result, job.tenant, job.id)
+        assert claim is not None and job.result is not None
+        data = await asyncio.to_thread(self.store.claimed, claim.key)
+        if not claimcheck.verify(claim, data):
+            raise ValueError(f"the stored result of {job.id} does not match its reference")
+        return dataclasses.replace(job, result={"status_code": job.result.get("status_code", 200),
+                                                "body": json.loads(data)})
+
     async def _close(self, writer: Writer, lines: int) -> None:
         """Complete a file that has lines; an empty one is not kept (OpenAI leaves its id null)."""
         await asyncio.to_thread(writer.close if lines else writer.abort)
@@ -356,6 +370,8 @@ class BatchDriver:
             for (_, raw), record in zip(lines, records, strict=True):
                 custom_id = _custom_id(raw)
                 job = Job.from_hash(record) if record and "status" in record else None
+                if job is not None and claimcheck.claim_of_result(job.result, job.tenant, job.id) is not None:
+                    job = await self._read_back(job)
                 is_error, entry = output_line(custom_id, job, end)
                 target = bad if is_error else good
                 target += json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"

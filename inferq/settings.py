@@ -219,6 +219,15 @@ class Settings:
     webhook_allow_private: bool = _setting(False, _bool)
     events_maxlen: int = _setting(100000, _int(100))
     files_bucket: str | None = _setting(None, _optional_str)
+    inline_max_bytes: int = field(
+        default=64 * 1024,
+        metadata={
+            "parse": _int(1024, 64 * 1024 * 1024),
+            "doc": "A request body or result larger than this (bytes of compact JSON) is kept in S3 under `claims/` "
+            "in `INFERQ_FILES_BUCKET` and the job record holds a reference (the claim check, docs/api.md); "
+            "without a bucket every payload stays inline, bounded by `INFERQ_MAX_BODY_BYTES`.",
+        },
+    )
     max_upload_bytes: int = _setting(4 * 1024 * 1024, _int(1024, 6 * 1024 * 1024))
     max_file_bytes: int = _setting(200 * 1024 * 1024, _int(1024))
     batch_completion_windows: tuple[str, ...] = _setting(("24h",), _windows)

@@ -47,12 +47,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import httpx
 from redis.exceptions import ResponseError
 
-from inferq import netguard
+from inferq import claimcheck, netguard
 from inferq.faults import FaultRun
+from inferq.jobs import Job
 from inferq.keys import WEBHOOK_GROUP
 from inferq.queue import Queue
 from inferq.retry import backoff
@@ -125,8 +127,10 @@ class WebhookSender:
         http_timeout_s: float = POST_DEADLINE_S,
         concurrency: int = CONCURRENCY,
         on_outcome: Callable[[str, int], None] | None = None,
+        present: Callable[[Job], dict[str, Any]] = claimcheck.job_by_url,
     ) -> None:
         self.queue = queue
+        self._present = present  # the job object; a claimed result by URL (presigned where S3 is at hand)
         self.settings = settings
         self.consumer = consumer
         self.post_deadline_s = http_timeout_s
@@ -256,7 +260,7 @@ class WebhookSender:
             report.abandoned += 1
             log.warning("webhook given up after %.0f s", age_s, extra={"webhook_job": job_id})
             return True
-        body = json.dumps(job.to_api(), separators=(",", ":"), ensure_ascii=False).encode()
+        body = json.dumps(self._present(job), separators=(",", ":"), ensure_ascii=False).encode()
         outcome = await self._post(webhook_id(job_id, entry_id), job_id, job.webhook_url, body)
         if outcome is Outcome.DELIVERED:
             report.delivered += 1

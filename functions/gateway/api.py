@@ -24,6 +24,7 @@ from inferq.settings import Settings
 
 from . import batches, console, errors, events, files, openapi, routes
 from .auth import KeyStore, StaticKeys, key_store
+from .claims import Claims
 from .clients import QueueProvider
 from .edge import Edge
 from .errors import ApiError
@@ -52,6 +53,7 @@ class Gateway:
         self.keys = keys
         self.wake = wake
         self.telemetry = telemetry
+        self.claims = Claims(settings)
         self.op_timeout_s = settings.redis_timeout_s + 1.0
         self._keys_in_memory = type(keys) is StaticKeys
 

@@ -147,7 +147,8 @@ def install(app: FastAPI) -> None:
     async def job_terminal(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, JobTerminal)
         return error_response(
-            409, f"the job is already {exc.job.status.value}", type_="job_terminal", job=exc.job.to_api()
+            409, f"the job is already {exc.job.status.value}", type_="job_terminal",
+            job=request.app.state.gateway.claims.by_url(exc.job)
         )
 
     async def not_dead_lettered(request: Request, exc: Exception) -> JSONResponse:

@@ -26,5 +26,6 @@ def routes(gw: Any, router: APIRouter) -> None:
         if after is not None and not feed.CURSOR_RE.match(after):
             raise ApiError(422, "after: must be a cursor returned by this endpoint")
         page = await gw.call(feed.read(gw.queue, tenant, after, limit, wait), extra_s=wait)
-        return JSONResponse({"object": "list", "data": [job.to_api() for job in page.jobs], "cursor": page.cursor,
-                             "has_more": page.has_more})
+        # a claimed result by URL: a page of up to 1,000 jobs must not inline up to 1,000 large results
+        return JSONResponse({"object": "list", "data": [gw.claims.by_url(job) for job in page.jobs],
+                             "cursor": page.cursor, "has_more": page.has_more})

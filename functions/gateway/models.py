@@ -208,8 +208,14 @@ class ErrorEnvelope(DocModel):
 
 
 class JobResult(DocModel):
+    """Inline (`body`), or for a large result kept in S3 too large for one response, by URL (`body_url`,
+    `body_bytes`): see "Large payloads" in the API docs."""
+
     status_code: int = Field(description="The model server's HTTP status")
-    body: Any = Field(description="The model server's response")
+    body: Any = Field(None, description="The model server's response (absent when given by `body_url`)")
+    body_url: str | None = Field(None, description="A presigned GET of the response body, valid 15 minutes "
+                                                   "(1 hour in a webhook); no API key with it")
+    body_bytes: int | None = Field(None, description="With `body_url`: the body's size in bytes")
 
 
 class JobObject(DocModel):

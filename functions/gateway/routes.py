@@ -4,7 +4,7 @@ hand-written fast path of :mod:`.hotpath`."""
 
 import re
 from functools import partial
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,9 +25,11 @@ JOB_ID_RE = re.compile(r"^job_[a-z2-7]{26}$")
 TRACEPARENT_RE = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 
-def job_response(request: Request, job: Job, status: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
+def job_response(request: Request, job: Job, status: int = 200, headers: dict[str, str] | None = None,
+                 api: dict[str, Any] | None = None) -> JSONResponse:
+    """The job object (``api``: one already presented, a claimed result resolved)."""
     request.state.job_id = job.id
-    return JSONResponse(job.to_api(), status, headers=headers)
+    return JSONResponse(api if api is not None else job.to_api(), status, headers=headers)
 
 
 def _job_id(job_id: str) -> str:
@@ -89,7 +91,8 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
         ] = None,
         traceparent: Annotated[str | None, Header(description="W3C trace context, passed to the worker")] = None,
     ) -> JSONResponse:
-        payload = _parse_job_request(await request.body(), gw.settings.webhook_allow_private)
+        raw = await request.body()
+        payload = _parse_job_request(raw, gw.settings.webhook_allow_private)
         key = payload.idempotency_key
         if idempotency_key is not None:
             if key is not None and key != idempotency_key:
@@ -105,11 +108,13 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
             idempotency_key=key,
             traceparent=traceparent if traceparent and TRACEPARENT_RE.match(traceparent) else None,
         )
+        job_request = await gw.claims.check_in(tenant, job_request, len(raw))  # a large body goes to S3 first
         job, replayed = await gw.call(gw.queue.enqueue(tenant, job_request))
         headers = {"Location": f"/v1/jobs/{job.id}"}
         if replayed:
             gw.telemetry.count("IdempotentReplays")
-            return job_response(request, job, 200, {**headers, "Idempotent-Replayed": "true"})
+            return job_response(request, job, 200, {**headers, "Idempotent-Replayed": "true"},
+                                api=gw.claims.by_url(job))
         gw.telemetry.count("JobsEnqueued")
         gw.after_enqueue(background)
         return job_response(request, job, 202, headers)
@@ -138,7 +143,7 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
             job = await gw.call(gw.queue.get(job_id, tenant))
         if job is None:
             raise ApiError(404, "no such job")
-        return job_response(request, job)
+        return job_response(request, job, api=await gw.claims.present(job))
 
     @router.post(
         "/v1/jobs/{job_id}/cancel",

@@ -25,8 +25,10 @@ from .common import (
     _resolve,
     _Retry,
     _slice,
+    body_url,
     new_idempotency_key,
     submit_request,
+    with_body,
 )
 
 
@@ -98,7 +100,19 @@ class AsyncClient:
 
     async def get(self, job_id: str, *, wait: float = 0) -> Job:
         params = {"wait": wait} if wait else None
-        return _job(await self._request("GET", f"/v1/jobs/{job_id}", params=params, extra_timeout=wait))
+        job = _job(await self._request("GET", f"/v1/jobs/{job_id}", params=params, extra_timeout=wait))
+        return await self.read_result(job)
+
+    async def read_result(self, job: Job) -> Job:
+        url = body_url(job)
+        if url is None:
+            return job
+        try:  # a presigned URL carries its own signature: never the API key with it
+            async with httpx.AsyncClient(timeout=self.timeout) as plain:
+                response = await plain.get(url)
+        except httpx.TransportError as exc:
+            raise GatewayUnreachable(0, "unreachable", f"GET body_url of {job.id}: {type(exc).__name__}") from exc
+        return with_body(job, response)
 
     async def wait(self, job_id: str, timeout: float = 300.0) -> Job:  # noqa: ASYNC109
         # not asyncio.timeout: reaching the deadline is an answer (the job as it is), not an error

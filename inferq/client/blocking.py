@@ -24,8 +24,10 @@ from .common import (
     _resolve,
     _Retry,
     _slice,
+    body_url,
     new_idempotency_key,
     submit_request,
+    with_body,
 )
 
 
@@ -104,7 +106,19 @@ class Client:
     def get(self, job_id: str, *, wait: float = 0) -> Job:
         """The job now, or (``wait`` > 0, at most 20) as soon as it ends within ``wait`` seconds."""
         params = {"wait": wait} if wait else None
-        return _job(self._request("GET", f"/v1/jobs/{job_id}", params=params, extra_timeout=wait))
+        return self.read_result(_job(self._request("GET", f"/v1/jobs/{job_id}", params=params, extra_timeout=wait)))
+
+    def read_result(self, job: Job) -> Job:
+        """``job`` with a result given by URL (too large for one response, or from the events feed) read into
+        ``result.body``, as if it had come inline; any other job as it is. :meth:`get` and :meth:`wait` do this."""
+        url = body_url(job)
+        if url is None:
+            return job
+        try:  # a presigned URL carries its own signature: never the API key with it
+            response = httpx.get(url, timeout=self.timeout)
+        except httpx.TransportError as exc:
+            raise GatewayUnreachable(0, "unreachable", f"GET body_url of {job.id}: {type(exc).__name__}") from exc
+        return with_body(job, response)
 
     def wait(self, job_id: str, timeout: float = 300.0) -> Job:
         """Long-poll until the job ends or ``timeout`` seconds pass; returns the job as it then is (check

@@ -3,6 +3,7 @@ retry policy, how the gateway and its key are found, and the results feed's pagi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import time
@@ -68,6 +69,21 @@ def _job(response: httpx.Response) -> Job:
     if response.status_code >= 400:
         raise error_from(response)
     return Job.from_api(response.json())
+
+
+def body_url(job: Job) -> str | None:
+    """The presigned URL of a result given by URL (docs/api.md, "Large payloads") not yet read, else None."""
+    result = job.result or {}
+    url = result.get("body_url")
+    return url if isinstance(url, str) and "body" not in result else None
+
+
+def with_body(job: Job, response: httpx.Response) -> Job:
+    """``job`` with the body read from its ``body_url`` in ``result.body``, as if it had come inline."""
+    if response.status_code != 200:
+        raise InferqError(response.status_code, "result_unavailable",
+                          f"reading the result of {job.id} from its body_url answered {response.status_code}")
+    return dataclasses.replace(job, result={**(job.result or {}), "body": response.json()})
 
 
 def _json(response: httpx.Response) -> Any:

@@ -1,0 +1,151 @@
+"""The worker's half of the claim check (docs/api.md, "Large payloads"): before the backend is called, a claimed
+request body is read back from S3; after it answers, a result larger than ``INFERQ_INLINE_MAX_BYTES`` is stored in
+S3 and the record gets its reference (:mod:`inferq.claimcheck`), so the job's Redis memory stays bounded.
+
+S3 trouble is a transient fault: each read or write is tried a few times here with backoff, then the attempt
+fails with a :class:`RetryableError`, which the worker retries with its usual backoff, bounded by
+``INFERQ_MAX_ATTEMPTS`` (and a job that ran out is dead-lettered and can be redriven): a job is never lost to S3.
+A claimed body that is gone (its object expired) or does not match its reference fails the job at once.
+
+boto3 is synchronous: its calls run in a thread. The client is made on first use; ``AWS_ENDPOINT_URL_S3`` or
+``AWS_ENDPOINT_URL`` point it at moto in the emulator. (The worker image has no ``functions/``, so this module
+does not share ``functions/storage.py``'s client.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from inferq import claimcheck
+from inferq.jobs import Job
+from inferq.retry import backoff_ms
+from inferq.settings import Settings
+
+from .backends.base import FatalError, RetryableError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+TRIES = 3
+"""S3 calls per read or write before the attempt is handed to the worker's retry."""
+BASE_MS, MAX_MS = 200, 2000
+URL_TTL_S = 3600
+"""How long a webhook's ``body_url`` is valid: a receiver may take a while to read what it was sent."""
+
+
+def s3_client() -> Any:
+    import boto3
+    from botocore.config import Config
+
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        config=Config(
+            s3={"addressing_style": "path"} if endpoint else {},
+            signature_version="s3v4",
+            connect_timeout=3,
+            read_timeout=30,
+            retries={"mode": "standard", "total_max_attempts": 2},
+        ),
+    )
+
+
+class _Missing(Exception):
+    pass
+
+
+class ClaimCheck:
+    """One worker's claim check. ``client`` is an S3 client (tests inject one); without ``INFERQ_FILES_BUCKET``
+    every result stays inline."""
+
+    def __init__(self, settings: Settings, client: Any = None) -> None:
+        self.bucket = settings.files_bucket
+        self.inline_max = settings.inline_max_bytes
+        self._client = client
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = s3_client()
+        return self._client
+
+    async def request_body(self, job: Job) -> dict[str, Any]:
+        """The body to send to the model server: the record's, or the claimed one read back."""
+        claim = claimcheck.claim_of_body(job.body, job.tenant)
+        if claim is None:
+            return job.body
+        if not self.bucket:
+            raise FatalError("the request body is in S3 but this worker has no INFERQ_FILES_BUCKET")
+        data = await self._s3(f"read the request body ({claim.bytes} bytes)", lambda: self._get(claim.key))
+        if not claimcheck.verify(claim, data):
+            raise FatalError("the stored request body does not match its reference")
+        body: dict[str, Any] = json.loads(data)
+        return body
+
+    async def result(self, job: Job, status_code: int, body: Any) -> dict[str, Any]:
+        """The job's ``result`` for the record: inline, or the reference to a large body stored in S3."""
+        if not self.bucket:
+            return {"status_code": status_code, "body": body}
+        data = claimcheck.encode(body)
+        if len(data) <= self.inline_max:
+            return {"status_code": status_code, "body": body}
+        claim = claimcheck.result_claim(job.tenant, job.id, data)
+        await self._s3(f"store the result ({claim.bytes} bytes)", lambda: self._put(claim.key, data))
+        return claimcheck.claimed_result(status_code, claim)
+
+    def job_api(self, job: Job) -> dict[str, Any]:
+        """The job object a webhook carries: a claimed result by presigned URL (docs/api.md, "Webhooks")."""
+        return claimcheck.job_by_url(job, self.sign)
+
+    def sign(self, key: str) -> str | None:
+        """A presigned GET of ``key``, valid :data:`URL_TTL_S` (signed locally; None if it cannot be)."""
+        if not self.bucket:
+            return None
+        try:
+            url: str = self.client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=URL_TTL_S)
+        except Exception as exc:  # no credentials to sign with: the receiver reads the job instead
+            log.error("cannot sign a claimed result's URL: %s", type(exc).__name__)
+            return None
+        return url
+
+    # ------------------------------------------------------------------ S3
+
+    def _get(self, key: str) -> bytes:
+        from botocore.exceptions import ClientError
+
+        try:
+            stream = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                raise _Missing(key) from None
+            raise
+        try:
+            return bytes(stream.read())
+        finally:
+            stream.close()
+
+    def _put(self, key: str, data: bytes) -> None:
+        # encrypted by the bucket's default encryption, as files are
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
+
+    async def _s3(self, what: str, call: Callable[[], T]) -> T:
+        attempt = 1
+        while True:
+            try:
+                return await asyncio.to_thread(call)
+            except _Missing:
+                raise FatalError("the request body is gone from S3 (its object expired before the job ran)") from None
+            except Exception as exc:  # botocore's errors, a dropped connection, credentials: all worth a retry
+                if attempt >= TRIES:
+                    raise RetryableError(f"could not {what} in S3: {type(exc).__name__}") from exc
+                log.warning("S3 call failed (try %d of %d): %s", attempt, TRIES, type(exc).__name__)
+                await asyncio.sleep(backoff_ms(attempt, BASE_MS, MAX_MS) / 1000.0)
+                attempt += 1

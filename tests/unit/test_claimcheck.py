@@ -1,0 +1,58 @@
+"""The claim-check references (inferq.claimcheck): content-addressed, scoped to their tenant and job, and never
+shown to a client as they are stored."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferq import claimcheck
+from inferq.jobs import Job, JobStatus
+from inferq.settings import Settings, SettingsError
+
+DATA = claimcheck.encode({"model": "m", "messages": [{"role": "user", "content": "é \"x\""}]})
+
+
+def job(tenant: str, result: dict[str, object]) -> Job:
+    return Job(id="job_a", tenant=tenant, status=JobStatus.SUCCEEDED, url="/v1/chat/completions", body={},
+               attempts=1, deliveries=1, created_at=1.0, result=result)
+
+
+def test_a_request_claim_is_content_addressed_so_a_resend_makes_the_same_reference() -> None:
+    first, again = claimcheck.request_claim("t", DATA), claimcheck.request_claim("t", DATA)
+    assert first == again and first.key.startswith("claims/t/requests/") and first.bytes == len(DATA)
+    assert claimcheck.request_claim("u", DATA).key != first.key
+    assert claimcheck.verify(first, DATA) and not claimcheck.verify(first, DATA + b" ")
+
+
+def test_a_body_is_a_claim_only_when_it_points_into_its_own_tenants_requests() -> None:
+    claim = claimcheck.request_claim("t", DATA)
+    body = claimcheck.claimed_body(claim)
+    assert claimcheck.claim_of_body(body, "t") == claim
+    assert claimcheck.claim_of_body(body, "u") is None  # another tenant's object is never read for this job
+    assert claimcheck.claim_of_body({**body, "model": "m"}, "t") is None  # a real body with that field is a body
+    forged = {claimcheck.MARKER: {**claim.to_json(), "key": "claims/t/requests/../../u/x.json"}}
+    assert claimcheck.claim_of_body(forged, "t") is None
+    assert claimcheck.claim_of_body({claimcheck.MARKER: {**claim.to_json(), "bytes": -1}}, "t") is None
+
+
+def test_a_tenant_prefix_never_contains_another_tenants() -> None:
+    assert not claimcheck.tenant_prefix("a/b").startswith(claimcheck.tenant_prefix("a"))
+
+
+def test_a_claimed_result_is_shown_by_url_never_by_its_reference() -> None:
+    claim = claimcheck.result_claim("t", "job_a", DATA)
+    stored = job("t", claimcheck.claimed_result(200, claim))
+    assert claimcheck.job_by_url(stored, lambda key: f"https://signed/{key}")["result"] == {
+        "status_code": 200, "body_url": f"https://signed/{claim.key}", "body_bytes": len(DATA)}
+    assert claimcheck.job_by_url(stored)["result"] == {"status_code": 200, "body_url": None, "body_bytes": len(DATA)}
+    inline = job("t", {"status_code": 200, "body": {"ok": True}})
+    assert claimcheck.job_by_url(inline, lambda key: "unused") == inline.to_api()
+    assert claimcheck.claim_of_result(stored.result, "t", "job_b") is None  # another job's object: not this one's
+
+
+def test_inline_max_bytes_is_validated_at_start_naming_the_variable() -> None:
+    assert Settings.from_env({}).inline_max_bytes == 65536
+    assert Settings.from_env({"INFERQ_INLINE_MAX_BYTES": "1048576"}).inline_max_bytes == 1048576
+    for bad in ("10", "lots", str(128 * 1024 * 1024)):
+        with pytest.raises(SettingsError, match="INFERQ_INLINE_MAX_BYTES"):
+            Settings.from_env({"INFERQ_INLINE_MAX_BYTES": bad})
