@@ -96,6 +96,24 @@ def test_generated_templates_pass_cfn_lint(generated: Path, name: str) -> None:
     assert not matches, "\n".join(str(m) for m in matches)
 
 
+@pytest.mark.parametrize(
+    "models",
+    [
+        [{"name": "only-mock", "backend": {"kind": "mock"}}],  # no sidecar anywhere: no vLLM parameter left over
+        [{"name": "remote", "backend": {"kind": "openai", "base_url": "http://10.0.0.5:8000"}},
+         {"name": "local", "scale": {"max": 0}}],  # nothing under deploy: the stack's defaults
+    ],
+    ids=["one-mock-model", "openai-and-defaults"],
+)
+def test_other_registry_shapes_lint_clean_too(tmp_path: Path, models: list[dict[str, Any]]) -> None:
+    registry = tmp_path / "models.json"
+    registry.write_text(json.dumps({"models": models}))
+    for path in gen_model_stacks.generate(registry, tmp_path / "out"):
+        if path.suffix == ".yaml":
+            matches = cfn_lint.lint_file(path, config=cfn_lint.ManualArgs(regions=["us-east-1"]))
+            assert not matches, "\n".join(str(m) for m in matches)
+
+
 def test_generated_root_passes_sam_validate_lint(generated: Path, sam: Path) -> None:
     result = run([str(sam), "validate", "--lint", "--region", "us-east-1", "--template", "template.models.yaml"],
                  cwd=generated, env=sam_env())
