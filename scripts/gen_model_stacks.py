@@ -10,12 +10,14 @@ The files are derived from the hand-written templates, so a change there reaches
 
 - ``template.models.yaml``: ``template.yaml`` with the GPU stack below; both functions read the registry from a
   Lambda layer (``INFERQ_MODELS=/opt/inferq/models.json``); the scaler may describe and update exactly the models'
-  services; an alarm pair (dead letters, oldest job age) per model; the single-queue alarms are off.
+  services; three alarms per model (dead letters, oldest job age, a silent scaler); no single-queue alarms.
 - ``infra/models.generated.yaml``: ``infra/gpu.yaml`` with its one fleet (launch template, Auto Scaling group,
   capacity provider, task definition, service) repeated per model.
-- ``infra/registry/inferq/models.json``: the registry as deployed, the layer's content. Each worker gets the same
-  document in its task definition, written to ``INFERQ_MODELS`` before the worker starts, with ``INFERQ_MODEL``
-  naming its entry. A model served by the vLLM sidecar appears there as an ``openai`` backend on localhost:8000.
+- ``infra/registry/inferq/models.json``: the registry as deployed, the layer's content. A model served by the vLLM
+  sidecar appears there as an ``openai`` backend on localhost:8000. Each worker gets its own entry of it in its
+  task definition, written to ``INFERQ_MODELS`` before the worker starts, with ``INFERQ_MODEL`` naming it: the
+  entry alone, so that adding or changing one model leaves the other fleets' task definitions (and their running
+  GPU tasks) as they are.
 """
 
 from __future__ import annotations
@@ -186,6 +188,12 @@ def _rename(node: Any, names: dict[str, str]) -> Any:
     return node
 
 
+def worker_registry(document: dict[str, Any], model: Model) -> dict[str, Any]:
+    """One model's registry, as its workers read it: its entry only (``default`` is the gateway's business)."""
+    rest = {k: v for k, v in document.items() if k not in ("models", "default")}
+    return {**rest, "models": [e for e in document["models"] if e["name"] == model.name]}
+
+
 def _task(task: dict[str, Any], model: Model, document: dict[str, Any]) -> dict[str, Any]:
     properties = task["Properties"]
     vllm, worker = (next(c for c in properties["ContainerDefinitions"] if c["Name"] == n) for n in ("vllm", "worker"))
@@ -194,7 +202,7 @@ def _task(task: dict[str, Any], model: Model, document: dict[str, Any]) -> dict[
     # The worker image holds no registry: the container writes the deployed one where INFERQ_MODELS points, then
     # becomes the worker (exec: it receives ECS's SIGTERM itself).
     worker["Command"] = ["sh", "-c", 'printf "%s" "$0" > "$INFERQ_MODELS" && exec python -m gpu_worker',
-                         json.dumps(document, separators=(",", ":"), sort_keys=True)]
+                         json.dumps(worker_registry(document, model), separators=(",", ":"), sort_keys=True)]
     from_registry = {"INFERQ_QUEUE", "INFERQ_BACKEND", "INFERQ_OPENAI_BASE_URL"}
     worker["Environment"] = [
         {"Name": "INFERQ_MODELS", "Value": WORKER_REGISTRY},
@@ -261,27 +269,36 @@ def gpu_template(registry: Registry, document: dict[str, Any]) -> dict[str, Any]
 
 
 def _alarms(model: Model) -> dict[str, Any]:
-    """The queue alarms of infra/observability.yaml for one model's queue, on the stack's alarm topic."""
+    """The queue alarms of infra/observability.yaml for one model's queue, on the stack's alarm topic: dead
+    letters, the oldest job's age, and a scaler that no longer decides for it."""
     topic = {"Fn::GetAtt": ["Observability", "Outputs.AlarmTopicArn"]}
     common = {"TreatMissingData": "notBreaching", "AlarmActions": [topic], "OKActions": [topic],
               "ComparisonOperator": "GreaterThanThreshold"}
 
-    def query(metric: str) -> str:
-        return f"SELECT MAX({metric}) FROM inferq WHERE queue = '{model.queue}'"  # noqa: S608 - a checked name
+    def query(aggregate: str) -> str:
+        return f"SELECT {aggregate} FROM inferq WHERE queue = '{model.queue}'"  # noqa: S608 - a checked name
 
     suffix = logical_id(model)
     return {
         f"DlqNotEmptyAlarm{suffix}": {"Type": "AWS::CloudWatch::Alarm", "Properties": {
             "AlarmDescription": f"inferq model {model.name} (queue {model.queue}): jobs were dead-lettered. Inspect "
                                 "them with GET /v1/dlq and redrive with POST /v1/dlq/{id}/redrive.",
-            "Metrics": [{"Id": "dlq", "Expression": query("Dlq"), "Period": 60, "ReturnData": True}],
+            "Metrics": [{"Id": "dlq", "Expression": query("MAX(Dlq)"), "Period": 60, "ReturnData": True}],
             "Threshold": 0, "EvaluationPeriods": 1, "DatapointsToAlarm": 1, **common}},
         f"OldestJobAgeAlarm{suffix}": {"Type": "AWS::CloudWatch::Alarm", "Properties": {
             "AlarmDescription": f"inferq model {model.name} (queue {model.queue}): the oldest unfinished job is "
                                 f"older than 900 s. Check that service {model.service} scales and its GPU "
                                 "instances launch (quota, capacity).",
-            "Metrics": [{"Id": "age", "Expression": query("OldestJobAgeSeconds"), "Period": 60, "ReturnData": True}],
+            "Metrics": [{"Id": "age", "Expression": query("MAX(OldestJobAgeSeconds)"), "Period": 60,
+                         "ReturnData": True}],
             "Threshold": 900, "EvaluationPeriods": 3, "DatapointsToAlarm": 3, **common}},
+        # Missing data is the failure: the scaler does not run, or cannot observe this model's queue.
+        f"ScalerSilentAlarm{suffix}": {"Type": "AWS::CloudWatch::Alarm", "Properties": {
+            "AlarmDescription": f"The inferq scaler has made no decision for model {model.name} (queue "
+                                f"{model.queue}) for five minutes: it does not run, or cannot reach Redis or ECS.",
+            "Metrics": [{"Id": "ticks", "Expression": query("COUNT(Desired)"), "Period": 60, "ReturnData": True}],
+            **common, "ComparisonOperator": "LessThanThreshold", "Threshold": 1, "EvaluationPeriods": 5,
+            "DatapointsToAlarm": 5, "TreatMissingData": "breaching"}},
     }
 
 

@@ -191,7 +191,7 @@ def test_every_worker_and_both_functions_read_the_deployed_registry(generated: P
         assert env["INFERQ_MODEL"] == name
         assert env["INFERQ_MODELS"] == gen_model_stacks.WORKER_REGISTRY
         assert "INFERQ_QUEUE" not in env and "INFERQ_BACKEND" not in env  # the entry decides them
-        assert json.loads(containers(gpu, suffix)["worker"]["Command"][-1]) == document
+        assert json.loads(containers(gpu, suffix)["worker"]["Command"][-1]) == {"models": [entries[name]]}
         Settings.from_env(env)
     # the sidecar-served model is, to its worker, an OpenAI-compatible server on localhost
     assert entries["chat"]["backend"] == {"kind": "openai", "base_url": "http://localhost:8000", "served_model": "chat"}
@@ -223,6 +223,18 @@ def test_the_worker_command_writes_the_registry_then_becomes_the_worker(gpu: dic
     assert json.loads(rest) == json.loads(target.read_text()) == json.loads(command[-1])
 
 
+def test_adding_a_model_leaves_the_other_fleets_as_they_were(gpu: dict[str, Any], tmp_path: Path) -> None:
+    """A new model must not roll the running GPU tasks of the others (a new task definition each would)."""
+    registry = tmp_path / "models.yaml"
+    registry.write_text(REGISTRY + "  - name: rerank\n    backend: {kind: mock}\n")
+    gen_model_stacks.generate(registry, tmp_path)
+    grown = load(tmp_path / "infra" / "models.generated.yaml")["Resources"]
+    assert "ServiceRerank" in grown
+    for suffix in MODELS:
+        for resource in FLEET:
+            assert grown[resource + suffix] == gpu["Resources"][resource + suffix], resource + suffix
+
+
 def test_every_variable_of_the_generated_processes_is_read(root: dict[str, Any], gpu: dict[str, Any]) -> None:
     for function in ("GatewayFunction", "ScalerFunction"):
         assert unread(function, function_variables(root, function)) == []
@@ -250,10 +262,12 @@ def test_the_scaler_may_update_exactly_the_models_services(root: dict[str, Any],
 def test_each_model_has_its_alarms_and_the_single_queue_ones_are_off(root: dict[str, Any]) -> None:
     resources = root["Resources"]
     for suffix, (_name, queue, _service) in MODELS.items():
-        for alarm, metric in (("DlqNotEmptyAlarm", "Dlq"), ("OldestJobAgeAlarm", "OldestJobAgeSeconds")):
+        for alarm, query in (("DlqNotEmptyAlarm", "MAX(Dlq)"), ("OldestJobAgeAlarm", "MAX(OldestJobAgeSeconds)"),
+                             ("ScalerSilentAlarm", "COUNT(Desired)")):
             properties = resources[f"{alarm}{suffix}"]["Properties"]
-            assert properties["Metrics"][0]["Expression"] == f"SELECT MAX({metric}) FROM inferq WHERE queue = '{queue}'"
+            assert properties["Metrics"][0]["Expression"] == f"SELECT {query} FROM inferq WHERE queue = '{queue}'"
             assert properties["AlarmActions"] == [{"Fn::GetAtt": ["Observability", "Outputs.AlarmTopicArn"]}]
+        assert resources[f"ScalerSilentAlarm{suffix}"]["Properties"]["TreatMissingData"] == "breaching"
     observability = load(NESTED["observability"])
     assert resources["Observability"]["Properties"]["Parameters"]["QueueName"] == ""
     off = Resolver(observability, overrides={"QueueName": ""})
