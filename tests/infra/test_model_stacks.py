@@ -120,6 +120,26 @@ def test_generated_root_passes_sam_validate_lint(generated: Path, sam: Path) -> 
     assert "is a valid SAM Template" in result.stdout + result.stderr
 
 
+@pytest.mark.slow
+def test_sam_build_takes_the_generated_root_and_packages_the_registry_layer(
+    generated: Path, sam: Path, tmp_path: Path
+) -> None:
+    """What `sam deploy` would upload: both functions built, the layer's directory holding inferq/models.json (a
+    layer unpacks under /opt, where INFERQ_MODELS points)."""
+    build = tmp_path / "build"
+    run([str(sam), "build", "--template", "template.models.yaml", "--build-dir", str(build)], cwd=generated,
+        env=sam_env())
+    built = load(build / "template.yaml")
+    layer = built["Resources"]["ModelRegistry"]["Properties"]["ContentUri"]
+    content = (build / layer).resolve() / gen_model_stacks.LAYER_FILE
+    assert json.loads(content.read_text()) == json.loads(
+        (generated / gen_model_stacks.LAYER_DIR / gen_model_stacks.LAYER_FILE).read_text()
+    )
+    assert (build / "Gpu" / "template.yaml").is_file()  # the generated GPU stack, as a nested stack
+    for function in ("GatewayFunction", "ScalerFunction"):
+        assert (build / function / "inferq" / "__init__.py").is_file()
+
+
 # --- one fleet per model ---
 
 
