@@ -146,9 +146,19 @@ def deployed_registry(registry: Registry) -> dict[str, Any]:
     return document
 
 
+def _argument(value: Any) -> Any:
+    """One command-line value: the stack's own default stays a reference; a mapping is JSON, as vLLM reads it."""
+    if isinstance(value, dict) and set(value) == {"Ref"}:
+        return value
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
 def vllm_command(model: Model) -> list[Any]:
     """``vllm serve`` for one model: ``args.model`` (default: the served name) is what it loads, every other arg
-    ``key: value`` becomes ``--key value`` (``true``: the bare flag; ``false``/null: left out; a list: each value)."""
+    ``key: value`` becomes ``--key value`` (``true``: the bare flag; ``false``/null: left out; a list: each value;
+    a mapping: JSON)."""
     args = dict(model.backend.get("args") or {})
     gpus = int(model.deploy.get("gpus", 1))
     args.setdefault("max_model_len", {"Ref": "MaxModelLen"})
@@ -163,7 +173,7 @@ def vllm_command(model: Model) -> list[Any]:
             command.append(flag)
         elif value is not False and value is not None:
             values = value if isinstance(value, list) else [value]
-            command += [flag, *(v if isinstance(v, dict) else str(v) for v in values)]
+            command += [flag, *(_argument(v) for v in values)]
     return command
 
 

@@ -35,7 +35,8 @@ models:
     scale: {min: 0, max: 3, target_per_worker: 8}
     backend:
       kind: vllm
-      args: {model: Qwen/Qwen2.5-1.5B-Instruct, max_model_len: 4096, enforce_eager: true}
+      args: {model: Qwen/Qwen2.5-1.5B-Instruct, max_model_len: 4096, enforce_eager: true, disable_log_stats: false,
+             override_generation_config: {temperature: 0.5}, allowed_origins: [a, b]}
     deploy: {instance_type: g6.xlarge, gpus: 1, memory_mib: 15000}
   - name: embed.small
     queue: embed
@@ -176,7 +177,10 @@ def test_the_vllm_sidecar_runs_the_registry_args_and_a_mock_model_gets_no_gpu(gp
     command = chat["vllm"]["Command"]
     assert command[:4] == ["serve", "Qwen/Qwen2.5-1.5B-Instruct", "--served-model-name", "chat"]
     assert command[command.index("--max-model-len") + 1] == "4096"
-    assert "--enforce-eager" in command
+    assert "--enforce-eager" in command and "--disable-log-stats" not in command
+    assert command[command.index("--override-generation-config") + 1] == '{"temperature":0.5}'
+    assert command[command.index("--allowed-origins") + 1:][:2] == ["a", "b"]
+    assert command[command.index("--gpu-memory-utilization") + 1] == "0.90"  # the stack's default
     assert chat["vllm"]["ResourceRequirements"] == [{"Type": "GPU", "Value": "1"}]
     assert chat["vllm"]["MemoryReservation"] == 15000
     assert chat["worker"]["DependsOn"] == [{"ContainerName": "vllm", "Condition": "HEALTHY"}]
