@@ -355,7 +355,9 @@ def test_a_registry_the_stack_cannot_be_built_from_is_refused_naming_the_field(
 # --- claim checks (files bucket, claims/ prefix) ---
 
 
-def test_gateway_and_workers_may_read_and_write_claim_checks_only(translated: dict[str, Any]) -> None:
+def test_gateway_and_workers_may_read_and_write_claim_checks_and_the_batch_driver_read_them(
+    translated: dict[str, Any],
+) -> None:
     gateway = translated["Resources"]["GatewayFunction"]["Properties"]["Role"]["Fn::GetAtt"][0]
     claims = [s for owner, s in role_statements(translated)
               if owner == gateway and "claims/" in json.dumps(s["Resource"])]
@@ -374,7 +376,11 @@ def test_gateway_and_workers_may_read_and_write_claim_checks_only(translated: di
     assert Settings.from_env(env).files_bucket == "files"
     expiry = [r for r in translated["Resources"]["FilesBucket"]["Properties"]["LifecycleConfiguration"]["Rules"]
               if r.get("Prefix") == "claims/"]
-    assert [r["ExpirationInDays"] for r in expiry] == [2]
+    assert [r["ExpirationInDays"] for r in expiry] == [7]  # more than a queueing time plus the one-day result TTL
+    scaler = translated["Resources"]["ScalerFunction"]["Properties"]["Role"]["Fn::GetAtt"][0]
+    scaler_claims = [(s["Action"], s["Resource"]) for owner, s in role_statements(translated)
+                     if owner == scaler and "claims/" in json.dumps(s["Resource"])]
+    assert scaler_claims == [("s3:GetObject", {"Fn::Sub": "${FilesBucket.Arn}/claims/*"})]  # batch output, read only
 
 
 def test_sam_local_env_names_the_bucket_and_only_variables_the_gateway_declares(translated: dict[str, Any]) -> None:
