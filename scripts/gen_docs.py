@@ -88,6 +88,7 @@ SETTING_DOCS: dict[str, str] = {
     "suffix). Must be unique per live worker.",
     "models": "Path of the model registry (YAML or JSON): one queue per model, selected by `body.model`. Unset: one "
     "queue.",
+    "model": "The registry entry a worker serves (required when the registry names more than one model).",
     "files_bucket": "S3 bucket of the Files, Uploads and Batches APIs and of large payloads (unset: those APIs "
     "answer 503). `inferq up` creates `inferq-files` in its moto S3.",
     "max_upload_bytes": "Largest file in one `POST /v1/files`, and largest part of an upload (one request through "
@@ -137,6 +138,7 @@ PLANNED = (
     "webhook_allow_private",
     "inline_max_bytes",
     "models",
+    "model",
     "window_max",
 )
 """Contract names with no ``Settings`` field yet: listed as not yet implemented until the field exists."""

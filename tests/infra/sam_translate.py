@@ -1,8 +1,8 @@
 """Print a SAM template as the SAM translator turns it into CloudFormation, as JSON on stdout.
 
 Run with the python of aws-sam-cli's venv (it ships ``samtranslator``), so the project's venv needs no copy of it:
-``.tools/sam/bin/python tests/infra/sam_translate.py template.yaml``. Like ``sam validate``, local code paths are
-swapped for a placeholder S3 URI first (the translator accepts only S3 locations); nothing reaches AWS.
+``.tools/sam/bin/python tests/infra/sam_translate.py template.yaml``. Like ``sam validate``, local code and layer
+paths are swapped for a placeholder S3 URI first (the translator accepts only S3 locations); nothing reaches AWS.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ def translate(path: Path, region: str = "us-east-1") -> dict[str, Any]:
             properties = resource.setdefault("Properties", {})
             if isinstance(properties.get("CodeUri"), str) and not properties["CodeUri"].startswith("s3://"):
                 properties["CodeUri"] = PLACEHOLDER_CODE_URI
+        if resource.get("Type") == "AWS::Serverless::LayerVersion":  # a generated registry layer (infra/registry)
+            properties = resource.setdefault("Properties", {})
+            if isinstance(properties.get("ContentUri"), str) and not properties["ContentUri"].startswith("s3://"):
+                properties["ContentUri"] = PLACEHOLDER_CODE_URI
     translator = Translator(
         managed_policy_map=None, sam_parser=Parser(), plugins=[], boto_session=Session(region_name=region)
     )
