@@ -2,6 +2,7 @@
 
 SIGTERM (ECS stopping the task, the emulator scaling in) or SIGINT: stop pulling, drain for ``INFERQ_DRAIN_S``,
 release the rest, exit 0. A second signal skips the rest of the drain. A bad setting exits 2 naming the variable.
+With a model registry (``INFERQ_MODELS``) it serves the model ``INFERQ_MODEL`` names, with that entry's settings.
 A task of the worker that died (a fault that is not Redis's to wait out, a bug) stops it: it releases its jobs,
 deregisters and exits 1, so ECS replaces it.
 """
@@ -14,6 +15,7 @@ import signal
 import sys
 
 from inferq.queue import Queue
+from inferq.registry import served_settings
 from inferq.settings import Settings, SettingsError, load_or_exit
 
 from . import logs
@@ -53,6 +55,11 @@ async def serve(settings: Settings) -> int:
 
 def main() -> int:
     settings = load_or_exit()
+    try:
+        settings = served_settings(settings)  # with a registry: the entry INFERQ_MODEL names
+    except SettingsError as exc:
+        print(f"inferq: invalid configuration: {exc}", file=sys.stderr)
+        return 2
     if not settings.worker_id:
         settings = settings.replace(worker_id=default_worker_id())
     logs.configure(settings.log_level, settings.worker_id)
