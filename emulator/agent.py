@@ -28,7 +28,7 @@ from typing import Any
 
 from inferq.retry import backoff
 
-from .ecs import MotoEcs
+from .ecs import MotoEcs, ServiceView
 from .httpd import HttpServer, Request
 from .procs import Child, LogSink
 
@@ -65,7 +65,7 @@ class Task:
 class EcsAgent:
     def __init__(
         self,
-        ecs: MotoEcs,
+        ecs: MotoEcs | ServiceView,
         sink: LogSink,
         env: Mapping[str, str],
         *,
@@ -74,8 +74,11 @@ class EcsAgent:
         metrics_port_base: int = 0,
         worker_argv: Sequence[str] | None = None,
         log_protection: bool = False,
+        worker_prefix: str = "worker",
     ) -> None:
         self.ecs = ecs
+        self.worker_prefix = worker_prefix
+        """Worker ids are ``<prefix>-<n>``: one agent per model's service names its workers after the model."""
         self.sink = sink
         self.env = dict(env)
         self.host = host
@@ -181,7 +184,7 @@ class EcsAgent:
 
     async def _launch(self) -> Task:
         self.started += 1
-        worker_id = f"worker-{self.started}"
+        worker_id = f"{self.worker_prefix}-{self.started}"
         used = {t.slot for t in self.tasks.values()}
         slot = next(i for i in range(1, len(used) + 2) if i not in used)
         arn, task_id = self.ecs.run_task()
