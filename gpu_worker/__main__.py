@@ -15,7 +15,7 @@ import signal
 import sys
 
 from inferq.queue import Queue
-from inferq.registry import served_settings
+from inferq.registry import served_model
 from inferq.settings import Settings, SettingsError, load_or_exit
 
 from . import logs
@@ -23,16 +23,19 @@ from .backends import build_backend
 from .fastpack import use_hiredis_packing
 from .metrics import WorkerMetrics
 from .protection import TaskProtection
+from .served import ServedModel
 from .worker import Worker, default_worker_id
 
 log = logging.getLogger("gpu_worker")
 
 
-async def serve(settings: Settings) -> int:
+async def serve(settings: Settings, served: str | None = None) -> int:
     queue = Queue.connect(settings)
     use_hiredis_packing(queue.redis)
     try:
         backend = await build_backend(settings, queue.redis)
+        if served is not None:  # a registry model: the model server knows it by its served name, not an alias
+            backend = ServedModel(backend, served)
     except (RuntimeError, SettingsError) as exc:
         log.error("cannot start the %s backend: %s", settings.backend, exc)
         await queue.close()
@@ -56,18 +59,21 @@ async def serve(settings: Settings) -> int:
 def main() -> int:
     settings = load_or_exit()
     try:
-        settings = served_settings(settings)  # with a registry: the entry INFERQ_MODEL names
+        model = served_model(settings)  # with a registry: the entry INFERQ_MODEL names
     except SettingsError as exc:
         print(f"inferq: invalid configuration: {exc}", file=sys.stderr)
         return 2
+    served = None
+    if model is not None:
+        settings, served = model.settings, model.served_model
     if not settings.worker_id:
         settings = settings.replace(worker_id=default_worker_id())
     logs.configure(settings.log_level, settings.worker_id)
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(serve(settings))
-    return uvloop.run(serve(settings))
+        return asyncio.run(serve(settings, served))
+    return uvloop.run(serve(settings, served))
 
 
 if __name__ == "__main__":

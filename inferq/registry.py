@@ -223,19 +223,24 @@ def load(settings: Settings) -> Registry | None:
     return parse(_read(settings.models), settings, settings.models)
 
 
-def served_settings(settings: Settings) -> Settings:
-    """A worker's settings: with a registry, those of the model ``INFERQ_MODEL`` names (required when the file has
-    more than one); without one, ``settings`` as they are."""
+def served_model(settings: Settings) -> Model | None:
+    """The registry entry a worker serves: the one ``INFERQ_MODEL`` names (required when the file has more than
+    one model); None without a registry."""
     registry = load(settings)
     if registry is None:
-        return settings
+        return None
+    names = ", ".join(m.name for m in registry.models)
     if settings.model is None:
         if len(registry.models) > 1:
-            names = ", ".join(m.name for m in registry.models)
             raise SettingsError(MODEL_VARIABLE, f"must name the model this worker serves, one of {names}")
-        return registry.models[0].settings
+        return registry.models[0]
     model = next((m for m in registry.models if m.name == settings.model), None)
     if model is None:
-        names = ", ".join(m.name for m in registry.models)
         raise SettingsError(MODEL_VARIABLE, f"{settings.model!r} is not a model of {registry.path} ({names})")
-    return model.settings
+    return model
+
+
+def served_settings(settings: Settings) -> Settings:
+    """A worker's settings: its registry entry's (:func:`served_model`), or ``settings`` without a registry."""
+    model = served_model(settings)
+    return model.settings if model is not None else settings

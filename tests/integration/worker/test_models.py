@@ -35,11 +35,14 @@ def test_a_bad_registry_stops_the_worker_naming_inferq_models(settings: Settings
     assert done.returncode == 2 and "INFERQ_MODELS" in done.stderr and "backend.kind" in done.stderr
 
 
-async def test_a_worker_serves_the_queue_and_window_of_its_model(settings: Settings, tmp_path: Path) -> None:
+async def test_a_worker_serves_the_queue_window_and_served_name_of_its_model(
+    settings: Settings, tmp_path: Path
+) -> None:
     path = tmp_path / "models.json"
     q = settings.queue
     path.write_text(json.dumps({"models": [{"name": "chat", "queue": f"{q}-chat"},
-                                           {"name": "embed", "queue": f"{q}-embed", "window": 3}]}))
+                                           {"name": "embed", "queue": f"{q}-embed", "window": 3,
+                                            "backend": {"kind": "mock", "served_model": "e5-served"}}]}))
     registry_settings = settings.replace(models=str(path))
     embed = Queue.connect(registry_settings.replace(queue=f"{q}-embed"))
     await embed.ensure_groups()
@@ -50,6 +53,8 @@ async def test_a_worker_serves_the_queue_and_window_of_its_model(settings: Setti
         assert job.id.endswith(f"_{q}-embed")
         done = await terminal(embed, job.id)
         assert done.status is JobStatus.SUCCEEDED
+        assert done.result is not None
+        assert done.result["body"]["model"] == "e5-served"  # the client said "m": the server gets its served name
         chat_queue = Queue(embed.redis, registry_settings.replace(queue=f"{q}-chat"))
         assert await embed.redis.hexists(chat_queue.keys.workers, "embed-1") == 0  # it serves embed only
         slow = [await submit(embed, chat("slow", latency_ms=4000)) for _ in range(5)]
@@ -59,3 +64,28 @@ async def test_a_worker_serves_the_queue_and_window_of_its_model(settings: Setti
         assert statuses.count(JobStatus.RUNNING) == 3  # embed's window, not the default 8
         worker.kill()
     await embed.close()
+
+
+async def test_the_served_name_wrapper_keeps_the_backends_load_signals_and_leaves_the_job_body_alone() -> None:
+    from gpu_worker.served import ServedModel
+
+    seen: list[dict[str, object]] = []
+
+    class Engine:
+        name = "engine"
+
+        async def complete(self, url: str, body: dict[str, object], **_: object) -> tuple[int, object]:
+            seen.append(body)
+            return 200, {}
+
+        async def aclose(self) -> None:
+            return None
+
+        async def load(self) -> str:
+            return "gauges"
+
+    wrapped = ServedModel(Engine(), "served")  # type: ignore[arg-type]
+    body = {"model": "alias", "messages": []}
+    await wrapped.complete("/v1/chat/completions", body, timeout_s=1, traceparent="", job=None)  # type: ignore[arg-type]
+    assert seen == [{"model": "served", "messages": []}] and body["model"] == "alias"
+    assert wrapped.name == "engine" and await wrapped.load() == "gauges"

@@ -1,0 +1,34 @@
+"""The model name a registry worker sends its model server (``backend.served_model``, docs/models.md).
+
+Clients may name a model by an alias (``gpt-4o-mini`` for ``chat``); the model server knows it by one name only
+(vLLM's ``--served-model-name``), so the worker puts that name in ``body.model`` before each call. Everything else
+about the backend (its name, its load signals, closing it) is the wrapped backend's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inferq.jobs import Job
+
+from .backends.base import Backend
+
+
+class ServedModel:
+    def __init__(self, backend: Backend, served_model: str) -> None:
+        self.backend = backend
+        self.served_model = served_model
+        self.name = backend.name
+
+    async def complete(
+        self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job
+    ) -> tuple[int, Any]:
+        if body.get("model") != self.served_model:
+            body = {**body, "model": self.served_model}
+        return await self.backend.complete(url, body, timeout_s=timeout_s, traceparent=traceparent, job=job)
+
+    async def aclose(self) -> None:
+        await self.backend.aclose()
+
+    def __getattr__(self, attribute: str) -> Any:  # ``load`` (the adaptive window's signals), when it has one
+        return getattr(self.backend, attribute)
