@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from inferq.registry import Registry
 from inferq.retry import backoff
 
 from .ecs import MotoEcs, ServiceView
@@ -269,3 +270,23 @@ class EcsAgent:
         if not enabled:
             self.kick()  # a surplus task that just went idle can be stopped now
         return 200, {"protection": task.protection()}
+
+
+async def start_fleets(
+    ecs: MotoEcs, registry: Registry | None, sink: LogSink, env: Mapping[str, str], *, stop_timeout_s: float,
+    metrics_port_base: int, log_protection: bool,
+) -> list[EcsAgent]:
+    """One agent for the one service, or, with a model registry, one per model's service: its workers get that
+    model's entry (``INFERQ_MODEL``), its service name, and metrics ports of their own."""
+    if registry is None:
+        return [await EcsAgent(ecs, sink, env, stop_timeout_s=stop_timeout_s, metrics_port_base=metrics_port_base,
+                               log_protection=log_protection).start()]
+    agents = []
+    for i, model in enumerate(registry.models):
+        fleet_env = {**env, "INFERQ_MODEL": model.name, "INFERQ_ECS_SERVICE": model.service}
+        agents.append(await EcsAgent(
+            ecs.fleet(model.service), sink, fleet_env, stop_timeout_s=stop_timeout_s,
+            metrics_port_base=metrics_port_base + 100 * i if metrics_port_base else 0,
+            log_protection=log_protection, worker_prefix=model.queue,
+        ).start())
+    return agents

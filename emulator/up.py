@@ -215,24 +215,14 @@ class Supervisor:
         scaler_env = {"POWERTOOLS_METRICS_DISABLED": self.env.get("POWERTOOLS_METRICS_DISABLED", "true")}
         await self._spawn("scaler", [sys.executable, "-m", "emulator.scaler", "--wake-port", str(self.wake_port)],
                           scaler_env)
-        from .agent import EcsAgent
+        from .agent import start_fleets
 
         worker_env = {k: v for k, v in child_env.items() if k != "INFERQ_SCALER_WAKE_URL"}
         metrics_base = self.settings.metrics_port if "INFERQ_METRICS_PORT" in self.env else 0
-        if self.registry is None:
-            self.agent = await EcsAgent(
-                self.ecs, self.sink, worker_env, stop_timeout_s=self.stop_timeout_s, metrics_port_base=metrics_base,
-                log_protection=self.settings.log_level == "DEBUG",
-            ).start()
-            self.agents = [self.agent]
-        for i, model in enumerate(self.registry.models if self.registry else []):
-            # each fleet's workers: that model's entry (INFERQ_MODEL), its service, its own metrics ports
-            fleet_env = {**worker_env, "INFERQ_MODEL": model.name, "INFERQ_ECS_SERVICE": model.service}
-            self.agents.append(await EcsAgent(
-                self.ecs.fleet(model.service), self.sink, fleet_env, stop_timeout_s=self.stop_timeout_s,
-                metrics_port_base=metrics_base + 100 * i if metrics_base else 0,
-                log_protection=self.settings.log_level == "DEBUG", worker_prefix=model.queue,
-            ).start())
+        self.agents = await start_fleets(
+            self.ecs, self.registry, self.sink, worker_env, stop_timeout_s=self.stop_timeout_s,
+            metrics_port_base=metrics_base, log_protection=self.settings.log_level == "DEBUG",
+        )
         self.agent = self.agents[0]
         await self._wait_ready()
         self.ready = True
