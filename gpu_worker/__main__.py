@@ -15,7 +15,7 @@ import signal
 import sys
 
 from inferq.queue import Queue
-from inferq.registry import served_model
+from inferq.registry import Model, served_model
 from inferq.settings import Settings, SettingsError, load_or_exit
 
 from . import logs
@@ -29,13 +29,13 @@ from .worker import Worker, default_worker_id
 log = logging.getLogger("gpu_worker")
 
 
-async def serve(settings: Settings, served: str | None = None) -> int:
+async def serve(settings: Settings, model: Model | None = None) -> int:
     queue = Queue.connect(settings)
     use_hiredis_packing(queue.redis)
     try:
         backend = await build_backend(settings, queue.redis)
-        if served is not None:  # a registry model: the model server knows it by its served name, not an alias
-            backend = ServedModel(backend, served)
+        if model is not None:  # a registry model: the model server knows it by its served name, not an alias
+            backend = ServedModel(backend, model.served_model, frozenset({model.name, *model.aliases}))
     except (RuntimeError, SettingsError) as exc:
         log.error("cannot start the %s backend: %s", settings.backend, exc)
         await queue.close()
@@ -63,17 +63,16 @@ def main() -> int:
     except SettingsError as exc:
         print(f"inferq: invalid configuration: {exc}", file=sys.stderr)
         return 2
-    served = None
     if model is not None:
-        settings, served = model.settings, model.served_model
+        settings = model.settings
     if not settings.worker_id:
         settings = settings.replace(worker_id=default_worker_id())
     logs.configure(settings.log_level, settings.worker_id)
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(serve(settings, served))
-    return uvloop.run(serve(settings, served))
+        return asyncio.run(serve(settings, model))
+    return uvloop.run(serve(settings, model))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from gpu_worker.backends.base import FatalError
 from inferq.jobs import JobStatus
 from inferq.queue import Queue
 from inferq.settings import Settings
@@ -49,15 +52,19 @@ async def test_a_worker_serves_the_queue_window_and_served_name_of_its_model(
     with worker_processes(registry_settings, tmp_path) as spawn:
         worker = spawn("embed-1", INFERQ_MODEL="embed")
         await worker.started(embed)
-        job = await submit(embed, chat("hello"))
+        job = await submit(embed, {**chat("hello"), "model": "embed"})
         assert job.id.endswith(f"_{q}-embed")
         done = await terminal(embed, job.id)
         assert done.status is JobStatus.SUCCEEDED
         assert done.result is not None
-        assert done.result["body"]["model"] == "e5-served"  # the client said "m": the server gets its served name
+        assert done.result["body"]["model"] == "e5-served"  # the client said "embed": the server gets its served name
+        # a job naming another model that reached this queue (a batch line) fails instead of running on this one
+        stray = await terminal(embed, (await submit(embed, {**chat("hi"), "model": "chat"})).id)
+        assert stray.status is JobStatus.FAILED and stray.error is not None
+        assert stray.error["type"] == "model_error" and "not served by this fleet" in stray.error["message"]
         chat_queue = Queue(embed.redis, registry_settings.replace(queue=f"{q}-chat"))
         assert await embed.redis.hexists(chat_queue.keys.workers, "embed-1") == 0  # it serves embed only
-        slow = [await submit(embed, chat("slow", latency_ms=4000)) for _ in range(5)]
+        slow = [await submit(embed, {**chat("slow", latency_ms=4000), "model": "embed"}) for _ in range(5)]
         await status_is(embed, slow[2].id, "running")
         await asyncio.sleep(0.5)
         statuses = [(await embed.get(j.id)).status for j in slow]  # type: ignore[union-attr]
@@ -84,8 +91,12 @@ async def test_the_served_name_wrapper_keeps_the_backends_load_signals_and_leave
         async def load(self) -> str:
             return "gauges"
 
-    wrapped = ServedModel(Engine(), "served")  # type: ignore[arg-type]
+    wrapped = ServedModel(Engine(), "served", frozenset({"alias"}))  # type: ignore[arg-type]
     body = {"model": "alias", "messages": []}
     await wrapped.complete("/v1/chat/completions", body, timeout_s=1, traceparent="", job=None)  # type: ignore[arg-type]
     assert seen == [{"model": "served", "messages": []}] and body["model"] == "alias"
     assert wrapped.name == "engine" and await wrapped.load() == "gauges"
+    with pytest.raises(FatalError):
+        await wrapped.complete("/v1/chat/completions", {"model": "other"}, timeout_s=1, traceparent="",
+                               job=None)  # type: ignore[arg-type]
+    assert len(seen) == 1
