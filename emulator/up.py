@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import json
 import os
 import re
 import secrets
@@ -304,10 +305,13 @@ class Supervisor:
         key = self.api_key or "<one of your INFERQ_API_KEYS>"
         if self.api_key:
             say(f"inferq: development API key (kept in {self.data_dir / 'dev-api-key'}): {self.api_key}")
+        model = self.registry.primary.name if self.registry else "mock"  # a registry refuses unknown models
+        option = f" --model {model}" if self.registry else ""
         say("inferq: submit a job:")
         say(f"  curl -s {url}/v1/jobs -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' \\")
-        say("    -d '{\"body\": {\"model\": \"mock\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}}'")
-        say(f"  .venv/bin/inferq submit 'Hello' --wait --data-dir {self.args.data_dir}")
+        body = json.dumps({"body": {"model": model, "messages": [{"role": "user", "content": "Hello"}]}})
+        say(f"    -d '{body}'")
+        say(f"  .venv/bin/inferq submit 'Hello'{option} --wait --data-dir {self.args.data_dir}")
         say(f"  .venv/bin/inferq status --data-dir {self.args.data_dir}")
 
     # ------------------------------------------------------------------ Valkey supervision
