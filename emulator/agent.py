@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from inferq.registry import Registry
 from inferq.retry import backoff
 
-from .ecs import MotoEcs
+from .ecs import MotoEcs, ServiceView
 from .httpd import HttpServer, Request
 from .procs import Child, LogSink
 
@@ -65,7 +66,7 @@ class Task:
 class EcsAgent:
     def __init__(
         self,
-        ecs: MotoEcs,
+        ecs: MotoEcs | ServiceView,
         sink: LogSink,
         env: Mapping[str, str],
         *,
@@ -74,8 +75,11 @@ class EcsAgent:
         metrics_port_base: int = 0,
         worker_argv: Sequence[str] | None = None,
         log_protection: bool = False,
+        worker_prefix: str = "worker",
     ) -> None:
         self.ecs = ecs
+        self.worker_prefix = worker_prefix
+        """Worker ids are ``<prefix>-<n>``: one agent per model's service names its workers after the model."""
         self.sink = sink
         self.env = dict(env)
         self.host = host
@@ -181,7 +185,7 @@ class EcsAgent:
 
     async def _launch(self) -> Task:
         self.started += 1
-        worker_id = f"worker-{self.started}"
+        worker_id = f"{self.worker_prefix}-{self.started}"
         used = {t.slot for t in self.tasks.values()}
         slot = next(i for i in range(1, len(used) + 2) if i not in used)
         arn, task_id = self.ecs.run_task()
@@ -266,3 +270,23 @@ class EcsAgent:
         if not enabled:
             self.kick()  # a surplus task that just went idle can be stopped now
         return 200, {"protection": task.protection()}
+
+
+async def start_fleets(
+    ecs: MotoEcs, registry: Registry | None, sink: LogSink, env: Mapping[str, str], *, stop_timeout_s: float,
+    metrics_port_base: int, log_protection: bool,
+) -> list[EcsAgent]:
+    """One agent for the one service, or, with a model registry, one per model's service: its workers get that
+    model's entry (``INFERQ_MODEL``), its service name, and metrics ports of their own."""
+    if registry is None:
+        return [await EcsAgent(ecs, sink, env, stop_timeout_s=stop_timeout_s, metrics_port_base=metrics_port_base,
+                               log_protection=log_protection).start()]
+    agents = []
+    for i, model in enumerate(registry.models):
+        fleet_env = {**env, "INFERQ_MODEL": model.name, "INFERQ_ECS_SERVICE": model.service}
+        agents.append(await EcsAgent(
+            ecs.fleet(model.service), sink, fleet_env, stop_timeout_s=stop_timeout_s,
+            metrics_port_base=metrics_port_base + 100 * i if metrics_port_base else 0,
+            log_protection=log_protection, worker_prefix=model.queue,
+        ).start())
+    return agents

@@ -4,6 +4,8 @@ In-process on purpose: the agent reads the service's desired count straight from
 HTTP), hears of every ``UpdateService`` the moment it happens, and writes back the real ``runningCount`` and
 ``pendingCount`` — moto alone reports ``runningCount == desiredCount`` as soon as the desired count changes, which
 would hide a scale-up still in progress from the scaler.
+
+With a model registry there is one service per model (:meth:`MotoEcs.fleet` gives each agent its own view).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,17 +32,38 @@ class Names:
 class MotoEcs:
     """A moto server on ``host:port`` with the worker cluster, task definition and service (desired count 0)."""
 
-    def __init__(self, names: Names, *, host: str = "127.0.0.1", port: int = 0, stop_timeout_s: int = 30) -> None:
+    def __init__(self, names: Names, *, host: str = "127.0.0.1", port: int = 0, stop_timeout_s: int = 30,
+                 services: Sequence[str] = ()) -> None:
         self.names = names
+        self.services = list(services) or [names.service]
+        """Every service of the cluster: ``names.service``, or one per model of a registry."""
         self.host = host
         self.port = port
         self.stop_timeout_s = stop_timeout_s
         self._server: Any = None
         self._backend: Any = None
         self._lock = threading.Lock()
-        self._running = 0
-        self._pending = 0
-        self.on_desired_change: Callable[[int], None] | None = None
+        self._counts: dict[str, tuple[int, int]] = {name: (0, 0) for name in self.services}
+        self._listeners: dict[str, Callable[[int], None]] = {}
+
+    @property
+    def on_desired_change(self) -> Callable[[int], None] | None:
+        """Called (on moto's request thread) when the first service's desired count changes."""
+        return self._listeners.get(self.services[0])
+
+    @on_desired_change.setter
+    def on_desired_change(self, listener: Callable[[int], None] | None) -> None:
+        self.listen(self.services[0], listener)
+
+    def listen(self, service: str, listener: Callable[[int], None] | None) -> None:
+        if listener is None:
+            self._listeners.pop(service, None)
+        else:
+            self._listeners[service] = listener
+
+    def fleet(self, service: str) -> ServiceView:
+        """One service's view, the interface an :class:`~emulator.agent.EcsAgent` drives."""
+        return ServiceView(self, service)
 
     @property
     def endpoint(self) -> str:
@@ -67,10 +90,12 @@ class MotoEcs:
             volumes=[],
             requires_compatibilities=["EC2"],
         )
-        backend.create_service(self.names.cluster, self.names.service, 0, task_definition_str=FAMILY)
+        for service in self.services:
+            backend.create_service(self.names.cluster, service, 0, task_definition_str=FAMILY)
         self._backend = backend
         self._hook_update_service(backend)
-        self._write_counts()
+        for service in self.services:
+            self._write_counts(service)
         return self
 
     def _hook_update_service(self, backend: Any) -> None:
@@ -78,34 +103,36 @@ class MotoEcs:
 
         def update_service(service_properties: dict[str, Any]) -> Any:
             service = original(service_properties)
-            if service.name == self.names.service:
-                self._write_counts()
-                if self.on_desired_change is not None:
-                    self.on_desired_change(int(service.desired_count))
+            if service.name in self._counts:
+                self._write_counts(service.name)
+                listener = self._listeners.get(service.name)
+                if listener is not None:
+                    listener(int(service.desired_count))
             return service
 
         backend.update_service = update_service
 
-    def _service(self) -> Any:
-        return self._backend.services[f"{self.names.cluster}:{self.names.service}"]
+    def _service(self, name: str | None = None) -> Any:
+        return self._backend.services[f"{self.names.cluster}:{name or self.services[0]}"]
 
-    def desired_count(self) -> int:
+    def desired_count(self, service: str | None = None) -> int:
         if self._backend is None:
             return 0
-        return int(self._service().desired_count)
+        return int(self._service(service).desired_count)
 
-    def set_counts(self, running: int, pending: int) -> None:
+    def set_counts(self, running: int, pending: int, service: str | None = None) -> None:
         """The agent's truth, shown by ``DescribeServices`` (service and primary deployment)."""
+        name = service or self.services[0]
         with self._lock:
-            self._running, self._pending = running, pending
-        self._write_counts()
+            self._counts[name] = (running, pending)
+        self._write_counts(name)
 
-    def _write_counts(self) -> None:
+    def _write_counts(self, name: str) -> None:
         if self._backend is None:
             return
         with self._lock:
-            running, pending = self._running, self._pending
-        service = self._service()
+            running, pending = self._counts[name]
+        service = self._service(name)
         service.running_count = running
         service.pending_count = pending
         for deployment in service.deployments[:1]:
@@ -114,11 +141,11 @@ class MotoEcs:
             deployment["desiredCount"] = int(service.desired_count)
             deployment["rolloutState"] = "COMPLETED" if running == service.desired_count else "IN_PROGRESS"
 
-    def run_task(self) -> tuple[str, str]:
+    def run_task(self, service: str | None = None) -> tuple[str, str]:
         """Record a task of the service in moto (``ListTasks``/``DescribeTasks`` show it); returns (arn, id)."""
+        name = service or self.services[0]
         tasks = self._backend.run_task(
-            self.names.cluster, FAMILY, 1, None, f"ecs-svc/{self.names.service}", None, "FARGATE",
-            group=f"service:{self.names.service}",
+            self.names.cluster, FAMILY, 1, None, f"ecs-svc/{name}", None, "FARGATE", group=f"service:{name}",
         )
         arn = str(tasks[0].task_arn)
         return arn, arn.rsplit("/", 1)[-1]
@@ -134,5 +161,34 @@ class MotoEcs:
         if self._backend is not None:
             # moto's backends are process-wide: leave no hook and no service behind for other users of moto
             self._backend.__dict__.pop("update_service", None)
-            self._backend.services.pop(f"{self.names.cluster}:{self.names.service}", None)
+            for service in self.services:
+                self._backend.services.pop(f"{self.names.cluster}:{service}", None)
             self._backend = None
+
+
+class ServiceView:
+    """One service of a :class:`MotoEcs`, with the methods an agent uses (its fleet's desired count and tasks)."""
+
+    def __init__(self, ecs: MotoEcs, service: str) -> None:
+        self.ecs = ecs
+        self.service = service
+
+    @property
+    def on_desired_change(self) -> Callable[[int], None] | None:
+        return self.ecs._listeners.get(self.service)
+
+    @on_desired_change.setter
+    def on_desired_change(self, listener: Callable[[int], None] | None) -> None:
+        self.ecs.listen(self.service, listener)
+
+    def desired_count(self) -> int:
+        return self.ecs.desired_count(self.service)
+
+    def set_counts(self, running: int, pending: int) -> None:
+        self.ecs.set_counts(running, pending, self.service)
+
+    def run_task(self) -> tuple[str, str]:
+        return self.ecs.run_task(self.service)
+
+    def stop_task(self, arn: str, reason: str) -> None:
+        self.ecs.stop_task(arn, reason)

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import json
 import os
 import re
 import secrets
@@ -25,6 +26,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from inferq.registry import Registry
+from inferq.registry import load as load_registry
 from inferq.settings import Settings, SettingsError, load_or_exit
 
 from .httpd import get_status
@@ -117,12 +120,15 @@ def create_bucket(endpoint: str, bucket: str) -> None:
 
 
 class Supervisor:
-    def __init__(self, args: argparse.Namespace, settings: Settings, env: dict[str, str]) -> None:
+    def __init__(self, args: argparse.Namespace, settings: Settings, env: dict[str, str],
+                 registry: Registry | None = None) -> None:
         from .ecs import MotoEcs, Names
 
         self.args = args
         self.settings = settings
         self.env = env
+        self.registry = registry
+        """With a model registry: one ECS service, agent and fleet per model."""
         self.data_dir: Path = args.data_dir.resolve()
         self.sink = LogSink()
         self.stop_event = asyncio.Event()
@@ -130,11 +136,13 @@ class Supervisor:
         self.redis_url = args.redis_url or ""
         self.names = Names(settings.ecs_cluster or "inferq", settings.ecs_service or "inferq-workers")
         self.stop_timeout_s = float(min(settings.drain_s + 5, 120))
-        self.ecs = MotoEcs(self.names, port=free_port(), stop_timeout_s=int(self.stop_timeout_s))
+        services = [m.service for m in registry.models] if registry else []
+        self.ecs = MotoEcs(self.names, port=free_port(), stop_timeout_s=int(self.stop_timeout_s), services=services)
         self.wake_port = free_port()
         self.children: dict[str, Child] = {}
         self.child_env: dict[str, str] = {}
         self.agent: Any = None
+        self.agents: list[Any] = []
         self.api_key: str | None = None
         self.ready = False
         self.startup_failure: str | None = None
@@ -208,14 +216,15 @@ class Supervisor:
         scaler_env = {"POWERTOOLS_METRICS_DISABLED": self.env.get("POWERTOOLS_METRICS_DISABLED", "true")}
         await self._spawn("scaler", [sys.executable, "-m", "emulator.scaler", "--wake-port", str(self.wake_port)],
                           scaler_env)
-        from .agent import EcsAgent
+        from .agent import start_fleets
 
         worker_env = {k: v for k, v in child_env.items() if k != "INFERQ_SCALER_WAKE_URL"}
         metrics_base = self.settings.metrics_port if "INFERQ_METRICS_PORT" in self.env else 0
-        self.agent = await EcsAgent(
-            self.ecs, self.sink, worker_env, stop_timeout_s=self.stop_timeout_s, metrics_port_base=metrics_base,
-            log_protection=self.settings.log_level == "DEBUG",
-        ).start()
+        self.agents = await start_fleets(
+            self.ecs, self.registry, self.sink, worker_env, stop_timeout_s=self.stop_timeout_s,
+            metrics_port_base=metrics_base, log_protection=self.settings.log_level == "DEBUG",
+        )
+        self.agent = self.agents[0]
         await self._wait_ready()
         self.ready = True
         self._announce(time.monotonic() - t0)
@@ -296,10 +305,13 @@ class Supervisor:
         key = self.api_key or "<one of your INFERQ_API_KEYS>"
         if self.api_key:
             say(f"inferq: development API key (kept in {self.data_dir / 'dev-api-key'}): {self.api_key}")
+        model = self.registry.primary.name if self.registry else "mock"  # a registry refuses unknown models
+        option = f" --model {model}" if self.registry else ""
         say("inferq: submit a job:")
         say(f"  curl -s {url}/v1/jobs -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' \\")
-        say("    -d '{\"body\": {\"model\": \"mock\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}}'")
-        say(f"  .venv/bin/inferq submit 'Hello' --wait --data-dir {self.args.data_dir}")
+        body = json.dumps({"body": {"model": model, "messages": [{"role": "user", "content": "Hello"}]}})
+        say(f"    -d '{body}'")
+        say(f"  .venv/bin/inferq submit 'Hello'{option} --wait --data-dir {self.args.data_dir}")
         say(f"  .venv/bin/inferq status --data-dir {self.args.data_dir}")
 
     # ------------------------------------------------------------------ Valkey supervision
@@ -347,8 +359,7 @@ class Supervisor:
         for task in list(self._tasks):
             task.cancel()
         steps: list[Coroutine[Any, Any, Any]] = [c.stop(10.0) for c in self.children.values()]
-        if self.agent is not None:
-            steps.append(self.agent.shutdown())
+        steps.extend(agent.shutdown() for agent in self.agents)
         await asyncio.gather(*steps, return_exceptions=True)
         if self.valkey is not None:
             self.valkey.stop()
@@ -360,6 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     env.setdefault("INFERQ_SCALER_INTERVAL_S", EMULATOR_SCALER_INTERVAL_S)
     settings = load_or_exit(env)
+    if settings.models:  # the children may run elsewhere in the tree: give them the file's absolute path
+        env["INFERQ_MODELS"] = str(Path(settings.models).resolve())
+        settings = settings.replace(models=env["INFERQ_MODELS"])
+    try:
+        registry = load_registry(settings)
+    except SettingsError as exc:
+        print(f"inferq: invalid configuration: {exc}", file=sys.stderr)
+        return 2
     if args.redis_url:
         try:
             Settings.from_env({"INFERQ_REDIS_URL": args.redis_url})
@@ -383,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"inferq up: {host}:{port} {problem}; choose another with {option}", file=sys.stderr)
             return 1
     try:
-        return asyncio.run(Supervisor(args, settings, env).run())
+        return asyncio.run(Supervisor(args, settings, env, registry).run())
     except KeyboardInterrupt:
         return 130
 

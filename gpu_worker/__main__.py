@@ -2,6 +2,7 @@
 
 SIGTERM (ECS stopping the task, the emulator scaling in) or SIGINT: stop pulling, drain for ``INFERQ_DRAIN_S``,
 release the rest, exit 0. A second signal skips the rest of the drain. A bad setting exits 2 naming the variable.
+With a model registry (``INFERQ_MODELS``) it serves the model ``INFERQ_MODEL`` names, with that entry's settings.
 A task of the worker that died (a fault that is not Redis's to wait out, a bug) stops it: it releases its jobs,
 deregisters and exits 1, so ECS replaces it.
 """
@@ -14,6 +15,7 @@ import signal
 import sys
 
 from inferq.queue import Queue
+from inferq.registry import Model, served_model
 from inferq.settings import Settings, SettingsError, load_or_exit
 
 from . import logs
@@ -21,16 +23,19 @@ from .backends import build_backend
 from .fastpack import use_hiredis_packing
 from .metrics import WorkerMetrics
 from .protection import TaskProtection
+from .served import ServedModel
 from .worker import Worker, default_worker_id
 
 log = logging.getLogger("gpu_worker")
 
 
-async def serve(settings: Settings) -> int:
+async def serve(settings: Settings, model: Model | None = None) -> int:
     queue = Queue.connect(settings)
     use_hiredis_packing(queue.redis)
     try:
         backend = await build_backend(settings, queue.redis)
+        if model is not None:  # a registry model: the model server knows it by its served name, not an alias
+            backend = ServedModel(backend, model.served_model, frozenset({model.name, *model.aliases}))
     except (RuntimeError, SettingsError) as exc:
         log.error("cannot start the %s backend: %s", settings.backend, exc)
         await queue.close()
@@ -53,14 +58,21 @@ async def serve(settings: Settings) -> int:
 
 def main() -> int:
     settings = load_or_exit()
+    try:
+        model = served_model(settings)  # with a registry: the entry INFERQ_MODEL names
+    except SettingsError as exc:
+        print(f"inferq: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    if model is not None:
+        settings = model.settings
     if not settings.worker_id:
         settings = settings.replace(worker_id=default_worker_id())
     logs.configure(settings.log_level, settings.worker_id)
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(serve(settings))
-    return uvloop.run(serve(settings))
+        return asyncio.run(serve(settings, model))
+    return uvloop.run(serve(settings, model))
 
 
 if __name__ == "__main__":

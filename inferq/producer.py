@@ -111,14 +111,14 @@ class Producer(QueueCore):
         """Accept a job in one round trip. Returns the job and whether it is an idempotent replay.
         Raises QueueFull (TenantQuotaFull for the tenant's quota) and, with replicas to wait for, ReplicationLag."""
         now = now or now_ms()
-        job_id = new_job_id()
+        job_id = new_job_id() + self.id_suffix
         [reply] = await self._write([self._enqueue_call(tenant, request, job_id, now)], replicated=True)
         return await self._enqueued(tenant, request, job_id, now, reply)
 
     async def enqueue_many(self, tenant: str, requests: Sequence[JobRequest]) -> list[tuple[Job, bool]]:
         """Accept many jobs in one round trip, each still its own atomic script (batch clients, benchmarks)."""
         now = now_ms()
-        ids = [new_job_id() for _ in requests]
+        ids = [new_job_id() + self.id_suffix for _ in requests]
         calls = [self._enqueue_call(tenant, r, i, now) for r, i in zip(requests, ids, strict=True)]
         replies = await self._write(calls, replicated=True)
         return [await self._enqueued(tenant, r, i, now, reply)

@@ -35,6 +35,8 @@ class QueueCore:
         self.settings = settings
         self.keys = Keys(settings.queue)
         self.scripts = Scripts(client)
+        # under a model registry a job id names its queue, so the gateway finds any job without a lookup
+        self.id_suffix = f"_{settings.queue}" if settings.models else ""
         self._reclaim_cursor = "0-0"
 
     @classmethod

@@ -235,6 +235,21 @@ class Settings:
     tenant_max_files: int = _setting(0, _int(0))
     tenant_max_batches: int = _setting(0, _int(0))
     worker_id: str | None = _setting(None, _optional_str)
+    models: str | None = field(
+        default=None,
+        metadata={
+            "parse": _optional_str,
+            "doc": "Path of the model registry (`.yaml`, `.yml` or `.json`; docs/models.md): several models, each "
+            "with its own queue, fleet and limits. Unset: one queue, `INFERQ_QUEUE`.",
+        },
+    )
+    model: str | None = field(
+        default=None,
+        metadata={
+            "parse": _optional_str,
+            "doc": "The registry model a worker serves (required when `INFERQ_MODELS` names more than one).",
+        },
+    )
     log_level: str = _setting("INFO", _log_level)
     log_payloads: bool = _setting(False, _bool)
 

@@ -357,6 +357,21 @@ def _status_view(client: Client, args: argparse.Namespace) -> Any:
     fleet.add_row(*(str(scale.get(k, "-")) for k in ("lag", "pending", "unfinished", "dlq", "workers")),
                   "-" if desired is None else str(desired), reason)
 
+    tables = [fleet]
+    try:
+        models = client.models()
+    except InferqError:
+        models = []
+    if len(models) > 1:  # a model registry: one fleet per model
+        per_model = Table(title="models", title_justify="left")
+        for column in ("model", "queue", "lag", "pending", "running", "desired"):
+            per_model.add_column(column, justify="left" if column in ("model", "queue") else "right")
+        for model in models:
+            state = model.get("inferq") or {}
+            per_model.add_row(model["id"], *(str("-" if state.get(k) is None else state[k])
+                                             for k in ("queue", "lag", "pending", "running", "desired")))
+        tables.append(per_model)
+
     jobs = Table(title="recent jobs (submitted with inferq submit)", title_justify="left")
     for column in ("id", "status", "attempts", "age", "answer / error"):
         jobs.add_column(column)
@@ -372,7 +387,7 @@ def _status_view(client: Client, args: argparse.Namespace) -> Any:
         age = f"{time.time() - job.created_at:.0f}s" if job.created_at else "-"
         jobs.add_row(job_id, f"[{colours.get(state, 'white')}]{state}[/]", str(job.attempts), age,
                      (detail or "")[:60])
-    return Group(fleet, jobs)
+    return Group(*tables, jobs)
 
 
 if __name__ == "__main__":

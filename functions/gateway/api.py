@@ -20,9 +20,11 @@ from fastapi.security.utils import get_authorization_scheme_param
 
 from inferq import __version__
 from inferq.queue import Queue
+from inferq.registry import Registry, queue_of_job
+from inferq.registry import load as load_registry
 from inferq.settings import Settings
 
-from . import batches, console, errors, events, files, openapi, routes
+from . import batches, catalog, console, errors, events, files, openapi, routes
 from .auth import KeyStore, StaticKeys, key_store
 from .claims import Claims
 from .clients import QueueProvider
@@ -38,20 +40,23 @@ _api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="`x-api-
 
 
 class Gateway:
-    """What the routes share: settings, the lazily created queue client, keys, wake-up and telemetry."""
+    """What the routes share: settings, the lazily created queue clients (one per model of the registry), keys,
+    wake-up and telemetry."""
 
     def __init__(
         self,
         settings: Settings,
         queues: QueueProvider,
         keys: KeyStore,
-        wake: WakeOnEnqueue,
+        wake: WakeOnEnqueue | Mapping[str, WakeOnEnqueue],
         telemetry: Telemetry,
     ) -> None:
         self.settings = settings
         self.queues = queues
+        self.registry: Registry | None = queues.registry
         self.keys = keys
-        self.wake = wake
+        self.wakes = dict(wake) if isinstance(wake, Mapping) else {queues.primary: wake}
+        self.wake = self.wakes[queues.primary]
         self.telemetry = telemetry
         self.claims = Claims(settings)
         self.op_timeout_s = settings.redis_timeout_s + 1.0
@@ -59,7 +64,35 @@ class Gateway:
 
     @property
     def queue(self) -> Queue:
+        """The primary queue: the only one without a registry; what is not per model with one."""
         return self.queues.get()
+
+    def all_queues(self) -> list[Queue]:
+        return [self.queues.get(name) for name in self.queues.names()]
+
+    def model_queue(self, requested: Any) -> Queue:
+        """The queue of the model ``body.model`` names (a name or an alias; absent: the registry's default). Without
+        a registry every job goes to the one queue, whatever it names."""
+        if self.registry is None:
+            return self.queue
+        if requested is not None and not isinstance(requested, str):
+            raise ApiError(422, "body.model: must be a string")
+        model = self.registry.resolve(requested)
+        if model is None:
+            if requested is None:
+                raise ApiError(422, "body.model: required (this gateway serves several models and has no default)")
+            raise ApiError(404, f"the model {requested[:128]!r} does not exist; GET /v1/models lists them",
+                           type_="model_not_found")
+        return self.queues.get(model.queue)
+
+    def job_queue(self, job_id: str) -> Queue:
+        """The queue a job id names (a registry's ids carry it); 404 when no queue of this gateway has that name."""
+        queue = queue_of_job(job_id)
+        if queue is None:
+            return self.queue
+        if self.registry is None or self.registry.by_queue(queue) is None:
+            raise ApiError(404, "no such job")
+        return self.queues.get(queue)
 
     async def call(self, awaitable: Any, extra_s: float = 0.0) -> Any:
         """One queue operation under the wall-clock bound."""
@@ -102,9 +135,12 @@ class Gateway:
         request.state.tenant = tenant
         return tenant
 
-    def after_enqueue(self, background: BackgroundTasks) -> None:
-        if self.wake.due():
-            background.add_task(self.wake.check, self.queue)
+    def after_enqueue(self, background: BackgroundTasks, queue: Queue | None = None) -> None:
+        """Wake the fleet of ``queue`` (default: the primary one) if it is at zero."""
+        queue = queue or self.queue
+        wake = self.wakes.get(queue.settings.queue, self.wake)
+        if wake.due():
+            background.add_task(wake.check, queue)
 
     async def aclose(self) -> None:
         await self.queues.aclose()
@@ -129,12 +165,14 @@ def create_app(
     variable); ``queue`` (a connected :class:`Queue`), ``waker`` (an async callable) and ``keys`` (a key store or
     ``{key: tenant}``) replace what the settings would build. No client is opened here."""
     settings = settings or Settings.from_env()
+    registry = load_registry(settings)  # a bad file stops the gateway here, naming INFERQ_MODELS
     telemetry = Telemetry(level=settings.log_level)
+    fleets = [m.settings for m in registry.models] if registry else [settings]
     gw = Gateway(
         settings,
-        QueueProvider(settings, queue),
+        QueueProvider(settings, queue, registry),
         key_store(settings, keys),
-        WakeOnEnqueue(waker if waker is not None else default_waker(settings), telemetry),
+        {s.queue: WakeOnEnqueue(waker if waker is not None else default_waker(s), telemetry) for s in fleets},
         telemetry,
     )
 
@@ -157,7 +195,7 @@ def create_app(
     errors.install(app)
     routes.routes(gw, app.router)
     console.install(gw, app.router)
-    for module in (files, batches, events):  # Files/Uploads, Batches, the results feed: routes in their own modules
+    for module in (files, batches, events, catalog):  # Files/Uploads, Batches, the feed, /v1/models: own modules
         module.routes(gw, app.router)
     app.add_middleware(Edge, max_body_bytes=settings.max_body_bytes, telemetry=telemetry,
                        max_upload_bytes=settings.max_upload_bytes)

@@ -5,38 +5,58 @@ A ``redis.asyncio`` connection belongs to the loop it was opened on. Mangum driv
 sandbox, but nothing promises it (a test, another adapter, or a closed loop replaced by a new one): reusing a
 pool across loops fails with "attached to a different loop". So the client is keyed by the running loop; a new
 loop gets a new client, and the old one is dropped (its loop can no longer run its close).
+
+With a model registry the provider holds one :class:`Queue` per model, all on the one client (one pool).
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from inferq.connection import connect
 from inferq.queue import Queue
+from inferq.registry import Registry
 from inferq.settings import Settings
 
 
 class QueueProvider:
-    def __init__(self, settings: Settings, queue: Queue | None = None) -> None:
+    def __init__(self, settings: Settings, queue: Queue | None = None, registry: Registry | None = None) -> None:
         self.settings = settings
+        self.registry = registry
+        self.primary = registry.primary.queue if registry is not None else settings.queue
+        """The queue of what is not per model (files, batches, the console, ``/v1/scale``)."""
+        self._queue_settings = {m.queue: m.settings for m in registry.models} if registry else {}
         self._injected = queue
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: Queue | None = None
+        self._queues: dict[str, Queue] = {}
         self.created = 0
         """How many clients this provider has opened (one per event loop seen)."""
 
-    def get(self) -> Queue:
+    def names(self) -> list[str]:
+        """Every queue, the primary first."""
+        return [self.primary, *(q for q in self._queue_settings if q != self.primary)]
+
+    def get(self, name: str | None = None) -> Queue:
+        """The queue ``name`` (a queue of the registry), or the primary one."""
+        name = name or self.primary
         if self._injected is not None:
-            return self._injected
+            if name == self.primary:
+                return self._injected
+            if name not in self._queues:  # the registry's other queues share the injected queue's client
+                self._queues[name] = Queue(self._injected.redis, self._queue_settings[name])
+            return self._queues[name]
         loop = asyncio.get_running_loop()
-        if self._queue is None or self._loop is not loop:
-            self._queue = Queue.connect(self.settings)
+        if not self._queues or self._loop is not loop:
+            client = connect(self.settings)
+            self._queues = {q: Queue(client, s) for q, s in self._queue_settings.items()} or {
+                self.primary: Queue(client, self.settings)}
             self._loop = loop
             self.created += 1
-        return self._queue
+        return self._queues[name]
 
     async def aclose(self) -> None:
         """Close the client of the running loop (tests, shutdown). An injected queue belongs to its owner."""
-        queue, self._queue = self._queue, None
-        if queue is not None and self._loop is asyncio.get_running_loop():
-            await queue.close()
+        queues, self._queues = self._queues, {}
+        if queues and self._injected is None and self._loop is asyncio.get_running_loop():
+            await next(iter(queues.values())).close()  # one client under them all
         self._loop = None

@@ -2,6 +2,7 @@
 view and the health checks. Their OpenAPI responses come from :mod:`.openapi`; submit and get also have the
 hand-written fast path of :mod:`.hotpath`."""
 
+import asyncio
 import re
 from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any
@@ -21,7 +22,8 @@ from .openapi import doc, errors
 if TYPE_CHECKING:
     from .api import Gateway
 
-JOB_ID_RE = re.compile(r"^job_[a-z2-7]{26}$")
+JOB_ID_RE = re.compile(r"^job_[a-z2-7]{26}(?:_[A-Za-z0-9_-]{1,64})?$")
+"""A job id; under a model registry it ends with its queue (``inferq.registry.queue_of_job``)."""
 TRACEPARENT_RE = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 
@@ -108,15 +110,16 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
             idempotency_key=key,
             traceparent=traceparent if traceparent and TRACEPARENT_RE.match(traceparent) else None,
         )
+        queue = gw.model_queue(payload.body.get("model"))  # an unknown model is a 404 before anything is stored
         job_request = await gw.claims.check_in(tenant, job_request, len(raw))  # a large body goes to S3 first
-        job, replayed = await gw.call(gw.queue.enqueue(tenant, job_request))
+        job, replayed = await gw.call(queue.enqueue(tenant, job_request))
         headers = {"Location": f"/v1/jobs/{job.id}"}
         if replayed:
             gw.telemetry.count("IdempotentReplays")
             return job_response(request, job, 200, {**headers, "Idempotent-Replayed": "true"},
                                 api=gw.claims.by_url(job))
         gw.telemetry.count("JobsEnqueued")
-        gw.after_enqueue(background)
+        gw.after_enqueue(background, queue)
         return job_response(request, job, 202, headers)
 
     @router.get(
@@ -136,11 +139,11 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
                                                    "the job ends)"),
         ] = 0,
     ) -> JSONResponse:
-        _job_id(job_id)
+        queue = gw.job_queue(_job_id(job_id))
         if wait > 0:
-            job = await gw.call(gw.queue.wait(job_id, tenant, wait), extra_s=wait)
+            job = await gw.call(queue.wait(job_id, tenant, wait), extra_s=wait)
         else:
-            job = await gw.call(gw.queue.get(job_id, tenant))
+            job = await gw.call(queue.get(job_id, tenant))
         if job is None:
             raise ApiError(404, "no such job")
         return job_response(request, job, api=await gw.claims.present(job))
@@ -156,8 +159,7 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
         },
     )
     async def cancel_job(request: Request, job_id: str, tenant: Tenant) -> JSONResponse:
-        _job_id(job_id)
-        job = await gw.call(gw.queue.cancel(tenant, job_id))
+        job = await gw.call(gw.job_queue(_job_id(job_id)).cancel(tenant, job_id))
         return job_response(request, job)
 
     @router.get(
@@ -169,7 +171,9 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
     async def list_dead_letters(
         tenant: Tenant, limit: Annotated[int, Query(ge=1, le=1000, description="At most this many jobs")] = 20
     ) -> JSONResponse:
-        jobs = await gw.call(gw.queue.dead_letters(tenant, limit))
+        lists = await gw.call(asyncio.gather(*(q.dead_letters(tenant, limit) for q in gw.all_queues())))
+        jobs = lists[0] if len(lists) == 1 else sorted(  # several models: merged, newest first
+            (job for jobs in lists for job in jobs), key=lambda job: job.finished_at or 0.0, reverse=True)[:limit]
         return JSONResponse({"object": "list", "data": [job.to_api() for job in jobs]})
 
     @router.post(
@@ -184,9 +188,9 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
         },
     )
     async def redrive_job(request: Request, background: BackgroundTasks, job_id: str, tenant: Tenant) -> JSONResponse:
-        _job_id(job_id)
-        job = await gw.call(gw.queue.redrive(tenant, job_id))
-        gw.after_enqueue(background)
+        queue = gw.job_queue(_job_id(job_id))
+        job = await gw.call(queue.redrive(tenant, job_id))
+        gw.after_enqueue(background, queue)
         return job_response(request, job, 202, {"Location": f"/v1/jobs/{job.id}"})
 
     @router.get(

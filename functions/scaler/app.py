@@ -22,8 +22,10 @@ from typing import Any, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics
 
+from inferq.connection import connect
 from inferq.policy import ScalePolicy
 from inferq.queue import Queue
+from inferq.registry import load as load_registry
 from inferq.settings import Settings, SettingsError
 
 from .scaler import Cadence, EcsService, Scaler, Tick, WebhookPass
@@ -38,20 +40,33 @@ SCHEDULE_PERIOD_S = 60.0
 """EventBridge's ``rate(1 minute)``: one scheduled invocation never runs into the next one."""
 
 _settings: Settings | None = None
+_fleets: list[tuple[str | None, Settings]] = []
+"""(model name, its settings) per fleet: every model of the registry, or the one queue (name None)."""
 _ecs_client: Any = None
 _T = TypeVar("_T")
 
 
 def load_settings() -> Settings:
-    global _settings
+    global _settings, _fleets
     if _settings is None:
         settings = Settings.from_env()
-        for name in ("ecs_cluster", "ecs_service"):
+        registry = load_registry(settings)  # a bad file fails the invocation naming INFERQ_MODELS
+        # with a registry each model names its own service; without one INFERQ_ECS_SERVICE is the one fleet's
+        for name in ("ecs_cluster",) if registry else ("ecs_cluster", "ecs_service"):
             if not getattr(settings, name):
                 raise SettingsError(Settings.variable(name), "must be set: the scaler sizes that ECS service")
         logger.setLevel(settings.log_level)
+        # the primary model first: its queue holds the batches (the gateway's primary queue too)
+        models = [registry.primary, *(m for m in registry.models if m is not registry.primary)] if registry else []
+        _fleets = [(m.name, m.settings) for m in models] or [(None, settings)]
         _settings = settings
     return _settings
+
+
+def fleets() -> list[tuple[str | None, Settings]]:
+    """Every fleet this scaler sizes (after :func:`load_settings`)."""
+    load_settings()
+    return _fleets
 
 
 def ecs_client() -> Any:
@@ -72,8 +87,8 @@ def ecs_client() -> Any:
 
 def reset() -> None:
     """Forget the settings and the ECS client (tests, or a process that changed its environment)."""
-    global _settings, _ecs_client
-    _settings, _ecs_client = None, None
+    global _settings, _ecs_client, _fleets
+    _settings, _ecs_client, _fleets = None, None, []
 
 
 def trigger(event: Any) -> str:
@@ -92,10 +107,18 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     settings = load_settings()
     kind = trigger(event)
     logger.append_keys(request_id=getattr(context, "aws_request_id", None), trigger=kind, queue=settings.queue)
-    ticks = _run(invoke(settings, once=kind != "schedule", budget_s=remaining_s(context)))
+    by_fleet = _run(invoke(settings, once=kind != "schedule", budget_s=remaining_s(context)))
+    answer: dict[str, Any] = {"trigger": kind, **_summary(by_fleet[0][1])}
+    if by_fleet[0][0] is not None:  # a registry: each model's own summary too
+        answer["models"] = {name: _summary(ticks) for name, ticks in by_fleet}
+        answer["changes"] = sum(m["changes"] for m in answer["models"].values())
+        answer["errors"] = sorted({e for m in answer["models"].values() for e in m["errors"]})
+    return answer
+
+
+def _summary(ticks: list[Tick]) -> dict[str, Any]:
     last = ticks[-1]
     return {
-        "trigger": kind,
         "evaluations": len(ticks),
         "desired": last.desired,
         "reason": last.decision.reason if last.decision else None,
@@ -104,25 +127,31 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     }
 
 
-async def invoke(settings: Settings, *, once: bool, budget_s: float) -> list[Tick]:
-    queue = Queue.connect(settings)
+async def invoke(settings: Settings, *, once: bool, budget_s: float) -> list[tuple[str | None, list[Tick]]]:
+    """Evaluate every fleet (each model of the registry with its own policy and service, or the one queue) side by
+    side on one Redis client, and drive the batches; each fleet's ticks, in the registry's order."""
+    client = connect(settings)
     try:
-        assert settings.ecs_cluster and settings.ecs_service  # load_settings checked them
-        scaler = Scaler(
-            queue,
-            EcsService(ecs_client(), settings.ecs_cluster, settings.ecs_service),
-            ScalePolicy.from_settings(settings),
-            metrics=metrics,
-            logger=logger,
-            webhooks=webhook_pass(settings),
-            cadence=CADENCE,
+        scalers: list[tuple[str | None, Scaler]] = []
+        for model, fleet in fleets() or [(None, settings)]:
+            assert settings.ecs_cluster and fleet.ecs_service  # load_settings checked them
+            scalers.append((model, Scaler(
+                Queue(client, fleet),
+                EcsService(ecs_client(), settings.ecs_cluster, fleet.ecs_service),
+                ScalePolicy.from_settings(fleet),
+                metrics=metrics,
+                logger=logger,
+                webhooks=webhook_pass(fleet),
+                cadence=CADENCE,
+                model=model,
+            )))
+        runs, _ = await asyncio.gather(  # batches advance at every size of fleet, zero included
+            asyncio.gather(*(s.run(budget_s=budget_s, span_s=SCHEDULE_PERIOD_S, once=once) for _, s in scalers)),
+            drive_batches(scalers[0][1].queue.settings, scalers[0][1].queue, budget_s),
         )
-        ticks, _ = await asyncio.gather(  # batches advance at every size of fleet, zero included
-            scaler.run(budget_s=budget_s, span_s=SCHEDULE_PERIOD_S, once=once), drive_batches(settings, queue, budget_s)
-        )
-        return ticks
+        return [(model, ticks) for (model, _), ticks in zip(scalers, runs, strict=True)]
     finally:
-        await queue.close()
+        await client.aclose()
 
 
 async def drive_batches(settings: Settings, queue: Queue, budget_s: float) -> None:

@@ -121,8 +121,11 @@ class Scaler:
         webhooks: WebhookPass | None = None,
         cadence: Cadence | None = None,
         clock: Callable[[], float] = time.time,
+        model: str | None = None,
     ) -> None:
         self.queue = queue
+        self.model = model
+        """The registry model this scaler sizes (a metrics dimension); None without a registry."""
         self.ecs = ecs
         self.policy = policy
         self.metrics = metrics
@@ -251,6 +254,8 @@ class Scaler:
 
         m = self.metrics
         m.add_dimension(name="queue", value=self.queue.settings.queue)
+        if self.model is not None:
+            m.add_dimension(name="model", value=self.model)
         o = tick.observation
         if o is not None:
             m.add_metric(name="Lag", unit=MetricUnit.Count, value=o.lag)

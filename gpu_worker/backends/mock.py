@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from redis.asyncio import RedisCluster
 from redis.exceptions import NoScriptError
 
 from inferq.faults import FaultRun
@@ -159,10 +160,13 @@ class MockBackend:
     async def _count(self, calls: list[tuple[str, str]]) -> list[int]:
         faults = FaultRun("mock: counting calls failed", logging.getLogger(__name__), clients=[self._redis])
         while True:
-            pipe = self._redis.pipeline(transaction=False)
-            for job_id, token in calls:
-                await self._count_script(keys=[self._key, f"{self._key}:{token}"], args=[job_id], client=pipe)
             try:
+                if isinstance(self._redis, RedisCluster):  # redis-py refuses EVALSHA inside a cluster pipeline
+                    return [int(await self._count_script(keys=[self._key, f"{self._key}:{token}"], args=[job_id]))
+                            for job_id, token in calls]
+                pipe = self._redis.pipeline(transaction=False)
+                for job_id, token in calls:
+                    await self._count_script(keys=[self._key, f"{self._key}:{token}"], args=[job_id], client=pipe)
                 return list(await pipe.execute())
             except NoScriptError:  # a new primary after a failover: the next execute loads the script there
                 continue

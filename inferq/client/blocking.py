@@ -148,6 +148,11 @@ class Client:
         result: dict[str, Any] = _json(self._request("GET", "/v1/scale"))
         return result
 
+    def models(self) -> list[dict[str, Any]]:
+        """``GET /v1/models``: the models served, each with its fleet's state under ``inferq``."""
+        data: list[dict[str, Any]] = _json(self._request("GET", "/v1/models"))["data"]
+        return data
+
     def history(self, limit: int | None = None) -> list[dict[str, Any]]:
         """The queue's sampled counters, oldest first (``GET /v1/stats/history``)."""
         params = {"limit": limit} if limit else None

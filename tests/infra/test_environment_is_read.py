@@ -215,10 +215,11 @@ def test_every_variable_a_process_is_given_is_read_by_it(translated: dict[str, A
 
 
 def test_the_reading_check_tells_a_process_that_reads_a_setting_from_one_that_does_not() -> None:
-    """The analysis itself: the worker reads the job timeout, the gateway does not (the original bug)."""
-    assert "job_timeout_s" in settings_read_by(ENTRY_POINTS["worker"])
-    assert unread("GatewayFunction", {"INFERQ_JOB_TIMEOUT_S"}) == [
-        "INFERQ_JOB_TIMEOUT_S: GatewayFunction never reads settings.job_timeout_s"
+    """The analysis itself: the worker reads its drain time, the gateway does not. (The original bug was the job
+    timeout given to the gateway; the gateway now refers to it, as a field a model registry may set.)"""
+    assert "drain_s" in settings_read_by(ENTRY_POINTS["worker"])
+    assert unread("GatewayFunction", {"INFERQ_DRAIN_S"}) == [
+        "INFERQ_DRAIN_S: GatewayFunction never reads settings.drain_s"
     ]
     assert unread("worker", {"INFERQ_JOB_TIMEOUT_S", "AWS_REGION"}) == []
     assert unread("worker", {"POWERTOOLS_SERVICE_NAME", "INFERQ_NO_SUCH_THING"}) == [

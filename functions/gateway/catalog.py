@@ -1,0 +1,47 @@
+"""``GET /v1/models`` (docs/models.md): the models this gateway serves, in OpenAI's list format, each with its
+fleet's state in an ``inferq`` object. Without a registry, one entry: the single queue."""
+
+import asyncio
+import os
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+
+from inferq.queue import Observation, Queue
+
+from .openapi import documented
+
+
+def _entry(model_id: str, created: int, queue: Queue, seen: Observation) -> dict[str, Any]:
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "inferq",
+        "inferq": {
+            "queue": queue.settings.queue,
+            "desired": seen.desired,  # the scaler's last decision (None before its first)
+            "running": seen.workers,  # workers with a live heartbeat
+            "lag": seen.lag,
+            "pending": seen.pending,
+        },
+    }
+
+
+def routes(gw: Any, router: APIRouter) -> None:
+    Tenant = Annotated[str, Depends(gw.authenticate)]
+    registry = gw.registry
+    # OpenAI's `created`: when the model was added; here when its registry file was last written
+    created = int(os.path.getmtime(registry.path)) if registry is not None else 0
+    ids = [m.name for m in registry.models] if registry is not None else [gw.settings.queue]
+    queue_names = [m.queue for m in registry.models] if registry is not None else [None]
+
+    @router.get("/v1/models", summary="The models served, with each fleet's desired and running workers and depth",
+                response_model=None, responses=documented("OpenAI's model list, each with an `inferq` object",
+                                                          400, 401, 413, 422, 503))
+    async def list_models(tenant: Tenant) -> JSONResponse:
+        queues = [gw.queues.get(name) for name in queue_names]
+        seen = await gw.call(asyncio.gather(*(queue.observe() for queue in queues)))
+        data = [_entry(i, created, q, o) for i, q, o in zip(ids, queues, seen, strict=True)]
+        return JSONResponse({"object": "list", "data": data})
