@@ -32,15 +32,6 @@ ENTRY_POINTS = {
 }
 REPOSITORY_PACKAGES = ("inferq", "inferq_webhooks", "functions", "gpu_worker")
 FIELDS = set(Settings.__dataclass_fields__)
-# Variables the deployment sets ahead of the code that reads them, which parallel branches of issue 14 add: the
-# model registry (INFERQ_MODELS, INFERQ_MODEL: scripts/gen_model_stacks.py) and the worker's claim checks
-# (INFERQ_FILES_BUCKET). Excused only while unread: once the code reads one, the ordinary check holds it, and the
-# entry can go.
-AHEAD_OF_CODE = {
-    "GatewayFunction": {"INFERQ_MODELS"},
-    "ScalerFunction": {"INFERQ_MODELS"},
-    "worker": {"INFERQ_MODELS", "INFERQ_MODEL", "INFERQ_FILES_BUCKET"},
-}
 
 
 # --- what the code reads ---
@@ -190,8 +181,6 @@ def unread(process: str, variables: set[str]) -> list[str]:
     for name in sorted(variables):
         if name.startswith(PREFIX):
             field = name.removeprefix(PREFIX).lower()
-            if name in AHEAD_OF_CODE.get(process, set()) and field not in read:
-                continue
             if field not in FIELDS:
                 problems.append(f"{name}: not a setting (Settings has no field {field!r})")
             elif field not in read:
