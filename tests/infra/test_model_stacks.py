@@ -328,15 +328,16 @@ def test_without_a_registry_the_deployment_is_one_service_and_the_generator_chan
 @pytest.mark.parametrize(
     ("models", "message"),
     [
-        ([{"name": "a"}, {"name": "b", "queue": "a"}], "two models share the queue 'a'"),
-        ([{"name": "a", "service": "x"}, {"name": "b", "service": "x"}], "two models share the service 'x'"),
+        ([{"name": "a"}, {"name": "b", "queue": "a"}], "model 'b' queue: 'a' is already another model's"),
+        ([{"name": "a", "service": "x"}, {"name": "b", "service": "x"}],
+         "model 'b' service: 'x' is already another model's"),
         ([{"name": "a b"}], "models[0].name"),
-        ([{"name": "a", "service": "not/ok"}], "is not an ECS service name"),
-        ([{"name": "a", "deploy": {"gpus": 0}}], "model 'a'.deploy.gpus"),
-        ([{"name": "a", "backend": {"kind": "tgi"}}], "model 'a'.backend.kind"),
+        ([{"name": "a", "service": "not/ok"}], "must be an ECS service name"),
+        ([{"name": "a", "deploy": {"gpus": 0}}], "model 'a' deploy.gpus"),
+        ([{"name": "a", "backend": {"kind": "tgi"}}], "model 'a' backend.kind"),
         ([{"name": "a-b"}, {"name": "a.b", "queue": "ab", "service": "ab"}],
          "models 'a-b' and 'a.b' both make the resource names *AB"),
-        ([{"name": "a", "queue": "it's"}], "model 'a'.queue: must match"),
+        ([{"name": "a", "queue": "it's"}], "model 'a' queue: must be"),
         ([], "models: must be a non-empty list"),
     ],
 )
