@@ -75,10 +75,11 @@ class Telemetry:
             return 0
 
     def _emit(self, pending: Counter[tuple[str, str]]) -> int:
-        from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit  # only on the Lambda path
+        """The plain counts on one EMF line; each count by reason on its own (``single_metric``: one metric, its
+        own dimension set)."""
+        from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit, single_metric  # Lambda path only
 
         plain = {name: n for (name, reason), n in pending.items() if not reason}
-        by_reason: Counter[tuple[str, str]] = Counter({k: n for k, n in pending.items() if k[1]})
         lines = 0
         if plain:
             metrics = EphemeralMetrics(namespace=self.namespace, service=self.service)
@@ -86,10 +87,10 @@ class Telemetry:
                 metrics.add_metric(name=name, unit=MetricUnit.Count, value=n)
             metrics.flush_metrics()
             lines += 1
-        for (name, reason), n in by_reason.items():
-            metrics = EphemeralMetrics(namespace=self.namespace, service=self.service)
-            metrics.add_dimension(name="reason", value=reason)
-            metrics.add_metric(name=name, unit=MetricUnit.Count, value=n)
-            metrics.flush_metrics()
-            lines += 1
+        for (name, reason), n in pending.items():
+            if reason:
+                with single_metric(name=name, unit=MetricUnit.Count, value=n, namespace=self.namespace,
+                                   default_dimensions={"service": self.service}) as metric:
+                    metric.add_dimension(name="reason", value=reason)
+                lines += 1
         return lines
