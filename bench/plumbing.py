@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import floor, load, report, valkeystats
+from .clients import make_pool
 from .profiles import profile_summary
 from .stack import Stack
 from .summary import SYSTEM_ROLES, cpu_delta, run_summary, sum_stats
@@ -93,7 +94,7 @@ class Plumbing:
             stats0 = sampler.snapshot()
             roles0 = st.cpu_by_role()
             cpu0 = time.process_time()
-            async with load.make_pool(st.url, st.api_key, clients, timeout_s=40.0, kind=self.args.client) as client:
+            async with make_pool(st.url, st.api_key, clients, timeout_s=40.0, kind=self.args.client) as client:
                 if kind == "closed_loop":
                     result = await load.closed_loop(client, n, clients, body, name=name,
                                                     deadline_s=self.sizes.deadline_s,
@@ -119,7 +120,7 @@ class Plumbing:
         deadline = result.perf0 + self.sizes.deadline_s
         counter = iter(range(n))
         body = load.job_body(0)
-        async with load.make_pool(st.url, st.api_key, clients, kind=self.args.client) as pool:
+        async with make_pool(st.url, st.api_key, clients, kind=self.args.client) as pool:
 
             async def submitter(client: Any) -> None:
                 for i in counter:

@@ -39,3 +39,13 @@ def test_the_floor_scenario_runs_against_its_own_valkey_and_accounts_for_every_j
     floor = results["scenarios"]["F"]
     assert results["ok"] and floor["config"]["jobs"] == 400
     assert [run["done"] for run in floor["runs"]] == [400] and floor["valkey"]["total_calls_per_job"] > 0
+
+
+def test_the_reference_latency_scenario_runs_through_a_direct_stack(tmp_path: Path) -> None:
+    """S2 through Valkey, uvicorn and a worker process: warm-up, the measured run and the script sample."""
+    done = bench("--quick", "--only", "S2", "--stack", "direct", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    s2 = results["scenarios"]["S2"]
+    assert results["ok"] and [run["done"] for run in s2["runs"]] == [80]
+    assert s2["stack"]["mode"] == "direct" and "script_sample" in s2["valkey"]
