@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from . import floor, load, report, scale, valkeystats
-from .plumbing import Plumbing, Sizes
+from .plumbing import Plumbing, Sizes, measured
 from .stack import Stack, stop_process
 from .summary import (
     cpu_delta,
@@ -139,16 +139,10 @@ class HttpScenarios(Plumbing):
                 n = sz.warmup if i == 0 else sz.s3_jobs
                 title = "F warm-up" if i == 0 else f"F floor run {i}/{sz.repeats}"
                 task = self.progress.add_task(title, total=n)
-                sampler = valkeystats.Sampler(fl.url)
-                try:
-                    stats0, roles0, cpu0 = sampler.snapshot(), fl.cpu_by_role(), time.process_time()
+                with measured(fl.url, fl.cpu_by_role) as finish:
                     result = await floor.closed_loop(fl.url, n, 32, deadline_s=sz.deadline_s,
                                                      progress=functools.partial(self.advance, task))
-                    result.client_cpu_s = time.process_time() - cpu0
-                    result.cpu_by_role = cpu_delta(roles0, fl.cpu_by_role(), result.client_cpu_s)
-                    result.commandstats = valkeystats.delta(stats0, sampler.snapshot())
-                finally:
-                    sampler.close()
+                    finish(result)
                 self.progress.update(task, visible=False)
                 if i == 0:
                     if not result.ok:

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,26 @@ from .summary import SYSTEM_ROLES, cpu_delta, run_summary, sum_stats
 CAVEAT = ("client, gateway, Valkey, scaler, emulator supervisor and workers all share this machine's cores; "
           "the load generator's own CPU is taken from the system under test, and other processes on a shared "
           "machine add noise (load average recorded per scenario)")
+
+
+@contextlib.contextmanager
+def measured(
+    redis_url: str, cpu_by_role: Callable[[], dict[str, float]]
+) -> Iterator[Callable[[load.LoadResult], None]]:
+    """Around one load run: ``finish(result)``, called when it ends, gives the result this process's CPU, the CPU
+    of each role of the system under test, and Valkey's command stats, all over the run."""
+    sampler = valkeystats.Sampler(redis_url)
+    try:
+        stats0, roles0, cpu0 = sampler.snapshot(), cpu_by_role(), time.process_time()
+
+        def finish(result: load.LoadResult) -> None:
+            result.client_cpu_s = time.process_time() - cpu0
+            result.cpu_by_role = cpu_delta(roles0, cpu_by_role(), result.client_cpu_s)
+            result.commandstats = valkeystats.delta(stats0, sampler.snapshot())
+
+        yield finish
+    finally:
+        sampler.close()
 
 
 @dataclass(frozen=True)
@@ -89,11 +109,7 @@ class Plumbing:
                         name: str) -> load.LoadResult:
         task = self.progress.add_task(title, total=n)
         body = load.job_body(latency_ms)
-        sampler = valkeystats.Sampler(st.redis_url)
-        try:
-            stats0 = sampler.snapshot()
-            roles0 = st.cpu_by_role()
-            cpu0 = time.process_time()
+        with measured(st.redis_url, st.cpu_by_role) as finish:
             async with make_pool(st.url, st.api_key, clients, timeout_s=40.0, kind=self.args.client) as client:
                 if kind == "closed_loop":
                     result = await load.closed_loop(client, n, clients, body, name=name,
@@ -102,11 +118,7 @@ class Plumbing:
                 else:
                     result = await load.burst(client, n, clients, body, name=name, deadline_s=self.sizes.deadline_s,
                                               progress=lambda k: self.progress.advance(task, k))
-            result.client_cpu_s = time.process_time() - cpu0
-            result.cpu_by_role = cpu_delta(roles0, st.cpu_by_role(), result.client_cpu_s)
-            result.commandstats = valkeystats.delta(stats0, sampler.snapshot())
-        finally:
-            sampler.close()
+            finish(result)
         self.progress.update(task, visible=False)
         return result
 
