@@ -273,11 +273,7 @@ def plots(report: dict[str, Any], latencies: dict[str, list[float]], out_dir: Pa
             ax.set_xlabel("ms")
             ax.set_ylabel("jobs")
             ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = out_dir / "latency.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(str(path))
+        written.append(_save(plt, fig, out_dir / "latency.png"))
 
     fleet = report.get("throughput_vs_fleet", {})
     window = report.get("throughput_vs_window", {})
@@ -301,11 +297,7 @@ def plots(report: dict[str, Any], latencies: dict[str, list[float]], out_dir: Pa
         if window:
             ax.legend(fontsize=8)
         ax.set_ylim(bottom=0)
-        fig.tight_layout()
-        path = out_dir / "throughput.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(str(path))
+        written.append(_save(plt, fig, out_dir / "throughput.png"))
     return written
 
 
@@ -317,6 +309,13 @@ def write(report: dict[str, Any], out_dir: Path) -> dict[str, str]:
     (out_dir / "results.md").write_text(markdown(report))
     (out_dir / "results.json").write_text(json.dumps(report, indent=2, default=str))
     return paths
+
+
+def _save(plt: Any, fig: Any, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
 
 
 def _errorbars(ax: Any, series: dict[str, dict[str, dict[str, float]]]) -> None:

@@ -37,7 +37,7 @@ def test_the_floor_scenario_runs_against_its_own_valkey_and_accounts_for_every_j
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     floor = results["scenarios"]["F"]
-    assert results["ok"] and floor["config"]["jobs"] == 400
+    assert results["ok"] and floor["config"]["jobs"] == 400 and (tmp_path / "latency.png").exists()
     assert [run["done"] for run in floor["runs"]] == [400] and floor["valkey"]["total_calls_per_job"] > 0
 
 
