@@ -31,7 +31,7 @@ def package_loggers_restored() -> Iterator[None]:
     they should in a Lambda process; each test gets them back as they were, so pytest's caplog sees their
     records in the next test."""
     saved = {name: (lg.handlers[:], lg.propagate, lg.level)
-             for name in ("inferq", "functions", "gpu_worker") for lg in [logging.getLogger(name)]}
+             for name in ("inferq", "functions", "gpu_worker", "uvicorn") for lg in [logging.getLogger(name)]}
     yield
     for name, (handlers, propagate, level) in saved.items():
         lg = logging.getLogger(name)

@@ -28,7 +28,9 @@ from aws_lambda_powertools import Logger
 
 DEFAULT_NAMESPACE = "inferq"
 SERVICE = "inferq-gateway"
-PACKAGES = frozenset({"inferq", "functions"})
+PACKAGES = frozenset({"inferq", "functions", "uvicorn"})
+"""Loggers that write through Powertools' handler: ours, and uvicorn's own (startup, server errors) where the
+emulator or the bench serves the app with it."""
 
 
 class Telemetry:
