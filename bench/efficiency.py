@@ -42,6 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from emulator.valkey import free_port
 
+from .report import part_main
 from .stack import Stack, spawn_worker, stop_process
 
 MAX_MODEL_LEN = 256
@@ -351,17 +352,7 @@ def run(report: dict[str, Any], quick: bool = False) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import json
-
-    parser = argparse.ArgumentParser(prog="python -m bench.efficiency", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer requests, concurrencies and windows")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args(argv)
-    report = run({}, quick=args.quick)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
-    return 0
+    return part_main("python -m bench.efficiency", __doc__, run, "fewer requests, concurrencies and windows", argv)
 
 
 if __name__ == "__main__":

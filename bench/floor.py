@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from . import load
+from . import clients, load
 from .stack import ROOT, _cpu_s, _stop, _term_with_parent
 
 STREAM = "floor:jobs"
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=32)
     parser.add_argument("--latency-ms", type=float, default=5.0)
     args = parser.parse_args(argv)
-    load.check_loopback(args.url.replace("redis://", "http://"))
+    clients.check_loopback(args.url.replace("redis://", "http://"))
     try:
         import uvloop
 

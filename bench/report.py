@@ -13,7 +13,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -273,23 +273,14 @@ def plots(report: dict[str, Any], latencies: dict[str, list[float]], out_dir: Pa
             ax.set_xlabel("ms")
             ax.set_ylabel("jobs")
             ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = out_dir / "latency.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(str(path))
+        written.append(_save(plt, fig, out_dir / "latency.png"))
 
     fleet = report.get("throughput_vs_fleet", {})
     window = report.get("throughput_vs_window", {})
     if fleet or window:
         fig, axes = plt.subplots(1, 2, figsize=(12, 4), squeeze=False)
         ax = axes[0, 0]
-        for series, points in fleet.items():
-            xs = sorted(points, key=int)
-            ax.errorbar([int(x) for x in xs], [points[x]["median"] for x in xs],
-                        yerr=[[points[x]["median"] - points[x]["min"] for x in xs],
-                              [points[x]["max"] - points[x]["median"] for x in xs]], marker="o", capsize=3,
-                        label=series)
+        _errorbars(ax, fleet)
         ax.set_xticks(sorted({int(x) for points in fleet.values() for x in points}) or [1])
         ax.set_xlabel("worker processes")
         ax.set_ylabel("jobs/s")
@@ -298,12 +289,7 @@ def plots(report: dict[str, Any], latencies: dict[str, list[float]], out_dir: Pa
             ax.legend(fontsize=8)
         ax.set_ylim(bottom=0)
         ax = axes[0, 1]
-        for series, points in window.items():
-            xs = sorted(points, key=int)
-            ax.errorbar([int(x) for x in xs], [points[x]["median"] for x in xs],
-                        yerr=[[points[x]["median"] - points[x]["min"] for x in xs],
-                              [points[x]["max"] - points[x]["median"] for x in xs]], marker="o", capsize=3,
-                        label=series)
+        _errorbars(ax, window)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("INFERQ_WINDOW (1 worker)")
         ax.set_ylabel("jobs/s")
@@ -311,11 +297,7 @@ def plots(report: dict[str, Any], latencies: dict[str, list[float]], out_dir: Pa
         if window:
             ax.legend(fontsize=8)
         ax.set_ylim(bottom=0)
-        fig.tight_layout()
-        path = out_dir / "throughput.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(str(path))
+        written.append(_save(plt, fig, out_dir / "throughput.png"))
     return written
 
 
@@ -327,3 +309,35 @@ def write(report: dict[str, Any], out_dir: Path) -> dict[str, str]:
     (out_dir / "results.md").write_text(markdown(report))
     (out_dir / "results.json").write_text(json.dumps(report, indent=2, default=str))
     return paths
+
+
+def _save(plt: Any, fig: Any, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def _errorbars(ax: Any, series: dict[str, dict[str, dict[str, float]]]) -> None:
+    """One line per series: the median at each x, min to max as the error bar."""
+    for name, points in series.items():
+        xs = sorted(points, key=int)
+        ax.errorbar([int(x) for x in xs], [points[x]["median"] for x in xs],
+                    yerr=[[points[x]["median"] - points[x]["min"] for x in xs],
+                          [points[x]["max"] - points[x]["median"] for x in xs]], marker="o", capsize=3, label=name)
+
+
+def part_main(prog: str, doc: str | None, run: Callable[..., dict[str, Any]], quick_help: str,
+              argv: list[str] | None = None) -> int:
+    """The command line of a part run on its own (``python -m bench.worker``, ``bench.efficiency``): ``--quick``,
+    and ``--json PATH`` to keep the figures ``run`` returns."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    figures = run({}, quick=args.quick)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 0

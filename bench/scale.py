@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import load, report
+from . import clients, load, report
 
 LOOPS_PER_GENERATOR = 32
 
@@ -104,7 +104,7 @@ def _pct(value: float | None) -> str:
 async def _generate(url: str, api_key: str, jobs: int, loops: int, latency_ms: int, deadline_s: float) -> dict[str,
                                                                                                                Any]:
     cpu0 = time.process_time()
-    async with load.make_pool(url, api_key, loops, timeout_s=40.0) as pool:
+    async with clients.make_pool(url, api_key, loops, timeout_s=40.0) as pool:
         result = await load.closed_loop(pool, jobs, loops, load.job_body(latency_ms), deadline_s=deadline_s)
     done = [r for r in result.records if r.done]
     return {"jobs": jobs, "done": len(done), "errors": result.error_count, "error_messages": result.errors[:5],
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-at", type=float, default=0.0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    load.check_loopback(args.url)
+    clients.check_loopback(args.url)
     api_key = os.environ["BENCH_API_KEY"]  # not on the command line: ps shows that
     time.sleep(max(0.0, args.start_at - time.perf_counter()))
     try:

@@ -15,9 +15,7 @@ others use it (the load average is recorded).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -32,38 +30,13 @@ from inferq.jobs import JobRequest
 from inferq.queue import Queue
 from inferq.settings import Settings
 
+from .load import job_body
+from .report import part_main
+from .stack import spawn_worker, stop_process
+
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_JOBS_PER_S = 3000
 E2E_WINDOW = 512
-
-
-def _body(latency_ms: int = 0) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": "mock", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 8}
-    if latency_ms:
-        body["mock"] = {"latency_ms": latency_ms}
-    return body
-
-
-def _spawn(redis_url: str, queue: str, window: int, log: Path, **env: str) -> subprocess.Popen[bytes]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
-    environment.update({
-        "INFERQ_REDIS_URL": redis_url, "INFERQ_QUEUE": queue, "INFERQ_WINDOW": str(window),
-        "INFERQ_METRICS_PORT": "0", "INFERQ_LOG_LEVEL": "WARNING", "INFERQ_WORKER_ID": f"bench-{queue}",
-        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **env,
-    })
-    with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "gpu_worker"], cwd=ROOT, env=environment, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
 
 
 async def _wait_worker(queue: Queue, worker: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -113,16 +86,17 @@ async def end_to_end(redis_url: str, logs: Path, n: int, window: int, latency_ms
     settings = Settings(redis_url=redis_url, queue="bw" + uuid.uuid4().hex[:8], max_queue_depth=0)
     queue = Queue.connect(settings)
     await queue.ensure_groups()
-    worker = _spawn(redis_url, settings.queue, window, logs / "worker.log", **env)
+    worker = spawn_worker(redis_url, settings.queue, window, logs / "worker.log",
+                          {"INFERQ_WORKER_ID": f"bench-{settings.queue}", **env})
     try:
         await _wait_worker(queue, worker)
         started = time.perf_counter()
-        await _enqueue(queue, n, body or _body(latency_ms), url)
+        await _enqueue(queue, n, body or job_body(latency_ms)["body"], url)
         enqueued = time.perf_counter()
         done = await _wait_done(queue, n, worker, timeout)
         stats = await queue.stats()
     finally:
-        _stop(worker)
+        stop_process(worker)
         await queue.close()
     elapsed = done - started
     return {"jobs": n, "window": window, "latency_ms": latency_ms, "seconds": round(elapsed, 3),
@@ -136,13 +110,14 @@ async def drain(redis_url: str, logs: Path, n: int, window: int) -> dict[str, An
     settings = Settings(redis_url=redis_url, queue="bd" + uuid.uuid4().hex[:8], max_queue_depth=0)
     queue = Queue.connect(settings)
     await queue.ensure_groups()
-    await _enqueue(queue, n, _body())
-    worker = _spawn(redis_url, settings.queue, window, logs / "worker.log")
+    await _enqueue(queue, n, job_body()["body"])
+    worker = spawn_worker(redis_url, settings.queue, window, logs / "worker.log",
+                          {"INFERQ_WORKER_ID": f"bench-{settings.queue}"})
     try:
         await _wait_done(queue, n, worker, 300)
         first, last = await _first_started_ms(queue)
     finally:
-        _stop(worker)
+        stop_process(worker)
         await queue.close()
     elapsed = max(0.001, (last - first) / 1000.0)
     return {"jobs": n, "window": window, "seconds": round(elapsed, 3), "jobs_per_s": round(n / elapsed, 1)}
@@ -217,14 +192,7 @@ def run(report: dict[str, Any], quick: bool = False) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.worker", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer jobs")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args(argv)
-    report = run({}, quick=args.quick)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
-    return 0
+    return part_main("python -m bench.worker", __doc__, run, "fewer jobs", argv)
 
 
 if __name__ == "__main__":

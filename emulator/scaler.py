@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import threading
 import time
-import traceback
 import uuid
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -116,16 +114,15 @@ def run(interval_s: float, wake: Wake) -> None:
     """Invoke the handler on the schedule; a wake cuts the wait short and is delivered as its own event, the way
     the gateway's asynchronous invoke reaches the function in AWS. A wake that lands during an invocation is kept
     and runs right after it."""
-    from functions.scaler.app import handler
+    from functions.scaler.app import handler, logger
 
     event = scheduled_event()
     while True:  # until SIGTERM: the scaler holds no state worth a graceful stop
         wake.event.clear()
         try:
             handler(event, LambdaContext())
-        except Exception:
-            traceback.print_exc()
-            sys.stderr.flush()
+        except Exception:  # logged as the Lambda runtime would report it; the next tick tries again
+            logger.exception("scaler invocation failed")
         woken = wake.event.wait(interval_s)
         payload = wake.take() if woken else None
         event = payload if payload is not None else scheduled_event()
@@ -141,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_or_exit()
     wake = Wake()
     serve_wake(args.host, args.wake_port, wake)
-    print(f"invoking {FUNCTION_NAME} every {settings.scaler_interval_s:g}s, and at once on POST "
-          f"http://{args.host}:{args.wake_port}/wake", flush=True)
+    from functions.scaler.app import logger
+
+    logger.info(f"invoking {FUNCTION_NAME} every {settings.scaler_interval_s:g}s, and at once on POST "
+                f"http://{args.host}:{args.wake_port}/wake")
     run(settings.scaler_interval_s, wake)
     return 0
 

@@ -21,7 +21,7 @@ only a crash (or a Redis failure) between the receiver's 2xx and the acknowledge
 ``webhook-id``, on which receivers de-duplicate.
 
 Bounded. A POST has one deadline for everything (resolving, connecting, sending, the answer): a receiver that drips
-bytes cannot hold a slot. At most :data:`MAX_RESPONSE_BYTES` of the answer are read.
+bytes cannot hold a slot. At most :data:`inferq_webhooks.post.MAX_RESPONSE_BYTES` of the answer are read.
 
 Retries: a failed attempt (non-2xx, deadline, connection error) leaves the entry pending; it is tried again after
 ``max(lease, 1 s * 2**(attempts-1))`` (capped at 5 minutes) until ``INFERQ_WEBHOOK_MAX_AGE_S`` after the terminal
@@ -46,22 +46,21 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import httpx
 from redis.exceptions import ResponseError
 
-from inferq import claimcheck, netguard
+from inferq import claimcheck
 from inferq.faults import FaultRun
 from inferq.jobs import Job
 from inferq.keys import WEBHOOK_GROUP
 from inferq.queue import Queue
 from inferq.retry import backoff
 from inferq.settings import Settings
-from inferq.webhook_signing import sign, signing_key, webhook_id
+from inferq.webhook_signing import webhook_id
 
-from .guarded_http import GuardedTransport, read_capped
+from .post import POST_DEADLINE_S, Outcome, WebhookPost
 
 log = logging.getLogger("inferq.webhooks")  # the name every log filter and test knows, from before the move
 
@@ -70,10 +69,6 @@ LEASE_MS = 3000
 RENEW_S = 1.0
 BASE_DELAY_MS = 1000
 MAX_DELAY_MS = 300_000
-POST_DEADLINE_S = 10.0
-"""The whole of one POST: resolving, connecting, TLS, sending, the receiver's answer."""
-MAX_RESPONSE_BYTES = 4096
-"""What is read of a receiver's answer (its status is all that matters); the rest is never downloaded."""
 BATCH = 64
 """Entries one round takes (new ones, and as many due retries): a consumer takes no more than it can deliver soon,
 so its peers share the rest."""
@@ -90,12 +85,6 @@ def retry_delay_ms(attempts: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ delivery
-
-
-class Outcome(Enum):
-    DELIVERED = "delivered"
-    FAILED = "failed"  # worth another attempt
-    REFUSED = "refused"  # the address guard said no, or the URL cannot be sent to: no attempt will do better
 
 
 @dataclass
@@ -133,20 +122,11 @@ class WebhookSender:
         self._present = present  # the job object; a claimed result by URL (presigned where S3 is at hand)
         self.settings = settings
         self.consumer = consumer
-        self.post_deadline_s = http_timeout_s
         self.concurrency = concurrency
-        self._key = signing_key(settings.webhook_secret) if settings.webhook_secret else None
-        self._own_client = client is None
-        self._client = client or httpx.AsyncClient(
-            transport=GuardedTransport(settings.webhook_allow_private, concurrency),
-            timeout=http_timeout_s,
-            follow_redirects=False,  # a redirect could lead anywhere, past the guard
-            headers={"User-Agent": "inferq-webhooks"},
-        )
+        self._post = WebhookPost(settings, client=client, deadline_s=http_timeout_s, connections=concurrency)
         self._on_outcome = on_outcome
         self._holding: set[str] = set()
         """Entries taken and not yet settled or released: renewed every second so no peer takes them over."""
-        self._warned_unsigned = False
 
     @property
     def _events(self) -> str:
@@ -204,46 +184,6 @@ class WebhookSender:
 
     # ------------------------------------------------------------ delivering
 
-    def _headers(self, msg_id: str, body: bytes) -> dict[str, str]:
-        timestamp = int(time.time())
-        headers = {"Content-Type": "application/json", "webhook-id": msg_id, "webhook-timestamp": str(timestamp)}
-        if self._key is not None:
-            headers["webhook-signature"] = sign(self._key, msg_id, timestamp, body)
-        elif not self._warned_unsigned:
-            self._warned_unsigned = True
-            log.warning("webhooks: INFERQ_WEBHOOK_SECRET is not set, deliveries are unsigned")
-        return headers
-
-    async def _post(self, msg_id: str, job_id: str, url: str, body: bytes) -> Outcome:
-        where = {"webhook_job": job_id}
-        try:
-            target = httpx.URL(url)
-        except httpx.InvalidURL:
-            log.warning("webhook refused: the URL cannot be parsed", extra=where)
-            return Outcome.REFUSED
-        if target.scheme != "https" and not (target.scheme == "http" and self.settings.webhook_allow_private):
-            log.warning("webhook refused: %s is not https", target.scheme, extra=where)
-            return Outcome.REFUSED
-        try:
-            async with asyncio.timeout(self.post_deadline_s):
-                async with self._client.stream("POST", target, content=body, headers=self._headers(msg_id, body)) as r:
-                    await read_capped(r, MAX_RESPONSE_BYTES)
-                    status = r.status_code
-        except netguard.BlockedAddress as exc:
-            # the host and the address, never the URL: its query may carry the receiver's token
-            log.warning("webhook refused: %s", exc, extra=where)
-            return Outcome.REFUSED
-        except TimeoutError:
-            log.info("webhook attempt failed: no answer within %.0f s", self.post_deadline_s, extra=where)
-            return Outcome.FAILED
-        except (httpx.HTTPError, OSError) as exc:
-            log.info("webhook attempt failed: %s", type(exc).__name__, extra=where)
-            return Outcome.FAILED
-        if 200 <= status < 300:
-            return Outcome.DELIVERED
-        log.info("webhook attempt failed: receiver answered %d", status, extra=where)
-        return Outcome.FAILED
-
     async def _attempt(self, entry_id: str, fields: dict[str, str], report: WebhookReport) -> bool:
         """One attempt at one entry. True when it is settled (delivered or given up) and can be acknowledged."""
         job_id = fields.get("job", "")
@@ -261,7 +201,7 @@ class WebhookSender:
             log.warning("webhook given up after %.0f s", age_s, extra={"webhook_job": job_id})
             return True
         body = json.dumps(self._present(job), separators=(",", ":"), ensure_ascii=False).encode()
-        outcome = await self._post(webhook_id(job_id, entry_id), job_id, job.webhook_url, body)
+        outcome = await self._post.post(webhook_id(job_id, entry_id), job_id, job.webhook_url, body)
         if outcome is Outcome.DELIVERED:
             report.delivered += 1
         elif outcome is Outcome.REFUSED:
@@ -377,8 +317,7 @@ class WebhookSender:
 
     async def aclose(self) -> None:
         """Close the HTTP client and drop this consumer from the group if it holds nothing."""
-        if self._own_client:
-            await self._client.aclose()
+        await self._post.aclose()
         try:
             held = await self.queue.redis.xpending_range(
                 self._events, WEBHOOK_GROUP, "-", "+", 1, consumername=self.consumer

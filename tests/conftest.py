@@ -4,6 +4,7 @@ and a fresh queue per test (its own queue name, so tests never see each other's 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,6 +23,19 @@ EVENTS = Path(__file__).parent / "events"
 def load_event(name: str) -> dict[str, Any]:
     """A real AWS event payload from tests/events/."""
     return json.loads((EVENTS / name).read_text())
+
+
+@pytest.fixture(autouse=True)
+def package_loggers_restored() -> Iterator[None]:
+    """The Lambda handlers point our packages' loggers at Powertools' handler (no propagation to the root), as
+    they should in a Lambda process; each test gets them back as they were, so pytest's caplog sees their
+    records in the next test."""
+    saved = {name: (lg.handlers[:], lg.propagate, lg.level)
+             for name in ("inferq", "functions", "gpu_worker", "uvicorn") for lg in [logging.getLogger(name)]}
+    yield
+    for name, (handlers, propagate, level) in saved.items():
+        lg = logging.getLogger(name)
+        lg.handlers[:], lg.propagate, lg.level = handlers, propagate, level
 
 
 @pytest.fixture(scope="session")

@@ -27,4 +27,5 @@ class GatewayHandler(Mangum):
 
 
 app = create_app()
+app.state.telemetry.adopt_package_loggers()
 handler = GatewayHandler(app, lifespan="off")

@@ -5,7 +5,9 @@ Logs: Powertools Logger, JSON. The access line of a request (``request_id``: the
 (status >= 400) and at DEBUG for the rest: a Powertools line costs the gateway about as much CPU as answering a
 long poll, and at INFO, the default, a line per request cost S3 about 20% of its throughput and one per submit
 still about 10% (``make bench ARGS="--only L"``, docs/benchmarks.md). ``INFERQ_LOG_LEVEL=DEBUG`` logs every
-request. Prompts, outputs and metadata are never logged.
+request. Prompts, outputs and metadata are never logged. Our packages' own loggers (``inferq.*``, ``functions.*``)
+write through the same handler once :meth:`Telemetry.adopt_package_loggers` has run (the Lambda module does it at
+import), so every line of the process has the keys the worker's and the scaler's lines have.
 
 Metrics: counted in process on the hot path (a dict increment) and written as CloudWatch EMF by Powertools
 only when :meth:`Telemetry.flush` runs, which the Lambda handler does once per invocation. Outside Lambda
@@ -25,7 +27,10 @@ from typing import Any
 from aws_lambda_powertools import Logger
 
 DEFAULT_NAMESPACE = "inferq"
-SERVICE = "gateway"
+SERVICE = "inferq-gateway"
+PACKAGES = frozenset({"inferq", "functions", "uvicorn"})
+"""Loggers that write through Powertools' handler: ours, and uvicorn's own (startup, server errors) where the
+emulator or the bench serves the app with it."""
 
 
 class Telemetry:
@@ -33,8 +38,18 @@ class Telemetry:
         self.service = service or os.environ.get("POWERTOOLS_SERVICE_NAME") or SERVICE
         self.namespace = namespace or os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or DEFAULT_NAMESPACE
         self.logger = Logger(service=self.service, level=level)
+        self.logger.append_keys(name="%(name)s")  # the logger's name, as on the lines of our packages' loggers
         self.totals: Counter[str] = Counter()
         self._pending: Counter[tuple[str, str]] = Counter()
+
+    def adopt_package_loggers(self) -> None:
+        """Powertools' handler, level and keys for the loggers of our packages (they log through
+        ``logging.getLogger(__name__)``), instead of the Lambda runtime's plain-text root handler."""
+        from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
+
+        for name in PACKAGES:
+            logging.getLogger(name)  # registered, so that Powertools finds it; later modules propagate up to it
+        copy_config_to_registered_loggers(source_logger=self.logger, include=set(PACKAGES))
 
     def access(self, status: int, fields: dict[str, Any]) -> None:
         """The access line of one request: INFO for an answer >= 400, DEBUG otherwise (the level is checked before
@@ -62,10 +77,11 @@ class Telemetry:
             return 0
 
     def _emit(self, pending: Counter[tuple[str, str]]) -> int:
-        from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit  # only on the Lambda path
+        """The plain counts on one EMF line; each count by reason on its own (``single_metric``: one metric, its
+        own dimension set)."""
+        from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit, single_metric  # Lambda path only
 
         plain = {name: n for (name, reason), n in pending.items() if not reason}
-        by_reason: Counter[tuple[str, str]] = Counter({k: n for k, n in pending.items() if k[1]})
         lines = 0
         if plain:
             metrics = EphemeralMetrics(namespace=self.namespace, service=self.service)
@@ -73,10 +89,10 @@ class Telemetry:
                 metrics.add_metric(name=name, unit=MetricUnit.Count, value=n)
             metrics.flush_metrics()
             lines += 1
-        for (name, reason), n in by_reason.items():
-            metrics = EphemeralMetrics(namespace=self.namespace, service=self.service)
-            metrics.add_dimension(name="reason", value=reason)
-            metrics.add_metric(name=name, unit=MetricUnit.Count, value=n)
-            metrics.flush_metrics()
-            lines += 1
+        for (name, reason), n in pending.items():
+            if reason:
+                with single_metric(name=name, unit=MetricUnit.Count, value=n, namespace=self.namespace,
+                                   default_dimensions={"service": self.service}) as metric:
+                    metric.add_dimension(name="reason", value=reason)
+                lines += 1
         return lines

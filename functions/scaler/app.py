@@ -15,6 +15,7 @@ loop it was opened on and every invocation runs its own loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -31,9 +32,12 @@ from inferq.settings import Settings, SettingsError
 from .scaler import Cadence, EcsService, Scaler, Tick, WebhookPass
 
 logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME") or "inferq-scaler")
+logger.append_keys(name="%(name)s")  # the logger's name on every line, as on the lines of our packages' loggers
 # service="": no automatic ``service`` dimension, so each queue metric is identified by ``queue`` alone and
 # plain CloudWatch alarms can select it (Metrics Insights queries match either way).
 metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "inferq", service="")
+
+PACKAGES = frozenset({"inferq", "functions"})
 
 CADENCE = Cadence()
 SCHEDULE_PERIOD_S = 60.0
@@ -59,6 +63,7 @@ def load_settings() -> Settings:
         # the primary model first: its queue holds the batches (the gateway's primary queue too)
         models = [registry.primary, *(m for m in registry.models if m is not registry.primary)] if registry else []
         _fleets = [(m.name, m.settings) for m in models] or [(None, settings)]
+        adopt_package_loggers()
         _settings = settings
     return _settings
 
@@ -67,6 +72,17 @@ def fleets() -> list[tuple[str | None, Settings]]:
     """Every fleet this scaler sizes (after :func:`load_settings`)."""
     load_settings()
     return _fleets
+
+
+def adopt_package_loggers() -> None:
+    """Powertools' handler, level and keys for our packages' loggers (``inferq.*``, the webhook sender's
+    ``inferq.webhooks`` among them), instead of the Lambda runtime's plain-text root handler: the same keys as
+    the gateway's and the workers' lines."""
+    from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
+
+    for name in PACKAGES:
+        logging.getLogger(name)  # registered, so that Powertools finds it; later modules propagate up to it
+    copy_config_to_registered_loggers(source_logger=logger, include=set(PACKAGES))
 
 
 def ecs_client() -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench import load
+from bench import clients, load
 
 
 class FakeGateway:
@@ -79,10 +79,10 @@ class FakeGateway:
 
 
 @contextlib.asynccontextmanager
-async def served(app: FakeGateway, kind: str) -> AsyncIterator[load.ClientPool]:
+async def served(app: FakeGateway, kind: str) -> AsyncIterator[clients.ClientPool]:
     """The fake behind httpx's ASGI transport (no sockets), or behind uvicorn on loopback for the raw client."""
     if kind == "httpx":
-        async with load.ClientPool([load.make_client("http://127.0.0.1:1", "k", 8,
+        async with clients.ClientPool([clients.make_client("http://127.0.0.1:1", "k", 8,
                                                      transport=httpx.ASGITransport(app=app, raise_app_exceptions=False))
                                      ]) as pool:
             yield pool
@@ -97,7 +97,7 @@ async def served(app: FakeGateway, kind: str) -> AsyncIterator[load.ClientPool]:
     while not server.started:
         await asyncio.sleep(0.01)
     try:
-        async with load.make_pool(f"http://127.0.0.1:{port}", "k", 4, kind="raw") as pool:
+        async with clients.make_pool(f"http://127.0.0.1:{port}", "k", 4, kind="raw") as pool:
             yield pool
     finally:
         server.should_exit = True
@@ -170,11 +170,11 @@ async def test_the_deadline_bounds_the_run_and_unsubmitted_jobs_count_as_missing
 
 def test_loopback_only() -> None:
     with pytest.raises(ValueError, match="loopback"):
-        load.make_client("http://example.com", "k", 1)
+        clients.make_client("http://example.com", "k", 1)
     with pytest.raises(ValueError, match="loopback"):
-        load.RawClient("http://10.0.0.1:8080", "k")
-    load.check_loopback("http://localhost:8080")
-    load.check_loopback("http://[::1]:8080")
+        clients.RawClient("http://10.0.0.1:8080", "k")
+    clients.check_loopback("http://localhost:8080")
+    clients.check_loopback("http://[::1]:8080")
 
 
 def test_percentiles() -> None:
@@ -212,7 +212,7 @@ async def test_raw_client_reads_content_length_chunked_and_close() -> None:
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    client = load.RawClient(f"http://127.0.0.1:{port}", "secret")
+    client = clients.RawClient(f"http://127.0.0.1:{port}", "secret")
     try:
         first = await client.post("/v1/jobs", json={"body": {}})
         assert (first.status_code, first.json()) == (202, {"id": "a"})

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from bench import floor, load, report, valkeystats
-from bench.__main__ import floor_ratios, fmt_log_cost, fmt_ratios, log_cost, run_summary
+from bench.summary import floor_ratios, fmt_log_cost, fmt_ratios, log_cost, run_summary
 from bench.valkeystats import Stat
 from emulator.valkey import ValkeyProcess
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench import simulate
+from bench import sim_fleet, sim_strategies, simulate
 from inferq.policy import ScalePolicy
 
 
@@ -28,7 +28,7 @@ def test_the_quick_simulation_reports_every_strategy_and_plots(tmp_path: Path) -
 
 
 def test_the_simulation_is_deterministic_per_seed() -> None:
-    sc = simulate.Scenario(seed=5).quick()
+    sc = sim_fleet.Scenario(seed=5).quick()
     first = [r for _, r, _ in simulate.simulate(sc)[2]]
     again = [r for _, r, _ in simulate.simulate(sc)[2]]
     assert first == again
@@ -36,20 +36,20 @@ def test_the_simulation_is_deterministic_per_seed() -> None:
 
 def test_a_fleet_that_never_scales_waits_forever_and_the_sim_says_so() -> None:
     """A controller that keeps zero workers serves nothing: the sim must not report jobs it never ran."""
-    sc = simulate.Scenario(seed=3, day_s=3600.0, bursts=0)
-    trace = simulate.make_trace(sc)
+    sc = sim_fleet.Scenario(seed=3, day_s=3600.0, bursts=0)
+    trace = sim_fleet.make_trace(sc)
 
-    class Never(simulate.Controller):
+    class Never(sim_strategies.Controller):
         pass
 
-    result = simulate.Sim(trace, sc).run(Never())
+    result = sim_fleet.Sim(trace, sc).run(Never())
     assert result["jobs"] == 0 and result["gpu_minutes"] == 0
 
 
 def test_the_policy_row_reacts_to_a_lone_job_at_zero_within_the_wake_latency() -> None:
     """One job on an idle day: the gateway's wake gets it a worker at once (boot time aside)."""
-    sc = simulate.Scenario(seed=1, day_s=3600.0, base_night_per_s=1e-9, base_day_per_s=1e-9, bursts=0)
-    trace = simulate.Trace(arrivals=[600.0], service=[10.0], bursts=[])
-    result = simulate.Sim(trace, sc).run(simulate.InferqPolicy(ScalePolicy(), every_s=60.0))
+    sc = sim_fleet.Scenario(seed=1, day_s=3600.0, base_night_per_s=1e-9, base_day_per_s=1e-9, bursts=0)
+    trace = sim_fleet.Trace(arrivals=[600.0], service=[10.0], bursts=[])
+    result = sim_fleet.Sim(trace, sc).run(sim_strategies.InferqPolicy(ScalePolicy(), every_s=60.0))
     assert result["jobs"] == 1
     assert sc.boot_s <= result["max_wait_s"] <= sc.boot_s + 1.0 + 1e-6

@@ -76,7 +76,7 @@ async def test_logs_are_json_with_job_and_trace_ids_and_never_the_prompt(
     failed = [line for line in lines if line.get("job_id") == job.id]
     assert failed and failed[0]["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert failed[0]["worker_id"] == "logger" and failed[0]["level"] == "WARNING"
-    assert any(line["msg"] == "worker stopped" for line in lines)
+    assert any(line["message"] == "worker stopped" for line in lines)
 
 
 async def test_metrics_are_served_on_the_metrics_port(settings: Settings, queue: Queue, tmp_path: Path) -> None:
@@ -115,7 +115,7 @@ async def test_a_task_that_dies_stops_the_worker_which_releases_its_jobs_and_exi
         await queue.redis.set(queue.keys.delayed, "not a sorted set")  # WRONGTYPE for the promotion
         assert await first.wait(timeout=20) == 1
         lines = first.log_lines()
-        assert any("the maintenance task died" in line.get("msg", "") for line in lines), first.output()[-3000:]
+        assert any("the maintenance task died" in line.get("message", "") for line in lines), first.output()[-3000:]
         for job in jobs:  # handed back at once, no attempt spent: the next worker need not wait for claim-idle
             released = await queue.get(job.id)
             assert released is not None and released.status is JobStatus.QUEUED and released.attempts == 1

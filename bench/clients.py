@@ -1,0 +1,215 @@
+"""The load generator's HTTP clients, loopback only: :class:`RawClient` (one keep-alive connection, HTTP/1.1
+by hand: light on the CPU the bench shares with the system under test) or httpx, one client per concurrent
+loop (:class:`ClientPool`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import sys
+import time
+import types
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+
+def _sniffio_shim() -> None:
+    """httpcore imports ``sniffio`` on every request to learn the event loop; when it is not installed, that is a
+    failed import (a path scan with ``stat`` calls) per request: about a quarter of the client's CPU here. The
+    bench's client runs under asyncio only, so answer for it."""
+    if "sniffio" in sys.modules or importlib.util.find_spec("sniffio") is not None:
+        return
+    shim = types.ModuleType("sniffio")
+    shim.current_async_library = lambda: "asyncio"  # type: ignore[attr-defined]
+    sys.modules["sniffio"] = shim
+
+
+_sniffio_shim()
+
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+def check_loopback(base_url: str | httpx.URL) -> None:
+    host = urlsplit(str(base_url)).hostname or ""
+    if host not in LOOPBACK:
+        raise ValueError(f"the load generator talks to loopback only, not {host!r}")
+
+
+def make_client(base_url: str, api_key: str, connections: int, timeout_s: float = 30.0,
+                transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
+    """One keep-alive pool sized for ``connections`` concurrent requests (no queueing inside the client)."""
+    check_loopback(base_url)
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
+                          keepalive_expiry=60.0)
+    return httpx.AsyncClient(
+        base_url=base_url, headers={"Authorization": f"Bearer {api_key}"}, limits=limits,
+        timeout=httpx.Timeout(timeout_s, connect=5.0), transport=transport,
+    )
+
+
+class ProtocolError(Exception):
+    """The server's answer was not HTTP/1.1 as expected (or the connection ended mid-answer)."""
+
+
+TRANSPORT_ERRORS = (httpx.HTTPError, OSError, TimeoutError, asyncio.IncompleteReadError, ProtocolError)
+
+
+class RawResponse:
+    __slots__ = ("content", "status_code")
+
+    def __init__(self, status_code: int, content: bytes) -> None:
+        self.status_code = status_code
+        self.content = content
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+class RawClient:
+    """A minimal HTTP/1.1 keep-alive client on one connection, for one loop (one request at a time).
+
+    httpx costs this machine 0.8-1.7 ms of CPU per request (more than the gateway spends answering it), taken from
+    the cores the stack under test runs on; this client costs a small fraction of that. It speaks only what the
+    bench needs: ``post(path, json=...)`` and ``get(path, params=...)``, Content-Length or chunked answers.
+    A connection idle longer than ``idle_s`` (below uvicorn's 5 s keep-alive) is replaced before it is used, so
+    a request never races the server closing it.
+    """
+
+    def __init__(self, base_url: str, api_key: str, timeout_s: float = 30.0, idle_s: float = 3.0) -> None:
+        check_loopback(base_url)
+        parts = urlsplit(base_url)
+        self.base_url = base_url
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.timeout_s = timeout_s
+        self.idle_s = idle_s
+        self._head = (f"Host: {parts.netloc}\r\nAuthorization: Bearer {api_key}\r\n"
+                      "Accept: application/json\r\n").encode()
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._last_used = 0.0
+
+    async def post(self, path: str, json: Any = None, timeout: float | None = None) -> RawResponse:
+        body = _json_dumps(json).encode()
+        return await self.request("POST", path, body, timeout)
+
+    async def get(self, path: str, params: dict[str, str] | None = None, timeout: float | None = None) -> RawResponse:
+        if params:
+            path += "?" + "&".join(f"{k}={v}" for k, v in params.items())
+        return await self.request("GET", path, None, timeout)
+
+    async def request(self, method: str, path: str, body: bytes | None, timeout: float | None) -> RawResponse:
+        async with asyncio.timeout(timeout or self.timeout_s):
+            if self._writer is None or time.monotonic() - self._last_used > self.idle_s:
+                await self._reconnect()
+            assert self._reader is not None and self._writer is not None
+            head = f"{method} {path} HTTP/1.1\r\n".encode() + self._head
+            if body is not None:
+                head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n".encode()
+            try:
+                self._writer.write(head + b"\r\n" + (body or b""))
+                response, keep = await self._read(self._reader)
+            except BaseException:
+                await self.aclose()
+                raise
+            if not keep:
+                await self.aclose()
+            self._last_used = time.monotonic()
+            return response
+
+    @staticmethod
+    async def _read(reader: asyncio.StreamReader) -> tuple[RawResponse, bool]:
+        status_line = await reader.readuntil(b"\r\n")
+        try:
+            status = int(status_line.split(b" ", 2)[1])
+        except (IndexError, ValueError):
+            raise ProtocolError(f"bad status line {status_line[:80]!r}") from None
+        length: int | None = None
+        chunked = False
+        keep = True
+        while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value.strip())
+            elif name == b"transfer-encoding" and b"chunked" in value.lower():
+                chunked = True
+            elif name == b"connection" and b"close" in value.lower():
+                keep = False
+        if chunked:
+            parts = []
+            while (size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)) > 0:
+                parts.append(await reader.readexactly(size))
+                await reader.readexactly(2)
+            await reader.readuntil(b"\r\n")
+            return RawResponse(status, b"".join(parts)), keep
+        if length is None:
+            return RawResponse(status, await reader.read()), False
+        return RawResponse(status, await reader.readexactly(length)), keep
+
+    async def _reconnect(self) -> None:
+        await self.aclose()
+        self._reader, self._writer = await asyncio.open_connection(self.host, self.port, limit=2**20)
+
+    async def aclose(self) -> None:
+        writer, self._reader, self._writer = self._writer, None, None
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+
+def _json_dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+Client = httpx.AsyncClient | RawClient
+
+
+class ClientPool:
+    """One single-connection keep-alive client per concurrent loop.
+
+    httpcore's pool checks every pooled connection (a ``poll`` syscall and anyio's attribute lookups) on each
+    request, so one shared pool of 32 connections costs the client several ms of CPU per request on this machine;
+    a client per loop makes that one check. ``pick(i)`` gives loop ``i`` its own client.
+    """
+
+    def __init__(self, clients: list[Client]) -> None:
+        if not clients:
+            raise ValueError("no clients")
+        for client in clients:
+            check_loopback(client.base_url)
+        self.clients = clients
+
+    def pick(self, i: int) -> Client:
+        return self.clients[i % len(self.clients)]
+
+    async def __aenter__(self) -> ClientPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(c.aclose() for c in self.clients), return_exceptions=True)
+
+
+def make_pool(base_url: str, api_key: str, loops: int, timeout_s: float = 30.0, kind: str = "raw") -> ClientPool:
+    """``loops`` clients of one connection each: ``raw`` (:class:`RawClient`) or ``httpx``."""
+    if kind == "httpx":
+        return ClientPool([make_client(base_url, api_key, 1, timeout_s) for _ in range(loops)])
+    if kind == "raw":
+        return ClientPool([RawClient(base_url, api_key, timeout_s) for _ in range(loops)])
+    raise ValueError(f"unknown client kind {kind!r}")
+
+
+def pool_of(clients: Client | ClientPool) -> ClientPool:
+    return clients if isinstance(clients, ClientPool) else ClientPool([clients])

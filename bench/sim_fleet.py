@@ -1,0 +1,220 @@
+"""The elasticity simulation's world (:mod:`bench.simulate`): the seeded day of jobs and the discrete-event
+fleet that serves it, with boot time, windows and scale-in protection. Strategies drive it through
+:class:`bench.sim_strategies.Controller`."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .sim_strategies import Controller
+
+
+@dataclass(frozen=True)
+class Scenario:
+    seed: int = 20240601
+    day_s: float = 86400.0
+    base_night_per_s: float = 0.004  # about one job every four minutes at 04:00
+    base_day_per_s: float = 0.12  # about seven jobs a minute at 16:00
+    bursts: int = 8  # batch submissions between 08:00 and 20:00
+    burst_jobs: tuple[int, int] = (200, 1200)
+    burst_spread_s: tuple[float, float] = (30.0, 300.0)
+    service_mean_s: float = 20.0  # one job's generation time, lognormal
+    service_sigma: float = 0.6
+    window: int = 8  # jobs one worker runs at once (INFERQ_WINDOW)
+    boot_s: float = 120.0  # GPU instance + container + model load
+
+    def quick(self) -> Scenario:
+        """Six hours (08:00-14:00 squeezed into the clock) with three bursts: the same shapes, a quarter of the work."""
+        return Scenario(**{**asdict(self), "day_s": 21600.0, "bursts": 3})
+
+
+@dataclass
+class Trace:
+    arrivals: list[float]
+    service: list[float]
+    bursts: list[tuple[float, int]]
+
+
+def make_trace(sc: Scenario) -> Trace:
+    rng = random.Random(sc.seed)
+    times: list[float] = []
+    # Poisson base by thinning: the rate peaks at 16:00 and bottoms out at 04:00 (the quick day keeps the shape)
+    top = max(sc.base_day_per_s, sc.base_night_per_s)
+    t = 0.0
+    while True:
+        t += rng.expovariate(top)
+        if t >= sc.day_s:
+            break
+        phase = 2 * math.pi * (t / sc.day_s - 16 / 24)
+        rate = sc.base_night_per_s + (sc.base_day_per_s - sc.base_night_per_s) * (0.5 + 0.5 * math.cos(phase))
+        if rng.random() < rate / top:
+            times.append(t)
+    bursts: list[tuple[float, int]] = []
+    for _ in range(sc.bursts):
+        start = rng.uniform(sc.day_s * 8 / 24, sc.day_s * 20 / 24)
+        count = rng.randint(*sc.burst_jobs)
+        spread = rng.uniform(*sc.burst_spread_s)
+        bursts.append((start, count))
+        times.extend(start + rng.uniform(0.0, spread) for _ in range(count))
+    times.sort()
+    mu = math.log(sc.service_mean_s) - sc.service_sigma**2 / 2
+    service = [rng.lognormvariate(mu, sc.service_sigma) for _ in times]
+    return Trace(times, service, sorted(bursts))
+
+
+def peak_fleet(trace: Trace, sc: Scenario, span_s: float = 600.0) -> int:
+    """Workers whose throughput serves the busiest ``span_s`` of the day: capacity planning for the peak."""
+    arrivals, best, lo = trace.arrivals, 0, 0
+    for hi in range(len(arrivals)):
+        while arrivals[hi] - arrivals[lo] > span_s:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    mean_service = sum(trace.service) / len(trace.service)
+    return max(1, math.ceil(best * mean_service / (span_s * sc.window)))
+
+
+# ---------------------------------------------------------------------------------------------- the fleet
+
+
+@dataclass
+class Worker:
+    asked_at: float
+    ready_at: float
+    in_flight: int = 0
+    stopped_at: float | None = None
+    last_served: float = -math.inf
+
+    def ready(self, now: float) -> bool:
+        return self.stopped_at is None and self.ready_at <= now
+
+
+@dataclass
+class Observed:
+    lag: int
+    pending: int
+    busy_workers: int
+    desired: int
+
+
+ARRIVE, DONE, READY, TICK = 0, 1, 2, 3
+
+
+@dataclass
+class Sim:
+    """One strategy over one trace."""
+
+    trace: Trace
+    sc: Scenario
+    desired: int = 0
+    workers: list[Worker] = field(default_factory=list)
+    waiting: deque[int] = field(default_factory=deque)
+    waits: list[float] = field(default_factory=list)
+    changes: int = 0
+    events: list[tuple[float, int, int, Any]] = field(default_factory=list)
+    seq: int = 0
+    series: list[tuple[float, int, int, int, int]] = field(default_factory=list)  # t, lag, pending, alive, ready
+
+    def at(self, t: float, kind: int, payload: Any = None) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, kind, self.seq, payload))
+
+    def alive(self) -> list[Worker]:
+        return [w for w in self.workers if w.stopped_at is None]
+
+    def observe(self, now: float) -> Observed:
+        ready = [w for w in self.workers if w.ready(now)]
+        return Observed(
+            lag=len(self.waiting),
+            pending=sum(w.in_flight for w in ready),
+            busy_workers=sum(1 for w in ready if w.in_flight > 0),
+            desired=self.desired,
+        )
+
+    def set_desired(self, n: int, now: float) -> None:
+        if n == self.desired:
+            return
+        self.changes += 1
+        self.desired = n
+        alive = self.alive()
+        if len(alive) < n:
+            for _ in range(n - len(alive)):
+                w = Worker(asked_at=now, ready_at=now + self.sc.boot_s)
+                self.workers.append(w)
+                self.at(w.ready_at, READY, w)
+            return
+        surplus = len(alive) - n
+        # ECS stops tasks still starting first, then running ones without scale-in protection (nothing in flight);
+        # a protected task stops when its last job ends (see _maybe_stop)
+        for w in sorted(alive, key=lambda w: (w.ready_at <= now, w.in_flight, -w.asked_at)):
+            if surplus == 0:
+                break
+            if w.ready_at > now or w.in_flight == 0:
+                w.stopped_at = now
+                surplus -= 1
+
+    def _maybe_stop(self, w: Worker, now: float) -> None:
+        if w.in_flight == 0 and len(self.alive()) > self.desired:
+            w.stopped_at = now
+
+    def dispatch(self, now: float) -> None:
+        while self.waiting:
+            free = [w for w in self.workers if w.ready(now) and w.in_flight < self.sc.window]
+            if not free:
+                return
+            w = min(free, key=lambda w: w.last_served)
+            job = self.waiting.popleft()
+            self.waits.append(now - self.trace.arrivals[job])
+            w.in_flight += 1
+            w.last_served = now
+            self.at(now + self.trace.service[job], DONE, w)
+
+    def run(self, controller: Controller) -> dict[str, Any]:
+        for i, t in enumerate(self.trace.arrivals):
+            self.at(t, ARRIVE, i)
+        controller.start(self)
+        next_sample = 0.0
+        end = self.sc.day_s
+        while self.events:
+            t, kind, _, payload = heapq.heappop(self.events)
+            if t > self.sc.day_s and not self.waiting and not any(w.in_flight for w in self.workers):
+                break  # the day is over and every job is done: ticks alone would run forever
+            while next_sample <= t:
+                o = self.observe(next_sample)
+                alive = self.alive()
+                self.series.append((next_sample, o.lag, o.pending, len(alive),
+                                    sum(1 for w in alive if w.ready_at <= next_sample)))
+                next_sample += 60.0
+            if kind == ARRIVE:
+                self.waiting.append(payload)
+                controller.on_arrival(self, t)
+            elif kind == DONE:
+                payload.in_flight -= 1
+                self._maybe_stop(payload, t)
+            elif kind == TICK:
+                controller.on_tick(self, t, payload)
+            self.dispatch(t)
+            end = max(end, t)
+        gpu_s = sum((w.stopped_at if w.stopped_at is not None else end) - w.asked_at for w in self.workers)
+        waits = sorted(self.waits)
+        return {
+            "gpu_minutes": gpu_s / 60.0,
+            "p50_wait_s": percentile(waits, 50),
+            "p95_wait_s": percentile(waits, 95),
+            "max_wait_s": waits[-1] if waits else 0.0,
+            "scale_changes": self.changes,
+            "jobs": len(waits),
+        }
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    k = (len(sorted_values) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
