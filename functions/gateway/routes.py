@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from inferq.jobs import Job, JobRequest
+from inferq.jobs import Job, JobRequest, Priority
 
 from .errors import ApiError
 from .hotpath import HotRoute, fast_path, get_job_fast, submit_job_fast
@@ -104,6 +104,7 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
             webhook_url=payload.webhook_url,
             idempotency_key=key,
             traceparent=traceparent if traceparent and TRACEPARENT_RE.match(traceparent) else None,
+            priority=Priority(payload.priority) if payload.priority else gw.settings.priority_of(tenant),
         )
         job, replayed = await gw.call(gw.queue.enqueue(tenant, job_request))
         headers = {"Location": f"/v1/jobs/{job.id}"}
