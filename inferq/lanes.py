@@ -27,8 +27,10 @@ SHARED = (Priority.LOW, Priority.NORMAL)
 @dataclass
 class LaneShare:
     every: int = SHARE_EVERY
-    waited: dict[Priority, int] = field(default_factory=lambda: dict.fromkeys(SHARED, 0))
-    """Per shared lane: takes of other lanes since its own last take, while it had (as far as known) entries."""
+    waited: dict[Priority, int] = field(default_factory=lambda: {Priority.LOW: 0, Priority.NORMAL: 1})
+    """Per shared lane: takes of other lanes since its own last take, while it had (as far as known) entries.
+    ``normal`` starts one take ahead, so that the two shares do not fall due on the same take (one of them would
+    slip by one)."""
 
     def plan(self, count: int) -> list[tuple[Priority, int | None]]:
         """The reads for ``count`` free slots, in order: first the takes owed to the shared lanes within these
