@@ -22,6 +22,8 @@ def simulate(share: LaneShare, waiting: dict[Priority, int], window: int, reads:
         for lane, wanted in share.plan(window):
             if free <= 0:
                 break
+            if wanted is None and lane in short:
+                continue
             ask = free if wanted is None else min(wanted, free)
             got = min(ask, waiting[lane])
             waiting[lane] -= got
