@@ -31,7 +31,7 @@ from .metrics import WorkerMetrics
 from .protection import TaskProtection
 from .window import Window
 
-log = logging.getLogger("gpu_worker.worker")
+log = logging.getLogger("gpu_worker.worker")  # the worker's own logger: moving code here changes no log line
 
 T = TypeVar("T")
 
