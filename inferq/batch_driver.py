@@ -6,8 +6,9 @@ active batch, under a per-batch lease (one driver at a time):
 
 - ``validating``: read the input file once, streaming, and check every line; -> ``failed`` with line errors, or
   ``in_progress`` with the request count.
-- ``in_progress``: turn the next lines into jobs, a chunk at a time and no more than the queue has room for. Each
-  line's job is enqueued with the idempotency key ``<batch id>:<line>``, then ``advancebatch.lua`` records the
+- ``in_progress``: turn the next lines into jobs, a chunk at a time and no more than the queue has room for, in
+  the ``low`` lane (bulk work never delays interactive jobs, and still gets its share of takes). Each line's job
+  is enqueued with the idempotency key ``<batch id>:<line>``, then ``advancebatch.lua`` records the
   chunk's jobs and the byte offset after it in one step: a driver that dies in between enqueues the same chunk
   again and gets the same jobs back, so a crash never makes two jobs for one line. Then scan forward over lines
   whose jobs have ended; all ended -> ``finalizing``. Past the completion window -> ``finalizing`` (expired).
@@ -33,7 +34,7 @@ from typing import Any, Protocol
 
 from . import claimcheck
 from .batches import Batch, Batches, BatchStatus, input_lines, new_file_id, output_line, parse_line, validate
-from .jobs import Job, JobRequest
+from .jobs import Job, JobRequest, Priority
 from .queue import JobNotFound, JobTerminal, Queue, QueueError, QueueFull
 from .settings import Settings
 
@@ -234,7 +235,7 @@ class BatchDriver:
             requests.append(JobRequest(
                 body=request["body"], url=batch.endpoint,
                 metadata={"batch_id": batch.id, "custom_id": request["custom_id"]},
-                idempotency_key=f"{batch.id}:{batch.next_line + i}",
+                idempotency_key=f"{batch.id}:{batch.next_line + i}", priority=Priority.LOW,
             ))
         try:
             accepted = await self.queue.enqueue_many(batch.tenant, requests)

@@ -1,6 +1,10 @@
 """The consumer side of the queue, what a worker runs: read and reclaim entries, start them under a lease, then
 finish, retry or release each delivery, renew the leases, and sweep what is due (retries to promote, jobs to
 expire). A duplicate or stale completion is a normal event to count, so these return an :class:`Outcome`.
+
+Each queue has three lanes (``high``, ``normal``, ``low``), each its own stream; a job's entries are always in its
+lane's, so each write about a delivery goes to the stream its entry came from. Reads take the lanes in priority
+order with a starvation bound (:mod:`inferq.lanes`); reclaim, renewal and a stopped worker's clean-up cover all.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .jobs import Job, JobStatus
+from .jobs import LANES, Job, JobStatus, Priority
 from .keys import GROUP
 from .queue_core import QueueCore, new_token, now_ms
 from .scripting import Code
@@ -52,10 +56,16 @@ class Delivery:
     job: Job
     reclaimed: bool = False
     lease: str = ""
+    lane: Priority = Priority.NORMAL
 
     @property
     def attempt(self) -> int:
         return self.job.attempts
+
+    @property
+    def key(self) -> str:
+        """The entry's identity across lanes: entry ids are per stream, so two lanes can hand out the same one."""
+        return f"{self.lane.value}:{self.entry_id}"
 
 
 @dataclass(frozen=True)
@@ -77,27 +87,36 @@ def settle_token(delivery: Delivery, *what: str) -> str:
     return hashlib.sha256("\0".join((delivery.lease, *what)).encode()).hexdigest()[:16]
 
 
+Entry = tuple[Priority, str, dict[str, str]]
+"""A stream entry read from a lane: (lane, entry id, fields)."""
+
+
 class Consumer(QueueCore):
-    def _start_call(self, entry_id: str, job_id: str, consumer: str, now: int, reclaimed: bool, lease: str) -> tuple:
-        keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.dlq, self.keys.job(job_id),
+    def _start_call(
+        self, lane: Priority, entry_id: str, job_id: str, consumer: str, now: int, reclaimed: bool, lease: str
+    ) -> tuple:
+        keys = [self.keys.stream_of(lane), self.keys.stats, self.keys.events, self.keys.dlq, self.keys.job(job_id),
                 self.keys.done(job_id), self.keys.expiry, self.keys.tenants]
         args = [entry_id, consumer, now, self.settings.max_deliveries, self.settings.result_ttl_s,
                 self.settings.events_maxlen, "1" if reclaimed else "0", lease]
         return ("start", keys, args)
 
     async def _start_entries(
-        self, consumer: str, entries: Sequence[tuple[str, dict[str, str]]], reclaimed: bool
+        self, consumer: str, entries: Sequence[Entry], reclaimed: bool
     ) -> tuple[list[Delivery], list[Skipped]]:
+        if not entries:
+            return [], []
         now = now_ms()
-        live = [(entry_id, fields.get("job", ""), new_token()) for entry_id, fields in entries if fields]
-        replies = await self.scripts.many([self._start_call(e, j, consumer, now, reclaimed, t) for e, j, t in live])
+        live = [(lane, entry_id, fields.get("job", ""), new_token()) for lane, entry_id, fields in entries if fields]
+        replies = await self.scripts.many(
+            [self._start_call(lane, e, j, consumer, now, reclaimed, t) for lane, e, j, t in live])
         deliveries: list[Delivery] = []
         skipped: list[Skipped] = []
-        for (entry_id, job_id, lease), reply in zip(live, replies, strict=True):
+        for (lane, entry_id, job_id, lease), reply in zip(live, replies, strict=True):
             code = int(reply[0])
             if code == 0:
                 record = dict(zip(reply[1::2], reply[2::2], strict=True))
-                deliveries.append(Delivery(entry_id, Job.from_hash(record), reclaimed, lease))
+                deliveries.append(Delivery(entry_id, Job.from_hash(record), reclaimed, lease, lane))
             else:
                 skipped.append(Skipped(entry_id, job_id, Code(code), reply[1] if len(reply) > 1 else None))
         return deliveries, skipped
@@ -105,28 +124,74 @@ class Consumer(QueueCore):
     async def read(
         self, consumer: str, count: int, block_ms: int | None = None
     ) -> tuple[list[Delivery], list[Skipped]]:
-        """Take up to ``count`` new entries for ``consumer`` and start them. ``block_ms`` must stay below the
-        client's socket timeout."""
+        """Take up to ``count`` new entries for ``consumer`` and start them: lane by lane, higher lanes first with
+        the starvation bound of :attr:`lane_share`, without blocking; only when every lane is empty and
+        ``block_ms`` is given, :meth:`read_blocking`."""
         if count <= 0:
             return [], []
-        entries = await self.read_group(self.keys.stream, GROUP, consumer, count, block_ms)
-        return await self._start_entries(consumer, entries, reclaimed=False) if entries else ([], [])
+        entries = await self._take(consumer, count)
+        if not entries and block_ms is not None:
+            return await self.read_blocking(consumer, count, block_ms)
+        return await self._start_entries(consumer, entries, reclaimed=False)
+
+    async def read_blocking(self, consumer: str, count: int, block_ms: int) -> tuple[list[Delivery], list[Skipped]]:
+        """One read that blocks across every lane for up to ``block_ms`` (below the client's socket timeout) and
+        starts at most ``count`` entries, higher lanes first: COUNT applies per stream, so what it answers beyond
+        ``count`` is given back unstarted to the end of its lane (``requeue``), spending no attempt."""
+        entries = await self.read_lanes(consumer, count, block_ms)
+        if len(entries) > count:
+            await self._give_back(entries[count:])
+            entries = entries[:count]
+        self.lane_share.record({lane: sum(1 for e in entries if e[0] is lane) for lane in LANES}, set())
+        return await self._start_entries(consumer, entries, reclaimed=False)
+
+    async def _take(self, consumer: str, count: int) -> list[Entry]:
+        """Non-blocking reads, lane by lane, as :meth:`LaneShare.plan` orders them, until ``count`` are taken."""
+        entries: list[Entry] = []
+        taken = dict.fromkeys(LANES, 0)
+        short: set[Priority] = set()
+        for lane, wanted in self.lane_share.plan(count):
+            free = count - len(entries)
+            if free <= 0:
+                break
+            if wanted is None and lane in short:
+                continue  # found empty by its owed read a moment ago
+            ask = free if wanted is None else min(wanted, free)
+            got = await self.read_group(self.keys.stream_of(lane), GROUP, consumer, ask)
+            if len(got) < ask:
+                short.add(lane)
+            taken[lane] += len(got)
+            entries += [(lane, entry_id, fields) for entry_id, fields in got]
+        self.lane_share.record(taken, short)
+        return entries
+
+    async def _give_back(self, entries: Sequence[Entry]) -> None:
+        """Return entries read but never started to the end of their lane (``requeue``), spending nothing."""
+        calls = [("requeue", [self.keys.stream_of(lane), self.keys.job(fields.get("job", ""))],
+                  [entry_id, new_token()])
+                 for lane, entry_id, fields in entries if fields]
+        await self.scripts.many(calls)
 
     async def reclaim(self, consumer: str, count: int) -> tuple[list[Delivery], list[Skipped]]:
-        """Take over up to ``count`` entries idle longer than ``INFERQ_CLAIM_IDLE_MS`` (their worker died or hung)."""
-        if count <= 0:
-            return [], []
-        try:
-            reply = await self.redis.xautoclaim(
-                self.keys.stream, GROUP, consumer, self.settings.claim_idle_ms, self._reclaim_cursor, count=count
-            )
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            await self.ensure_groups()
-            return [], []
-        self._reclaim_cursor = reply[0]
-        return await self._start_entries(consumer, reply[1], reclaimed=True)
+        """Take over up to ``count`` entries idle longer than ``INFERQ_CLAIM_IDLE_MS`` (their worker died or hung),
+        higher lanes first."""
+        entries: list[Entry] = []
+        for lane in LANES:
+            if len(entries) >= count:
+                break
+            try:
+                reply = await self.redis.xautoclaim(
+                    self.keys.stream_of(lane), GROUP, consumer, self.settings.claim_idle_ms,
+                    self._reclaim_cursors[lane], count=count - len(entries),
+                )
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                await self.ensure_groups()
+                continue
+            self._reclaim_cursors[lane] = reply[0]
+            entries += [(lane, entry_id, fields) for entry_id, fields in reply[1]]
+        return await self._start_entries(consumer, entries, reclaimed=True)
 
     def _outcome(self, reply: Any, written: Outcome) -> Outcome:
         code = int(reply[0])
@@ -142,8 +207,8 @@ class Consumer(QueueCore):
 
     def _finish_call(self, delivery: Delivery, status: JobStatus, result: Any, error: Any, now: int) -> tuple:
         job_id = delivery.job.id
-        keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.tenants, self.keys.job(job_id),
-                self.keys.done(job_id)]
+        keys = [self.keys.stream_of(delivery.lane), self.keys.stats, self.keys.events, self.keys.tenants,
+                self.keys.job(job_id), self.keys.done(job_id)]
         result_json = json.dumps(result) if result is not None else ""
         error_json = json.dumps(error) if error is not None else ""
         args = [delivery.entry_id, status.value, result_json, error_json, now, self.settings.result_ttl_s,
@@ -171,8 +236,8 @@ class Consumer(QueueCore):
     async def retry(self, delivery: Delivery, *, delay_ms: int, error: Any, now: int | None = None) -> Outcome:
         """Acknowledge this attempt and queue the next (or dead-letter past max attempts), atomically."""
         job_id = delivery.job.id
-        keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.dlq,
-                self.keys.tenants, self.keys.job(job_id), self.keys.done(job_id)]
+        keys = [self.keys.stream_of(delivery.lane), self.keys.stats, self.keys.events, self.keys.delayed,
+                self.keys.dlq, self.keys.tenants, self.keys.job(job_id), self.keys.done(job_id)]
         error_json = json.dumps(error)
         args = [delivery.entry_id, now or now_ms(), max(0, int(delay_ms)), self.settings.max_attempts,
                 error_json, self.settings.result_ttl_s, self.settings.events_maxlen, delivery.lease,
@@ -185,19 +250,29 @@ class Consumer(QueueCore):
 
     async def release(self, delivery: Delivery) -> Outcome:
         """Give the job back at once without spending an attempt (shutdown)."""
-        keys = [self.keys.stream, self.keys.stats, self.keys.job(delivery.job.id)]
+        keys = [self.keys.stream_of(delivery.lane), self.keys.stats, self.keys.job(delivery.job.id)]
         args = [delivery.entry_id, delivery.lease, settle_token(delivery, "release")]
         reply = await self.scripts("release", keys, args)
         return self._outcome(reply, Outcome.RELEASED)
 
     async def renew(self, consumer: str, deliveries: Sequence[Delivery]) -> list[Lease]:
-        """Renew this worker's leases; learn which jobs were cancelled or lost."""
+        """Renew this worker's leases; learn which jobs were cancelled or lost. One call per lane, in one round
+        trip; the answers come back in the order of ``deliveries``."""
         if not deliveries:
             return []
-        keys = [self.keys.stream, *(self.keys.job(d.job.id) for d in deliveries)]
-        args = [consumer, *(d.entry_id for d in deliveries), *(d.lease for d in deliveries)]
-        codes = await self.scripts("renew", keys, args)
-        return [Lease(int(c)) for c in codes]
+        by_lane: dict[Priority, list[int]] = {}
+        for i, d in enumerate(deliveries):
+            by_lane.setdefault(d.lane, []).append(i)
+        calls = []
+        for lane, indices in by_lane.items():
+            held = [deliveries[i] for i in indices]
+            keys = [self.keys.stream_of(lane), *(self.keys.job(d.job.id) for d in held)]
+            calls.append(("renew", keys, [consumer, *(d.entry_id for d in held), *(d.lease for d in held)]))
+        leases = [Lease.LOST] * len(deliveries)
+        for indices, codes in zip(by_lane.values(), await self.scripts.many(calls), strict=True):
+            for i, code in zip(indices, codes, strict=True):
+                leases[i] = Lease(int(code))
+        return leases
 
     async def expire_due(self, *, now: int | None = None, limit: int = 100) -> int:
         """Expire jobs whose ``ttl_s`` passed before an attempt started (sweeps by the scaler and the workers)."""
@@ -206,24 +281,25 @@ class Consumer(QueueCore):
         return await self._expire_calls(due, now) if due else 0
 
     async def promote(self, *, now: int | None = None, limit: int = 100) -> int:
-        """Move due retries from the delayed set into the stream."""
+        """Move due retries from the delayed set into the stream of each one's lane."""
         now = now or now_ms()
         due = await self.redis.zrangebyscore(self.keys.delayed, "-inf", now, start=0, num=limit)
         if not due:
             return 0
-        keys = [self.keys.stream, self.keys.delayed, *(self.keys.job(j) for j in due)]
+        keys = [*self.keys.lane_streams, self.keys.delayed, *(self.keys.job(j) for j in due)]
         return int(await self.scripts("promote", keys, [now, new_token(), *due]))
 
     async def heartbeat(self, worker_id: str, in_flight: int, *, now: int | None = None) -> None:
         await self.redis.hset(self.keys.workers, worker_id, f"{now or now_ms()} {in_flight}")
 
     async def forget_worker(self, worker_id: str) -> None:
-        """Remove a stopped worker's heartbeat, and its consumer once it holds nothing: deleting a consumer
-        drops its pending entries, which would strand them."""
+        """Remove a stopped worker's heartbeat, and its consumer of each lane where it holds nothing: deleting a
+        consumer drops its pending entries, which would strand them."""
         await self.redis.hdel(self.keys.workers, worker_id)
-        try:
-            held = await self.redis.xpending_range(self.keys.stream, GROUP, "-", "+", 1, consumername=worker_id)
-            if not held:
-                await self.redis.xgroup_delconsumer(self.keys.stream, GROUP, worker_id)
-        except ResponseError:
-            pass
+        for stream in self.keys.lane_streams:
+            try:
+                held = await self.redis.xpending_range(stream, GROUP, "-", "+", 1, consumername=worker_id)
+                if not held:
+                    await self.redis.xgroup_delconsumer(stream, GROUP, worker_id)
+            except ResponseError:
+                pass

@@ -7,7 +7,7 @@ import hashlib
 import json
 import secrets
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any
 
 
@@ -27,6 +27,20 @@ class JobStatus(str, Enum):
 TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED})
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+
+
+class Priority(StrEnum):
+    """The lane of a job within its queue: a worker takes higher lanes first, with a starvation bound
+    (:mod:`inferq.lanes`). Retries, releases, reclaims and redrives keep the job's lane. A StrEnum, so that it
+    formats as its value wherever it names a key."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
+LANES = (Priority.HIGH, Priority.NORMAL, Priority.LOW)
+"""The lanes in the order a worker takes them."""
 
 
 def new_job_id() -> str:
@@ -60,18 +74,20 @@ class JobRequest:
     webhook_url: str | None = None
     idempotency_key: str | None = None
     traceparent: str | None = None
+    priority: Priority = Priority.NORMAL
 
     def digest(self) -> str:
-        return request_digest(
-            {
-                "body": self.body,
-                "url": self.url,
-                "metadata": self.metadata,
-                "timeout_s": self.timeout_s,
-                "ttl_s": self.ttl_s,
-                "webhook_url": self.webhook_url,
-            }
-        )
+        request: dict[str, Any] = {
+            "body": self.body,
+            "url": self.url,
+            "metadata": self.metadata,
+            "timeout_s": self.timeout_s,
+            "ttl_s": self.ttl_s,
+            "webhook_url": self.webhook_url,
+        }
+        if self.priority is not Priority.NORMAL:  # digests of requests made before lanes existed stay the same
+            request["priority"] = self.priority.value
+        return request_digest(request)
 
 
 def _seconds(ms: str | None) -> float | None:
@@ -110,6 +126,7 @@ class Job:
     webhook_url: str | None = None
     traceparent: str | None = None
     entry: str | None = None
+    priority: Priority = Priority.NORMAL
 
     @classmethod
     def from_hash(cls, record: dict[str, str]) -> Job:
@@ -134,6 +151,7 @@ class Job:
             webhook_url=record.get("webhook_url") or None,
             traceparent=record.get("trace") or None,
             entry=record.get("entry") or None,
+            priority=Priority(record.get("lane") or Priority.NORMAL.value),
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -151,4 +169,5 @@ class Job:
             "error": self.error,
             "dead_lettered": self.dead_lettered,
             "metadata": self.metadata,
+            "priority": self.priority.value,
         }

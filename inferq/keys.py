@@ -12,6 +12,10 @@ from dataclasses import dataclass
 GROUP = "workers"
 """The consumer group every worker reads through."""
 
+LANE_KEYS = ("normal", "high", "low")
+"""The order in which a script that may touch any lane takes the lane streams through ``KEYS`` (the Lua prelude
+defines ``LANE_KEYS`` from this)."""
+
 WEBHOOK_GROUP = "webhooks"
 """The consumer group that delivers webhooks from the terminal events stream."""
 
@@ -33,7 +37,25 @@ class Keys:
 
     @property
     def stream(self) -> str:
+        """The ``normal`` lane's stream (the only one before lanes existed, so its name stays)."""
         return self.prefix + "stream"
+
+    @property
+    def stream_high(self) -> str:
+        return self.prefix + "stream:high"
+
+    @property
+    def stream_low(self) -> str:
+        return self.prefix + "stream:low"
+
+    def stream_of(self, lane: str) -> str:
+        """The stream of a lane (``high``, ``normal``, ``low``): a job's entries are always in its lane's."""
+        return self.prefix + "stream" if lane == "normal" else f"{self.prefix}stream:{lane}"
+
+    @property
+    def lane_streams(self) -> list[str]:
+        """The three lane streams in :data:`LANE_KEYS` order, as scripts that may touch any lane take them."""
+        return [self.stream_of(lane) for lane in LANE_KEYS]
 
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"

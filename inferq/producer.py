@@ -54,10 +54,11 @@ class NotDeadLettered(QueueError):
 
 class Producer(QueueCore):
     def _enqueue_call(self, tenant: str, request: JobRequest, job_id: str, now: int) -> tuple:
-        keys = [self.keys.stream, self.keys.stats, self.keys.expiry, self.keys.job(job_id), self.keys.tenants]
+        keys = [self.keys.stream_of(request.priority), self.keys.stats, self.keys.expiry, self.keys.job(job_id),
+                self.keys.tenants]
         if request.idempotency_key is not None:
             keys.append(self.keys.idem(tenant, idempotency_digest(request.idempotency_key)))
-        fields: list[Any] = ["url", request.url, "body", canonical_json(request.body)]
+        fields: list[Any] = ["url", request.url, "body", canonical_json(request.body), "lane", request.priority.value]
         if request.metadata:
             fields += ["metadata", canonical_json(request.metadata)]
         if request.timeout_s is not None:
@@ -91,6 +92,7 @@ class Producer(QueueCore):
                 webhook_url=request.webhook_url,
                 traceparent=request.traceparent,
                 entry=reply[2],
+                priority=request.priority,
             )
             return job, False
         if code == 1:
@@ -156,7 +158,7 @@ class Producer(QueueCore):
 
     async def cancel(self, tenant: str, job_id: str, *, now: int | None = None) -> Job:
         """Cancel (queued) or request cancellation (running). Raises JobNotFound or JobTerminal."""
-        keys = [self.keys.stream, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.tenants,
+        keys = [*self.keys.lane_streams, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.tenants,
                 self.keys.job(job_id), self.keys.done(job_id)]
         args = [tenant, now or now_ms(), self.settings.result_ttl_s, self.settings.events_maxlen, new_token()]
         [reply] = await self._write([("cancel", keys, args)], replicated=True)
@@ -170,7 +172,7 @@ class Producer(QueueCore):
         return job
 
     async def redrive(self, tenant: str, job_id: str, *, now: int | None = None) -> Job:
-        keys = [self.keys.stream, self.keys.stats, self.keys.dlq, self.keys.tenants, self.keys.job(job_id),
+        keys = [*self.keys.lane_streams, self.keys.stats, self.keys.dlq, self.keys.tenants, self.keys.job(job_id),
                 self.keys.done(job_id)]
         [reply] = await self._write([("redrive", keys, [tenant, now or now_ms(), new_token()])], replicated=True)
         code = int(reply[0])

@@ -8,10 +8,12 @@ and the scaler's reads and records below. Callers import everything from here.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .consumer import Consumer, Delivery, Lease, Outcome, Skipped, settle_token
+from .jobs import Priority
+from .keys import LANE_KEYS
 from .producer import (
     IdempotencyConflict,
     JobNotFound,
@@ -48,6 +50,7 @@ class Observation:
     desired: int | None
     reason: str
     decided_at: float | None
+    lag_by_lane: dict[Priority, int] = field(default_factory=dict)
 
     @property
     def backlog(self) -> int:
@@ -67,7 +70,7 @@ class Queue(Producer, Consumer):
     async def observe(self, *, now: int | None = None, heartbeat_stale_ms: int | None = None) -> Observation:
         now = now or now_ms()
         stale = heartbeat_stale_ms or max(3 * self.settings.claim_idle_ms, 15000)
-        keys = [self.keys.stream, self.keys.delayed, self.keys.stats, self.keys.workers, self.keys.scale,
+        keys = [*self.keys.lane_streams, self.keys.delayed, self.keys.stats, self.keys.workers, self.keys.scale,
                 self.keys.dlq]
         r = await self.scripts("observe", keys, [now, stale])
         return Observation(
@@ -75,6 +78,7 @@ class Queue(Producer, Consumer):
             workers=int(r[5]), busy_workers=int(r[6]), in_flight=int(r[7]), oldest_entry_ms=int(r[8]),
             group_missing=bool(int(r[9])), dlq=int(r[10]), desired=_optional_int(r[11]), reason=r[12] or "",
             decided_at=float(r[13]) if r[13] else None,
+            lag_by_lane={Priority(lane): int(n) for lane, n in zip(LANE_KEYS, r[14:], strict=True)},
         )
 
     async def stats(self) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """What both sides of the queue share: one queue (``INFERQ_QUEUE``) on one Redis client, its scripts, the
-replicated write, the group reads, and the expiry of jobs whose ``ttl_s`` passed (which both a read on the
-producer side and a sweep on the consumer side can decide).
+replicated write, the group reads (of one lane, or blocking across all lanes), and the expiry of jobs whose
+``ttl_s`` passed (which both a read on the producer side and a sweep on the consumer side can decide).
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from typing import Any, Self
 
 from redis.exceptions import ResponseError
 
+from .jobs import LANES, Priority
 from .keys import GROUP, WEBHOOK_GROUP, Keys
+from .lanes import LaneShare
 from .scripting import Scripts
 from .settings import Settings
 
@@ -37,7 +39,8 @@ class QueueCore:
         self.scripts = Scripts(client)
         # under a model registry a job id names its queue, so the gateway finds any job without a lookup
         self.id_suffix = f"_{settings.queue}" if settings.models else ""
-        self._reclaim_cursor = "0-0"
+        self._reclaim_cursors = dict.fromkeys(LANES, "0-0")
+        self.lane_share = LaneShare()
 
     @classmethod
     def connect(cls, settings: Settings, **options: Any) -> Self:
@@ -52,7 +55,7 @@ class QueueCore:
         return bool(await self.redis.ping())
 
     async def ensure_groups(self) -> None:
-        """Create the worker group on the stream and the webhook group on the events stream, at id 0 with
+        """Create the worker group on every lane's stream and the webhook group on the events stream, at id 0 with
         MKSTREAM: a group made at ``$`` would silently skip entries added before it."""
         counters = ("unfinished", "enqueued", "succeeded", "failed", "cancelled", "expired", "retried",
                     "reclaimed", "released", "dead_lettered", "duplicate_results", "skipped_terminal", "redriven",
@@ -61,7 +64,7 @@ class QueueCore:
         for counter in counters:  # every counter readable from the start, not only once first incremented
             pipe.hsetnx(self.keys.stats, counter, 0)
         await pipe.execute()
-        for stream, group in ((self.keys.stream, GROUP), (self.keys.events, WEBHOOK_GROUP)):
+        for stream, group in (*((s, GROUP) for s in self.keys.lane_streams), (self.keys.events, WEBHOOK_GROUP)):
             try:
                 await self.redis.xgroup_create(stream, group, id="0", mkstream=True)
             except ResponseError as exc:
@@ -95,10 +98,32 @@ class QueueCore:
         # RESP2 answers [[stream, entries]], RESP3 {stream: [entries]}
         return list(reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0])
 
+    async def read_lanes(
+        self, consumer: str, count: int, block_ms: int
+    ) -> list[tuple[Priority, str, dict[str, str]]]:
+        """One blocking ``XREADGROUP`` across every lane, for when all were empty: it wakes on the first entry of
+        any lane. COUNT applies per stream, so it may answer up to ``count`` entries of each lane, as
+        ``[(lane, entry id, fields)]`` in lane order; the caller gives back what it has no slot for."""
+        streams = {self.keys.stream_of(lane): lane for lane in LANES}
+        try:
+            reply = await self.redis.xreadgroup(GROUP, consumer, dict.fromkeys(streams, ">"), count=count,
+                                                block=block_ms)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            await self.ensure_groups()
+            return []
+        if not reply:
+            return []
+        # RESP2 answers [[stream, entries], ...], RESP3 {stream: [entries]}
+        pairs = [(s, e) for s, e in reply] if isinstance(reply, list) else [(s, v[0]) for s, v in reply.items()]
+        found = [(streams[stream], entry_id, fields) for stream, entries in pairs for entry_id, fields in entries]
+        return sorted(found, key=lambda item: LANES.index(item[0]))
+
     async def _expire_calls(self, job_ids: Sequence[str], now: int | None = None) -> int:
         now = now or now_ms()
         calls = [
-            ("expire", [self.keys.stream, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.expiry,
+            ("expire", [*self.keys.lane_streams, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.expiry,
                         self.keys.tenants, self.keys.job(j), self.keys.done(j)],
              [j, now, self.settings.result_ttl_s, self.settings.events_maxlen])
             for j in job_ids

@@ -22,13 +22,14 @@ from redis.asyncio.cluster import PipelineCommand, RedisCluster
 from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 from .jobs import TERMINAL
-from .keys import GROUP
+from .keys import GROUP, LANE_KEYS
 
 SCRIPTS_DIR = Path(__file__).parent / "scripts"
 _INCLUDE = re.compile(r'^--- @include "([A-Za-z]+)"\s*$', re.MULTILINE)
 _KEY = re.compile(r"^\s*KEYS\[(\d+)(\.\.n)?\][^\n]*?(\(optional\))?\s*$", re.MULTILINE)
 
-NAMES = ("enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive", "expire", "observe")
+NAMES = ("enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive", "expire", "observe",
+         "requeue")
 
 
 class Code(IntEnum):
@@ -83,10 +84,12 @@ def _expand(source: str, seen: frozenset[str] = frozenset()) -> str:
 
 @cache
 def prelude() -> str:
-    """The Lua locals every script starts with: ``GROUP``, ``CODE_<NAME>`` per :class:`Code`, ``TERMINAL``."""
+    """The Lua locals every script starts with: ``GROUP``, ``CODE_<NAME>`` per :class:`Code`, ``TERMINAL``, and
+    ``LANE_KEYS`` (the lanes in the order a script that may touch any lane takes their streams)."""
     codes = "\n".join(f"local CODE_{code.name} = {code.value}" for code in Code)
     terminal = ", ".join(f"{status.value} = true" for status in sorted(TERMINAL))
-    return f"local GROUP = '{GROUP}'\n{codes}\nlocal TERMINAL = {{{terminal}}}\n"
+    lanes = ", ".join(f"'{lane}'" for lane in LANE_KEYS)
+    return f"local GROUP = '{GROUP}'\n{codes}\nlocal TERMINAL = {{{terminal}}}\nlocal LANE_KEYS = {{{lanes}}}\n"
 
 
 @cache

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 from urllib.parse import urlparse
 
+from .jobs import Priority
 from .keys import TENANT, TENANT_RULE
 
 PREFIX = "INFERQ_"
@@ -112,6 +113,21 @@ def _api_keys(name: str, raw: str) -> dict[str, str] | None:
     return keys
 
 
+def _tenant_priorities(name: str, raw: str) -> dict[str, Priority] | None:
+    """`tenant:priority,tenant:priority` (each priority `high`, `normal` or `low`)."""
+    priorities: dict[str, Priority] = {}
+    for pair in filter(None, (p.strip() for p in raw.split(","))):
+        tenant, sep, lane = pair.partition(":")
+        if not sep or not TENANT.match(tenant.strip()):
+            raise SettingsError(name, f"must be 'tenant:priority,...' with tenants of {TENANT_RULE}, got {pair!r}")
+        try:
+            priorities[tenant.strip()] = Priority(lane.strip())
+        except ValueError:
+            raise SettingsError(name, f"priority of {tenant.strip()!r} must be high, normal or low, "
+                                f"got {lane.strip()!r}") from None
+    return priorities or None
+
+
 AUTO: Literal["auto"] = "auto"
 """``INFERQ_WINDOW=auto``: the worker sizes its window from the model server's load (gpu_worker/window.py)."""
 
@@ -183,6 +199,14 @@ class Settings:
     job_timeout_s: int = _setting(600, _int(1, 3600))
     max_queue_depth: int = _setting(10000, _int(0))
     tenant_max_depth: int = _setting(0, _int(0))
+    tenant_priorities: dict[str, Priority] | None = field(
+        default=None,
+        metadata={
+            "parse": _tenant_priorities,
+            "doc": "Each tenant's default `priority` (lane) for jobs that name none; a job's own `priority` wins. "
+            "Unset, or a tenant not listed: `normal`.",
+        },
+    )
     redis_wait_replicas: int = _setting(0, _int(0, 16))
     max_body_bytes: int = _setting(262144, _int(1))
     result_ttl_s: int = _setting(86400, _int(1))
@@ -258,6 +282,10 @@ class Settings:
             raise SettingsError("INFERQ_SCALE_MIN", f"{self.scale_min} must be <= INFERQ_SCALE_MAX {self.scale_max}")
         if self.retry_max_ms < self.retry_base_ms:
             raise SettingsError("INFERQ_RETRY_MAX_MS", "must be >= INFERQ_RETRY_BASE_MS")
+
+    def priority_of(self, tenant: str) -> Priority:
+        """The lane of a tenant's jobs that name none (``INFERQ_TENANT_PRIORITIES``; else ``normal``)."""
+        return (self.tenant_priorities or {}).get(tenant, Priority.NORMAL)
 
     @property
     def adaptive_window(self) -> bool:

@@ -73,6 +73,7 @@ JOB_QUEUED_EXAMPLE: dict[str, Any] = {
     "error": None,
     "dead_lettered": False,
     "metadata": {"customer": "acme"},
+    "priority": "normal",
 }
 
 JOB_SUCCEEDED_EXAMPLE: dict[str, Any] = {
@@ -123,6 +124,12 @@ class JobCreate(BaseModel):
     )
     webhook_url: Annotated[str, StringConstraints(max_length=2048, pattern=WEBHOOK_PATTERN)] | None = Field(
         default=None, description="An https URL POSTed the final job object once, on the terminal state."
+    )
+    priority: Literal["high", "normal", "low"] | None = Field(
+        default=None,
+        description="The job's lane within its queue: higher lanes are taken first, with a starvation bound (a "
+        "waiting lower lane still gets at least one take in ten). Default: the tenant's "
+        "(`INFERQ_TENANT_PRIORITIES`), else `normal`.",
     )
     custom_id: Annotated[str, StringConstraints(max_length=512)] | None = Field(
         default=None, description="Accepted so a line of an OpenAI Batch input file can be sent as it is; not stored "
@@ -235,6 +242,7 @@ class JobObject(DocModel):
     error: ErrorDetail | None = Field(description="On `failed`, `expired`, `cancelled`")
     dead_lettered: bool
     metadata: dict[str, str]
+    priority: Literal["high", "normal", "low"] = Field(description="The job's lane within its queue")
 
 
 class JobConflict(ErrorEnvelope):

@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from inferq.jobs import Job, JobRequest
+from inferq.jobs import Job, JobRequest, Priority
 
 from .errors import ApiError
 from .hotpath import HotRoute, fast_path, get_job_fast, submit_job_fast
@@ -109,6 +109,7 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
             webhook_url=payload.webhook_url,
             idempotency_key=key,
             traceparent=traceparent if traceparent and TRACEPARENT_RE.match(traceparent) else None,
+            priority=Priority(payload.priority) if payload.priority else gw.settings.priority_of(tenant),
         )
         queue = gw.model_queue(payload.body.get("model"))  # an unknown model is a 404 before anything is stored
         job_request = await gw.claims.check_in(tenant, job_request, len(raw))  # a large body goes to S3 first

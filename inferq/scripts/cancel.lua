@@ -5,13 +5,15 @@
   Safe to resend (G9): the answer is recorded against the call token (field cancel_call), so a resent copy
   of a cancel that succeeded answers as it did, never "already terminal".
 
-  KEYS[1] stream
-  KEYS[2] stats
-  KEYS[3] events
-  KEYS[4] delayed
-  KEYS[5] tenants (unfinished jobs per tenant)
-  KEYS[6] job record
-  KEYS[7] done (long-poll wakeup)
+  KEYS[1] stream of the normal lane
+  KEYS[2] stream of the high lane
+  KEYS[3] stream of the low lane
+  KEYS[4] stats
+  KEYS[5] events
+  KEYS[6] delayed
+  KEYS[7] tenants (unfinished jobs per tenant)
+  KEYS[8] job record
+  KEYS[9] done (long-poll wakeup)
 
   ARGV[1] tenant
   ARGV[2] now (ms)
@@ -26,15 +28,16 @@
     -4 TERMINAL    {-4, status}
 ]]
 local rcall = redis.call
-local streamKey, statsKey, eventsKey, delayedKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local tenantsKey, jobKey, doneKey = KEYS[5], KEYS[6], KEYS[7]
+local statsKey, eventsKey, delayedKey = KEYS[4], KEYS[5], KEYS[6]
+local tenantsKey, jobKey, doneKey = KEYS[7], KEYS[8], KEYS[9]
 local tenant, now, resultTtl, eventsMaxlen, call = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
 --- @include "ackEntry"
 --- @include "replay"
 --- @include "terminate"
+--- @include "laneStream"
 
-local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'tenant', 'cancel_call')
+local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'tenant', 'cancel_call', 'lane')
 local jobId, status, entry, owner = job[1], job[2], job[3], job[4]
 if not jobId or owner ~= tenant then
   return {CODE_NOT_FOUND}
@@ -51,7 +54,7 @@ if status == 'running' then
   return remember(jobKey, 'cancel_call', call, {1})
 end
 if entry and entry ~= '' then
-  ackEntry(streamKey, entry)
+  ackEntry(laneStream(1, job[6]), entry)
 end
 rcall('ZREM', delayedKey, jobId)
 terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, 'cancelled', now, resultTtl, eventsMaxlen,

@@ -7,7 +7,7 @@
   what the first run answered (its first entry is kept in the record as first_entry), adding nothing; that
   check comes before the idempotency key, so a first submission never comes back as a replay of itself.
 
-  KEYS[1] stream
+  KEYS[1] stream of the job's lane (its lane is recorded in the job field lane, passed with the fields)
   KEYS[2] stats
   KEYS[3] expiry (jobs with a ttl_s, scored by the time they expire unless started)
   KEYS[4] job record of the new id

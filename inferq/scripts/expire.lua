@@ -7,14 +7,16 @@
   "expired now" again and changes nothing. (Two sweeps that expire one job in the same millisecond both say
   so; the answer only feeds a count.)
 
-  KEYS[1] stream
-  KEYS[2] stats
-  KEYS[3] events
-  KEYS[4] delayed
-  KEYS[5] expiry
-  KEYS[6] tenants (unfinished jobs per tenant)
-  KEYS[7] job record
-  KEYS[8] done (long-poll wakeup)
+  KEYS[1] stream of the normal lane
+  KEYS[2] stream of the high lane
+  KEYS[3] stream of the low lane
+  KEYS[4] stats
+  KEYS[5] events
+  KEYS[6] delayed
+  KEYS[7] expiry
+  KEYS[8] tenants (unfinished jobs per tenant)
+  KEYS[9] job record
+  KEYS[10] done (long-poll wakeup)
 
   ARGV[1] job id
   ARGV[2] now (ms)
@@ -27,14 +29,15 @@
     -1 NOT_FOUND
 ]]
 local rcall = redis.call
-local streamKey, statsKey, eventsKey, delayedKey, expiryKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local tenantsKey, jobKey, doneKey = KEYS[6], KEYS[7], KEYS[8]
+local statsKey, eventsKey, delayedKey, expiryKey = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local tenantsKey, jobKey, doneKey = KEYS[8], KEYS[9], KEYS[10]
 local jobId, now, resultTtl, eventsMaxlen = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 
 --- @include "ackEntry"
 --- @include "terminate"
+--- @include "laneStream"
 
-local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'expires_at', 'started_at', 'finished_at')
+local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'expires_at', 'started_at', 'finished_at', 'lane')
 local status, entry, expiresAt, startedAt = job[2], job[3], job[4], job[5]
 if not job[1] then
   rcall('ZREM', expiryKey, jobId)
@@ -51,7 +54,7 @@ if now <= tonumber(expiresAt) then
   return {1}
 end
 if entry and entry ~= '' then
-  ackEntry(streamKey, entry)
+  ackEntry(laneStream(1, job[7]), entry)
 end
 rcall('ZREM', delayedKey, jobId)
 rcall('ZREM', expiryKey, jobId)

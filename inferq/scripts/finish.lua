@@ -11,7 +11,7 @@
   write is a resend too. A copy so late that another delivery has written since is refused (TERMINAL or
   STALE_OWNER) and changes nothing but those counters.
 
-  KEYS[1] stream
+  KEYS[1] stream of the delivery's entry: the job's lane
   KEYS[2] stats
   KEYS[3] events
   KEYS[4] tenants (unfinished jobs per tenant)

@@ -1,15 +1,17 @@
 --[[
-  Re-enqueue a dead-lettered job for its tenant with its attempts reset; it leaves the dead-letter stream and
+  Re-enqueue a dead-lettered job for its tenant with its attempts reset, in its own lane; it leaves the dead-letter stream and
   counts again among the queue's and the tenant's unfinished jobs.
   Safe to resend (G9): the answer is recorded against the call token (field redrive_call), so a resent copy
   answers as the first run did, never "not dead-lettered", and adds no second entry.
 
-  KEYS[1] stream
-  KEYS[2] stats
-  KEYS[3] dlq
-  KEYS[4] tenants (unfinished jobs per tenant)
-  KEYS[5] job record
-  KEYS[6] done (long-poll wakeup)
+  KEYS[1] stream of the normal lane
+  KEYS[2] stream of the high lane
+  KEYS[3] stream of the low lane
+  KEYS[4] stats
+  KEYS[5] dlq
+  KEYS[6] tenants (unfinished jobs per tenant)
+  KEYS[7] job record
+  KEYS[8] done (long-poll wakeup)
 
   ARGV[1] tenant
   ARGV[2] now (ms)
@@ -21,12 +23,13 @@
     -6 NOT_DEAD_LETTERED    {-6, status}
 ]]
 local rcall = redis.call
-local streamKey, statsKey, dlqKey, tenantsKey, jobKey, doneKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local statsKey, dlqKey, tenantsKey, jobKey, doneKey = KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local tenant, call = ARGV[1], ARGV[3]
 
 --- @include "replay"
+--- @include "laneStream"
 
-local job = rcall('HMGET', jobKey, 'id', 'status', 'tenant', 'dead_lettered', 'dlq_entry', 'redrive_call')
+local job = rcall('HMGET', jobKey, 'id', 'status', 'tenant', 'dead_lettered', 'dlq_entry', 'redrive_call', 'lane')
 local jobId, status, owner, dead, dlqEntry = job[1], job[2], job[3], job[4], job[5]
 if not jobId or owner ~= tenant then
   return {CODE_NOT_FOUND}
@@ -45,7 +48,7 @@ rcall('PERSIST', jobKey)
 rcall('DEL', doneKey)
 rcall('HDEL', jobKey, 'result', 'error', 'last_error', 'started_at', 'finished_at', 'dlq_entry', 'cancel', 'worker',
   'expires_at', 'lease')
-local entry = rcall('XADD', streamKey, '*', 'job', jobId, 'attempt', '1')
+local entry = rcall('XADD', laneStream(1, job[7]), '*', 'job', jobId, 'attempt', '1')
 rcall('HSET', jobKey, 'status', 'queued', 'attempts', '1', 'deliveries', '0', 'dead_lettered', '0', 'entry', entry,
   'redriven_at', ARGV[2])
 rcall('HINCRBY', statsKey, 'unfinished', 1)

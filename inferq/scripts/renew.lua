@@ -6,7 +6,7 @@
   reported lost. Also reports, per job, whether cancellation was requested, so the worker can abort the
   backend call. Safe to resend: a second run answers the same and only resets the idle times again.
 
-  KEYS[1] stream
+  KEYS[1] stream of the entries: one lane per call
   KEYS[2..n] job records, one per entry
 
   ARGV[1] consumer (worker id)

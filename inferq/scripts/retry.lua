@@ -10,7 +10,7 @@
   write is a resend too. A copy so late that another delivery has written since is refused (TERMINAL or
   STALE_OWNER) and changes nothing but those counters.
 
-  KEYS[1] stream
+  KEYS[1] stream of the delivery's entry: the job's lane, where the next attempt goes too
   KEYS[2] stats
   KEYS[3] events
   KEYS[4] delayed

@@ -9,7 +9,7 @@
   second delivery; an ending this call recorded (field settled) is answered again; a terminal job's entry is
   counted in skipped_terminal only by the run that acknowledged it.
 
-  KEYS[1] stream
+  KEYS[1] stream the entry was read from: the job's lane
   KEYS[2] stats
   KEYS[3] events
   KEYS[4] dlq

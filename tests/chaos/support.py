@@ -14,7 +14,7 @@ from typing import Any
 
 from emulator.valkey import ValkeyProcess
 from inferq.faults import Backoff, drop_stale_connections, is_recoverable
-from inferq.jobs import Job, JobRequest, JobStatus
+from inferq.jobs import Job, JobRequest, JobStatus, Priority
 from inferq.queue import Queue
 from tests.integration.worker.support import TENANT, eventually, mock_calls, terminal, terminal_events
 
@@ -152,18 +152,21 @@ async def assert_each_ended_once(
     async def all_ended() -> bool:
         # a job whose submit failed was maybe created anyway, and an entry whose read reply was lost waits for
         # its claim-idle time before it is reclaimed: wait for those too
-        return (await queue.stats())["unfinished"] == 0 and await queue.redis.xlen(queue.keys.stream) == 0
+        lengths = [await queue.redis.xlen(stream) for stream in queue.keys.lane_streams]
+        return (await queue.stats())["unfinished"] == 0 and lengths == [0, 0, 0]
 
     try:
-        await eventually(all_ended, timeout=timeout, interval=0.2, what="every job to end and the stream to empty")
+        await eventually(all_ended, timeout=timeout, interval=0.2, what="every job to end and the streams to empty")
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {await queue.stats()} {await unfinished_jobs(queue)}") from None
 
 
-async def submit_until_accepted(queue: Queue, body: dict[str, Any], *, timeout: float = 30.0) -> Job:
+async def submit_until_accepted(
+    queue: Queue, body: dict[str, Any], *, timeout: float = 30.0, priority: Priority = Priority.NORMAL
+) -> Job:
     """Submit as a client of the API does when it gets a 503: again, with the same idempotency key, until
     accepted. The job is accepted once, whatever happened to the tries before."""
-    request = JobRequest(body=body, idempotency_key=uuid.uuid4().hex)
+    request = JobRequest(body=body, idempotency_key=uuid.uuid4().hex, priority=priority)
     backoff = Backoff(base_s=0.1, cap_s=1.0)
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
@@ -184,6 +187,7 @@ async def unfinished_jobs(queue: Queue) -> dict[str, Any]:
         record = await queue.redis.hgetall(key)
         if record.get("status") not in ("succeeded", "failed", "cancelled", "expired"):
             found[key] = record
-    found["stream"] = await queue.redis.xrange(queue.keys.stream)
+    for stream in queue.keys.lane_streams:
+        found[stream] = await queue.redis.xrange(stream)
     found["delayed"] = await queue.redis.zrange(queue.keys.delayed, 0, -1, withscores=True)
     return found

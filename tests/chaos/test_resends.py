@@ -4,10 +4,10 @@ on a new connection), a server frozen longer than the timeout (SIGSTOP, then SIG
 had received, and then the resent copies),
 ``CLIENT PAUSE`` (``WRITE`` and ``ALL``: held commands run when it lifts) and ``CLIENT KILL`` of every normal
 connection in a loop (a reply lost with its connection). Jobs are submitted all along, by a client that submits
-again on every failure with the same idempotency key, and run by worker processes.
+again on every failure with the same idempotency key, in the three lanes in turn, and run by worker processes.
 
 After each: every accepted job ended exactly once (one terminal event, one model call: no worker died), nothing
-is unfinished and the stream is empty."""
+is unfinished and every lane's stream is empty."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from emulator.valkey import ValkeyProcess
-from inferq.jobs import Job
+from inferq.jobs import LANES, Job
 from inferq.queue import Queue
 from inferq.settings import Settings
 from tests.integration.worker.support import chat, submit, worker_processes
@@ -55,11 +55,12 @@ async def submitting(queue: Queue, accepted: list[Job]) -> AsyncIterator[None]:
         i = 0
         while not stop.is_set():
             body = chat(f"q{i}", latency_ms=100)
+            lane = LANES[i % len(LANES)]
             if i % 2:
                 with contextlib.suppress(Exception):
-                    accepted.append(await submit(queue, body))
+                    accepted.append(await submit(queue, body, priority=lane))
             else:
-                accepted.append(await submit_until_accepted(queue, body, timeout=60))
+                accepted.append(await submit_until_accepted(queue, body, timeout=60, priority=lane))
             i += 1
             await asyncio.sleep(0.05)
 

@@ -1,13 +1,15 @@
 """Workers killed with SIGKILL: their jobs are reclaimed and finished once; a job that kills every worker that
-runs it is dead-lettered after INFERQ_MAX_DELIVERIES, and the fleet goes on."""
+runs it is dead-lettered after INFERQ_MAX_DELIVERIES, and the fleet goes on; in each lane, which a redrive keeps."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from gpu_worker.backends.mock import CRASH_EXIT_CODE
-from inferq.jobs import JobStatus
+from inferq.jobs import JobStatus, Priority
 from inferq.queue import Queue
 from inferq.settings import Settings
 from tests.integration.worker.support import (
@@ -21,13 +23,14 @@ from tests.integration.worker.support import (
 )
 
 
+@pytest.mark.parametrize("lane", list(Priority))
 async def test_a_job_of_a_worker_killed_mid_inference_is_reclaimed_and_finished_once(
-    settings: Settings, queue: Queue, tmp_path: Path
+    settings: Settings, queue: Queue, tmp_path: Path, lane: Priority
 ) -> None:
     with worker_processes(settings, tmp_path) as spawn:
         first = spawn("first")
         await first.started(queue)
-        jobs = [await submit(queue, chat(f"q{i}", latency_ms=1500)) for i in range(3)]
+        jobs = [await submit(queue, chat(f"q{i}", latency_ms=1500), priority=lane) for i in range(3)]
         for job in jobs:
             await status_is(queue, job.id, "running")
         first.kill()  # SIGKILL: no drain, no release, leases simply stop being renewed
@@ -35,7 +38,7 @@ async def test_a_job_of_a_worker_killed_mid_inference_is_reclaimed_and_finished_
         spawn("second")
         for job in jobs:
             done = await terminal(queue, job.id, timeout=20)
-            assert done.status is JobStatus.SUCCEEDED and done.attempts == 1
+            assert done.status is JobStatus.SUCCEEDED and done.attempts == 1 and done.priority is lane
             assert await mock_calls(queue, job.id) == 2  # once on each worker
             assert len(await terminal_events(queue, job.id)) == 1
     stats = await queue.stats()
@@ -43,15 +46,18 @@ async def test_a_job_of_a_worker_killed_mid_inference_is_reclaimed_and_finished_
     assert stats.get("duplicate_results", 0) == 0 and stats["unfinished"] == 0
 
 
-async def test_a_poison_job_is_dead_lettered_and_the_fleet_survives(settings: Settings, tmp_path: Path) -> None:
+@pytest.mark.parametrize("lane", list(Priority))
+async def test_a_poison_job_is_dead_lettered_and_the_fleet_survives(
+    settings: Settings, tmp_path: Path, lane: Priority
+) -> None:
     settings = settings.replace(max_deliveries=2, window=4)
     queue = Queue.connect(settings)
     with worker_processes(settings, tmp_path) as spawn:
         fleet = [spawn("w0"), spawn("w1")]
         for worker in fleet:
             await worker.started(queue)
-        poison = await submit(queue, chat("boom", crash_deliveries=100))
-        normal = [await submit(queue, chat(f"q{i}", latency_ms=50)) for i in range(20)]
+        poison = await submit(queue, chat("boom", crash_deliveries=100), priority=lane)
+        normal = [await submit(queue, chat(f"q{i}", latency_ms=50), priority=lane) for i in range(20)]
         crashes = 0
         # supervise like ECS does: a task that exits is replaced
         for _ in range(600):
@@ -64,7 +70,7 @@ async def test_a_poison_job_is_dead_lettered_and_the_fleet_survives(settings: Se
                     fleet[i] = spawn(f"w{i}-{crashes}")
             await asyncio.sleep(0.05)
         dead = await queue.get(poison.id)
-        assert dead is not None and dead.status is JobStatus.FAILED and dead.dead_lettered
+        assert dead is not None and dead.status is JobStatus.FAILED and dead.dead_lettered and dead.priority is lane
         assert dead.error is not None and dead.error["type"] == "max_deliveries"
         assert await mock_calls(queue, poison.id) == 2 and crashes == 2
         assert [f["job"] for _, f in await queue.redis.xrange(queue.keys.dlq)] == [poison.id]
@@ -75,4 +81,8 @@ async def test_a_poison_job_is_dead_lettered_and_the_fleet_survives(settings: Se
         after = await submit(queue, chat("after"))
         assert (await terminal(queue, after.id, timeout=10)).status is JobStatus.SUCCEEDED
         assert all(worker.alive() for worker in fleet)
+    # with the fleet gone (the poison would crash it again): a redrive puts it back into its own lane
+    redriven = await queue.redrive("acme", poison.id)
+    assert redriven.priority is lane and redriven.status is JobStatus.QUEUED
+    assert [f["job"] for _, f in await queue.redis.xrange(queue.keys.stream_of(lane))] == [poison.id]
     await queue.close()

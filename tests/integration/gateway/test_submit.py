@@ -36,8 +36,9 @@ async def test_submit_answers_202_with_the_job_and_its_location(client: httpx.As
     job = response.json()
     assert response.headers["location"] == f"/v1/jobs/{job['id']}"
     assert set(job) == {"id", "object", "status", "url", "attempts", "created_at", "started_at", "finished_at",
-                        "result", "error", "dead_lettered", "metadata"}
+                        "result", "error", "dead_lettered", "metadata", "priority"}
     assert job["object"] == "job" and job["status"] == "queued" and job["url"] == "/v1/completions"
+    assert job["priority"] == "normal"
     assert job["metadata"] == {"k": "v"} and job["attempts"] == 1 and job["dead_lettered"] is False
     stored = await queue.get(job["id"])
     assert stored is not None

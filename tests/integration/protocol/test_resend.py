@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from emulator.valkey import ValkeyProcess
-from inferq.jobs import JobRequest, JobStatus, new_job_id
+from inferq.jobs import JobRequest, JobStatus, Priority, new_job_id
 from inferq.keys import GROUP
 from inferq.queue import Delivery, Lease, Outcome, Queue, QueueFull, TenantQuotaFull, now_ms
 from inferq.scripting import NAMES, all_scripts
@@ -68,12 +68,20 @@ async def test_every_script_on_each_of_its_paths_answers_the_same_and_changes_no
     redriven = await q.redrive("t", d.job.id)                                       # redrive
     assert redriven.status is JobStatus.QUEUED
     await q.cancel("t", redriven.id)                                                # cancel: queued
+    high, _ = await q.enqueue("t", req(priority=Priority.HIGH))
+    low, _ = await q.enqueue("t", req(priority=Priority.LOW))
+    (taken,), _ = await q.read_blocking("w1", 1, 100)                             # requeue: one read too many
+    assert taken.job.id == high.id and taken.lane is Priority.HIGH
+    assert await q.finish(taken, JobStatus.SUCCEEDED, result=RESULT) is Outcome.WRITTEN
+    await q.cancel("t", low.id)
     await q.observe()                                                               # observe (read only)
     assert set(q.scripts.checked) == set(NAMES)
     stats = await q.stats()
-    assert stats["unfinished"] == 0 and stats["enqueued"] == 6 and stats["duplicate_results"] == 1
+    assert stats["unfinished"] == 0 and stats["enqueued"] == 8 and stats["duplicate_results"] == 1
     assert stats["stale_writes"] == 1 and stats["released"] == 1 and stats["redriven"] == 1
-    assert await q.redis.xlen(q.keys.stream) == 0 and await q.redis.hgetall(q.keys.tenants) == {}
+    for stream in q.keys.lane_streams:
+        assert await q.redis.xlen(stream) == 0
+    assert await q.redis.hgetall(q.keys.tenants) == {}
 
 
 @pytest.mark.parametrize("q", PLAIN, indirect=True)

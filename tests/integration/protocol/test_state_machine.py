@@ -1,9 +1,12 @@
-"""Random interleavings of every transition across several simulated consumers, against a real Valkey.
+"""Random interleavings of every transition across several simulated consumers and the three priority lanes,
+against a real Valkey.
 
 After every step: each job has exactly one status; ``unfinished`` equals the number of non-terminal jobs, and the
 per-tenant counts agree; a non-terminal job has exactly one live place (stream entry, pending or not, or the
-delayed set) and a terminal one none, so the stream is empty when every job is terminal; a terminal status never
-changes; and a terminal job is never handed to the model again.
+delayed set) and a terminal one none, so the streams are empty when every job is terminal; every entry of a job is
+in its own lane's stream, and a delivery comes from its job's lane; a terminal status never changes; and a terminal
+job is never handed to the model again. Reads are sometimes blocking ones across the lanes, which give back what
+they take beyond their count.
 Leases expire at once here (claim-idle 0), so every reclaim steals from a live consumer: the hardest case. The
 consumer that lost an entry keeps its delivery and may still finish, retry or release it (a stale holder, G9):
 each such write must be refused and change nothing. Any script call may be resent (run twice with the same
@@ -23,8 +26,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from emulator.valkey import ValkeyProcess
-from inferq.jobs import JobRequest, JobStatus
-from inferq.queue import Delivery, JobNotFound, JobTerminal, Outcome, Queue, QueueFull, now_ms
+from inferq.jobs import LANES, JobRequest, JobStatus, Priority
+from inferq.keys import GROUP
+from inferq.queue import Delivery, IdempotencyConflict, JobNotFound, JobTerminal, Outcome, Queue, QueueFull, now_ms
 from inferq.settings import Settings
 from tests.integration.protocol.resend import Resending, difference, snapshot, without_refusals
 
@@ -53,7 +57,7 @@ class QueueMachine(RuleBasedStateMachine):
         return self.loop.run_until_complete(awaitable)
 
     def teardown(self) -> None:
-        self.run(self.q.redis.delete(*(self.q.keys.job(j) for j in self.jobs), self.q.keys.stream,
+        self.run(self.q.redis.delete(*(self.q.keys.job(j) for j in self.jobs), *self.q.keys.lane_streams,
                                      self.q.keys.delayed, self.q.keys.stats, self.q.keys.dlq, self.q.keys.events,
                                      self.q.keys.tenants))
         self.run(self.q.close())
@@ -62,6 +66,7 @@ class QueueMachine(RuleBasedStateMachine):
     def _take(self, consumer: str, deliveries: list[Delivery]) -> None:
         for d in deliveries:
             assert d.job.id not in self.final, f"terminal job {d.job.id} handed to the model again"
+            assert d.lane is d.job.priority, f"{d.job.id} of lane {d.job.priority} delivered from {d.lane}"
         self.held[consumer].extend(deliveries)
 
     def _pop(self, index: int) -> Delivery | None:
@@ -94,11 +99,12 @@ class QueueMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ rules
 
-    @rule(idem=st.sampled_from([None, "a", "b"]), tenant=st.sampled_from(["t1", "t2"]))
-    def enqueue(self, idem: str | None, tenant: str) -> None:
+    @rule(idem=st.sampled_from([None, "a", "b"]), tenant=st.sampled_from(["t1", "t2"]), lane=st.sampled_from(LANES))
+    def enqueue(self, idem: str | None, tenant: str, lane: Priority) -> None:
+        request = JobRequest(body={"p": 1}, idempotency_key=idem, priority=lane)
         try:
-            job, replayed = self.run(self.q.enqueue(tenant, JobRequest(body={"p": 1}, idempotency_key=idem)))
-        except QueueFull:
+            job, replayed = self.run(self.q.enqueue(tenant, request))
+        except (QueueFull, IdempotencyConflict):  # the same key with another lane is another request
             return
         if not replayed:
             self.jobs.append(job.id)
@@ -106,6 +112,21 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(consumer=st.sampled_from(CONSUMERS), count=st.integers(1, 3))
     def read(self, consumer: str, count: int) -> None:
         self._take(consumer, self.run(self.q.read(consumer, count))[0])
+
+    def waiting(self) -> bool:
+        """Some lane has entries never delivered: a blocking read answers at once (on empty lanes it would wait
+        out the server's timer resolution, about 100 ms, for nothing)."""
+        return any(self.run(self._lag(stream)) for stream in self.q.keys.lane_streams)
+
+    async def _lag(self, stream: str) -> int:
+        return int(await self.q.redis.xlen(stream)) - int((await self.q.redis.xpending(stream, GROUP))["pending"])
+
+    @precondition(waiting)
+    @rule(consumer=st.sampled_from(CONSUMERS), count=st.integers(1, 2))
+    def read_blocking(self, consumer: str, count: int) -> None:
+        got = self.run(self.q.read_blocking(consumer, count, 1))[0]
+        assert len(got) <= count, f"a blocking read started {len(got)} of {count}"
+        self._take(consumer, got)
 
     @rule(consumer=st.sampled_from(CONSUMERS), count=st.integers(1, 3))
     def reclaim(self, consumer: str, count: int) -> None:
@@ -167,12 +188,16 @@ class QueueMachine(RuleBasedStateMachine):
         if not self.jobs:
             return
         records = self.run(self._records())
-        entries = Counter(f["job"] for _, f in self.run(self.q.redis.xrange(self.q.keys.stream)))
+        lanes = {lane: Counter(f["job"] for _, f in self.run(self.q.redis.xrange(self.q.keys.stream_of(lane))))
+                 for lane in LANES}
+        entries = sum(lanes.values(), Counter())
         delayed = set(self.run(self.q.redis.zrange(self.q.keys.delayed, 0, -1)))
         open_jobs = 0
         for job_id, record in zip(self.jobs, records, strict=True):
             status = JobStatus(record["status"])
             places = entries[job_id] + (job_id in delayed)
+            lane = Priority(record["lane"])
+            assert entries[job_id] == lanes[lane][job_id], f"{job_id} of lane {lane} has entries in another lane"
             if status.terminal:
                 assert places == 0, f"terminal {job_id} still has {places} live places"
                 previous = self.final.setdefault(job_id, status.value)
@@ -187,7 +212,8 @@ class QueueMachine(RuleBasedStateMachine):
         per_tenant = Counter(r["tenant"] for r in records if not JobStatus(r["status"]).terminal)
         assert self.run(self.q.redis.hgetall(self.q.keys.tenants)) == {t: str(n) for t, n in per_tenant.items()}
         if open_jobs == 0:
-            assert self.run(self.q.redis.xlen(self.q.keys.stream)) == 0
+            for stream in self.q.keys.lane_streams:
+                assert self.run(self.q.redis.xlen(stream)) == 0
 
     async def _records(self) -> list[dict[str, str]]:
         pipe = self.q.redis.pipeline(transaction=False)

@@ -41,7 +41,7 @@ async def live_entries(q: Queue, job_id: str) -> list[str]:
 def test_every_script_declares_its_keys_and_loads() -> None:
     names = {s.name for s in all_scripts()}
     assert names == {"enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive",
-                     "expire", "observe"}
+                     "expire", "observe", "requeue"}
     assert load("enqueue").min_keys == 5 and load("enqueue").max_keys == 6
     assert load("renew").max_keys is None
 
@@ -424,6 +424,6 @@ async def test_job_object_matches_the_api_contract(q: Queue) -> None:
     job, _ = await q.enqueue("t", req(metadata={"k": "v"}))
     api = job.to_api()
     assert set(api) == {"id", "object", "status", "url", "attempts", "created_at", "started_at", "finished_at",
-                        "result", "error", "dead_lettered", "metadata"}
-    assert api["object"] == "job" and api["metadata"] == {"k": "v"}
+                        "result", "error", "dead_lettered", "metadata", "priority"}
+    assert api["object"] == "job" and api["metadata"] == {"k": "v"} and api["priority"] == "normal"
     json.dumps(api)

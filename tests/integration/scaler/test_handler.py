@@ -25,7 +25,7 @@ from moto import mock_aws
 from functions.gateway.wake import wake_event
 from functions.scaler import app
 from functions.scaler.scaler import Cadence
-from inferq.jobs import JobRequest
+from inferq.jobs import JobRequest, Priority
 from inferq.queue import Queue
 from inferq.settings import Settings, SettingsError
 from tests.conftest import load_event
@@ -162,6 +162,25 @@ async def test_one_job_at_zero_scales_to_one(queue: Queue, ecs: Any, updates: li
     await enqueue(queue, 1)
     app.handler(scheduled(), LambdaContext())
     assert desired_count(ecs) == 1 and updates == [1]
+
+
+@pytest.mark.parametrize("lane", list(Priority))
+async def test_a_backlog_in_one_lane_alone_wakes_the_fleet(
+    queue: Queue, ecs: Any, updates: list[int], lane: Priority
+) -> None:
+    await enqueue(queue, 9, priority=lane)  # 9 jobs / 8 per worker -> 2 workers
+    app.handler(wake_event(queue.settings.queue), LambdaContext())
+    assert desired_count(ecs) == 2 and updates == [2]
+
+
+async def test_the_backlog_counts_every_lane(queue: Queue, ecs: Any, updates: list[int]) -> None:
+    for lane in Priority:
+        await enqueue(queue, 6, priority=lane)  # 18 jobs / 8 per worker -> 3 workers
+    await queue.read("w1", 4)  # taken ones count as pending
+    answer = app.handler(scheduled(), LambdaContext())
+    assert answer["desired"] == 3 and updates == [3]
+    seen = await queue.observe()
+    assert (seen.lag, seen.pending) == (14, 4)
 
 
 async def test_nothing_changed_means_no_update_service_call(queue: Queue, ecs: Any, updates: list[int]) -> None:

@@ -1,0 +1,230 @@
+"""What a worker takes from the queue, and the queue's upkeep it shares in (a mixin of
+:class:`gpu_worker.worker.Worker`, which owns the state named below).
+
+- The pull loop reads only as many entries as the worker has free slots; :meth:`inferq.queue.Queue.read` takes the
+  lanes in priority order with a starvation bound, and blocks across every lane only when all are empty. It
+  reclaims idle entries of dead workers, in every lane, when slots are free (one suspect at a time, see
+  :meth:`Pulling._reclaim`), and starts one task per job.
+- The maintenance task heartbeats, promotes due retries (each into its own lane), expires jobs past their
+  ``ttl_s``, and now and then prunes what dead workers left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from redis.exceptions import ResponseError
+
+from inferq.faults import Fault, FaultRun, is_recoverable
+from inferq.jobs import JobStatus
+from inferq.keys import GROUP, WEBHOOK_GROUP
+from inferq.queue import Delivery, Outcome, Queue, Skipped
+from inferq.settings import Settings
+
+from .batching import Batcher
+from .leases import InFlight
+from .metrics import WorkerMetrics
+from .protection import TaskProtection
+from .window import Window
+
+log = logging.getLogger("gpu_worker.worker")  # the worker's own logger: moving code here changes no log line
+
+T = TypeVar("T")
+
+READ_BATCH = 256
+"""Most entries taken per read. With a window larger than this, the next batch is read and started while the
+previous one is still being finished, so the worker's CPU and Redis's work overlap."""
+MAINTENANCE_S = 0.5
+HEARTBEAT_S = 1.0
+PRUNE_EVERY_S = 300.0
+GONE_AFTER_S = 3600.0
+
+
+class Pulling:
+    """The pull loop and the maintenance task of a worker."""
+
+    id: str
+    settings: Settings
+    queue: Queue
+    reader: Queue
+    window: Window
+    metrics: WorkerMetrics
+    protection: TaskProtection | None
+    block_ms: int
+    _in_flight: dict[str, InFlight]  # by Delivery.key: entry ids are per lane
+    _suspects: set[str]
+    _next_reclaim: float
+    _slot_freed: asyncio.Event
+    _stopping: asyncio.Event
+    _finishes: Batcher[tuple[Delivery, JobStatus, Any, Any], Outcome]
+
+    if TYPE_CHECKING:  # the worker's, used here
+
+        async def _run_job(self, job: InFlight) -> None: ...
+
+        async def _retrying(self, write: Callable[[], Awaitable[T]]) -> T | None: ...
+
+    def _count_fault(self, fault: Fault) -> None:
+        self.metrics.redis_errors.inc()
+
+    def _faults(self, what: str, *, cap_s: float = 2.0) -> FaultRun:
+        """The fault bookkeeping of one of this worker's loops (see :class:`inferq.faults.FaultRun`)."""
+        return FaultRun(what, log, on_fault=self._count_fault, clients=[self.queue.redis, self.reader.redis],
+                        cap_s=cap_s)
+
+    # ------------------------------------------------------------------ pulling
+
+    async def _pull(self, until_idle: bool) -> None:
+        reclaim_every_s = min(self.settings.claim_idle_ms / 2000.0, 5.0)
+        faults = self._faults("cannot read from Redis")
+        # run-until-idle checks for idleness after each empty read: keep those reads short
+        block_ms = min(self.block_ms, 100) if until_idle else self.block_ms
+        while not self._stopping.is_set():
+            free = self.window.size - len(self._in_flight)
+            if free <= 0:
+                self._slot_freed.clear()
+                await _first(self._slot_freed.wait(), self._stopping.wait())
+                continue
+            try:
+                if time.monotonic() >= self._next_reclaim and not self._suspects:
+                    self._next_reclaim = time.monotonic() + reclaim_every_s
+                    await self._reclaim(free)
+                    free = self.window.size - len(self._in_flight)
+                    if free <= 0:
+                        continue
+                got, skipped = await self.reader.read(self.id, min(free, READ_BATCH), block_ms)
+                faults.succeeded()
+            except Exception as exc:  # absorb() re-raises what is not a Redis fault: the pull dies
+                await _first(asyncio.sleep(await faults.absorb(exc)), self._stopping.wait())
+                continue
+            if self._stopping.is_set() and got:
+                for delivery in got:  # read while stopping: give them straight back
+                    await self._release(delivery)
+                self._count_skipped(skipped)
+                break
+            self._start(got, skipped)
+            if until_idle and not got and not skipped and not self._in_flight and await self._idle():
+                return
+
+    async def _reclaim(self, free: int) -> None:
+        """Take over idle entries one at a time, and stop at the first suspect.
+
+        A reclaimed job was delivered before and never finished: its worker died or hung, maybe because of this
+        very job (a poison request that crashes the model server). Such a suspect runs as the only suspect on
+        this worker. So a poison job meets fresh jobs only, and each of those dies with it at most once, then
+        runs as a suspect itself, never again beside the poison: innocent jobs are never dead-lettered for
+        another job's crashes (with INFERQ_MAX_DELIVERIES >= 2), and the poison alone reaches the limit."""
+        for _ in range(free):
+            got, skipped = await self.queue.reclaim(self.id, 1)
+            self._start(got, skipped)
+            if self._suspects or not (got or skipped):
+                return
+
+    async def _release(self, delivery: Delivery) -> None:
+        await self._retrying(lambda: self.queue.release(delivery))
+
+    async def _idle(self) -> bool:
+        if self._in_flight or not self._finishes.idle:
+            return False
+        try:
+            return (await self.queue.observe()).backlog == 0
+        except Exception as exc:
+            if not is_recoverable(exc):
+                raise
+            return False
+
+    def _count_skipped(self, skipped: list[Skipped]) -> None:
+        for s in skipped:
+            self.metrics.skipped(s.code.name.lower())
+
+    def _start(self, deliveries: list[Delivery], skipped: list[Skipped]) -> None:
+        self._count_skipped(skipped)
+        if not deliveries:
+            return
+        now = time.time()
+        for delivery in deliveries:
+            job = InFlight(delivery)
+            self._in_flight[delivery.key] = job
+            if delivery.job.deliveries > 1:
+                self._suspects.add(delivery.key)
+            job.task = asyncio.create_task(self._run_job(job))
+            if delivery.reclaimed:
+                self.metrics.reclaimed.inc()
+            self.metrics.queue_wait.observe(max(0.0, now - delivery.job.created_at))
+        self._occupancy_changed()
+
+    def _window_changed(self, old: int, new: int) -> None:
+        self.metrics.window.set(new)
+        log.debug("window %d -> %d", old, new)
+        if new > old:
+            self._slot_freed.set()  # the pull loop may be waiting for a slot: there are more now
+
+    def _occupancy_changed(self) -> None:
+        self.metrics.in_flight.set(len(self._in_flight))
+        if self.protection:
+            self.protection.set_busy(bool(self._in_flight))
+
+    # ------------------------------------------------------------------ maintenance
+
+    async def _maintain(self, stop: asyncio.Event) -> None:
+        """Heartbeat (with the in-flight count), promotion of retries whose backoff is over, expiry of jobs past their
+        ``ttl_s`` that no attempt started (a full window would otherwise keep them queued), and now and then the
+        removal of what dead workers left behind."""
+        last_beat = 0.0
+        last_prune = time.monotonic()
+        faults = self._faults("maintenance failed")
+        while not stop.is_set():
+            delay = MAINTENANCE_S
+            try:
+                if time.monotonic() - last_beat >= HEARTBEAT_S:
+                    await self.queue.heartbeat(self.id, len(self._in_flight))
+                    last_beat = time.monotonic()
+                for _ in range(10):
+                    if await self.queue.promote(limit=100) < 100:
+                        break
+                await self.queue.expire_due(limit=100)
+                if time.monotonic() - last_prune >= PRUNE_EVERY_S:
+                    last_prune = time.monotonic()
+                    await self._prune()
+                faults.succeeded()
+            except Exception as exc:  # absorb() re-raises what is not a Redis fault: the task dies
+                delay = max(delay, await faults.absorb(exc))
+            await asyncio.sleep(delay)
+
+    async def _prune(self, *, gone_after_s: float = GONE_AFTER_S) -> None:
+        """Forget workers killed without a goodbye: heartbeats older than ``gone_after_s``, and group consumers
+        idle that long holding nothing (a consumer with pending entries is never removed: that would strand
+        them; a live worker that is removed is simply recreated by its next read)."""
+        redis = self.queue.redis
+        now_ms = time.time() * 1000
+        beats = await redis.hgetall(self.queue.keys.workers)
+        stale = [w for w, beat in beats.items() if now_ms - int(beat.split(" ", 1)[0]) > gone_after_s * 1000]
+        if stale:
+            await redis.hdel(self.queue.keys.workers, *stale)
+        for stream, group in (*((s, GROUP) for s in self.queue.keys.lane_streams), (self.queue.keys.events,
+                                                                                   WEBHOOK_GROUP)):
+            try:
+                consumers = await redis.xinfo_consumers(stream, group)
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc) and "no such key" not in str(exc):
+                    raise  # a fault (READONLY, BUSY, ...) for the caller's fault handling
+                continue
+            for consumer in consumers:
+                name = consumer["name"]
+                if name != self.id and not consumer["pending"] and consumer["idle"] > gone_after_s * 1000:
+                    await redis.xgroup_delconsumer(stream, group, name)
+
+
+async def _first(*aws: Awaitable[Any]) -> None:
+    """Wait until the first of ``aws`` completes, cancelling the rest."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
