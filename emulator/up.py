@@ -13,13 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
 import json
 import os
-import re
-import secrets
 import signal
-import socket
 import sys
 import time
 from collections.abc import Coroutine
@@ -30,6 +26,7 @@ from inferq.registry import Registry
 from inferq.registry import load as load_registry
 from inferq.settings import Settings, SettingsError, load_or_exit
 
+from .host import aws_env, bind_error, create_bucket, dev_api_key, lock_data_dir
 from .httpd import get_status
 from .procs import Child, LogSink
 from .valkey import ValkeyProcess, free_port
@@ -38,7 +35,6 @@ EMULATOR_SCALER_INTERVAL_S = "2"
 DEFAULT_VALKEY_PORT = 6380
 DEFAULT_FILES_BUCKET = "inferq-files"
 READY_TIMEOUT_S = 60.0
-_KEY_RE = re.compile(r"^[A-Za-z0-9_.~-]{8,256}$")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -53,70 +49,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def bind_error(host: str, port: int) -> str | None:
-    """Why ``host:port`` cannot be bound now, or None: checked before starting, so a second ``inferq up`` on the same
-    port fails at once with a clear message instead of probing the first one's gateway and calling itself ready."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            return "is already in use (another inferq up?)" if exc.errno == errno.EADDRINUSE else exc.strerror
-    return None
-
-
-def lock_data_dir(data_dir: Path) -> Any:
-    """Hold ``data_dir/lock`` for this process's life, or None when another ``inferq up`` holds it: two Valkeys
-    writing one AOF directory would corrupt it. The lock goes with the process, however it ends."""
-    import fcntl
-
-    data_dir.mkdir(parents=True, exist_ok=True)
-    handle = (data_dir / "lock").open("w")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        return None
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
-    return handle
-
-
-def dev_api_key(data_dir: Path) -> str:
-    """The development key kept in ``data_dir/dev-api-key``: created once, reused by every later ``inferq up``."""
-    path = data_dir / "dev-api-key"
-    with contextlib.suppress(FileNotFoundError):
-        key = path.read_text().strip()
-        if _KEY_RE.match(key):
-            return key
-    key = "iq_dev_" + secrets.token_urlsafe(24)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(key + "\n")
-    return key
-
-
-def _aws_env(endpoint: str) -> dict[str, str]:
-    """Every AWS SDK call of a child goes to moto, with credentials that can reach nothing real."""
-    return {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_REGION": "us-east-1",
-    }
-
-
-def create_bucket(endpoint: str, bucket: str) -> None:
-    """The files bucket (Files, Uploads, batch output) in moto's S3, on the same server as ECS."""
-    import boto3
-
-    credentials = _aws_env(endpoint)  # the children's: moto's test credentials
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name=credentials["AWS_REGION"],
-                      aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
-                      aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"])
-    s3.create_bucket(Bucket=bucket)
 
 
 class Supervisor:
@@ -191,7 +123,7 @@ class Supervisor:
         child_env = {
             "INFERQ_WEBHOOK_ALLOW_PRIVATE": "true",  # local receivers are the point here (the shell may say false)
             **self.env,
-            **_aws_env(self.ecs.endpoint),
+            **aws_env(self.ecs.endpoint),
             **keys_env,
             "INFERQ_REDIS_URL": self.redis_url,
             "INFERQ_ECS_CLUSTER": self.names.cluster,

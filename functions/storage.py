@@ -74,7 +74,7 @@ def _meta(filename: str, purpose: str, created_at: int) -> dict[str, str]:
     return {"filename": quote(filename, safe=""), "purpose": purpose, "created-at": str(created_at)}
 
 
-class FileStore:
+class Bucket:
     """One bucket. ``client`` is made on first use unless injected (tests)."""
 
     def __init__(self, bucket: str, client: Any = None) -> None:
@@ -86,6 +86,10 @@ class FileStore:
         if self._client is None:
             self._client = s3_client()
         return self._client
+
+
+class FileStore(Bucket):
+    """Files and upload parts, under ``files/`` and ``uploads/``."""
 
     def file_key(self, tenant: str, file_id: str) -> str:
         return f"files/{_tenant(tenant)}/{file_id}"
@@ -264,20 +268,10 @@ class StorageUnavailable(Exception):
     """S3 could not be reached or refused a claim-check read or write (a fault to retry, never a 500)."""
 
 
-class ClaimStore:
+class ClaimStore(Bucket):
     """Claim-checked payloads (:mod:`inferq.claimcheck`) in one bucket, under ``claims/``: the gateway writes a
     large request body and reads or presigns a large result. Encrypted as files are, by the bucket's default
     encryption; removed by the bucket's lifecycle rule on ``claims/``, never one by one."""
-
-    def __init__(self, bucket: str, client: Any = None) -> None:
-        self.bucket = bucket
-        self._client = client
-
-    @property
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = s3_client()
-        return self._client
 
     def put(self, key: str, data: bytes) -> None:
         from botocore.exceptions import BotoCoreError, ClientError

@@ -86,17 +86,8 @@ class QueueCore:
     ) -> list[tuple[str, dict[str, str]]]:
         """``XREADGROUP`` of new entries, as ``[(entry id, fields)]``; a missing group (the stream was deleted, or
         Redis lost it) is created again and answers nothing this time."""
-        try:
-            reply = await self.redis.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms)
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            await self.ensure_groups()
-            return []
-        if not reply:
-            return []
-        # RESP2 answers [[stream, entries]], RESP3 {stream: [entries]}
-        return list(reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0])
+        replies = await self._xreadgroup(group, consumer, [stream], count, block_ms)
+        return list(replies[0][1]) if replies else []
 
     async def read_lanes(
         self, consumer: str, count: int, block_ms: int
@@ -105,8 +96,17 @@ class QueueCore:
         any lane. COUNT applies per stream, so it may answer up to ``count`` entries of each lane, as
         ``[(lane, entry id, fields)]`` in lane order; the caller gives back what it has no slot for."""
         streams = {self.keys.stream_of(lane): lane for lane in LANES}
+        pairs = await self._xreadgroup(GROUP, consumer, list(streams), count, block_ms)
+        found = [(streams[stream], entry_id, fields) for stream, entries in pairs for entry_id, fields in entries]
+        return sorted(found, key=lambda item: LANES.index(item[0]))
+
+    async def _xreadgroup(
+        self, group: str, consumer: str, streams: list[str], count: int, block_ms: int | None
+    ) -> list[tuple[str, list[tuple[str, dict[str, str]]]]]:
+        """One ``XREADGROUP`` of new entries of ``streams``, as ``[(stream, entries)]`` whatever the protocol; a
+        missing group is created again (:meth:`ensure_groups`) and answers nothing this time."""
         try:
-            reply = await self.redis.xreadgroup(GROUP, consumer, dict.fromkeys(streams, ">"), count=count,
+            reply = await self.redis.xreadgroup(group, consumer, dict.fromkeys(streams, ">"), count=count,
                                                 block=block_ms)
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
@@ -116,9 +116,7 @@ class QueueCore:
         if not reply:
             return []
         # RESP2 answers [[stream, entries], ...], RESP3 {stream: [entries]}
-        pairs = [(s, e) for s, e in reply] if isinstance(reply, list) else [(s, v[0]) for s, v in reply.items()]
-        found = [(streams[stream], entry_id, fields) for stream, entries in pairs for entry_id, fields in entries]
-        return sorted(found, key=lambda item: LANES.index(item[0]))
+        return [(s, e) for s, e in reply] if isinstance(reply, list) else [(s, v[0]) for s, v in reply.items()]
 
     async def _expire_calls(self, job_ids: Sequence[str], now: int | None = None) -> int:
         now = now or now_ms()

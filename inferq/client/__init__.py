@@ -12,8 +12,9 @@ What every caller of the API writes again otherwise, done once:
 - :func:`verify_webhook` checks a delivery's Standard Webhooks signature.
 
 The typed answers live in :mod:`inferq.answers` and the webhook check in :mod:`inferq.webhook_signing`; all are
-importable from here. The blocking client is in :mod:`.blocking`, the asyncio one in :mod:`.aio`, what both share
-in :mod:`.common`. This package is the only part of ``inferq`` that imports httpx: the queue protocol never needs
+importable from here. The blocking client is in :mod:`.blocking`, the asyncio one in :mod:`.aio`; each keeps only
+its I/O. Every method is written once, without I/O, in :mod:`.calls`, and what else both share is in
+:mod:`.common`. This package is the only part of ``inferq`` that imports httpx: the queue protocol never needs
 it (tests/unit/test_layout.py).
 - ``events`` iterates the results feed (``GET /v1/events``): the tenant's terminal jobs in the order they ended,
   long-polling for more, resumable from a cursor the caller persists, bounded by an optional deadline or count.

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 
@@ -177,6 +177,15 @@ def _slice(deadline: float) -> int:
     return max(0, min(MAX_WAIT_SLICE_S, int(deadline - time.monotonic())))
 
 
+class FeedBounds(TypedDict, total=False):
+    """``events``' keyword arguments: the page size, each long-poll's wait, and the optional deadline and count."""
+
+    limit: int
+    wait: float
+    timeout: float | None
+    max_jobs: int | None
+
+
 class _Feed:
     """The bookkeeping of one results-feed read, shared by :class:`EventStream` and :class:`AsyncEventStream`: what
     to ask for next, and when to stop (deadline or count reached).
@@ -185,8 +194,8 @@ class _Feed:
     for never holds more jobs than ``max_jobs`` still allows, so a stream that stops by its own bounds stops exactly
     at a page end and resuming from :attr:`cursor` sees every later job once."""
 
-    def __init__(self, after: str | None, limit: int, wait: float, timeout: float | None,
-                 max_jobs: int | None) -> None:
+    def __init__(self, after: str | None, *, limit: int = 100, wait: float = MAX_WAIT_SLICE_S,
+                 timeout: float | None = None, max_jobs: int | None = None) -> None:
         if not 1 <= limit <= MAX_EVENTS_PAGE:
             raise ValueError(f"limit must be 1..{MAX_EVENTS_PAGE}, got {limit}")
         if max_jobs is not None and max_jobs < 0:
