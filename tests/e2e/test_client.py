@@ -91,8 +91,10 @@ def test_a_dead_lettered_job_is_listed_and_redriven(client: Client) -> None:
     assert failed.status is JobStatus.FAILED and failed.dead_lettered and failed.error
     assert job.id in [j.id for j in client.dlq(limit=100)]
     again = client.redrive(job.id)
-    # queued again; a free worker may have taken it before the answer was read back
-    assert again.id == job.id and again.status in (JobStatus.QUEUED, JobStatus.RUNNING) and again.attempts == 1
+    # queued again with its attempts reset; the answer is the job as read back after the redrive, and a free worker
+    # may already have run (and failed) its first attempt by then: fewer attempts than it died with, not exactly 1
+    assert again.id == job.id and again.status in (JobStatus.QUEUED, JobStatus.RUNNING)
+    assert 1 <= again.attempts < failed.attempts
     assert not again.dead_lettered
     rerun = client.wait(job.id, timeout=60)  # it runs again (and, failing every attempt, ends again)
     assert rerun.terminal and rerun.started_at is not None and rerun.started_at >= again.created_at
