@@ -109,7 +109,7 @@ async def test_a_full_queue_of_one_model_holds_the_chunk_back_at_its_first_line(
         await work_off(embed)
         await work_off(chat)
         await driver.run_once()
-        batch = await Batches(chat).get(batch_id)  # type: ignore[assignment]
+        batch = await Batches(chat).get(batch_id)
         assert batch is not None
     assert (batch.completed, batch.failed) == (12, 0)
     assert (await embed.stats())["enqueued"] == 8 and (await chat.stats())["enqueued"] == 4
