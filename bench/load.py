@@ -22,7 +22,7 @@ import contextlib
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -265,8 +265,10 @@ async def closed_loop(
     wait_s: float = 20.0,
     deadline_s: float = 120.0,
     progress: Progress | None = None,
+    bodies: Sequence[dict[str, Any]] = (),
 ) -> LoadResult:
-    """``loops`` clients, each: submit, wait for the terminal state, next."""
+    """``loops`` clients, each: submit, wait for the terminal state, next. With ``bodies``, job ``i`` is
+    ``bodies[i % len(bodies)]`` instead of ``body`` (a load spread over several models)."""
     pool = pool_of(clients)
     result = _new_result(name, n_jobs)
     deadline = result.perf0 + deadline_s
@@ -275,7 +277,7 @@ async def closed_loop(
     async def loop(client: Client) -> None:
         while (i := next(counter)) < n_jobs and time.perf_counter() < deadline:
             record = result.records[i]
-            if await _submit(client, result, record, body):
+            if await _submit(client, result, record, bodies[i % len(bodies)] if bodies else body):
                 await _collect(client, result, record, wait_s, deadline)
             if progress is not None:
                 progress(1)

@@ -106,13 +106,15 @@ class Plumbing:
                      name=name)
 
     async def _run_load(self, st: Stack, kind: str, title: str, n: int, clients: int, latency_ms: int,
-                        name: str) -> load.LoadResult:
+                        name: str, models: tuple[str, ...] = ()) -> load.LoadResult:
+        """One measured run; ``models``: the closed loops' jobs name these models in turn (``body.model``)."""
         task = self.progress.add_task(title, total=n)
         body = load.job_body(latency_ms)
+        bodies = [{"body": {**body["body"], "model": model}} for model in models]
         with measured(st.redis_url, st.cpu_by_role) as finish:
             async with make_pool(st.url, st.api_key, clients, timeout_s=40.0, kind=self.args.client) as client:
                 if kind == "closed_loop":
-                    result = await load.closed_loop(client, n, clients, body, name=name,
+                    result = await load.closed_loop(client, n, clients, body, name=name, bodies=bodies,
                                                     deadline_s=self.sizes.deadline_s,
                                                     progress=lambda k: self.progress.advance(task, k))
                 else:

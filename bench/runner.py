@@ -10,16 +10,19 @@ from typing import Any
 
 from . import report
 from .http_scenarios import HttpScenarios
+from .models import ModelScenarios
 from .parts import Parts
 from .process_scenarios import ProcessScenarios
 
 
-class Bench(HttpScenarios, ProcessScenarios, Parts):
+class Bench(HttpScenarios, ModelScenarios, ProcessScenarios, Parts):
     """The scenario families of :mod:`bench.__main__`'s docstring over one :class:`bench.plumbing.Plumbing`."""
 
     async def run_async(self) -> None:
         if {"F", "S1", "S2", "S3", "G", "W", "L"} & self.only or self.args.scale:
             await self._guard("HTTP scenarios", self.http_scenarios())
+        if "M" in self.only:
+            await self._guard("M models", self.models_scenario())
         if {"C", "D"} & self.only:
             await self._guard("worker cold start / drain", self.cold_and_drain())
         if "B" in self.only:

@@ -7,7 +7,8 @@ active batch, under a per-batch lease (one driver at a time):
 - ``validating``: read the input file once, streaming, and check every line; -> ``failed`` with line errors, or
   ``in_progress`` with the request count.
 - ``in_progress``: turn the next lines into jobs, a chunk at a time and no more than the queue has room for, in
-  the ``low`` lane (bulk work never delays interactive jobs, and still gets its share of takes). Each line's job
+  the ``low`` lane (bulk work never delays interactive jobs, and still gets its share of takes), each line in its
+  own model's queue (:mod:`inferq.batch_models`; a line naming no served model fails alone). Each line's job
   is enqueued with the idempotency key ``<batch id>:<line>``, then ``advancebatch.lua`` records the
   chunk's jobs and the byte offset after it in one step: a driver that dies in between enqueues the same chunk
   again and gets the same jobs back, so a crash never makes two jobs for one line. Then scan forward over lines
@@ -33,9 +34,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import claimcheck
+from .batch_models import UNROUTED, LineRouter, unrouted_line
 from .batches import Batch, Batches, BatchStatus, input_lines, new_file_id, output_line, parse_line, validate
 from .jobs import Job, JobRequest, Priority
 from .queue import JobNotFound, JobTerminal, Queue, QueueError, QueueFull
+from .registry import Registry
 from .settings import Settings
 
 CHUNK_LINES = 500
@@ -98,8 +101,11 @@ def _custom_id(raw: bytes) -> str | None:
 
 
 class BatchDriver:
-    def __init__(self, queue: Queue, store: FileSource, settings: Settings) -> None:
+    def __init__(self, queue: Queue, store: FileSource, settings: Settings, registry: Registry | None = None) -> None:
+        """``queue``: the primary queue, which holds the batch records; ``registry``: the models whose queues the
+        lines go to (None: every line to ``queue``)."""
         self.queue = queue
+        self.lines = LineRouter(queue, registry)
         self.store = store
         self.settings = settings
         self.batches = Batches(queue)
@@ -212,38 +218,51 @@ class BatchDriver:
             await self.batches.move(batch.id, (BatchStatus.IN_PROGRESS,), BatchStatus.FINALIZING,
                                     finalizing_at=int(time.time()), end=BatchStatus.COMPLETED.value)
 
-    async def _room(self) -> int:
-        if self.settings.max_queue_depth <= 0:
+    async def _room(self, queue: Queue) -> int:
+        """How many more jobs ``queue`` takes now (its own ``max_queue_depth``), at most a chunk."""
+        if queue.settings.max_queue_depth <= 0:
             return CHUNK_LINES
-        unfinished = int(await self.redis.hget(self.keys.stats, "unfinished") or 0)
-        return max(0, min(CHUNK_LINES, self.settings.max_queue_depth - unfinished))
+        unfinished = int(await self.redis.hget(queue.keys.stats, "unfinished") or 0)
+        return max(0, min(CHUNK_LINES, queue.settings.max_queue_depth - unfinished))
 
     async def _enqueue_chunk(self, batch: Batch) -> int:
-        room = min(await self._room(), batch.total - batch.next_line)
-        if room <= 0:
-            return 0  # the queue is full: backpressure, not an error; the next pass tries again
+        rooms = {q.settings.queue: await self._room(q) for q in self.lines.queues()}
+        want = min(sum(rooms.values()), CHUNK_LINES, batch.total - batch.next_line)
+        if want <= 0:
+            return 0  # every queue is full: backpressure, not an error; the next pass tries again
         lines = await asyncio.to_thread(
-            _read_lines, self.store, batch.tenant, batch.input_file_id, batch.next_offset, room
+            _read_lines, self.store, batch.tenant, batch.input_file_id, batch.next_offset, want
         )
-        if not lines:
-            return 0
-        requests = []
+        by_queue: dict[str, tuple[Queue, list[tuple[int, JobRequest]]]] = {}
+        ids: list[str] = []
         for i, (_, raw) in enumerate(lines):
             request, error = parse_line(raw, batch.endpoint, 0)
             if request is None:  # validated already; a changed file is the only way here
                 raise ValueError(f"batch {batch.id}: line {batch.next_line + i} no longer parses: {error}")
-            requests.append(JobRequest(
-                body=request["body"], url=batch.endpoint,
-                metadata={"batch_id": batch.id, "custom_id": request["custom_id"]},
-                idempotency_key=f"{batch.id}:{batch.next_line + i}", priority=Priority.LOW,
-            ))
-        try:
-            accepted = await self.queue.enqueue_many(batch.tenant, requests)
+            queue = self.lines.queue_for(request["body"])
+            if queue is not None:
+                if rooms[queue.settings.queue] <= 0:
+                    break  # lines go in file order: the chunk ends at the first line whose queue is full
+                rooms[queue.settings.queue] -= 1
+                by_queue.setdefault(queue.settings.queue, (queue, []))[1].append((i, JobRequest(
+                    body=request["body"], url=batch.endpoint,
+                    metadata={"batch_id": batch.id, "custom_id": request["custom_id"]},
+                    idempotency_key=f"{batch.id}:{batch.next_line + i}", priority=Priority.LOW,
+                )))
+            ids.append(UNROUTED)
+        if not ids:
+            return 0
+        try:  # a queue refusing part-way leaves jobs its next try gets back by their idempotency keys
+            for queue, numbered in by_queue.values():
+                accepted = await queue.enqueue_many(batch.tenant, [r for _, r in numbered])
+                for (i, _), (job, _) in zip(numbered, accepted, strict=True):
+                    ids[i] = job.id
         except QueueFull:
             return 0
         pairs: list[Any] = []
-        for i, (job, _) in enumerate(accepted):
-            pairs += [batch.next_line + i, job.id]
+        for i, job_id in enumerate(ids):
+            pairs += [batch.next_line + i, job_id]
+        lines = lines[:len(ids)]
         end = batch.next_line + len(lines)
         await self.queue.scripts("advancebatch", [self.keys.batch(batch.id), self.keys.batch_lines(batch.id)],
                                  [batch.next_line, end, lines[-1][0], *pairs])
@@ -256,10 +275,7 @@ class BatchDriver:
         if end <= start:
             return start
         ids = await self.redis.hmget(self.keys.batch_lines(batch.id), list(range(start, end)))
-        pipe = self.redis.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hget(self.keys.job(job_id or "-"), "status")
-        statuses = await pipe.execute()
+        statuses = await self.lines.job_fields(ids, "status")
         completed = failed = 0
         line = start
         for job_id, status in zip(ids, statuses, strict=True):
@@ -283,7 +299,7 @@ class BatchDriver:
         for start in range(batch.done_line, batch.next_line, FINALIZE_LINES):
             end = min(batch.next_line, start + FINALIZE_LINES)
             ids = await self.redis.hmget(self.keys.batch_lines(batch.id), list(range(start, end)))
-            live = [j for j in ids if j]
+            live = [j for j in ids if j and j != UNROUTED]
             for group in range(0, len(live), 100):
                 await asyncio.gather(*(self._cancel_job(batch.tenant, j) for j in live[group:group + 100]))
             await self._renew()
@@ -291,7 +307,7 @@ class BatchDriver:
 
     async def _cancel_job(self, tenant: str, job_id: str) -> None:
         try:
-            await self.queue.cancel(tenant, job_id)
+            await self.lines.queue_of(job_id).cancel(tenant, job_id)
         except (JobTerminal, JobNotFound):
             pass
 
@@ -362,18 +378,18 @@ class BatchDriver:
             if not lines:
                 break
             ids = await self.redis.hmget(self.keys.batch_lines(batch.id), list(range(line, line + len(lines))))
-            pipe = self.redis.pipeline(transaction=False)
-            for job_id in ids:
-                pipe.hgetall(self.keys.job(job_id or "-"))
-            records = await pipe.execute()
+            records = await self.lines.job_fields(ids, None)
             good = bytearray()
             bad = bytearray()
-            for (_, raw), record in zip(lines, records, strict=True):
+            for (_, raw), job_id, record in zip(lines, ids, records, strict=True):
                 custom_id = _custom_id(raw)
                 job = Job.from_hash(record) if record and "status" in record else None
                 if job is not None and claimcheck.claim_of_result(job.result, job.tenant, job.id) is not None:
                     job = await self._read_back(job)
-                is_error, entry = output_line(custom_id, job, end)
+                if job_id == UNROUTED:
+                    is_error, entry = True, unrouted_line(custom_id, raw)
+                else:
+                    is_error, entry = output_line(custom_id, job, end)
                 target = bad if is_error else good
                 target += json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
                 if is_error:

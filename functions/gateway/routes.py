@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from inferq.jobs import Job, JobRequest, Priority
+from inferq.registry import ALIAS_RE
 
 from .errors import ApiError
 from .hotpath import HotRoute, fast_path, get_job_fast, submit_job_fast
@@ -199,10 +200,18 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
         summary="The scaler's view of the queue",
         response_model=None,
         responses={200: doc("ScaleView", "Queue depth, workers and the last decision"),
-                   **errors(400, 401, 413, 422, 503)},
+                   **errors(400, 401, 404, 413, 422, 503)},
     )
-    async def scale(tenant: Tenant) -> JSONResponse:
-        seen = await gw.call(gw.queue.observe())
+    async def scale(
+        request: Request,
+        tenant: Tenant,
+        model: Annotated[str | None, Query(pattern=ALIAS_RE.pattern, description=(
+            "A model's name or alias (a model registry): that model's queue; default: the default model's"))] = None,
+    ) -> JSONResponse:
+        if len(request.query_params.getlist("model")) > 1:  # FastAPI would take the last one silently
+            raise ApiError(422, "model: give one model")
+        queue = gw.queue if model is None else gw.model_queue(model)  # unknown: 404 model_not_found
+        seen = await gw.call(queue.observe())
         return JSONResponse(
             {
                 "lag": seen.lag,

@@ -178,7 +178,9 @@ async def drive_batches(settings: Settings, queue: Queue, budget_s: float) -> No
     from inferq.batch_driver import BatchDriver
 
     try:
-        await BatchDriver(queue, FileStore(settings.files_bucket), settings).run(budget_s=max(0.0, budget_s - 5.0))
+        # each line to its model's queue
+        driver = BatchDriver(queue, FileStore(settings.files_bucket), settings, load_registry(settings))
+        await driver.run(budget_s=max(0.0, budget_s - 5.0))
     except Exception:  # a batch that cannot move now must not stop the scaling; the next tick tries again
         logger.exception("batch driver pass failed")
 

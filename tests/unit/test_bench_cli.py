@@ -49,3 +49,17 @@ def test_the_reference_latency_scenario_runs_through_a_direct_stack(tmp_path: Pa
     s2 = results["scenarios"]["S2"]
     assert results["ok"] and [run["done"] for run in s2["runs"]] == [80]
     assert s2["stack"]["mode"] == "direct" and "script_sample" in s2["valkey"]
+
+
+def test_the_models_scenario_runs_s3s_shape_on_one_model_and_over_two(tmp_path: Path) -> None:
+    """M: two emulator stacks, the second with a registry the bench writes and a fleet per model; every job of
+    both is accounted for, and the ratio row is reported."""
+    done = bench("--quick", "--only", "M", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    one, two = results["scenarios"]["M/one"], results["scenarios"]["M/two"]
+    assert results["ok"] and [run["done"] for run in one["runs"]] == [run["done"] for run in two["runs"]] == [400]
+    assert two["config"]["models"] == ["chat", "embed"] and "INFERQ_MODELS" in two["stack"]["env"]
+    assert "INFERQ_MODELS" not in one["stack"]["env"]
+    assert results["models_ratio"]["jobs_per_s_ratio"]["median"] > 0
+    assert any(row["what"] == "M two models vs one" for row in results["extra_rows"])

@@ -179,3 +179,23 @@ async def test_a_submit_wakes_the_fleet_of_its_own_model(gw_client: httpx.AsyncC
     assert waker.calls == 0 and await embed.redis.exists(embed.keys.wake) == 0
     await gw_client.post("/v1/jobs", json=chat("embed"), headers=A)
     assert waker.calls == 1 and await embed.redis.exists(embed.keys.wake) == 1
+
+
+async def test_scale_shows_the_default_model_or_the_one_named_by_name_or_alias(
+    gw_client: httpx.AsyncClient, app: FastAPI, two_models: Settings
+) -> None:
+    for name in ("chat", "embed"):
+        await queue_of(app, f"{two_models.queue}-{name}").ensure_groups()
+    for _ in range(3):
+        assert (await gw_client.post("/v1/jobs", json=chat("embed"), headers=A)).status_code == 202
+    default = await gw_client.get("/v1/scale", headers=A)
+    assert default.status_code == 200 and default.json()["lag"] == 0  # the default model's queue: chat's
+    by_alias = await gw_client.get("/v1/scale", params={"model": "text-embedding-3-small"}, headers=A)
+    by_name = await gw_client.get("/v1/scale", params={"model": "embed"}, headers=A)
+    assert by_alias.status_code == by_name.status_code == 200
+    assert by_alias.json()["lag"] == by_name.json()["lag"] == 3
+    assert set(by_name.json()) == set(default.json()), "the same view, of another queue"
+    unknown = await gw_client.get("/v1/scale", params={"model": "gpt-5"}, headers=A)
+    assert_envelope(unknown, 404, "model_not_found")
+    twice = await gw_client.get("/v1/scale", params=[("model", "chat"), ("model", "embed")], headers=A)
+    assert_envelope(twice, 422)
