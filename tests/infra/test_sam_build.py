@@ -25,6 +25,10 @@ ATTRIBUTES = {"Cache.Outputs.RedisUrl": "rediss://cache.inferq.test:6379/0"}
 NOT_SHIPPED = ("boto3", "botocore", "s3transfer")  # the python3.13 runtime has them
 
 
+IMPORT_NAMES = {"pyyaml": "yaml"}
+"""Distributions whose import name is not their name with dashes as underscores."""
+
+
 def requirement_modules(name: str) -> set[str]:
     """Top-level import names of functions/NAME/requirements.txt (distribution name, dashes to underscores)."""
     modules = set()
@@ -33,7 +37,8 @@ def requirement_modules(name: str) -> set[str]:
         if line:
             match = re.match(r"^([A-Za-z0-9_.-]+)(?:\[([^\]]+)\])?", line)
             assert match, line
-            modules.add(match.group(1).lower().replace("-", "_"))
+            distribution = match.group(1).lower().replace("-", "_")
+            modules.add(IMPORT_NAMES.get(distribution, distribution))
             modules.update(extra.strip() for extra in (match.group(2) or "").split(",") if extra.strip())
     return modules
 
