@@ -29,13 +29,13 @@ import dataclasses
 import json
 import secrets
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from . import claimcheck
+from .batch_io import FileSource, Writer, custom_id_of, read_lines
 from .batch_models import UNROUTED, LineRouter, unrouted_line
-from .batches import Batch, Batches, BatchStatus, input_lines, new_file_id, output_line, parse_line, validate
+from .batches import Batch, Batches, BatchStatus, new_file_id, output_line, parse_line, validate
 from .jobs import Job, JobRequest, Priority
 from .queue import JobNotFound, JobTerminal, Queue, QueueError, QueueFull
 from .registry import Registry
@@ -55,49 +55,11 @@ CANCEL_GRACE_S = 600
 ACTIVE_PER_PASS = 100
 
 
-class Writer(Protocol):
-    def write(self, data: bytes) -> None: ...
-    def close(self) -> int: ...
-    def abort(self) -> None: ...
-
-
-class FileSource(Protocol):
-    def chunks(self, tenant: str, file_id: str, start: int = 0) -> Iterator[bytes]: ...
-    def head(self, tenant: str, file_id: str) -> Any: ...
-    def writer(self, tenant: str, file_id: str, filename: str, purpose: str) -> Writer: ...
-    def claimed(self, key: str) -> bytes: ...
-
-
 @dataclass
 class PassReport:
     batches: int = 0
     enqueued: int = 0
     finished: list[str] = field(default_factory=list)
-
-
-def _read_lines(store: FileSource, tenant: str, file_id: str, start: int, count: int) -> list[tuple[int, bytes]]:
-    found: list[tuple[int, bytes]] = []
-    chunks = store.chunks(tenant, file_id, start)
-    try:
-        for item in input_lines(chunks, start):
-            found.append(item)
-            if len(found) >= count:
-                break
-    finally:
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()
-    return found
-
-
-def _custom_id(raw: bytes) -> str | None:
-    """The line's custom_id; None for a line that never validated (a batch cancelled while validating)."""
-    try:
-        request = json.loads(raw)
-    except ValueError:
-        return None
-    custom_id = request.get("custom_id") if isinstance(request, dict) else None
-    return custom_id if isinstance(custom_id, str) else None
 
 
 class BatchDriver:
@@ -231,7 +193,7 @@ class BatchDriver:
         if want <= 0:
             return 0  # every queue is full: backpressure, not an error; the next pass tries again
         lines = await asyncio.to_thread(
-            _read_lines, self.store, batch.tenant, batch.input_file_id, batch.next_offset, want
+            read_lines, self.store, batch.tenant, batch.input_file_id, batch.next_offset, want
         )
         by_queue: dict[str, tuple[Queue, list[tuple[int, JobRequest]]]] = {}
         ids: list[str] = []
@@ -374,7 +336,7 @@ class BatchDriver:
         offset = 0
         while True:
             lines = await asyncio.to_thread(
-                _read_lines, self.store, batch.tenant, batch.input_file_id, offset, FINALIZE_LINES)
+                read_lines, self.store, batch.tenant, batch.input_file_id, offset, FINALIZE_LINES)
             if not lines:
                 break
             ids = await self.redis.hmget(self.keys.batch_lines(batch.id), list(range(line, line + len(lines))))
@@ -382,7 +344,7 @@ class BatchDriver:
             good = bytearray()
             bad = bytearray()
             for (_, raw), job_id, record in zip(lines, ids, records, strict=True):
-                custom_id = _custom_id(raw)
+                custom_id = custom_id_of(raw)
                 job = Job.from_hash(record) if record and "status" in record else None
                 if job is not None and claimcheck.claim_of_result(job.result, job.tenant, job.id) is not None:
                     job = await self._read_back(job)
