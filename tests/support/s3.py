@@ -5,6 +5,8 @@ same port (its buckets and objects live in this process), to make S3 really unre
 from __future__ import annotations
 
 import logging
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -46,3 +48,21 @@ class MotoS3:
 
     def keys(self, bucket: str, prefix: str = "") -> list[str]:
         return [o["Key"] for o in self.client().list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoS3]:
+    """A moto S3 server for one test (import this fixture into the test module)."""
+    server = MotoS3(monkeypatch)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def bucket(s3: MotoS3) -> str:
+    """A fresh bucket on that server."""
+    name = f"claims-{uuid.uuid4().hex[:12]}"
+    s3.client().create_bucket(Bucket=name)
+    return name

@@ -5,12 +5,10 @@ client (docs/api.md, "Large payloads")."""
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
-import pytest
 from fastapi import FastAPI
 
 from inferq import claimcheck
@@ -18,32 +16,20 @@ from inferq.client import AsyncClient
 from inferq.queue import Queue
 from inferq.settings import Settings
 from tests.integration.worker.support import running_worker, terminal
+from tests.support import s3 as moto_s3
 from tests.support.s3 import MotoS3
 
 from .conftest import AppFactory
 from .support import KEYS, A
+
+s3 = moto_s3.s3  # the moto S3 server and a fresh bucket: fixtures shared by the claim-check tests
+bucket = moto_s3.bucket
 
 KEY_A = next(key for key, tenant in KEYS.items() if tenant == "tenant-a")
 
 MIB = 1024 * 1024
 SMALL_RECORD_BYTES = 4096
 """What a claim-checked job's whole record may cost in Redis (MEMORY USAGE), whatever its payload."""
-
-
-@pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoS3]:
-    server = MotoS3(monkeypatch)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def bucket(s3: MotoS3) -> str:
-    name = f"claims-{uuid.uuid4().hex[:12]}"
-    s3.client().create_bucket(Bucket=name)
-    return name
 
 
 def big_prompt(size: int) -> str:

@@ -4,8 +4,6 @@ back before the model is called, a large result is stored, and S3 being down is 
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -16,31 +14,19 @@ from inferq.batch_driver import BatchDriver
 from inferq.batches import Batches, BatchStatus, new_file_id
 from inferq.queue import Queue
 from inferq.settings import Settings
+from tests.support import s3 as moto_s3
 from tests.support.s3 import MotoS3
 
 from .support import TENANT, Receiver, chat, eventually, mock_calls, running_worker, submit, terminal
+
+s3 = moto_s3.s3  # the moto S3 server and a fresh bucket: fixtures shared by the claim-check tests
+bucket = moto_s3.bucket
 
 
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
     """Room for a few retries while S3 is down, with short backoffs."""
     return settings.replace(max_attempts=20, retry_base_ms=50, retry_max_ms=300)
-
-
-@pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoS3]:
-    server = MotoS3(monkeypatch)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def bucket(s3: MotoS3) -> str:
-    name = f"claims-{uuid.uuid4().hex[:12]}"
-    s3.client().create_bucket(Bucket=name)
-    return name
 
 
 def claim_body(s3: MotoS3, bucket: str, text: str) -> dict[str, object]:
