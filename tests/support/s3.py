@@ -4,6 +4,7 @@ same port (its buckets and objects live in this process), to make S3 really unre
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Iterator
@@ -66,3 +67,20 @@ def bucket(s3: MotoS3) -> str:
     name = f"claims-{uuid.uuid4().hex[:12]}"
     s3.client().create_bucket(Bucket=name)
     return name
+
+
+@contextlib.contextmanager
+def in_process_bucket(monkeypatch: pytest.MonkeyPatch, bucket: str) -> Iterator[Any]:
+    """moto's S3 mocked in this process (no server) with ``bucket`` created; yields an S3 client on it."""
+    import boto3
+    from moto import mock_aws
+
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", REGION)):
+        monkeypatch.setenv(name, value)
+    with mock_aws():
+        client = boto3.client("s3", region_name=REGION)
+        client.create_bucket(Bucket=bucket)
+        yield client

@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import boto3
 import httpx
 import pytest
 from fastapi import FastAPI
-from moto import mock_aws
+
+from tests.support.s3 import in_process_bucket
 
 from .conftest import AppFactory
 from .support import CHAT, A, B
@@ -22,23 +21,9 @@ BUCKET = "inferq-gateway-files"
 LINE = json.dumps({"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}})
 
 
-@contextmanager
-def moto_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """moto's S3 in process with the files bucket; an S3 client on it."""
-    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
-        yield client
-
-
 @pytest.fixture
 def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    with moto_bucket(monkeypatch) as client:
+    with in_process_bucket(monkeypatch, BUCKET) as client:
         yield client
 
 

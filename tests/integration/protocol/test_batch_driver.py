@@ -7,9 +7,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from functions.storage import FileStore
 from inferq.batch_driver import BatchDriver, PassReport
@@ -18,6 +16,7 @@ from inferq.jobs import JobStatus
 from inferq.queue import Queue
 from inferq.scripting import Scripts
 from inferq.settings import Settings
+from tests.support.s3 import in_process_bucket
 
 TENANT = "tenant-a"
 BUCKET = "inferq-test-files"
@@ -25,14 +24,7 @@ BUCKET = "inferq-test-files"
 
 @pytest.fixture
 def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[FileStore]:
-    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
+    with in_process_bucket(monkeypatch, BUCKET) as client:
         yield FileStore(BUCKET, client)
 
 
