@@ -25,9 +25,11 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from tests.support.s3 import in_process_bucket
+
 from .conftest import AppFactory
 from .support import A
-from .test_files import BUCKET, moto_bucket
+from .test_files import BUCKET
 
 EXAMPLES = int(os.environ.get("INFERQ_SCHEMATHESIS_EXAMPLES", "25"))
 CHECKS = [
@@ -42,7 +44,7 @@ CHECKS = [
 
 @pytest.fixture
 def gateway(make_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[FastAPI]:
-    with moto_bucket(monkeypatch):  # moto's S3 in process: the Files routes answer, not 503
+    with in_process_bucket(monkeypatch, BUCKET):  # moto's S3 in process: the Files routes answer, not 503
         yield make_app(files_bucket=BUCKET)
 
 
