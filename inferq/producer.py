@@ -5,6 +5,7 @@ maps to its HTTP answers.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from .jobs import Job, JobRequest, JobStatus, canonical_json, idempotency_digest, new_job_id
 from .queue_core import QueueCore, new_token, now_ms
 from .scripting import Code
+from .waiters import SharedWaiters
 
 
 class QueueError(Exception):
@@ -53,6 +55,8 @@ class NotDeadLettered(QueueError):
 
 
 class Producer(QueueCore):
+    _waiters: SharedWaiters | None = None
+
     def _enqueue_call(self, tenant: str, request: JobRequest, job_id: str, now: int) -> tuple:
         keys = [self.keys.stream_of(request.priority), self.keys.stats, self.keys.expiry, self.keys.job(job_id),
                 self.keys.tenants]
@@ -140,10 +144,15 @@ class Producer(QueueCore):
             return await self.get(job_id, tenant)
         return job
 
-    async def wait(self, job_id: str, tenant: str | None, timeout_s: float) -> Job | None:
-        """The job as soon as it is terminal, or as it is when ``timeout_s`` is over. Blocks in Redis on the job's
-        wakeup list (BLMOVE list->itself keeps the element for other waiters), on one connection, in slices
-        shorter than the socket timeout so a frozen server is still noticed within it."""
+    async def wait(self, job_id: str, tenant: str | None, timeout_s: float, *, shared: bool = False) -> Job | None:
+        """The job as soon as it is terminal, or as it is when ``timeout_s`` is over.
+
+        ``shared`` (a long-lived process: uvicorn, a container): wait on this process's one reader of the queue's
+        terminal events (:class:`~inferq.waiters.SharedWaiters`), no connection of its own. Otherwise (Lambda, one
+        request per invocation): block in Redis on the job's wakeup list (BLMOVE list->itself keeps the element for
+        other waiters) in slices shorter than the socket timeout, so a frozen server is still noticed within it."""
+        if shared and timeout_s > 0:
+            return await self._wait_shared(job_id, tenant, timeout_s)
         job = await self.get(job_id, tenant)
         if job is None or job.status.terminal or timeout_s <= 0:
             return job
@@ -155,6 +164,45 @@ class Producer(QueueCore):
             if woke is not None:
                 break
         return await self.get(job_id, tenant)
+
+    @property
+    def waiters(self) -> SharedWaiters:
+        if self._waiters is None:
+            self._waiters = SharedWaiters(self.redis, self.keys.events,
+                                          block_s=max(0.1, self.settings.redis_timeout_s * 0.5))
+        return self._waiters
+
+    async def close(self) -> None:
+        await self.close_waiters()
+        await super().close()
+
+    async def close_waiters(self) -> None:
+        """Stop this process's reader of terminal events (it also stops by itself when no one waits)."""
+        if self._waiters is not None:
+            await self._waiters.aclose()
+
+    async def _wait_shared(self, job_id: str, tenant: str | None, timeout_s: float) -> Job | None:
+        deadline = time.monotonic() + timeout_s
+        waiters = self.waiters
+        future = await waiters.register(job_id)  # before the read: an end after it is never missed
+        try:
+            job = await self.get(job_id, tenant)
+            while job is not None and not job.status.terminal:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0.01:
+                    break
+                try:
+                    await asyncio.wait_for(asyncio.shield(future), min(remaining, waiters.recheck_s))
+                except TimeoutError:
+                    # a reader that fell behind or lost an event costs a recheck, never the wake
+                    status = await self.redis.hget(self.keys.job(job_id), "status")
+                    if status is None or JobStatus(status).terminal:
+                        return await self.get(job_id, tenant)
+                    continue
+                return await self.get(job_id, tenant)
+            return job
+        finally:
+            waiters.unregister(job_id, future)
 
     async def cancel(self, tenant: str, job_id: str, *, now: int | None = None) -> Job:
         """Cancel (queued) or request cancellation (running). Raises JobNotFound or JobTerminal."""

@@ -36,8 +36,9 @@ SETTING_DOCS: dict[str, str] = {
     "plus 1 s of wall clock, so a frozen server is a prompt 503, never a hang (G8).",
     "redis_auth_secret": "Secrets Manager id of the cache's AUTH token (JSON `{\"username\", \"token\"}` or a bare "
     "string), read when the process first connects.",
-    "redis_max_connections": "Connection pool size per process. Every long-poll waiter (`GET /v1/jobs/{id}?wait=`) "
-    "holds one connection while it waits.",
+    "redis_max_connections": "Connection pool size per process. Under Lambda a long-poll waiter "
+    "(`GET /v1/jobs/{id}?wait=`) holds one connection while it waits; a long-lived gateway shares one per queue "
+    "among all its waiters.",
     "redis_wait_replicas": "After a write that answers a client (a 202, a terminal state), `WAIT` for this many "
     "replicas to acknowledge it, so a primary failover cannot lose it. 0: do not wait.",
     "queue": "The queue's name: the `{Q}` hash tag of every Redis key (`inferq:{Q}:...`).",

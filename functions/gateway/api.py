@@ -61,6 +61,9 @@ class Gateway:
         self.claims = Claims(settings)
         self.op_timeout_s = settings.redis_timeout_s + 1.0
         self._keys_in_memory = type(keys) is StaticKeys
+        self.shared_waits = True
+        """Long-poll waits share one reader of terminal events per queue (a long-lived process: uvicorn); the
+        Lambda handler turns it off, since a frozen sandbox would stall a background reader (inferq.waiters)."""
 
     @property
     def queue(self) -> Queue:

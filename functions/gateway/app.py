@@ -17,9 +17,11 @@ __all__ = ["GatewayHandler", "app", "create_app", "handler"]
 
 
 class GatewayHandler(Mangum):
-    """Mangum, flushing the invocation's metrics as EMF when it returns."""
+    """Mangum, flushing the invocation's metrics as EMF when it returns; long-poll waits block on the job's own
+    wakeup list (a background reader would be frozen with the sandbox between invocations)."""
 
     def __call__(self, event: Any, context: Any) -> dict[str, Any]:
+        self.app.state.gateway.shared_waits = False  # type: ignore[attr-defined]  # one request per invocation
         try:
             return super().__call__(event, context)
         finally:

@@ -57,6 +57,9 @@ class QueueProvider:
     async def aclose(self) -> None:
         """Close the client of the running loop (tests, shutdown). An injected queue belongs to its owner."""
         queues, self._queues = self._queues, {}
+        if self._loop is asyncio.get_running_loop():
+            for queue in queues.values():
+                await queue.close_waiters()
         if queues and self._injected is None and self._loop is asyncio.get_running_loop():
             await next(iter(queues.values())).close()  # one client under them all
         self._loop = None

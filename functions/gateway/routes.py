@@ -143,7 +143,7 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
     ) -> JSONResponse:
         queue = gw.job_queue(_job_id(job_id))
         if wait > 0:
-            job = await gw.call(queue.wait(job_id, tenant, wait), extra_s=wait)
+            job = await gw.call(queue.wait(job_id, tenant, wait, shared=gw.shared_waits), extra_s=wait)
         else:
             job = await gw.call(queue.get(job_id, tenant))
         if job is None:

@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -127,6 +128,33 @@ def test_sixty_sequential_invocations_in_one_process_including_a_new_event_loop(
     assert {r["job_id"] for r in access if r.get("job_id")} == set(ids)
     logged = out + "\n".join(str(r.__dict__) for r in caplog.records)
     assert "hello" not in logged  # the prompt is never logged
+
+
+def test_a_wait_through_lambda_blocks_on_the_jobs_wakeup_list_not_a_background_reader(
+    gateway_module: ModuleType, settings: Settings
+) -> None:
+    """A sandbox is frozen between invocations, where a background reader would stall: the handler's waits block on
+    ``done:<id>`` (BLMOVE), and a job that ends during the wait answers at once."""
+    import redis
+
+    from inferq.keys import Keys
+
+    status, _, job = invoke(gateway_module, load_event("apiGatewayProxyV2SubmitJob.json"))
+    assert status == 202
+    raw = redis.Redis.from_url(settings.redis_url)
+    done = Keys(settings.queue).done(job["id"])
+    raw.rpush(done, "succeeded")  # the wakeup alone: the record says queued, so the wait reads it and answers
+    try:
+        asked = time.monotonic()
+        status, _, answer = invoke(gateway_module, get_event(job["id"], wait="20"))
+        assert time.monotonic() - asked < 10  # woken by the list: a shared reader would sit out the 20 s
+    finally:
+        raw.delete(done)
+        raw.close()
+    assert status == 200 and answer["id"] == job["id"]
+    gateway = gateway_module.app.state.gateway
+    assert gateway.shared_waits is False
+    assert [q._waiters for q in gateway.queues._queues.values()] == [None]  # no reader was ever made
 
 
 def test_the_trace_context_from_the_event_reaches_the_job(gateway_module: ModuleType) -> None:

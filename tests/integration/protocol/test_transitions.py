@@ -386,7 +386,8 @@ async def test_observe_of_a_stream_without_its_group_counts_everything_as_lag(q:
     assert obs.group_missing and obs.lag == 1 and obs.pending == 0
 
 
-async def test_wait_returns_as_soon_as_the_job_is_terminal(q: Queue) -> None:
+@pytest.mark.parametrize("shared", [False, True], ids=["own-wakeup-list", "shared-reader"])
+async def test_wait_returns_as_soon_as_the_job_is_terminal(q: Queue, shared: bool) -> None:
     job, _ = await q.enqueue("t", req())
     (d,), _ = await q.read("w1", 1)
 
@@ -396,16 +397,17 @@ async def test_wait_returns_as_soon_as_the_job_is_terminal(q: Queue) -> None:
 
     loop = asyncio.get_running_loop()
     started = loop.time()
-    waiters = [q.wait(job.id, "t", 10) for _ in range(3)]  # every waiter wakes, not only the first
+    waiters = [q.wait(job.id, "t", 10, shared=shared) for _ in range(3)]  # every waiter wakes, not only the first
     *results, _ = await asyncio.gather(*waiters, finish_soon())
     assert all(r and r.status is JobStatus.SUCCEEDED for r in results)
     assert loop.time() - started < 5
-    assert (await q.wait(job.id, "other", 1)) is None
+    assert (await q.wait(job.id, "other", 1, shared=shared)) is None
 
 
-async def test_hundreds_of_concurrent_waits_do_not_exhaust_the_connection_pool(q: Queue) -> None:
+@pytest.mark.parametrize("shared", [False, True], ids=["own-wakeup-list", "shared-reader"])
+async def test_hundreds_of_concurrent_waits_do_not_exhaust_the_connection_pool(q: Queue, shared: bool) -> None:
     job, _ = await q.enqueue("t", req())
-    waits = [asyncio.create_task(q.wait(job.id, "t", 30)) for _ in range(300)]
+    waits = [asyncio.create_task(q.wait(job.id, "t", 30, shared=shared)) for _ in range(300)]
     await asyncio.sleep(0.3)
     assert await q.get(job.id, "t") is not None  # other calls still get a connection while 300 block
     (d,), _ = await q.read("w1", 1)
@@ -414,9 +416,10 @@ async def test_hundreds_of_concurrent_waits_do_not_exhaust_the_connection_pool(q
     assert all(r and r.status is JobStatus.SUCCEEDED for r in results)
 
 
-async def test_wait_times_out_with_the_job_as_it_is(q: Queue) -> None:
+@pytest.mark.parametrize("shared", [False, True], ids=["own-wakeup-list", "shared-reader"])
+async def test_wait_times_out_with_the_job_as_it_is(q: Queue, shared: bool) -> None:
     job, _ = await q.enqueue("t", req())
-    result = await q.wait(job.id, "t", 0.3)
+    result = await q.wait(job.id, "t", 0.3, shared=shared)
     assert result and result.status is JobStatus.QUEUED
 
 

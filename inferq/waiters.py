@@ -1,0 +1,151 @@
+"""One blocking reader per process for every long-poll waiter of a queue (``GET /v1/jobs/{id}?wait=``).
+
+A waiter that blocks on its own job's wakeup list (``done:<id>``, ``BLMOVE``) costs a pooled connection for the
+whole wait, a blocking command on the server, and three round trips (read, block, read). A long-lived process
+(uvicorn, a container) serving many waiters at once does better with one reader: a single ``XREAD BLOCK`` on
+the queue's ``events`` stream (every terminal transition adds an entry there, in the same script that ends the
+job) wakes the waiters of the jobs it sees. Each waiter then costs a future in memory and two reads of its job,
+and the server runs one blocking read per process instead of one per waiter.
+
+Correctness does not rest on the reader. A waiter registers its future before it reads the job, and the reader
+has fixed its starting id before any waiter registers, so a job that ends after that read is seen by the reader;
+and every ``recheck_s`` a waiter still waiting reads its job's status again, so a reader that fell behind, lost
+its connection, or missed an entry (a failover to a replica that lacked it, a stream trimmed under it) delays a
+wake by ``recheck_s`` at most and never loses one. The reader stops after ``idle_stop_s`` without waiters and
+starts again on the next one.
+
+A Lambda invocation serves one request and is frozen between invocations, where a background task would stall;
+the gateway uses this only outside Lambda (``Producer.wait(shared=True)``), and the per-job list stays the
+contract's wakeup for every other waiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from .faults import Fault, classify
+
+log = logging.getLogger(__name__)
+
+READ_COUNT = 1000
+"""Entries one ``XREAD`` answers at most."""
+
+
+class SharedWaiters:
+    """The waiters of one queue's terminal events in one process and event loop."""
+
+    def __init__(self, redis: Any, events_key: str, *, block_s: float, recheck_s: float = 2.0,
+                 idle_stop_s: float = 10.0) -> None:
+        self._redis = redis
+        self._key = events_key
+        self._block_ms = max(10, int(block_s * 1000))
+        self.recheck_s = recheck_s
+        self._idle_stop_s = idle_stop_s
+        self._waiting: dict[str, list[asyncio.Future[str]]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started: asyncio.Future[None] | None = None
+        self._last_id = "0-0"
+        self._idle_since = time.monotonic()
+        self.wakes = 0
+        """Waiters woken by an event (tests and metrics)."""
+        self.reads = 0
+        """``XREAD`` calls answered (tests and metrics)."""
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _ensure_started(self) -> None:
+        """Start the reader (once per event loop) and wait until it has fixed the id it reads after."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or not self.running:
+            self._loop = loop
+            self._waiting = {}
+            self._started = loop.create_future()
+            self._idle_since = time.monotonic()  # a reader started for a waiter about to register stays up
+            self._task = loop.create_task(self._run(self._started), name=f"waiters {self._key}")
+        assert self._started is not None
+        await asyncio.shield(self._started)
+
+    async def register(self, job_id: str) -> asyncio.Future[str]:
+        """A future resolved with the job's terminal status once an event says it ended. Register before reading
+        the job: an end after that read is then never missed. Call :meth:`unregister` when done with it."""
+        await self._ensure_started()
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(job_id, []).append(future)
+        return future
+
+    def unregister(self, job_id: str, future: asyncio.Future[str]) -> None:
+        futures = self._waiting.get(job_id)
+        if futures is None:
+            return
+        with contextlib.suppress(ValueError):
+            futures.remove(future)
+        if not futures:
+            del self._waiting[job_id]
+            if not self._waiting:
+                self._idle_since = time.monotonic()
+
+    async def _start_id(self) -> str:
+        newest = await self._redis.xrevrange(self._key, count=1)
+        return newest[0][0] if newest else "0-0"
+
+    async def _run(self, started: asyncio.Future[None]) -> None:
+        backoff = 0.05
+        try:
+            while True:
+                try:
+                    if not started.done():
+                        self._last_id = await self._start_id()
+                        started.set_result(None)
+                    if not self._waiting and time.monotonic() - self._idle_since > self._idle_stop_s:
+                        return
+                    reply = await self._redis.xread({self._key: self._last_id}, count=READ_COUNT,
+                                                    block=self._block_ms)
+                    backoff = 0.05
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # every fault of a background reader is retried
+                    if classify(exc) is Fault.BUG:
+                        log.exception("waiters reader: unexpected error; retrying")
+                    else:
+                        log.warning("waiters reader: %s; retrying (waiters recheck every %.0f s meanwhile)",
+                                    type(exc).__name__, self.recheck_s)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 1.0)
+                    continue
+                self.reads += 1
+                self._deliver(reply)
+        finally:
+            if not started.done():
+                started.cancel()
+
+    def _deliver(self, reply: Any) -> None:
+        if not reply:
+            return
+        # RESP2 answers [[stream, entries]], RESP3 {stream: [entries]}
+        entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]
+        for entry_id, fields in entries:
+            self._last_id = entry_id
+            futures = self._waiting.pop(fields.get("job", ""), None)
+            if not futures:
+                continue
+            status = fields.get("status", "")
+            for future in futures:
+                if not future.done():
+                    future.set_result(status)
+                    self.wakes += 1
+        if not self._waiting:
+            self._idle_since = time.monotonic()
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

@@ -1,0 +1,104 @@
+"""One reader of terminal events per process for every long-poll waiter (inferq/waiters.py), against a real
+Valkey: it wakes every waiter with one blocking read on the server, and a reader that loses events or its
+connection delays a wake by the recheck interval at most, never loses one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from emulator.valkey import ValkeyProcess
+from inferq.jobs import JobRequest, JobStatus
+from inferq.queue import Delivery, Queue
+from inferq.settings import Settings
+from inferq.waiters import SharedWaiters
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+OK = {"status_code": 200, "body": {}}
+
+
+@pytest.fixture
+async def q(valkey: ValkeyProcess, queue_name: str) -> AsyncIterator[Queue]:
+    queue = Queue.connect(Settings(redis_url=valkey.url, queue=queue_name))
+    await queue.ensure_groups()
+    yield queue
+    await queue.close()
+
+
+async def started(q: Queue, n: int) -> list[Delivery]:
+    await q.enqueue_many("t", [JobRequest(body=dict(BODY)) for _ in range(n)])
+    deliveries: list[Delivery] = []
+    while len(deliveries) < n:
+        got, _ = await q.read("w1", n - len(deliveries))
+        deliveries += got
+    return deliveries
+
+
+def blocked_clients(valkey: ValkeyProcess) -> int:
+    return int(valkey.info("clients")["blocked_clients"])
+
+
+async def test_two_hundred_waiters_are_woken_by_one_blocking_read_on_the_server(
+    q: Queue, valkey: ValkeyProcess
+) -> None:
+    deliveries = await started(q, 200)
+    waits = [asyncio.create_task(q.wait(d.job.id, "t", 30, shared=True)) for d in deliveries]
+    await asyncio.sleep(0.5)
+    assert not any(w.done() for w in waits)
+    assert blocked_clients(valkey) == 1  # one XREAD for them all, where BLMOVE would block 200 connections
+    await q.finish_many([(d, JobStatus.SUCCEEDED, OK, None) for d in deliveries])
+    jobs = await asyncio.wait_for(asyncio.gather(*waits), 5)  # well before any recheck of 200 waiters
+    assert [j.id for j in jobs if j and j.status is JobStatus.SUCCEEDED] == [d.job.id for d in deliveries]
+    assert q.waiters.wakes == 200
+
+
+async def test_a_reader_that_loses_every_event_still_wakes_its_waiter_at_the_next_recheck(q: Queue) -> None:
+    q._waiters = SharedWaiters(q.redis, q.keys.events, block_s=0.2, recheck_s=0.3)
+    q._waiters._deliver = lambda reply: None  # type: ignore[method-assign]  # a reader that sees nothing
+    [d] = await started(q, 1)
+    wait = asyncio.create_task(q.wait(d.job.id, "t", 20, shared=True))
+    await asyncio.sleep(0.1)
+    await q.finish(d, JobStatus.FAILED, error={"type": "x", "message": "y"})
+    job = await asyncio.wait_for(wait, 5)
+    assert job is not None and job.status is JobStatus.FAILED
+
+
+async def test_the_reader_survives_its_connection_being_killed(q: Queue, valkey: ValkeyProcess) -> None:
+    q._waiters = SharedWaiters(q.redis, q.keys.events, block_s=0.5, recheck_s=30)  # no recheck to fall back on
+    first, second = await started(q, 2)
+    wait = asyncio.create_task(q.wait(first.job.id, "t", 20, shared=True))
+    await asyncio.sleep(0.2)
+    assert valkey.kill_clients() >= 1  # the blocked XREAD among them
+    await asyncio.sleep(0.3)
+    await q.finish(first, JobStatus.SUCCEEDED, result=OK)
+    job = await asyncio.wait_for(wait, 10)
+    assert job is not None and job.status is JobStatus.SUCCEEDED
+    # and it keeps serving the next waiter
+    again = asyncio.create_task(q.wait(second.job.id, "t", 20, shared=True))
+    await asyncio.sleep(0.1)
+    await q.finish(second, JobStatus.SUCCEEDED, result=OK)
+    assert (await asyncio.wait_for(again, 10)).status is JobStatus.SUCCEEDED  # type: ignore[union-attr]
+
+
+async def test_the_reader_stops_when_no_one_waits_and_starts_again_for_the_next_waiter(q: Queue,
+                                                                                        valkey: ValkeyProcess) -> None:
+    q._waiters = SharedWaiters(q.redis, q.keys.events, block_s=0.1, idle_stop_s=0.2)
+    first, second = await started(q, 2)
+    assert await q.wait(first.job.id, "t", 0.2, shared=True) is not None  # times out: the job is running
+    await asyncio.sleep(1.0)
+    assert not q.waiters.running and blocked_clients(valkey) == 0
+    wait = asyncio.create_task(q.wait(second.job.id, "t", 20, shared=True))
+    await asyncio.sleep(0.1)
+    assert q.waiters.running
+    await q.finish(second, JobStatus.SUCCEEDED, result=OK)
+    assert (await asyncio.wait_for(wait, 5)).status is JobStatus.SUCCEEDED  # type: ignore[union-attr]
+
+
+async def test_a_job_that_ended_between_submit_and_wait_answers_at_once(q: Queue) -> None:
+    [d] = await started(q, 1)
+    await q.finish(d, JobStatus.SUCCEEDED, result=OK)
+    job = await asyncio.wait_for(q.wait(d.job.id, "t", 20, shared=True), 2)
+    assert job is not None and job.status is JobStatus.SUCCEEDED
+    assert await q.wait(d.job.id, "another tenant", 1, shared=True) is None
