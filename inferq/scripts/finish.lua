@@ -44,7 +44,8 @@ local now, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARG
 --- @include "terminate"
 --- @include "settleGuard"
 
-local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 'refused')
+local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 'refused', 'tenant', 'webhook_url',
+  'created_at')
 local refusal = settleGuard(streamKey, statsKey, jobKey, entryId, lease, call, job, true)
 if refusal then
   return refusal
@@ -64,5 +65,6 @@ end
 -- the answer is recorded by terminate's own HSET: one command less on the hot path
 table.insert(extra, 'settled')
 table.insert(extra, memo(call, {0}))
-terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, newStatus, now, resultTtl, eventsMaxlen, extra)
+terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, newStatus, now, resultTtl, eventsMaxlen, extra,
+  {job[7], job[8], job[9]})
 return {0}
