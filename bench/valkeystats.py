@@ -121,6 +121,9 @@ def per_job(stats: Mapping[str, Stat], jobs: int, inner: Iterable[str] = (), top
     if script_split and script_usec:
         out["scripts_usec_per_job"] = {name: round(share * script_usec / jobs, 2)
                                        for name, share in sorted(script_split.items(), key=lambda kv: -kv[1])}
+        mock = out["scripts_usec_per_job"].get(MOCK_COUNTER, 0.0)
+        out["mock_counter_usec_per_job"] = mock
+        out["inferq_usec_per_job"] = round(total / jobs - mock, 2)
     return out
 
 
@@ -172,12 +175,24 @@ def script_calls(entries: Iterable[Mapping[str, Any]], names_by_sha: Mapping[str
     return calls
 
 
+MOCK_COUNTER = "mock_count"
+"""The mock backend's call counter (``gpu_worker/backends/mock_count.lua``, test instrumentation of the mock
+contract): it runs once per model call in the mock, never with a real model server, so the figures name it and
+give inferq's own µs per job without it."""
+
+
 def names_by_sha() -> dict[str, str]:
-    """SHA -> script name for inferq's scripts as this checkout loads them (empty when they cannot be loaded)."""
+    """SHA -> script name for inferq's scripts as this checkout loads them, and the mock backend's counter (empty
+    when they cannot be loaded)."""
     with contextlib.suppress(Exception):
+        import hashlib
+
+        from gpu_worker.backends.mock import COUNT_SCRIPT
         from inferq import scripting
 
-        return {script.sha.lower(): script.name for script in scripting.all_scripts()}
+        names = {script.sha.lower(): script.name for script in scripting.all_scripts()}
+        names[hashlib.sha1(COUNT_SCRIPT.encode()).hexdigest()] = MOCK_COUNTER  # Redis names scripts by SHA-1
+        return names
     return {}
 
 
@@ -188,7 +203,11 @@ def fmt_line(section: Mapping[str, Any] | None, top: int = 5) -> str:
         return ""
     parts = [f"{row['command']} {row['counted_usec_per_job']:.0f} ({row['counted_calls_per_job']:g})"
              for row in section.get("top", [])[:top]]
-    text = f"Valkey {section['total_usec_per_job']:.0f} µs/job: " + ", ".join(parts)
+    text = f"Valkey {section['total_usec_per_job']:.0f} µs/job"
+    if section.get("mock_counter_usec_per_job"):
+        text += (f" (inferq {section['inferq_usec_per_job']:.0f} + the mock backend's call counter "
+                 f"{section['mock_counter_usec_per_job']:.0f})")
+    text += ": " + ", ".join(parts)
     scripts = section.get("scripts_usec_per_job")
     if scripts:
         text += "; scripts " + ", ".join(f"{name} {usec:.0f}" for name, usec in list(scripts.items())[:top])

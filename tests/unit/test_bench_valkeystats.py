@@ -118,11 +118,11 @@ def test_script_shares_and_calls_name_each_script() -> None:
     assert valkeystats.script_shares([{"command": b"GET k", "duration": 3}], names) == {}
 
 
-def test_names_by_sha_covers_inferq_s_scripts() -> None:
+def test_names_by_sha_covers_inferq_s_scripts_and_the_mock_backend_s_counter() -> None:
     from inferq import scripting
 
     names = valkeystats.names_by_sha()
-    assert set(names.values()) == set(scripting.NAMES)
+    assert set(names.values()) == {*scripting.NAMES, valkeystats.MOCK_COUNTER}
     assert all(len(sha) == 40 and sha == sha.lower() for sha in names)
 
 
@@ -248,3 +248,12 @@ def test_run_summary_adds_cpu_of_the_system_and_valkey_per_job() -> None:
     # no job done: per job of at least one, never a division by zero
     assert summary["valkey_usec_per_job"] == pytest.approx(1370)
     assert summary["commandstats"] == {"evalsha": [30, 1370], "hset": [40, 200]}
+
+
+def test_the_mock_backend_s_counter_is_named_and_left_out_of_inferq_s_own_figure() -> None:
+    stats = {"evalsha": valkeystats.Stat(calls=400, usec=10_000), "xreadgroup": valkeystats.Stat(calls=10, usec=500)}
+    section = valkeystats.per_job(stats, 100, script_split={"finish": 0.8, valkeystats.MOCK_COUNTER: 0.2})
+    assert section["total_usec_per_job"] == 105.0
+    assert section["mock_counter_usec_per_job"] == 20.0 and section["inferq_usec_per_job"] == 85.0
+    line = valkeystats.fmt_line(section)
+    assert line.startswith("Valkey 105 µs/job (inferq 85 + the mock backend's call counter 20)")
