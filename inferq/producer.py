@@ -15,6 +15,13 @@ from .queue_core import QueueCore, new_token, now_ms
 from .scripting import Code
 from .waiters import SharedWaiters
 
+RECORD_FIELDS_BUT_BODY = (
+    "id", "tenant", "status", "url", "attempts", "deliveries", "created_at", "started_at", "finished_at", "result",
+    "error", "dead_lettered", "cancel", "metadata", "timeout_s", "ttl_s", "webhook_url", "trace", "entry", "lane",
+    "expires_at",
+)
+"""The job record's fields that :meth:`Job.from_hash` and :meth:`Producer.get` read, but the request body."""
+
 
 class QueueError(Exception):
     """A request the queue refused; the gateway maps each subclass to its HTTP answer."""
@@ -130,9 +137,17 @@ class Producer(QueueCore):
         return [await self._enqueued(tenant, r, i, now, reply)
                 for r, i, reply in zip(requests, ids, replies, strict=True)]
 
-    async def get(self, job_id: str, tenant: str | None = None) -> Job | None:
-        """The job, or None when unknown or (with ``tenant``) another tenant's."""
-        record = await self.redis.hgetall(self.keys.job(job_id))
+    async def get(self, job_id: str, tenant: str | None = None, *, with_body: bool = True) -> Job | None:
+        """The job, or None when unknown or (with ``tenant``) another tenant's. ``with_body=False`` leaves the
+        request body in Redis (the job's ``body`` is then ``{}``): the HTTP API's job object does not carry it, so
+        the gateway's reads and waits do not move a body of up to ``INFERQ_INLINE_MAX_BYTES`` each time."""
+        key = self.keys.job(job_id)
+        if with_body:
+            record = await self.redis.hgetall(key)
+        else:
+            values = await self.redis.hmget(key, RECORD_FIELDS_BUT_BODY)
+            record = {name: value for name, value in zip(RECORD_FIELDS_BUT_BODY, values, strict=True)
+                      if value is not None}
         if not record or "status" not in record:
             return None
         job = Job.from_hash(record)
@@ -141,10 +156,11 @@ class Producer(QueueCore):
         expires_at = record.get("expires_at")
         if job.status is JobStatus.QUEUED and expires_at and not job.started_at and int(expires_at) < now_ms():
             await self._expire_calls([job_id])  # its ttl_s passed while it waited: expire it now, not at pick-up
-            return await self.get(job_id, tenant)
+            return await self.get(job_id, tenant, with_body=with_body)
         return job
 
-    async def wait(self, job_id: str, tenant: str | None, timeout_s: float, *, shared: bool = False) -> Job | None:
+    async def wait(self, job_id: str, tenant: str | None, timeout_s: float, *, shared: bool = False,
+                   with_body: bool = True) -> Job | None:
         """The job as soon as it is terminal, or as it is when ``timeout_s`` is over.
 
         ``shared`` (a long-lived process: uvicorn, a container): wait on this process's one reader of the queue's
@@ -152,8 +168,8 @@ class Producer(QueueCore):
         request per invocation): block in Redis on the job's wakeup list (BLMOVE list->itself keeps the element for
         other waiters) in slices shorter than the socket timeout, so a frozen server is still noticed within it."""
         if shared and timeout_s > 0:
-            return await self._wait_shared(job_id, tenant, timeout_s)
-        job = await self.get(job_id, tenant)
+            return await self._wait_shared(job_id, tenant, timeout_s, with_body)
+        job = await self.get(job_id, tenant, with_body=with_body)
         if job is None or job.status.terminal or timeout_s <= 0:
             return job
         deadline = time.monotonic() + timeout_s
@@ -163,7 +179,7 @@ class Producer(QueueCore):
             woke = await self.redis.blmove(done_key, done_key, min(remaining, slice_s), "LEFT", "RIGHT")
             if woke is not None:
                 break
-        return await self.get(job_id, tenant)
+        return await self.get(job_id, tenant, with_body=with_body)
 
     @property
     def waiters(self) -> SharedWaiters:
@@ -181,12 +197,12 @@ class Producer(QueueCore):
         if self._waiters is not None:
             await self._waiters.aclose()
 
-    async def _wait_shared(self, job_id: str, tenant: str | None, timeout_s: float) -> Job | None:
+    async def _wait_shared(self, job_id: str, tenant: str | None, timeout_s: float, with_body: bool) -> Job | None:
         deadline = time.monotonic() + timeout_s
         waiters = self.waiters
         future = await waiters.register(job_id)  # before the read: an end after it is never missed
         try:
-            job = await self.get(job_id, tenant)
+            job = await self.get(job_id, tenant, with_body=with_body)
             while job is not None and not job.status.terminal:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0.01:
@@ -197,9 +213,9 @@ class Producer(QueueCore):
                     # a reader that fell behind or lost an event costs a recheck, never the wake
                     status = await self.redis.hget(self.keys.job(job_id), "status")
                     if status is None or JobStatus(status).terminal:
-                        return await self.get(job_id, tenant)
+                        return await self.get(job_id, tenant, with_body=with_body)
                     continue
-                return await self.get(job_id, tenant)
+                return await self.get(job_id, tenant, with_body=with_body)
             return job
         finally:
             waiters.unregister(job_id, future)

@@ -143,9 +143,10 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
     ) -> JSONResponse:
         queue = gw.job_queue(_job_id(job_id))
         if wait > 0:
-            job = await gw.call(queue.wait(job_id, tenant, wait, shared=gw.shared_waits), extra_s=wait)
+            waited = queue.wait(job_id, tenant, wait, shared=gw.shared_waits, with_body=False)
+            job = await gw.call(waited, extra_s=wait)
         else:
-            job = await gw.call(queue.get(job_id, tenant))
+            job = await gw.call(queue.get(job_id, tenant, with_body=False))  # the job object has no body
         if job is None:
             raise ApiError(404, "no such job")
         return job_response(request, job, api=await gw.claims.present(job))

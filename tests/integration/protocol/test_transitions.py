@@ -5,11 +5,12 @@ resent (conftest.py), which proves G9 on every path these tests take."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
 
-from inferq.jobs import JobRequest, JobStatus
+from inferq.jobs import JobRequest, JobStatus, Priority
 from inferq.keys import GROUP
 from inferq.queue import (
     IdempotencyConflict,
@@ -421,6 +422,34 @@ async def test_wait_times_out_with_the_job_as_it_is(q: Queue, shared: bool) -> N
     job, _ = await q.enqueue("t", req())
     result = await q.wait(job.id, "t", 0.3, shared=shared)
     assert result and result.status is JobStatus.QUEUED
+
+
+async def test_a_read_without_the_body_gives_the_same_job_object_in_every_state(q: Queue) -> None:
+    """The gateway reads jobs without their request body (the job object has none): every field the API shows
+    must still come back, whatever the job's state."""
+    running, _ = await q.enqueue("t", req())
+    finished, _ = await q.enqueue("t", req(priority=Priority.LOW))
+    failed, _ = await q.enqueue("t", req())
+    deliveries = {}
+    while len(deliveries) < 3:
+        got, _ = await q.read("w1", 3)
+        deliveries.update({d.job.id: d for d in got})
+    queued, _ = await q.enqueue("t", req(metadata={"k": "v"}, webhook_url="https://example.com/hook", ttl_s=600,
+                                         timeout_s=30, priority=Priority.HIGH,
+                                         traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01"))
+    await q.finish(deliveries[finished.id], JobStatus.SUCCEEDED, result={"status_code": 200, "body": {"x": [1]}})
+    await q.finish(deliveries[failed.id], JobStatus.FAILED, error={"type": "model_error", "message": "m"})
+    await q.cancel("t", running.id)  # running: cancellation requested
+    states = set()
+    for job_id in (queued.id, running.id, finished.id, failed.id):
+        whole, light = await q.get(job_id, "t"), await q.get(job_id, "t", with_body=False)
+        assert whole and light and whole.body and light.body == {}
+        states.add(whole.status)
+        assert light.to_api() == whole.to_api()
+        assert light == dataclasses.replace(whole, body={})
+    assert states == {JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.SUCCEEDED, JobStatus.FAILED}
+    assert await q.get(queued.id, "other", with_body=False) is None
+    assert await q.get("job_missing", "t", with_body=False) is None
 
 
 async def test_job_object_matches_the_api_contract(q: Queue) -> None:
