@@ -20,7 +20,6 @@ from inferq.settings import Settings, SettingsError, load_or_exit
 
 from . import logs
 from .backends import build_backend
-from .fastpack import use_hiredis_packing
 from .metrics import WorkerMetrics
 from .protection import TaskProtection
 from .served import ServedModel
@@ -31,7 +30,6 @@ log = logging.getLogger("gpu_worker")
 
 async def serve(settings: Settings, model: Model | None = None) -> int:
     queue = Queue.connect(settings)
-    use_hiredis_packing(queue.redis)
     try:
         backend = await build_backend(settings, queue.redis)
         if model is not None:  # a registry model: the model server knows it by its served name, not an alias

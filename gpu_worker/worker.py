@@ -44,7 +44,6 @@ from inferq_webhooks.sender import WebhookSender
 from .backends.base import Backend, FatalError, RetryableError, check_status, child_traceparent, trace_id
 from .batching import Batcher
 from .claims import ClaimCheck
-from .fastpack import use_hiredis_packing
 from .leases import Abort, InFlight, LeaseKeeper
 from .logs import bind_job
 from .metrics import WorkerMetrics
@@ -115,7 +114,6 @@ class Worker(Pulling):
         self._own_reader = reader is None
         # blocking reads get their own connection, with a socket timeout longer than the block
         self.reader = reader or Queue.connect(settings, socket_timeout=settings.redis_timeout_s + block_ms / 1000.0)
-        use_hiredis_packing(self.reader.redis)
         self._in_flight: dict[str, InFlight] = {}
         self._suspects: set[str] = set()  # entries delivered before that never finished (see _reclaim)
         self._next_reclaim = 0.0

@@ -27,6 +27,7 @@ from redis.asyncio.connection import Connection, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import EqualJitterBackoff
 
+from .fastpack import use_hiredis_packing
 from .faults import RECONNECT_ERRORS
 from .settings import Settings
 
@@ -43,10 +44,11 @@ Credentials = tuple[str] | tuple[str, str]
 def connect(settings: Settings, *, cluster: bool | None = None, socket_timeout: float | None = None) -> Any:
     """A client for ``INFERQ_REDIS_URL``. ``cluster`` forces cluster mode (ElastiCache Serverless); by default a
     URL with ``?cluster=true`` selects it. Timeouts are short so an unreachable server is an error in seconds,
-    never a hang."""
+    never a hang. Commands are packed by hiredis (:mod:`inferq.fastpack`)."""
     client = _client(settings, cluster=cluster, socket_timeout=socket_timeout)
     if settings.redis_auth_secret:
         _reauthenticate_on_refusal(client)
+    use_hiredis_packing(client)  # after: it subclasses whatever connection class the pool has by then
     return client
 
 

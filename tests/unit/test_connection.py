@@ -23,6 +23,7 @@ from inferq.connection import (
     credentials_from_secret,
     provider_for,
 )
+from inferq.fastpack import HiredisPacking
 from inferq.settings import Settings
 
 
@@ -95,9 +96,12 @@ def test_clients_authenticate_through_the_secret_provider(secrets: Any) -> None:
     kwargs = standalone.connection_pool.connection_kwargs
     assert kwargs["credential_provider"] is provider_for("cache-auth")
     assert "password" not in kwargs or kwargs["password"] is None  # the token is never a static option
-    assert standalone.connection_pool.connection_class is ReauthenticatingSSLConnection
+    # the re-reading handshake, packed by hiredis (inferq.fastpack subclasses the pool's class last)
+    assert issubclass(standalone.connection_pool.connection_class, ReauthenticatingSSLConnection)
     plain = connect(Settings(redis_url="redis://cache.example:6379/0", redis_auth_secret="cache-auth"))
-    assert plain.connection_pool.connection_class is ReauthenticatingConnection
+    assert issubclass(plain.connection_pool.connection_class, ReauthenticatingConnection)
+    assert not issubclass(plain.connection_pool.connection_class, ReauthenticatingSSLConnection)
+    assert all(issubclass(c.connection_pool.connection_class, HiredisPacking) for c in (standalone, plain))
     assert provider_for("cache-auth").reads == 0  # read at the first connection, not when the client is made
 
 

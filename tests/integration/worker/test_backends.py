@@ -332,7 +332,7 @@ def test_hiredis_packing_sends_the_same_bytes_as_redis_py() -> None:
     from redis.asyncio.connection import Connection
     from redis.exceptions import DataError
 
-    from gpu_worker.fastpack import HiredisPacking
+    from inferq.fastpack import HiredisPacking
 
     class Packing(HiredisPacking, Connection):
         pass
@@ -345,10 +345,11 @@ def test_hiredis_packing_sends_the_same_bytes_as_redis_py() -> None:
         fast.pack_command("SET", "k", None)
 
 
-async def test_the_worker_connections_pack_with_hiredis(queue: Queue) -> None:
-    from gpu_worker.fastpack import HiredisPacking, use_hiredis_packing
+async def test_every_connection_inferq_opens_packs_with_hiredis(queue: Queue) -> None:
+    from inferq.fastpack import HiredisPacking, use_hiredis_packing
 
-    client = Queue.connect(queue.settings).redis
+    client = Queue.connect(queue.settings).redis  # the gateway's, the worker's and the scaler's clients alike
+    assert issubclass(client.connection_pool.connection_class, HiredisPacking)
     assert use_hiredis_packing(client) and use_hiredis_packing(client)
     assert issubclass(client.connection_pool.connection_class, HiredisPacking)
     assert await client.set("packed", "yes") and await client.get("packed") == "yes"

@@ -1,8 +1,9 @@
-"""Pack Redis commands in C (hiredis) instead of Python on the worker's connections.
+"""Pack Redis commands in C (hiredis) instead of Python, on every connection :func:`inferq.connection.connect` opens.
 
 redis-py's asyncio client builds every command's bytes in Python, while its sync client uses hiredis when it is
 installed. The worker sends two scripts of about fifteen arguments per job, so packing was its largest single
-cost: hiredis cuts the worker's CPU per job by about a quarter (see bench/worker.py). The bytes are identical;
+cost: hiredis cuts the worker's CPU per job by about a quarter (see bench/worker.py); the gateway's submit (a script
+of ~20 arguments) and job reads (an HMGET of 21 fields) pay the same per argument. The bytes are identical;
 arguments hiredis does not take (None, bool, ...) fall back to redis-py's packer and its usual error.
 """
 
