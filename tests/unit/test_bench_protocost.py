@@ -26,3 +26,23 @@ async def test_it_measures_every_transition_and_the_floor_and_leaves_every_job_f
     assert cost["floor_usec_per_job"]["median"] > 0 and cost["ratio_to_floor"] > 0
     assert stats["enqueued"] == 200 and stats["succeeded"] == 200 and stats["unfinished"] == 0
     assert protocost.render(cost).startswith("protocol cost on an idle Valkey: ")
+
+
+async def test_a_command_a_script_calls_is_counted_once_with_its_script(valkey: ValkeyProcess, queue_name: str) -> None:
+    # commandstats lists the XADDs a script makes under xadd as well as inside the script's own time: a phase that
+    # added both would count them twice
+    q = Queue.connect(Settings(redis_url=valkey.url, queue=queue_name, max_queue_depth=0))
+    key = f"{queue_name}:probe"
+    try:
+        async def work() -> None:
+            await q.redis.eval("for i = 1, 200 do redis.call('XADD', KEYS[1], '*', 'f', 'v') end", 1, key)
+
+        phase = await protocost._phase(q, work)
+        stats = await q.redis.info("commandstats")
+        sent = await protocost._phase(q, lambda: q.redis.xadd(key, {"f": "v"}), frozenset({"xadd"}))
+    finally:
+        await q.redis.delete(key)
+        await q.close()
+    assert stats["cmdstat_xadd"]["calls"] == 200
+    assert phase == float(stats["cmdstat_eval"]["usec"])
+    assert sent > 0  # a command the client sends itself is counted when named
