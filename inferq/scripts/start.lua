@@ -45,7 +45,8 @@ local maxDeliveries, resultTtl, eventsMaxlen, reclaimed, lease = tonumber(ARGV[4
 --- @include "terminate"
 --- @include "deadLetter"
 
-local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'cancel', 'expires_at', 'started_at', 'lease', 'settled')
+local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'cancel', 'expires_at', 'started_at', 'lease', 'settled',
+  'deliveries')
 local jobId, status, entry, cancel, expiresAt, startedAt = job[1], job[2], job[3], job[4], job[5], job[6]
 
 if not jobId then
@@ -89,8 +90,11 @@ if expiresAt and expiresAt ~= '' and (not startedAt or startedAt == '') and now 
   return remember(jobKey, 'settled', lease, {CODE_ENDED, 'expired'})
 end
 
-local deliveries = rcall('HINCRBY', jobKey, 'deliveries', 1)
+-- the delivery count is read above and written with the rest of the transition: one HSET instead of HINCRBY,
+-- HSET and HSET (the script is atomic, so read-then-write is the increment)
+local deliveries = (tonumber(job[9]) or 0) + 1
 if deliveries > maxDeliveries then
+  rcall('HSET', jobKey, 'deliveries', deliveries)
   ackEntry(streamKey, entryId)
   deadLetter(jobKey, doneKey, statsKey, tenantsKey, eventsKey, dlqKey, jobId, now, resultTtl, eventsMaxlen,
     'max_deliveries', '{"type":"max_deliveries","message":"the job was delivered ' .. (deliveries - 1) ..
@@ -98,12 +102,16 @@ if deliveries > maxDeliveries then
   return remember(jobKey, 'settled', lease, {CODE_ENDED, 'failed'})
 end
 
-rcall('HSET', jobKey, 'status', 'running', 'worker', consumer, 'leased_at', now, 'lease', lease)
-if not startedAt or startedAt == '' then
-  rcall('HSET', jobKey, 'started_at', now)
+local firstStart = not startedAt or startedAt == ''
+if firstStart then
+  rcall('HSET', jobKey, 'status', 'running', 'worker', consumer, 'leased_at', now, 'lease', lease, 'deliveries',
+    deliveries, 'started_at', now)
   if expiresAt and expiresAt ~= '' then
     rcall('ZREM', expiryKey, jobId)
   end
+else
+  rcall('HSET', jobKey, 'status', 'running', 'worker', consumer, 'leased_at', now, 'lease', lease, 'deliveries',
+    deliveries)
 end
 local record = rcall('HGETALL', jobKey)
 table.insert(record, 1, 0)
