@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from cfnlint import api as cfn_lint
 
+from emulator.valkey import STREAM_NODE_MAX_ENTRIES
 from inferq.settings import Settings
 
 from .cfn import (
@@ -387,7 +388,10 @@ def test_cache_is_valkey_with_tls_and_a_token_generated_in_secrets_manager(neste
         True,
     )
     assert group["AuthToken"] == {"Fn::Sub": token_ref}
-    assert cache["ParameterGroup"]["Properties"]["Properties"]["maxmemory-policy"] == "noeviction"
+    parameters = cache["ParameterGroup"]["Properties"]["Properties"]
+    assert parameters["maxmemory-policy"] == "noeviction"
+    # the same stream node size as the emulator's Valkey (emulator.valkey.STREAM_NODE_MAX_ENTRIES)
+    assert parameters["stream-node-max-entries"] == str(STREAM_NODE_MAX_ENTRIES)
     serverless = cache["ServerlessCache"]["Properties"]
     assert serverless["Engine"] == "valkey"
     assert cache["DefaultUser"]["Properties"]["AuthenticationMode"]["Passwords"] == [{"Fn::Sub": token_ref}]
