@@ -108,15 +108,20 @@ class Consumer(QueueCore):
             return [], []
         now = now_ms()
         live = [(lane, entry_id, fields.get("job", ""), new_token()) for lane, entry_id, fields in entries if fields]
-        replies = await self.scripts.many(
-            [self._start_call(lane, e, j, consumer, now, reclaimed, t) for lane, e, j, t in live])
+        # each start is followed by the read of its job record in the same round trip (start.lua answers {0})
+        replies = await self.scripts.many_then(
+            [self._start_call(lane, e, j, consumer, now, reclaimed, t) for lane, e, j, t in live],
+            [("HGETALL", self.keys.job(j)) for _, _, j, _ in live])
         deliveries: list[Delivery] = []
         skipped: list[Skipped] = []
-        for (lane, entry_id, job_id, lease), reply in zip(live, replies, strict=True):
+        for (lane, entry_id, job_id, lease), (reply, record) in zip(live, replies, strict=True):
             code = int(reply[0])
-            if code == 0:
-                record = dict(zip(reply[1::2], reply[2::2], strict=True))
+            if code == 0 and record:
                 deliveries.append(Delivery(entry_id, Job.from_hash(record), reclaimed, lease, lane))
+            elif code == 0:
+                # started, then gone before its read (nothing deletes a running job's record): the entry stays
+                # pending under this lease, and its next delivery finds no job and acknowledges it
+                skipped.append(Skipped(entry_id, job_id, Code.NOT_FOUND))
             else:
                 skipped.append(Skipped(entry_id, job_id, Code(code), reply[1] if len(reply) > 1 else None))
         return deliveries, skipped

@@ -187,6 +187,35 @@ class Scripts:
             results = list(await pipe.execute(raise_on_error=False))
         return results[:-1], results[-1]
 
+    async def many_then(
+        self, calls: list[tuple[str, list[str], list[Any]]], reads: list[tuple[Any, ...]]
+    ) -> list[tuple[Any, Any]]:
+        """Run script calls in one round trip, each followed in the same pipeline by a read of its own
+        (``reads[i]`` right after ``calls[i]``, on the same connection), and answer ``(reply, read)`` pairs: for
+        a state the script leaves that the caller needs whole (start's job record), without copying it into Lua
+        and back out. Other clients' commands may run between a script and its read."""
+        if not calls:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for (name, keys, args), read in zip(calls, reads, strict=True):
+            script = load(name)
+            script.check_keys(keys)
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            pipe.execute_command(*read)
+        results = list(await pipe.execute(raise_on_error=False))
+        out: list[tuple[Any, Any]] = []
+        for i, call in enumerate(calls):
+            reply, read_reply = results[2 * i], results[2 * i + 1]
+            if isinstance(reply, NoScriptError):
+                reply = await self(*call)
+                read_reply = await self.client.execute_command(*reads[i])
+            elif isinstance(reply, Exception):
+                raise reply
+            if isinstance(read_reply, Exception):
+                raise read_reply
+            out.append((reply, read_reply))
+        return out
+
     async def many(self, calls: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
         """Run many script calls in one round trip (a non-transactional pipeline); each stays atomic alone."""
         if not calls:

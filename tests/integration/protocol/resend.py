@@ -99,6 +99,12 @@ class Resending(Scripts):
     async def many(self, calls: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
         return [await self(name, keys, args) for name, keys, args in calls]
 
+    async def many_then(
+        self, calls: list[tuple[str, list[str], list[Any]]], reads: list[tuple[Any, ...]]
+    ) -> list[tuple[Any, Any]]:
+        return [(await self(*call), await self.q.redis.execute_command(*read))
+                for call, read in zip(calls, reads, strict=True)]
+
     async def replicated(
         self, calls: list[tuple[str, list[str], list[Any]]], replicas: int, timeout_ms: int
     ) -> list[Any]:

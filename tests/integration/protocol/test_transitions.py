@@ -58,6 +58,21 @@ async def test_scripts_are_reloaded_after_the_server_forgets_them(q: Queue) -> N
     assert (await q.get(job.id)) is not None
 
 
+async def test_a_batch_of_starts_reads_each_record_after_its_start_even_when_the_server_forgot_the_script(
+    q: Queue,
+) -> None:
+    # start.lua answers {0}; the record comes from the HGETALL piped right after it, so it shows the delivery
+    for _ in range(3):
+        await q.enqueue("t", req())
+    await q.redis.script_flush()
+    deliveries, skipped = await q.read("w1", 10)
+    assert len(deliveries) == 3 and not skipped
+    for d in deliveries:
+        assert d.job.status is JobStatus.RUNNING and d.job.deliveries == 1 and d.job.entry == d.entry_id
+        assert d.job.started_at is not None and d.job.body == CHAT
+        assert await q.redis.hmget(q.keys.job(d.job.id), ["lease", "worker"]) == [d.lease, "w1"]
+
+
 # ---------------------------------------------------------------- enqueue
 
 
