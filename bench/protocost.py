@@ -7,24 +7,29 @@ two to four times, and by a different factor every run. This measures the same t
 running: one client, pipelined (100 jobs per round trip), on K's own Valkey (AOF everysec), ``CONFIG RESETSTAT``
 around each phase, so each transition's cost is read alone:
 
-- enqueue (``enqueue.lua``), start (``XREADGROUP`` + ``start.lua``), finish (``finish.lua``), and the gateway's
-  read of a finished job (``HMGET`` of the record without its body, as ``GET /v1/jobs/{id}`` does);
+- enqueue (``enqueue.lua``), start (``XREADGROUP``, ``start.lua`` and the worker's ``HGETALL`` of the record),
+  finish (``finish.lua``), and the gateway's read of a finished job (``HMGET`` of the record without its body, as
+  ``GET /v1/jobs/{id}`` does);
 - the floor's commands for the same jobs (bench F: ``XADD``, ``XREADGROUP``, ``XACK``, ``RPUSH`` of the result,
   the client's ``LPOP``).
 
 A shard's ceiling is what these add up to: 1e6 / (µs per job) jobs/s of Valkey's one thread, before networking.
+The same phases are also counted in server instructions under callgrind (:mod:`bench.instrcost`), which does not
+move with the machine's load.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from inferq.jobs import JobRequest, JobStatus
 from inferq.queue import Queue
 
 BATCH = 100
+FLOOR_COMMANDS = frozenset(("xadd", "xreadgroup", "xack", "rpush", "lpop"))
 BODY = {"model": "m", "prompt": "hello world " * 8, "max_tokens": 16}
 RESULT = {"status_code": 200, "body": {"choices": [{"text": "x" * 64}]}}
 
@@ -35,7 +40,11 @@ async def _usec(q: Queue) -> dict[str, float]:
             if not name.startswith("cmdstat_config") and not name.startswith("cmdstat_info")}
 
 
-async def _phase(q: Queue, work: Any, sent: frozenset[str] = frozenset()) -> float:
+Phase = Callable[[Queue, Callable[[], Awaitable[Any]], frozenset[str]], Awaitable[float]]
+"""Measures one phase: (queue, the phase's work, the commands the client sends itself) -> its cost."""
+
+
+async def _phase(q: Queue, work: Callable[[], Awaitable[Any]], sent: frozenset[str] = frozenset()) -> float:
     """Server command time of ``work``, µs: its scripts (with the commands they call) plus the commands the client
     sends itself, named in ``sent``. A command a script calls is also counted under its own name in
     ``INFO commandstats``; adding every ``xadd`` or ``hmget`` would count those twice."""
@@ -45,7 +54,7 @@ async def _phase(q: Queue, work: Any, sent: frozenset[str] = frozenset()) -> flo
     return sum(v for k, v in usec.items() if k.startswith("eval") or k in sent)
 
 
-async def _inferq_once(q: Queue, n: int) -> dict[str, float]:
+async def _inferq_once(q: Queue, n: int, phase: Phase = _phase) -> dict[str, float]:
     deliveries: list[Any] = []
     jobs: list[str] = []
 
@@ -73,14 +82,15 @@ async def _inferq_once(q: Queue, n: int) -> dict[str, float]:
                 pipe.hmget(q.keys.job(job_id), RECORD_FIELDS_BUT_BODY)
             await pipe.execute()
 
-    out = {name: await _phase(q, work, frozenset(sent)) / n for name, work, sent in
-           (("enqueue", enqueue, ()), ("start", start, ("xreadgroup",)), ("finish", finish, ()),
+    # a worker reads each started job's record itself (HGETALL piped after its start): part of start
+    out = {name: await phase(q, work, frozenset(sent)) / n for name, work, sent in
+           (("enqueue", enqueue, ()), ("start", start, ("xreadgroup", "hgetall")), ("finish", finish, ()),
             ("read", read, ("hmget",)))}
     out["total"] = sum(out.values())
     return out
 
 
-async def _floor_once(q: Queue, n: int) -> float:
+async def _floor_once(q: Queue, n: int, phase: Phase = _phase) -> float:
     r, stream, group = q.redis, f"bench:floor:{time.monotonic_ns()}", "g"
     await r.xgroup_create(stream, group, id="0", mkstream=True)
 
@@ -101,7 +111,7 @@ async def _floor_once(q: Queue, n: int) -> float:
                 pipe.lpop(f"{stream}:r:j{i}")
             await pipe.execute()
 
-    usec = await _phase(q, work, frozenset(("xadd", "xreadgroup", "xack", "rpush", "lpop"))) / n
+    usec = await phase(q, work, FLOOR_COMMANDS) / n
     await r.delete(stream)
     return usec
 
