@@ -74,7 +74,7 @@ async def _inferq_once(q: Queue, n: int, phase: Phase = _phase) -> dict[str, flo
             await q.finish_many([(d, JobStatus.SUCCEEDED, RESULT, None) for d in deliveries[i:i + BATCH]])
 
     async def read() -> None:
-        from inferq.producer import RECORD_FIELDS_BUT_BODY
+        from inferq.jobs import RECORD_FIELDS_BUT_BODY
 
         for i in range(0, len(jobs), BATCH):
             pipe = q.redis.pipeline(transaction=False)

@@ -171,3 +171,13 @@ class Job:
             "metadata": self.metadata,
             "priority": self.priority.value,
         }
+
+
+RECORD_FIELDS_BUT_BODY = (
+    "id", "tenant", "status", "url", "attempts", "deliveries", "created_at", "started_at", "finished_at", "result",
+    "error", "dead_lettered", "cancel", "metadata", "timeout_s", "ttl_s", "webhook_url", "trace", "entry", "lane",
+    "expires_at",
+)
+"""The job record's fields that :meth:`Job.from_hash` and :meth:`inferq.producer.Producer.get` read, but the request
+body: the gateway reads a job with ``HMGET`` of these, so a body of up to ``INFERQ_INLINE_MAX_BYTES`` need not travel
+on every read and long-poll. A field :meth:`Job.from_hash` starts reading must be added here (a test holds it)."""

@@ -10,17 +10,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .jobs import Job, JobRequest, JobStatus, canonical_json, idempotency_digest, new_job_id
+from .jobs import RECORD_FIELDS_BUT_BODY, Job, JobRequest, JobStatus, canonical_json, idempotency_digest, new_job_id
 from .queue_core import QueueCore, new_token, now_ms
 from .scripting import Code
 from .waiters import SharedWaiters
-
-RECORD_FIELDS_BUT_BODY = (
-    "id", "tenant", "status", "url", "attempts", "deliveries", "created_at", "started_at", "finished_at", "result",
-    "error", "dead_lettered", "cancel", "metadata", "timeout_s", "ttl_s", "webhook_url", "trace", "entry", "lane",
-    "expires_at",
-)
-"""The job record's fields that :meth:`Job.from_hash` and :meth:`Producer.get` read, but the request body."""
 
 
 class QueueError(Exception):
