@@ -178,6 +178,17 @@ def test_backoff_is_capped_exponential_with_full_jitter() -> None:
     assert backoff.failures == 0 and backoff.next() <= 0.2
 
 
+def test_backoffs_share_the_processs_jitter_source_instead_of_seeding_one_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seeded: list[object] = []
+    monkeypatch.setattr(random.Random, "seed", lambda self, *a, **kw: seeded.append(a))
+    first, second = Backoff(base_s=0.1, cap_s=1.0), Backoff(base_s=0.1, cap_s=1.0)
+    assert not seeded  # no os.urandom per Backoff: a worker makes one for every settle
+    waits = {first.next() for _ in range(20)} | {second.next() for _ in range(20)}
+    assert len(waits) > 30  # still jittered: draws from one source differ
+
+
 async def test_a_fault_run_counts_each_fault_logs_the_first_and_lets_a_bug_through(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
