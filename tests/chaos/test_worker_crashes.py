@@ -4,6 +4,7 @@ runs it is dead-lettered after INFERQ_MAX_DELIVERIES, and the fleet goes on; in 
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from inferq.queue import Queue
 from inferq.settings import Settings
 from tests.integration.worker.support import (
     chat,
+    eventually,
     mock_calls,
     status_is,
     submit,
@@ -33,6 +35,9 @@ async def test_a_job_of_a_worker_killed_mid_inference_is_reclaimed_and_finished_
         jobs = [await submit(queue, chat(f"q{i}", latency_ms=1500), priority=lane) for i in range(3)]
         for job in jobs:
             await status_is(queue, job.id, "running")
+            # running is written by start, a moment before the worker calls the model (whose count is a round trip
+            # more): kill only once every job's model call is under way, as "mid inference" means
+            await eventually(functools.partial(mock_calls, queue, job.id), what=f"the model call of {job.id}")
         first.kill()  # SIGKILL: no drain, no release, leases simply stop being renewed
         assert first.proc.returncode == -9
         spawn("second")
