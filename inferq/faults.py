@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import os
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -98,7 +99,10 @@ def is_recoverable(exc: BaseException) -> bool:
 _JITTER = random.Random()
 """The process's jitter source for :class:`Backoff`. One per process, not one per ``Backoff``: a worker makes a
 ``Backoff`` for every settle and model call, and ``random.Random()`` seeds itself from ``os.urandom`` (a system
-call, ~3% of a worker's CPU in S3's profile). Processes still draw different waits: each seeds its own."""
+call, ~3% of a worker's CPU in S3's profile). Processes still draw different waits: each seeds its own, and a
+forked child seeds it again (as the ``random`` module does for its own)."""
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_JITTER.seed)
 
 
 class Backoff:

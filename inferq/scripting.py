@@ -188,12 +188,13 @@ class Scripts:
         return results[:-1], results[-1]
 
     async def many_then(
-        self, calls: list[tuple[str, list[str], list[Any]]], reads: list[tuple[Any, ...]]
+        self, calls: list[tuple[str, list[str], list[Any]]], reads: list[tuple[Any, ...] | None]
     ) -> list[tuple[Any, Any]]:
-        """Run script calls in one round trip, each followed in the same pipeline by a read of its own
-        (``reads[i]`` right after ``calls[i]``, on the same connection), and answer ``(reply, read)`` pairs: for
-        a state the script leaves that the caller needs whole (start's job record), without copying it into Lua
-        and back out. Other clients' commands may run between a script and its read."""
+        """Run script calls in one round trip (a non-transactional pipeline; each stays atomic alone), each followed
+        in the same pipeline by a read of its own (``reads[i]`` right after ``calls[i]``, on the same connection;
+        None for none), and answer ``(reply, read)`` pairs: for a state the script leaves that the caller needs
+        whole (start's job record), without copying it into Lua and back out. Other clients' commands may run
+        between a script and its read. After a ``NOSCRIPT`` the call and its read are run again one by one."""
         if not calls:
             return []
         pipe = self.client.pipeline(transaction=False)
@@ -201,14 +202,16 @@ class Scripts:
             script = load(name)
             script.check_keys(keys)
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            pipe.execute_command(*read)
-        results = list(await pipe.execute(raise_on_error=False))
+            if read is not None:
+                pipe.execute_command(*read)
+        results = iter(await pipe.execute(raise_on_error=False))
         out: list[tuple[Any, Any]] = []
-        for i, call in enumerate(calls):
-            reply, read_reply = results[2 * i], results[2 * i + 1]
+        for call, read in zip(calls, reads, strict=True):
+            reply = next(results)
+            read_reply = next(results) if read is not None else None
             if isinstance(reply, NoScriptError):
                 reply = await self(*call)
-                read_reply = await self.client.execute_command(*reads[i])
+                read_reply = await self.client.execute_command(*read) if read is not None else None
             elif isinstance(reply, Exception):
                 raise reply
             if isinstance(read_reply, Exception):
@@ -218,20 +221,6 @@ class Scripts:
 
     async def many(self, calls: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
         """Run many script calls in one round trip (a non-transactional pipeline); each stays atomic alone."""
-        if not calls:
-            return []
         if len(calls) == 1:
-            name, keys, args = calls[0]
-            return [await self(name, keys, args)]
-        pipe = self.client.pipeline(transaction=False)
-        for name, keys, args in calls:
-            script = load(name)
-            script.check_keys(keys)
-            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        results = list(await pipe.execute(raise_on_error=False))
-        for i, result in enumerate(results):
-            if isinstance(result, NoScriptError):
-                results[i] = await self(*calls[i])
-            elif isinstance(result, Exception):
-                raise result
-        return results
+            return [await self(*calls[0])]
+        return [reply for reply, _ in await self.many_then(calls, [None] * len(calls))]

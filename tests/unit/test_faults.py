@@ -5,7 +5,9 @@ redis-py's own parser for the rest (LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import random
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -187,6 +189,20 @@ def test_backoffs_share_the_processs_jitter_source_instead_of_seeding_one_each(
     assert not seeded  # no os.urandom per Backoff: a worker makes one for every settle
     waits = {first.next() for _ in range(20)} | {second.next() for _ in range(20)}
     assert len(waits) > 30  # still jittered: draws from one source differ
+
+
+def test_a_forked_child_draws_other_waits_than_its_parent() -> None:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its draws, then out without running the parent's cleanup
+        os.write(write, json.dumps([Backoff(base_s=1.0, cap_s=1.0).next() for _ in range(4)]).encode())
+        os._exit(0)
+    os.close(write)
+    mine = [Backoff(base_s=1.0, cap_s=1.0).next() for _ in range(4)]
+    theirs = json.loads(os.read(read, 4096))
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert mine != theirs
 
 
 async def test_a_fault_run_counts_each_fault_logs_the_first_and_lets_a_bug_through(

@@ -100,9 +100,9 @@ class Resending(Scripts):
         return [await self(name, keys, args) for name, keys, args in calls]
 
     async def many_then(
-        self, calls: list[tuple[str, list[str], list[Any]]], reads: list[tuple[Any, ...]]
+        self, calls: list[tuple[str, list[str], list[Any]]], reads: list[tuple[Any, ...] | None]
     ) -> list[tuple[Any, Any]]:
-        return [(await self(*call), await self.q.redis.execute_command(*read))
+        return [(await self(*call), await self.q.redis.execute_command(*read) if read is not None else None)
                 for call, read in zip(calls, reads, strict=True)]
 
     async def replicated(
