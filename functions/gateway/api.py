@@ -30,6 +30,7 @@ from .claims import Claims
 from .clients import QueueProvider
 from .edge import Edge
 from .errors import ApiError
+from .hotpath import HotApp
 from .telemetry import Telemetry
 from .wake import HttpWaker, LambdaWaker, WakeOnEnqueue, Waker
 
@@ -184,7 +185,7 @@ def create_app(
         yield
         await gw.aclose()  # uvicorn's shutdown; Mangum runs with lifespan="off" and the sandbox just ends
 
-    app = FastAPI(
+    app = HotApp(
         lifespan=lifespan,
         title="inferq",
         version=__version__,
