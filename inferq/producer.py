@@ -141,6 +141,10 @@ class Producer(QueueCore):
             values = await self.redis.hmget(key, RECORD_FIELDS_BUT_BODY)
             record = {name: value for name, value in zip(RECORD_FIELDS_BUT_BODY, values, strict=True)
                       if value is not None}
+        return await self._job_of(job_id, record, tenant, with_body)
+
+    async def _job_of(self, job_id: str, record: dict[str, str], tenant: str | None, with_body: bool) -> Job | None:
+        """:meth:`get`'s answer from the job's record as read."""
         if not record or "status" not in record:
             return None
         job = Job.from_hash(record)
@@ -177,7 +181,7 @@ class Producer(QueueCore):
     @property
     def waiters(self) -> SharedWaiters:
         if self._waiters is None:
-            self._waiters = SharedWaiters(self.redis, self.keys.events,
+            self._waiters = SharedWaiters(self.redis, self.keys.events, job_key=self.keys.job,
                                           block_s=max(0.1, self.settings.redis_timeout_s * 0.5))
         return self._waiters
 
@@ -193,7 +197,9 @@ class Producer(QueueCore):
     async def _wait_shared(self, job_id: str, tenant: str | None, timeout_s: float, with_body: bool) -> Job | None:
         deadline = time.monotonic() + timeout_s
         waiters = self.waiters
-        future = await waiters.register(job_id)  # before the read: an end after it is never missed
+        # before the read: an end after it is never missed; the reader reads the record with the wake (one round
+        # trip for all the waiters an event read wakes) when the job object is read without its body
+        future = await waiters.register(job_id, () if with_body else RECORD_FIELDS_BUT_BODY)
         try:
             job = await self.get(job_id, tenant, with_body=with_body)
             while job is not None and not job.status.terminal:
@@ -201,13 +207,15 @@ class Producer(QueueCore):
                 if remaining <= 0.01:
                     break
                 try:
-                    await asyncio.wait_for(asyncio.shield(future), min(remaining, waiters.recheck_s))
+                    record = await asyncio.wait_for(asyncio.shield(future), min(remaining, waiters.recheck_s))
                 except TimeoutError:
                     # a reader that fell behind or lost an event costs a recheck, never the wake
                     status = await self.redis.hget(self.keys.job(job_id), "status")
                     if status is None or JobStatus(status).terminal:
                         return await self.get(job_id, tenant, with_body=with_body)
                     continue
+                if record is not None:
+                    return await self._job_of(job_id, record, tenant, with_body)
                 return await self.get(job_id, tenant, with_body=with_body)
             return job
         finally:

@@ -4,8 +4,10 @@ A waiter that blocks on its own job's wakeup list (``done:<id>``, ``BLMOVE``) co
 whole wait, a blocking command on the server, and three round trips (read, block, read). A long-lived process
 (uvicorn, a container) serving many waiters at once does better with one reader: a single ``XREAD BLOCK`` on
 the queue's ``events`` stream (every terminal transition adds an entry there, in the same script that ends the
-job) wakes the waiters of the jobs it sees. Each waiter then costs a future in memory and two reads of its job,
-and the server runs one blocking read per process instead of one per waiter.
+job) wakes the waiters of the jobs it sees. Each waiter then costs a future in memory and a read of its job, and
+the server runs one blocking read per process instead of one per waiter. A waiter that names the fields it wants
+(the gateway's job object) is handed its job's record with the wake: the reader reads the records of every waiter
+one ``XREAD`` woke in one pipelined round trip (``HMGET`` each), where each waiter would otherwise read its own.
 
 Correctness does not rest on the reader. A waiter registers its future before it reads the job, and the reader
 has fixed its starting id before any waiter registers, so a job that ends after that read is seen by the reader;
@@ -25,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .faults import Fault, classify
@@ -34,18 +37,26 @@ log = logging.getLogger(__name__)
 READ_COUNT = 1000
 """Entries one ``XREAD`` answers at most."""
 
+Record = dict[str, str]
+Wake = Record | None
+"""What a waiter's future resolves with: its job's record (the fields it asked for, as ``HMGET`` found them: empty
+when the job is gone), or None when it asked for none or the reader could not read it (then it reads its own)."""
+_Waiter = tuple["asyncio.Future[Wake]", tuple[str, ...]]
+
 
 class SharedWaiters:
     """The waiters of one queue's terminal events in one process and event loop."""
 
     def __init__(self, redis: Any, events_key: str, *, block_s: float, recheck_s: float = 2.0,
-                 idle_stop_s: float = 10.0) -> None:
+                 idle_stop_s: float = 10.0, job_key: Callable[[str], str] | None = None) -> None:
         self._redis = redis
         self._key = events_key
+        self._job_key = job_key
+        """A job's record key: without it, waiters that ask for fields are woken without them."""
         self._block_ms = max(10, int(block_s * 1000))
         self.recheck_s = recheck_s
         self._idle_stop_s = idle_stop_s
-        self._waiting: dict[str, list[asyncio.Future[str]]] = {}
+        self._waiting: dict[str, list[_Waiter]] = {}
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started: asyncio.Future[None] | None = None
@@ -55,6 +66,10 @@ class SharedWaiters:
         """Waiters woken by an event (tests and metrics)."""
         self.reads = 0
         """``XREAD`` calls answered (tests and metrics)."""
+        self.record_reads = 0
+        """Round trips that read woken waiters' records (tests and metrics)."""
+        self.records = 0
+        """Records read for woken waiters (tests and metrics)."""
 
     @property
     def running(self) -> bool:
@@ -72,21 +87,21 @@ class SharedWaiters:
         assert self._started is not None
         await asyncio.shield(self._started)
 
-    async def register(self, job_id: str) -> asyncio.Future[str]:
-        """A future resolved with the job's terminal status once an event says it ended. Register before reading
-        the job: an end after that read is then never missed. Call :meth:`unregister` when done with it."""
+    async def register(self, job_id: str, fields: Sequence[str] = ()) -> asyncio.Future[Wake]:
+        """A future resolved once an event says the job ended: with its record's ``fields`` when some are named
+        (see :data:`Wake`), else with None. Register before reading the job: an end after that read is then never
+        missed. Call :meth:`unregister` when done with it."""
         await self._ensure_started()
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(job_id, []).append(future)
+        future: asyncio.Future[Wake] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(job_id, []).append((future, tuple(fields)))
         return future
 
-    def unregister(self, job_id: str, future: asyncio.Future[str]) -> None:
-        futures = self._waiting.get(job_id)
-        if futures is None:
+    def unregister(self, job_id: str, future: asyncio.Future[Wake]) -> None:
+        waiters = self._waiting.get(job_id)
+        if waiters is None:
             return
-        with contextlib.suppress(ValueError):
-            futures.remove(future)
-        if not futures:
+        self._waiting[job_id] = waiters = [w for w in waiters if w[0] is not future]
+        if not waiters:
             del self._waiting[job_id]
             if not self._waiting:
                 self._idle_since = time.monotonic()
@@ -120,28 +135,56 @@ class SharedWaiters:
                     backoff = min(backoff * 2, 1.0)
                     continue
                 self.reads += 1
-                self._deliver(reply)
+                woken = self._deliver(reply)
+                if woken:
+                    await self._wake(woken)
         finally:
             if not started.done():
                 started.cancel()
 
-    def _deliver(self, reply: Any) -> None:
+    def _deliver(self, reply: Any) -> list[tuple[str, list[_Waiter]]]:
+        """The waiters of the jobs an ``XREAD`` answer says ended, taken out of the registry."""
         if not reply:
-            return
+            return []
         # RESP2 answers [[stream, entries]], RESP3 {stream: [entries]}
         entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]
+        woken = []
         for entry_id, fields in entries:
             self._last_id = entry_id
-            futures = self._waiting.pop(fields.get("job", ""), None)
-            if not futures:
-                continue
-            status = fields.get("status", "")
-            for future in futures:
-                if not future.done():
-                    future.set_result(status)
-                    self.wakes += 1
+            job_id = fields.get("job", "")
+            waiters = self._waiting.pop(job_id, None)
+            if waiters:
+                woken.append((job_id, waiters))
         if not self._waiting:
             self._idle_since = time.monotonic()
+        return woken
+
+    async def _wake(self, woken: list[tuple[str, list[_Waiter]]]) -> None:
+        """Resolve the woken waiters' futures, with the records they asked for read in one round trip."""
+        wanted = list(dict.fromkeys((job_id, fields) for job_id, waiters in woken for future, fields in waiters
+                                    if fields and not future.done()))
+        records: dict[tuple[str, tuple[str, ...]], Record] = {}
+        if wanted and self._job_key is not None:
+            try:
+                pipe = self._redis.pipeline(transaction=False)
+                for job_id, fields in wanted:
+                    pipe.hmget(self._job_key(job_id), fields)
+                replies = await pipe.execute()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the waiters read their own: a wake is never lost to a failed read
+                log.warning("waiters reader: reading %d woken jobs failed (%s); they read their own",
+                            len(wanted), type(exc).__name__)
+            else:
+                self.record_reads += 1
+                self.records += len(wanted)
+                for (job_id, fields), values in zip(wanted, replies, strict=True):
+                    records[job_id, fields] = {f: v for f, v in zip(fields, values, strict=True) if v is not None}
+        for job_id, waiters in woken:
+            for future, fields in waiters:
+                if not future.done():
+                    future.set_result(records.get((job_id, fields)))
+                    self.wakes += 1
 
     async def aclose(self) -> None:
         task, self._task = self._task, None

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+import redis.exceptions
 
 from emulator.valkey import ValkeyProcess
 from inferq.jobs import JobRequest, JobStatus
@@ -105,3 +106,63 @@ async def test_a_job_that_ended_between_submit_and_wait_answers_at_once(q: Queue
     job = await asyncio.wait_for(q.wait(d.job.id, "t", 20, shared=True), 2)
     assert job is not None and job.status is JobStatus.SUCCEEDED
     assert await q.wait(d.job.id, "another tenant", 1, shared=True) is None
+
+
+async def test_the_reader_hands_woken_waiters_their_records_read_in_one_round_trip(
+    q: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's waits (the job object, without the body): the reader reads the records of every waiter one
+    event read woke, pipelined; a waiter reads its job once, before it waits, not again after the wake."""
+    deliveries = await started(q, 50)
+    own_reads: list[str] = []
+    hmget = q.redis.hmget
+
+    async def counted(key: str, *args: object) -> object:
+        own_reads.append(key)
+        return await hmget(key, *args)
+
+    monkeypatch.setattr(q.redis, "hmget", counted)
+    waits = [asyncio.create_task(q.wait(d.job.id, "t", 30, shared=True, with_body=False)) for d in deliveries]
+    stranger = asyncio.create_task(q.wait(deliveries[0].job.id, "another tenant", 30, shared=True, with_body=False))
+    await asyncio.sleep(0.3)
+    assert len(own_reads) == 51  # each waiter's read before it waits (the stranger's too)
+    await q.finish_many([(d, JobStatus.SUCCEEDED, OK, None) for d in deliveries])
+    jobs = await asyncio.wait_for(asyncio.gather(*waits), 5)
+    assert [(j.id, j.status, j.result) for j in jobs if j] == [(d.job.id, JobStatus.SUCCEEDED, OK) for d in deliveries]
+    assert await asyncio.wait_for(stranger, 5) is None  # another tenant's job: unknown at its first read
+    assert len(own_reads) == 51  # none after the wake
+    waiters = q.waiters
+    assert waiters.wakes == 50 and waiters.records == 50
+    assert 1 <= waiters.record_reads <= waiters.reads  # at most one round trip per event read
+
+
+class FailingPipelines:
+    """The queue's client, but every pipeline fails with a connection error."""
+
+    def __init__(self, redis: object) -> None:
+        self._redis = redis
+
+    def pipeline(self, *args: object, **kwargs: object) -> object:
+        class Failing:
+            def hmget(self, *args: object) -> None:
+                pass
+
+            async def execute(self) -> None:
+                raise redis.exceptions.ConnectionError("reset by peer")
+
+        return Failing()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._redis, name)
+
+
+async def test_a_reader_that_cannot_read_the_records_still_wakes_the_waiters_who_read_their_own(q: Queue) -> None:
+    q._waiters = SharedWaiters(FailingPipelines(q.redis), q.keys.events, block_s=0.2, recheck_s=30,
+                               job_key=q.keys.job)
+    deliveries = await started(q, 3)
+    waits = [asyncio.create_task(q.wait(d.job.id, "t", 20, shared=True, with_body=False)) for d in deliveries]
+    await asyncio.sleep(0.2)
+    await q.finish_many([(d, JobStatus.FAILED, None, {"type": "x", "message": "y"}) for d in deliveries])
+    jobs = await asyncio.wait_for(asyncio.gather(*waits), 5)  # well before the 30 s recheck
+    assert [j.status for j in jobs if j] == [JobStatus.FAILED] * 3
+    assert q.waiters.wakes == 3 and q.waiters.records == 0
