@@ -8,10 +8,12 @@ actually received (a chunked or lying client is cut off at the limit); the body 
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import re
+import secrets
 import time
-import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -25,6 +27,26 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:=-]{1,128}$")
+
+
+class RequestIds:
+    """Request ids made here: 32 hex characters, a random 64-bit prefix of this process and a counter. Unique
+    without a system call per request (``uuid4`` reads the kernel's random source each time); not secret, which a
+    correlation id need not be. A forked child draws its own prefix."""
+
+    def __init__(self) -> None:
+        self.reseed()
+        os.register_at_fork(after_in_child=self.reseed)
+
+    def reseed(self) -> None:
+        self._prefix = secrets.token_hex(8)
+        self._counter = itertools.count()
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+_request_ids = RequestIds()
 _BODYLESS = frozenset({"GET", "HEAD", "OPTIONS"})
 SUBMIT_PATH = "/v1/jobs"
 UPLOAD_PATH_RE = re.compile(r"^/v1/(?:files|uploads/[^/]+/(?:parts|complete))$")  # complete: up to 10,000 part ids
@@ -160,7 +182,7 @@ def _request_id(scope: Scope) -> str:
     given = _header(scope, b"x-request-id")
     if given and _REQUEST_ID_RE.match(given):
         return given
-    return uuid.uuid4().hex
+    return _request_ids.next()
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@
 """
 
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,6 +30,9 @@ _PLAIN_WAIT_RE = re.compile(r"^(?:[0-9]|1[0-9]|20)(?:\.[0-9]{1,6})?$")
 """A ``wait`` the fast path parses itself (``float()`` and pydantic agree on these); anything else goes to FastAPI."""
 
 FastPath = Callable[[Request], Awaitable[Response | None]]
+
+TELEMETRY_RECHECK_S = 1.0
+"""How long :class:`HotApp` keeps FastAPI's answer that no OpenTelemetry provider is configured."""
 
 
 class HotRoute(APIRoute):
@@ -110,14 +114,14 @@ class HotApp(FastAPI):
     """Off: every request takes the full stack (tests compare the two)."""
 
     _hot_stack: ASGIApp | None = None
+    _telemetry_off_until = 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.hot_paths and scope["type"] == "http" and "fastapi.telemetry" not in scope:
             if self.root_path:
                 scope["root_path"] = self.root_path
             route, child = _hot_route(self.router.routes, scope)
-            telemetry = getattr(self, "_native_telemetry", None)
-            if route is not None and not (telemetry is not None and telemetry.enabled()):
+            if route is not None and not self._telemetry_enabled():
                 stack = self._hot_stack or self._build_hot_stack()
                 if stack is not None:
                     scope.update(child)
@@ -126,6 +130,18 @@ class HotApp(FastAPI):
                     await stack(scope, receive, send)
                     return
         await super().__call__(scope, receive, send)
+
+    def _telemetry_enabled(self) -> bool:
+        """FastAPI's own check (is an OpenTelemetry provider configured?), which looks the global providers up each
+        time: a "no" is kept for ``TELEMETRY_RECHECK_S``, so a provider set up while the app runs (a global one is
+        set once) is found within that; a "yes" is asked again every time, as FastAPI does."""
+        telemetry = getattr(self, "_native_telemetry", None)
+        if telemetry is None or time.monotonic() < self._telemetry_off_until:
+            return False
+        if telemetry.enabled():
+            return True
+        self._telemetry_off_until = time.monotonic() + TELEMETRY_RECHECK_S
+        return False
 
     def _build_hot_stack(self) -> ASGIApp | None:
         handlers = dict(self.exception_handlers)

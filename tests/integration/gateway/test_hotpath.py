@@ -4,6 +4,7 @@ and declined requests included."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable
@@ -13,6 +14,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.routing import APIRouter
+
+from functions.gateway import hotpath
 
 from .conftest import AppFactory
 from .support import CHAT, A, B
@@ -130,5 +133,20 @@ async def test_with_opentelemetry_configured_every_request_takes_the_full_stack(
     router_calls: list[str], app: FastAPI, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(app._native_telemetry, "enabled", lambda: True)  # type: ignore[attr-defined]
-    submitted = await client.post("/v1/jobs", json=CHAT, headers=A)
-    assert router_calls == ["POST /v1/jobs"], submitted.text
+    for _ in range(2):
+        submitted = await client.post("/v1/jobs", json=CHAT, headers=A)
+        assert submitted.status_code == 202
+    assert router_calls == ["POST /v1/jobs"] * 2
+
+
+async def test_a_provider_configured_while_the_app_runs_is_found_within_the_recheck_interval(
+    router_calls: list[str], app: FastAPI, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hotpath, "TELEMETRY_RECHECK_S", 0.2)
+    assert (await client.post("/v1/jobs", json=CHAT, headers=A)).status_code == 202
+    monkeypatch.setattr(app._native_telemetry, "enabled", lambda: True)  # type: ignore[attr-defined]
+    assert (await client.post("/v1/jobs", json=CHAT, headers=A)).status_code == 202  # FastAPI's "no" still kept
+    assert router_calls == []
+    await asyncio.sleep(0.25)
+    assert (await client.post("/v1/jobs", json=CHAT, headers=A)).status_code == 202
+    assert router_calls == ["POST /v1/jobs"]
