@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any
@@ -181,3 +182,8 @@ RECORD_FIELDS_BUT_BODY = (
 """The job record's fields that :meth:`Job.from_hash` and :meth:`inferq.producer.Producer.get` read, but the request
 body: the gateway reads a job with ``HMGET`` of these, so a body of up to ``INFERQ_INLINE_MAX_BYTES`` need not travel
 on every read and long-poll. A field :meth:`Job.from_hash` starts reading must be added here (a test holds it)."""
+
+
+def record_of(fields: Sequence[str], values: Sequence[str | None]) -> dict[str, str]:
+    """A job record from an ``HMGET`` of ``fields``: the fields the record has (an absent one answers None)."""
+    return {name: value for name, value in zip(fields, values, strict=True) if value is not None}

@@ -10,7 +10,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .jobs import RECORD_FIELDS_BUT_BODY, Job, JobRequest, JobStatus, canonical_json, idempotency_digest, new_job_id
+from .jobs import (
+    RECORD_FIELDS_BUT_BODY,
+    Job,
+    JobRequest,
+    JobStatus,
+    canonical_json,
+    idempotency_digest,
+    new_job_id,
+    record_of,
+)
 from .queue_core import QueueCore, new_token, now_ms
 from .scripting import Code
 from .waiters import SharedWaiters
@@ -138,9 +147,7 @@ class Producer(QueueCore):
         if with_body:
             record = await self.redis.hgetall(key)
         else:
-            values = await self.redis.hmget(key, RECORD_FIELDS_BUT_BODY)
-            record = {name: value for name, value in zip(RECORD_FIELDS_BUT_BODY, values, strict=True)
-                      if value is not None}
+            record = record_of(RECORD_FIELDS_BUT_BODY, await self.redis.hmget(key, RECORD_FIELDS_BUT_BODY))
         return await self._job_of(job_id, record, tenant, with_body)
 
     async def _job_of(self, job_id: str, record: dict[str, str], tenant: str | None, with_body: bool) -> Job | None:

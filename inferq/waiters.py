@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .faults import Fault, classify
+from .jobs import record_of
 
 log = logging.getLogger(__name__)
 
@@ -160,31 +161,30 @@ class SharedWaiters:
         return woken
 
     async def _wake(self, woken: list[tuple[str, list[_Waiter]]]) -> None:
-        """Resolve the woken waiters' futures, with the records they asked for read in one round trip."""
-        wanted = list(dict.fromkeys((job_id, fields) for job_id, waiters in woken for future, fields in waiters
-                                    if fields and not future.done()))
+        """Resolve the woken waiters' futures, with the records they asked for read in one round trip. They are
+        resolved whatever happens to the read, cancellation included (then without records: they read their own)."""
         records: dict[tuple[str, tuple[str, ...]], Record] = {}
-        if wanted and self._job_key is not None:
-            try:
+        try:
+            wanted = list(dict.fromkeys((job_id, fields) for job_id, waiters in woken for future, fields in waiters
+                                        if fields and not future.done()))
+            if wanted and self._job_key is not None:
                 pipe = self._redis.pipeline(transaction=False)
                 for job_id, fields in wanted:
                     pipe.hmget(self._job_key(job_id), fields)
                 replies = await pipe.execute()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the waiters read their own: a wake is never lost to a failed read
-                log.warning("waiters reader: reading %d woken jobs failed (%s); they read their own",
-                            len(wanted), type(exc).__name__)
-            else:
                 self.record_reads += 1
                 self.records += len(wanted)
                 for (job_id, fields), values in zip(wanted, replies, strict=True):
-                    records[job_id, fields] = {f: v for f, v in zip(fields, values, strict=True) if v is not None}
-        for job_id, waiters in woken:
-            for future, fields in waiters:
-                if not future.done():
-                    future.set_result(records.get((job_id, fields)))
-                    self.wakes += 1
+                    records[job_id, fields] = record_of(fields, values)
+        except Exception as exc:  # the waiters read their own: a wake is never lost to a failed read
+            log.warning("waiters reader: reading the records of woken jobs failed (%s); they read their own",
+                        type(exc).__name__)
+        finally:
+            for job_id, waiters in woken:
+                for future, fields in waiters:
+                    if not future.done():
+                        future.set_result(records.get((job_id, fields)))
+                        self.wakes += 1
 
     async def aclose(self) -> None:
         task, self._task = self._task, None

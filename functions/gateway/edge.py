@@ -43,7 +43,7 @@ class RequestIds:
         self._counter = itertools.count()
 
     def next(self) -> str:
-        return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFFFFFF:016x}"
+        return f"{self._prefix}{next(self._counter):016x}"
 
 
 _request_ids = RequestIds()

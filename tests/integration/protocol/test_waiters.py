@@ -166,3 +166,33 @@ async def test_a_reader_that_cannot_read_the_records_still_wakes_the_waiters_who
     jobs = await asyncio.wait_for(asyncio.gather(*waits), 5)  # well before the 30 s recheck
     assert [j.status for j in jobs if j] == [JobStatus.FAILED] * 3
     assert q.waiters.wakes == 3 and q.waiters.records == 0
+
+
+async def test_waiters_woken_while_the_reader_is_stopped_are_still_resolved(q: Queue) -> None:
+    """A reader stopped (cancelled) while it reads the woken jobs' records still resolves their futures, without
+    records: the waiters read their own at once instead of waiting for the recheck."""
+    release = asyncio.Event()
+
+    class Stalled:
+        def hmget(self, *args: object) -> None:
+            pass
+
+        async def execute(self) -> None:
+            await release.wait()  # never released: the reader is stopped meanwhile
+
+    class StalledPipelines(FailingPipelines):
+        def pipeline(self, *args: object, **kwargs: object) -> object:
+            return Stalled()
+
+    q._waiters = SharedWaiters(StalledPipelines(q.redis), q.keys.events, block_s=0.2, recheck_s=30,
+                               job_key=q.keys.job)
+    [d] = await started(q, 1)
+    wait = asyncio.create_task(q.wait(d.job.id, "t", 20, shared=True, with_body=False))
+    await asyncio.sleep(0.2)
+    await q.finish(d, JobStatus.SUCCEEDED, result=OK)
+    await asyncio.sleep(0.5)  # the event is read; the records' read stalls
+    assert not wait.done()
+    await q.waiters.aclose()
+    job = await asyncio.wait_for(wait, 5)  # well before the 30 s recheck
+    assert job is not None and job.status is JobStatus.SUCCEEDED and job.result == OK
+    assert q.waiters.records == 0
