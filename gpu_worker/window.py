@@ -2,21 +2,26 @@
 
 A fixed window is wrong for some workload: the right concurrency for vLLM depends on prompt and output lengths
 (how many sequences fit in the KV cache). Too small leaves the batch half empty; too large queues requests
-*inside* the engine, where no other replica can take them and reclaim cannot see them. With ``auto`` the window
-follows the model server's own load signals (:class:`~gpu_worker.backends.base.EngineLoad`: requests waiting in
-the engine, requests running, KV-cache usage), read every :data:`POLL_S` seconds (never per job) by
-:class:`AdaptiveWindow`, and :class:`WindowLaw` (pure, no I/O) decides the size:
+*inside* the model server, where no other replica can take them and reclaim cannot see them. With ``auto`` the
+window follows the model server's own load signals (:class:`~gpu_worker.backends.base.EngineLoad`: requests
+waiting, requests running, KV-cache usage), read every :data:`POLL_S` seconds (never per job) by
+:class:`AdaptiveWindow`, which turns the server's counters into the means between two reads
+(:func:`interval_load`, where the server counts them; its gauges otherwise), and :class:`WindowLaw` (pure, no
+I/O) decides the size:
 
-- **shrink multiplicatively** when more requests wait inside the engine than a small buffer (:meth:`WindowLaw.buffer`:
-  :data:`BUFFER_SHARE` of the running batch, 1 to :data:`BUFFER_MAX`; smoothed, and only while the engine still
-  queues now): by the share of the window that waits beyond the buffer, as DCTCP cuts by the share of marked
-  packets, and by at most x :data:`DECREASE` per poll; then hold for :data:`HOLD_POLLS` polls so the engine can
-  drain what already queued before the signal is read again (the signal lags the window);
-- **grow** while fewer than the buffer wait, the KV cache has room (below :data:`KV_HIGH`) and the window is
-  full (a window that is not used says nothing about the engine's room, so an idle worker's window does not
-  creep to the maximum): doubling until the first cut while the gauges show the window (slow start, so a fresh
-  worker reaches a large batch in a few polls; :data:`SEEN_SHARE`), otherwise additively, by 1 per poll, and by
-  :data:`PROBE_STEP` near the size of the last cut, so it probes that edge slowly instead of oscillating across it;
+- **shrink multiplicatively** when more requests wait inside the server than a small buffer
+  (:meth:`WindowLaw.buffer`: :data:`BUFFER_SHARE` of the running batch, 1 to :data:`BUFFER_MAX`; smoothed, and
+  only when they waited at two of the last three reads: a queue that stands, not a burst the engine admits at
+  its next steps, as CoDel reads a queue over an interval rather than by its peak): by the share of the window that stands
+  beyond the buffer, as DCTCP cuts by the share of marked packets, and by at most x :data:`DECREASE` per poll;
+  then hold for :data:`HOLD_POLLS` polls so the server can drain what already queued before the signal is read
+  again (the signal lags the window);
+- **grow** while fewer than the buffer wait (now and at two of the last three reads), the KV cache has room (below :data:`KV_HIGH`)
+  and the window is used (:data:`USED_SHARE`; a window that is not used says nothing about the engine's room, so
+  an idle worker's window does not creep to the maximum): doubling until the first cut while the gauges show the
+  window (slow start, so a fresh worker reaches a large batch in a few polls; :data:`SEEN_SHARE`), otherwise by
+  :data:`GROWTH` of the window per poll (at least one), and by :data:`PROBE_STEP` within one request of the size
+  of the last cut, so it probes that edge slowly instead of oscillating across it;
 - always within ``[1, INFERQ_WINDOW_MAX]``.
 
 A backend without signals (a server with no vLLM metrics) gives no reason to shrink: the window then grows to
@@ -27,6 +32,9 @@ the result, pulled the next job and sent it, a few milliseconds to tens of them;
 already queued fills the slot at its next step. Measured against vLLM on CPU (bench V), a window that keeps
 nothing waiting leaves the batch short by that refill time; one that keeps one or two waiting does not, and
 those few are all that no other replica can take.
+
+What the server cannot count, the window cannot see: requests its HTTP front end holds before it stamps their
+arrival (a front end short of CPU) are neither waiting nor running by its metrics.
 """
 
 from __future__ import annotations
@@ -35,7 +43,9 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from inferq.settings import Settings
@@ -65,9 +75,45 @@ of the jobs in flight), and otherwise grows it by one: vLLM's gauges trail its r
 second, and doubling on a reading taken before the last doubling arrived overshoots by far. (Requests held in
 the server's HTTP front end, before its engine, are not in the gauges either: a front end that is the
 bottleneck keeps the window growing by one.)"""
+GROWTH = 0.125
+"""Growth per poll away from the last cut, as a share of the window (at least one request): when the engine's
+gauges never show the window (a model server whose HTTP front end holds most of the requests, on a busy host),
+slow start does not double, and one request per poll would take a minute to reach a batch of a few dozen;
+an eighth per poll takes about 8 ln(N) polls."""
 PROBE_STEP = 0.25
+"""Growth per poll within one request of the size of the last cut: that edge is probed slowly; once past it by a
+request, the edge has moved and growth is back to one per poll."""
+USED_SHARE = 0.8
+"""A window counts as used, and may grow, when at least this share of it is in flight: a worker with a backlog
+is always a job or two short of its window (a job ends, its result is written and the next one pulled), and a
+window that had to be full to the last job would rarely grow; an idle worker holds far less and does not grow."""
 
 LoadSource = Callable[[], Awaitable[EngineLoad | None]]
+
+
+def interval_load(previous: EngineLoad | None, current: EngineLoad, seconds: float) -> EngineLoad:
+    """The load the law reads: the mean numbers of requests waiting and running inside the model server between
+    two reads, where the server counts its finished requests' times; its gauges otherwise.
+
+    Little's law: the seconds requests spent waiting, summed over an interval, divided by its length, is the mean
+    number waiting during it. A gauge is what one moment shows, and which moment is biased: a model server whose
+    front end is busy answers ``/metrics`` late, after a burst has drained (measured on vLLM on 2 cores: a read
+    took 3 s under load, and most reads found an idle engine while ten requests were in flight). The counters
+    integrate over the whole interval, whenever they are read. Waiting is a request's time in the server before
+    the engine first ran it (its latency less its inference time: the front end's queue and the engine's, where
+    vLLM's own queue-time histogram restarts at each requeue and read 0 s for requests that waited seconds). A
+    request's times are counted when it finishes, so one that waited long is counted at once at its end: hence the
+    law's smoothing and its two reads of three. An interval in which nothing finished (long requests, or none)
+    says nothing new: the gauges stand in. The running count is the larger of the two (slow start asks whether
+    the engine holds the window)."""
+    if (previous is None or seconds <= 0 or current.finished is None or previous.finished is None
+            or current.latency_s is None or previous.latency_s is None
+            or current.inference_s is None or previous.inference_s is None
+            or current.finished <= previous.finished):  # nothing finished, or the server restarted
+        return current
+    inference = max(0.0, current.inference_s - previous.inference_s)
+    waiting = max(0.0, current.latency_s - previous.latency_s - inference) / seconds
+    return replace(current, waiting=waiting, running=max(inference / seconds, current.running))
 
 
 class WindowLaw:
@@ -78,6 +124,7 @@ class WindowLaw:
         self, maximum: int, *, initial: int = 1, decrease: float = DECREASE, tolerance: float = TOLERANCE,
         smoothing: float = SMOOTHING, kv_high: float = KV_HIGH, hold_polls: int = HOLD_POLLS,
         probe_step: float = PROBE_STEP, buffer_share: float = BUFFER_SHARE, buffer_max: float = BUFFER_MAX,
+        growth: float = GROWTH,
     ) -> None:
         if maximum < 1:
             raise ValueError(f"maximum must be >= 1, got {maximum}")
@@ -93,10 +140,12 @@ class WindowLaw:
         self.probe_step = probe_step
         self.buffer_share = buffer_share
         self.buffer_max = buffer_max
+        self.growth = growth
         self.waiting = 0.0  # moving average of the engine's waiting count
         self.ceiling: float | None = None  # the size at which requests last queued in the engine
         self.slow_start = True
         self._hold = 0
+        self._recent = (0.0, 0.0, 0.0)  # the last three reads of the waiting count
 
     @property
     def current(self) -> int:
@@ -106,24 +155,29 @@ class WindowLaw:
         if load is None:  # no signals: nothing says the engine is full
             load = EngineLoad(waiting=0.0, running=float(in_flight))
         self.waiting = self.smoothing * load.waiting + (1 - self.smoothing) * self.waiting
+        # what waited at two of the last three reads: a queue that stands, not a burst the engine admits at its
+        # next steps (as CoDel reads a queue over an interval, not by its peak), nor one read that finds it
+        # drained between two that find it standing
+        self._recent = (*self._recent[1:], load.waiting)
+        standing = sorted(self._recent)[1]
         buffer = self.buffer(load)
         if self._hold:
             self._hold -= 1
-        elif self.waiting > buffer + self.tolerance and load.waiting > buffer:  # queueing now, not only on average
-            # DCTCP-like: cut by the share that queues beyond the buffer, at most by ``decrease`` (one request too
+        elif self.waiting > buffer + self.tolerance and standing > buffer:
+            # DCTCP-like: cut by the share that stands beyond the buffer, at most by ``decrease`` (one request too
             # many costs one slot, a slow-start overshoot a fifth per poll)
             self.ceiling = self.size
-            excess = load.waiting - buffer
+            excess = standing - buffer
             self.size = max(1.0, self.size * max(self.decrease, 1 - excess / self.size))
             self.slow_start = False
             self._hold = self.hold_polls
-        elif self._may_grow(load, in_flight, buffer):
+        elif self._may_grow(load, in_flight, buffer, standing):
             if self.slow_start and load.running + load.waiting >= SEEN_SHARE * in_flight:
                 self.size *= 2
-            elif self.ceiling is not None and self.size >= self.ceiling - 1:
+            elif self.ceiling is not None and abs(self.size - self.ceiling) <= 1:
                 self.size += self.probe_step
             else:
-                self.size += 1
+                self.size += max(1.0, self.growth * self.size)
             self.size = min(self.size, float(self.maximum))
         return self.current
 
@@ -133,12 +187,14 @@ class WindowLaw:
             return 0.0
         return min(self.buffer_max, max(1.0, self.buffer_share * load.running))
 
-    def _may_grow(self, load: EngineLoad, in_flight: int, buffer: float) -> bool:
-        if load.waiting >= max(buffer, 1e-9):
+    def _may_grow(self, load: EngineLoad, in_flight: int, buffer: float, standing: float) -> bool:
+        # below the buffer now and at two of the last three reads: one read that finds the queue drained between
+        # reads that find it standing is not room, as one that finds a burst is not a queue
+        if load.waiting >= max(buffer, 1e-9) or standing >= max(buffer, 1e-9):
             return False
         if load.kv_cache_usage is not None and load.kv_cache_usage >= self.kv_high:
             return False
-        return in_flight >= self.current
+        return in_flight >= max(1, math.floor(USED_SHARE * self.current))
 
 
 class Window(Protocol):
@@ -177,6 +233,8 @@ class AdaptiveWindow:
         self.law = law or WindowLaw(maximum)
         self.poll_s = poll_s
         self.last_load: EngineLoad | None = None
+        self._last_raw: EngineLoad | None = None
+        self._last_read_at = 0.0
         self._failures = 0
 
     @property
@@ -200,10 +258,17 @@ class AdaptiveWindow:
 
     async def poll(self, in_flight: int) -> int:
         """One read and one step of the law; returns the window."""
-        ok, load = await self.read()
+        ok, raw = await self.read()
         if ok:
+            now = time.monotonic()
+            load = None if raw is None else interval_load(self._last_raw, raw, now - self._last_read_at)
+            self._last_raw, self._last_read_at = raw, now
             self.last_load = load
             self.law.step(load, in_flight)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("window %d (%.2f): in flight %d, engine waiting %s running %s kv %s", self.size,
+                          self.law.size, in_flight, *(("-",) * 3 if load is None else
+                                                      (load.waiting, load.running, load.kv_cache_usage)))
         return self.size
 
     async def run(self, stop: asyncio.Event, in_flight: Callable[[], int], changed: Callable[[int, int], None]) -> None:

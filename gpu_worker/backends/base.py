@@ -78,6 +78,13 @@ class EngineLoad:
     """Requests the engine is running (its batch)."""
     kv_cache_usage: float | None = None
     """Fraction of the KV cache in use, 0 to 1, when the engine reports it."""
+    finished: float | None = None
+    """Requests the server has finished since it started (a counter), when it counts them with the two below."""
+    latency_s: float | None = None
+    """Seconds those requests spent in the server, arrival to last token, summed (a counter)."""
+    inference_s: float | None = None
+    """Seconds of that from their first scheduling on (prefill and decode), summed (a counter): the rest,
+    ``latency_s - inference_s``, is what they waited inside the server before the engine first ran them."""
 
 
 def is_retryable_status(status: int) -> bool:

@@ -2,7 +2,10 @@
 
 Its load signals (for ``INFERQ_WINDOW=auto``) are vLLM's Prometheus metrics at ``/metrics`` of the same server:
 ``vllm:num_requests_waiting``, ``vllm:num_requests_running`` and the KV-cache usage (``vllm:kv_cache_usage_perc``
-since vLLM 0.10, ``vllm:gpu_cache_usage_perc`` before), summed over the label sets (one per model/engine).
+since vLLM 0.10, ``vllm:gpu_cache_usage_perc`` before), summed over the label sets (one per model/engine), and the
+sums and count of the ``vllm:e2e_request_latency_seconds`` and ``vllm:request_inference_time_seconds`` histograms
+(the worker turns those counters into the mean numbers waiting and running between two reads: see
+gpu_worker/window.py).
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ METRICS_TIMEOUT_S = 2.0
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+FINISHED = "vllm:e2e_request_latency_seconds_count"
+LATENCY_S = "vllm:e2e_request_latency_seconds_sum"
+INFERENCE_S = "vllm:request_inference_time_seconds_sum"
 
 
 def parse_vllm_metrics(text: str) -> EngineLoad | None:
@@ -29,12 +35,15 @@ def parse_vllm_metrics(text: str) -> EngineLoad | None:
     totals: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in (WAITING, RUNNING, *KV_CACHE_USAGE):
+            if sample.name in (WAITING, RUNNING, *KV_CACHE_USAGE, FINISHED, LATENCY_S, INFERENCE_S):
                 totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     if WAITING not in totals or RUNNING not in totals:
         return None
     usage = next((totals[name] for name in KV_CACHE_USAGE if name in totals), None)
-    return EngineLoad(waiting=totals[WAITING], running=totals[RUNNING], kv_cache_usage=usage)
+    counted = all(name in totals for name in (FINISHED, LATENCY_S, INFERENCE_S))
+    return EngineLoad(waiting=totals[WAITING], running=totals[RUNNING], kv_cache_usage=usage,
+                      finished=totals[FINISHED] if counted else None, latency_s=totals[LATENCY_S] if counted else None,
+                      inference_s=totals[INFERENCE_S] if counted else None)
 
 
 class OpenAIBackend:

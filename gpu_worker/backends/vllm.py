@@ -13,6 +13,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from inferq.jobs import Job
@@ -105,24 +106,35 @@ def to_openai(url: str, model: str, request_id: str, output: Any) -> dict[str, A
 
 class LoadRecorder:
     """A vLLM stat logger (per engine) that keeps the scheduler's latest counts: the in-process engine's
-    equivalent of ``vllm:num_requests_waiting``/``running``/``kv_cache_usage_perc``. vLLM calls ``record`` from its
-    output loop on the event loop. ``SchedulerStats`` is not a stable vLLM interface: its fields are read with
-    defaults, and a version without them simply yields no signal (the auto window then grows to its maximum)."""
+    equivalent of ``vllm:num_requests_waiting``/``running``/``kv_cache_usage_perc``, and the finished requests'
+    times summed (``vllm:e2e_request_latency_seconds``, ``vllm:request_inference_time_seconds``). vLLM calls
+    ``record`` from its output loop on the event loop. ``SchedulerStats`` is not a stable vLLM interface: its
+    fields are read with defaults, and a version without them simply yields no signal (the auto window then grows
+    to its maximum)."""
 
     def __init__(self) -> None:
         self.latest: EngineLoad | None = None
+        self.finished = 0
+        self.latency_s = 0.0
+        self.inference_s = 0.0
 
     def factory(self, vllm_config: Any, engine_index: int = 0) -> LoadRecorder:
         return self
 
     def record(self, scheduler_stats: Any, iteration_stats: Any = None, *args: Any, **kwargs: Any) -> None:
-        if scheduler_stats is None or not hasattr(scheduler_stats, "num_waiting_reqs"):
-            return
-        self.latest = EngineLoad(
-            waiting=float(scheduler_stats.num_waiting_reqs),
-            running=float(getattr(scheduler_stats, "num_running_reqs", 0)),
-            kv_cache_usage=getattr(scheduler_stats, "kv_cache_usage", None),
-        )
+        for finished in getattr(iteration_stats, "finished_requests", None) or ():
+            self.finished += 1
+            self.latency_s += float(getattr(finished, "e2e_latency", 0.0))
+            self.inference_s += float(getattr(finished, "inference_time", 0.0))
+        if scheduler_stats is not None and hasattr(scheduler_stats, "num_waiting_reqs"):
+            self.latest = EngineLoad(
+                waiting=float(scheduler_stats.num_waiting_reqs),
+                running=float(getattr(scheduler_stats, "num_running_reqs", 0)),
+                kv_cache_usage=getattr(scheduler_stats, "kv_cache_usage", None),
+            )
+        if self.latest is not None and self.finished:
+            self.latest = replace(self.latest, finished=float(self.finished), latency_s=self.latency_s,
+                                  inference_s=self.inference_s)
 
     def log_engine_initialized(self) -> None:
         pass

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from bench.efficiency import aggregate, request_set, verdicts
+import httpx
+import pytest
+
+from bench.efficiency import WARMUP, _means, _warm_up, aggregate, request_set, verdicts
+from gpu_worker.backends.base import EngineLoad
 
 
 def test_the_request_set_is_mixed_deterministic_and_shifts_from_short_to_long() -> None:
@@ -37,3 +42,58 @@ def test_verdicts_compare_the_best_of_each_path_and_auto_with_the_best_static_wi
     assert v["inferq_over_direct"] == 0.9 and not v["inferq_goal_met"]
     assert v["best_static"]["window"] == 8 and v["auto_over_best_static"] == round(180 / 170, 3)
     assert not v["auto_goal_met"]  # faster, but more waiting in the engine than the best static window
+
+
+def test_the_verdict_reads_the_servers_counters_when_both_runs_have_them() -> None:
+    static, auto = run("inferq", 24, 100.0, 0.5), run("inferq", "auto", 96.0, 2.0)  # gauges: auto waits more
+    static["server_waiting_mean"], auto["server_waiting_mean"] = 3.0, 1.0  # counters: it waits less
+    report = {"direct": [aggregate([run("direct", 8, 100.0, 0.0)])], "inferq": [aggregate([static]), aggregate([auto])]}
+    v = verdicts(report)
+    assert v["auto_waiting"] == 1.0 and v["best_static"]["waiting"] == 3.0 and v["auto_goal_met"]
+    auto["server_waiting_mean"] = None  # one run without them: both read the gauges
+    v = verdicts({"direct": report["direct"], "inferq": [aggregate([static]), aggregate([auto])]})
+    assert v["auto_waiting"] == 2.0 and not v["auto_goal_met"]
+
+
+def test_the_runs_means_come_from_the_servers_counters() -> None:
+    before = EngineLoad(waiting=0, running=0, finished=10.0, latency_s=20.0, inference_s=15.0)
+    after = EngineLoad(waiting=7, running=1, finished=30.0, latency_s=60.0, inference_s=35.0)
+    assert _means(before, after, 10.0) == {"server_waiting_mean": 2.0, "server_running_mean": 2.0}
+    assert _means(before, before, 10.0) == {"server_waiting_mean": None, "server_running_mean": None}
+    assert _means(None, after, 10.0)["server_waiting_mean"] is None
+
+
+class FakeStack:
+    """The gateway's submit and get, and a worker's metrics page whose window moves to the next of ``windows``
+    after each batch of jobs collected."""
+
+    def __init__(self, windows: list[float]) -> None:
+        self.windows = windows
+        self.batches = 0
+        self.jobs = 0
+        self.collected = 0
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            window = self.windows[min(self.batches, len(self.windows) - 1)]
+            return httpx.Response(200, text=f"# TYPE inferq_worker_window gauge\ninferq_worker_window {window}\n")
+        if request.method == "POST":
+            self.jobs += 1
+            return httpx.Response(202, json={"id": str(self.jobs)})
+        self.collected += 1
+        if self.collected % WARMUP == 0:
+            self.batches += 1
+        usage = {"completion_tokens": 1}
+        return httpx.Response(200, json={"status": "succeeded", "result": {"body": {"usage": usage}}})
+
+
+@pytest.mark.parametrize(("windows", "batches"), [([8.0], 1), ([1.0, 4.0, 9.0, 12.0, 12.0, 12.0], 4)])
+def test_each_worker_warms_up_until_its_window_holds_over_a_batch(windows: list[float], batches: int) -> None:
+    stack = FakeStack(windows)
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(base_url="http://gw", transport=httpx.MockTransport(stack.handler)) as client:
+            await _warm_up(client, request_set(4 * WARMUP, "m"), "http://worker/metrics")
+
+    asyncio.run(scenario())
+    assert stack.batches == batches and stack.jobs == batches * WARMUP

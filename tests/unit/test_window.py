@@ -4,6 +4,7 @@ backend reads, and the ``INFERQ_WINDOW=auto`` settings."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from gpu_worker.backends.base import EngineLoad
 from gpu_worker.backends.openai import parse_vllm_metrics
 from gpu_worker.backends.vllm import LoadRecorder
-from gpu_worker.window import AdaptiveWindow, StaticWindow, WindowLaw, window_for
+from gpu_worker.window import BUFFER_MAX, AdaptiveWindow, StaticWindow, WindowLaw, interval_load, window_for
 from inferq.settings import Settings, SettingsError
 
 
@@ -40,6 +41,56 @@ def test_the_window_settles_at_the_engines_capacity_plus_a_small_buffer(capacity
     assert max(tail) - min(tail) <= 2, (capacity, tail)
 
 
+class CountingEngine:
+    """An engine with ``capacity`` slots whose gauges always read idle (a busy front end answers ``/metrics`` after
+    each burst has drained) but whose counters add up every request's time, as vLLM's histograms do."""
+
+    def __init__(self, capacity: int, seconds_per_request: float = 0.5) -> None:
+        self.capacity = capacity
+        self.seconds_per_request = seconds_per_request
+        self.totals = EngineLoad(waiting=0, running=0, finished=0.0, latency_s=0.0, inference_s=0.0)
+
+    def read(self, in_flight: int, seconds: float) -> EngineLoad:
+        running = min(in_flight, self.capacity)
+        t = self.totals
+        assert t.finished is not None and t.latency_s is not None and t.inference_s is not None
+        self.totals = EngineLoad(
+            waiting=0, running=0, finished=t.finished + running * seconds / self.seconds_per_request,
+            latency_s=t.latency_s + in_flight * seconds, inference_s=t.inference_s + running * seconds)
+        return self.totals
+
+
+@pytest.mark.parametrize("capacity", [2, 12])
+def test_the_counters_size_the_window_when_the_gauges_read_idle(capacity: int) -> None:
+    law, engine, previous = WindowLaw(maximum=64), CountingEngine(capacity), None
+    sizes = []
+    for _ in range(300):
+        raw = engine.read(law.current, 0.5)
+        sizes.append(law.step(interval_load(previous, raw, 0.5), law.current))
+        previous = raw
+    tail = sizes[-150:]
+    assert capacity <= sum(tail) / len(tail) <= capacity + BUFFER_MAX + 1, (capacity, tail[-20:])
+    # the gauges alone (always idle) would have grown it to the maximum
+    blind = WindowLaw(maximum=64)
+    for _ in range(300):
+        blind.step(EngineLoad(waiting=0, running=0), blind.current)
+    assert blind.current == 64
+
+
+def test_interval_load_is_the_mean_between_two_reads_or_the_gauges() -> None:
+    gauges = EngineLoad(waiting=3, running=1, kv_cache_usage=0.5)
+    before = replace(gauges, finished=10.0, latency_s=40.0, inference_s=30.0)
+    # 4 requests finished in 2 s: 6 s of them inside the server, 2 s of those before the engine ran them
+    after = replace(gauges, finished=14.0, latency_s=46.0, inference_s=34.0)
+    assert interval_load(before, after, 2.0) == replace(after, waiting=1.0, running=2.0)
+    assert interval_load(None, after, 2.0) == after  # the first read
+    assert interval_load(after, after, 2.0) == after  # nothing finished: nothing new
+    assert interval_load(after, replace(after, finished=1.0, latency_s=1.0, inference_s=1.0), 2.0).waiting == 3
+    assert interval_load(gauges, after, 2.0) == after  # a server without the counters
+    busy = replace(after, running=5.0)
+    assert interval_load(before, busy, 2.0).running == 5.0  # the gauge's running when it shows more
+
+
 def test_it_stops_growing_when_the_buffer_waits() -> None:
     law = WindowLaw(maximum=64, initial=9)
     law.slow_start = False
@@ -64,10 +115,46 @@ def test_requests_waiting_in_the_engine_shrink_it_multiplicatively() -> None:
     law = WindowLaw(maximum=64, initial=32)
     law.slow_start = False
     law.step(EngineLoad(waiting=20, running=12), 32)
+    assert law.current == 32  # one read: a burst the engine may admit at its next steps
+    law.step(EngineLoad(waiting=20, running=12), 32)  # two: a queue that stands
     assert law.current == int(32 * 0.8)
     # held while the engine drains what queued before the signal caught up: no second cut at once
     law.step(EngineLoad(waiting=20, running=12), 25)
     assert law.current == 25
+
+
+def test_bursts_that_the_engine_admits_between_reads_do_not_cut_it() -> None:
+    """vLLM on a busy host: most reads find the engine idle, some find a burst waiting (its front end hands over
+    requests in batches); a burst gone at the next read is not a queue the window made."""
+    law = WindowLaw(maximum=32, initial=12)
+    law.slow_start = False
+    reads = [EngineLoad(waiting=0, running=2, kv_cache_usage=0.2)] * 3 + [
+        EngineLoad(waiting=5, running=8, kv_cache_usage=1.0)]
+    for _ in range(10):
+        for load in reads:
+            law.step(load, law.current)
+    assert law.current == 32 and law.ceiling is None
+
+
+def test_past_the_last_cut_it_grows_by_an_eighth_again() -> None:
+    law = WindowLaw(maximum=64, initial=10)
+    law.slow_start = False
+    law.ceiling = 10.0
+    law.step(EngineLoad(waiting=0, running=10), 10)
+    assert law.size == 10.25  # probing the edge where requests last queued
+    law.size = 11.5
+    law.step(EngineLoad(waiting=0, running=11), 11)
+    assert law.size == 11.5 * 1.125  # past it by more than a request: the edge has moved
+    law.size = 4.0
+    law.step(EngineLoad(waiting=0, running=4), 4)
+    assert law.size == 5.0  # at least one request per poll
+
+
+def test_a_window_a_job_short_of_full_still_grows() -> None:
+    law = WindowLaw(maximum=64, initial=10)
+    law.slow_start = False
+    law.step(EngineLoad(waiting=0, running=9), 9)  # one job between its result and the next pull
+    assert law.current == 11
 
 
 def test_never_above_the_maximum_nor_below_one() -> None:
@@ -94,9 +181,9 @@ def test_it_does_not_grow_when_the_kv_cache_is_full_or_the_window_unused() -> No
 def test_slow_start_doubles_only_once_the_gauges_show_the_window() -> None:
     law = WindowLaw(maximum=64, initial=16)
     law.step(EngineLoad(waiting=0, running=8), 16)  # the gauges still show the window before the last doubling
-    assert law.current == 17
-    law.step(EngineLoad(waiting=0, running=17), 17)
-    assert law.current == 34
+    assert law.current == 18  # an eighth, not twice
+    law.step(EngineLoad(waiting=0, running=18), 18)
+    assert law.current == 36
 
 
 def test_without_signals_it_grows_to_the_maximum_as_it_fills() -> None:
@@ -158,6 +245,17 @@ vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny-llama",reason="c
 # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.42
+# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_sum{engine="0",model_name="tiny-llama"} 30.5
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="1.0",model_name="tiny-llama"} 4.0
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="tiny-llama"} 12.0
+vllm:e2e_request_latency_seconds_count{engine="0",model_name="tiny-llama"} 12.0
+# HELP vllm:request_inference_time_seconds Histogram of time spent in RUNNING phase for request.
+# TYPE vllm:request_inference_time_seconds histogram
+vllm:request_inference_time_seconds_sum{engine="0",model_name="tiny-llama"} 20.25
+vllm:request_inference_time_seconds_bucket{engine="0",le="+Inf",model_name="tiny-llama"} 12.0
+vllm:request_inference_time_seconds_count{engine="0",model_name="tiny-llama"} 12.0
 # HELP vllm:generation_tokens_total Number of generation tokens processed.
 # TYPE vllm:generation_tokens_total counter
 vllm:generation_tokens_total{engine="0",model_name="tiny-llama"} 1234.0
@@ -165,7 +263,8 @@ vllm:generation_tokens_total{engine="0",model_name="tiny-llama"} 1234.0
 
 
 def test_vllm_metrics_are_read_by_their_real_names() -> None:
-    assert parse_vllm_metrics(VLLM_0_32_METRICS) == EngineLoad(waiting=3.0, running=7.0, kv_cache_usage=0.42)
+    assert parse_vllm_metrics(VLLM_0_32_METRICS) == EngineLoad(waiting=3.0, running=7.0, kv_cache_usage=0.42,
+                                                               finished=12.0, latency_s=30.5, inference_s=20.25)
 
 
 def test_older_vllm_names_and_several_engines() -> None:
@@ -188,6 +287,11 @@ def test_the_in_process_engine_signal_comes_from_its_scheduler_stats() -> None:
     assert recorder.latest is None
     logger.record(SimpleNamespace(num_waiting_reqs=4, num_running_reqs=16, kv_cache_usage=0.8), None, engine_idx=0)
     assert recorder.latest == EngineLoad(waiting=4.0, running=16.0, kv_cache_usage=0.8)
+    finished = [SimpleNamespace(e2e_latency=3.0, inference_time=2.0),
+                SimpleNamespace(e2e_latency=1.5, inference_time=1.0)]
+    logger.record(None, SimpleNamespace(finished_requests=finished))
+    assert recorder.latest == EngineLoad(waiting=4.0, running=16.0, kv_cache_usage=0.8, finished=2.0, latency_s=4.5,
+                                         inference_s=3.0)
 
 
 # ---------------------------------------------------------------- settings

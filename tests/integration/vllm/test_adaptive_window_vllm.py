@@ -1,11 +1,11 @@
 """INFERQ_WINDOW=auto against a real vLLM server: the worker reads the server's own Prometheus gauges and sizes its
 window by them. The server here schedules at most two sequences (``--max-num-seqs 2``), so any window above two
-queues requests inside the engine: the window must grow from one, see the queue, and come back down."""
+queues requests inside the server: the window must grow from one, see the queue, and come back down."""
 
 from __future__ import annotations
 
 import asyncio
-import math
+import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +15,7 @@ import pytest
 
 from gpu_worker.backends.base import EngineLoad
 from gpu_worker.backends.openai import OpenAIBackend
-from gpu_worker.window import AdaptiveWindow
+from gpu_worker.window import BUFFER_MAX, AdaptiveWindow
 from gpu_worker.worker import Worker
 from inferq.jobs import JobStatus
 from inferq.queue import Queue
@@ -27,9 +27,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 ENGINE_SEQS = 2
 WINDOW_MAX = 12
-RUN_S = 12.0
-"""How long the engine should be kept busy: dozens of 0.2 s polls, whatever the machine's speed."""
-MAX_JOBS = 1000
+RUN_MAX_S = 240.0
+"""How long the engine is kept busy at most, waiting for the window to grow, see the queue and be cut."""
+SETTLE_POLLS = 15
+"""Polls after the first cut before the feeding stops: what the window does once it has found the engine's size."""
 
 
 async def timed_request(base_url: str, body: dict[str, Any]) -> float:
@@ -69,6 +70,7 @@ async def test_the_worker_reads_vllms_gauges_and_adapts_its_window(settings: Set
     assert idle.kv_cache_usage is not None and 0 <= idle.kv_cache_usage <= 1
 
     loads: list[EngineLoad] = []
+    seen_loads: list[EngineLoad] = []
     windows: list[int] = []
 
     async def recorded() -> EngineLoad | None:
@@ -80,30 +82,47 @@ async def test_the_worker_reads_vllms_gauges_and_adapts_its_window(settings: Set
     window = AdaptiveWindow(recorded, WINDOW_MAX, poll_s=0.2)
     body = {"model": server.model, "prompt": "The queue holds", "max_tokens": 200, "temperature": 0,
             "ignore_eos": True}
-    # The engine's speed varies by an order of magnitude between machines (~0.5 s a request on 2 shared cores,
-    # ~0.1 s on a larger one): size the load by a measured request so the run lasts long enough for the window
-    # to grow past the engine's two slots and for the lagging gauges to show requests waiting there.
     one = await timed_request(server.base_url, body)
-    count = min(MAX_JOBS, max(24, math.ceil(RUN_S * ENGINE_SEQS / one)))
+    # The engine's speed, and how late a busy server answers /metrics, vary by an order of magnitude between
+    # machines and moments: rather than guess a job count, keep the queue fed until the window has been cut and
+    # then held for a while (or the deadline passes), then let the worker finish what was queued.
+    jobs = []
+    worker = Worker(settings, queue, backend, window=window, webhooks=False)
+    jobs += [await submit(queue, body, url="/v1/completions") for _ in range(WINDOW_MAX)]
+    task = asyncio.create_task(worker.run_until_idle())  # never idle while fed
     try:
-        jobs = [await submit(queue, body, url="/v1/completions") for _ in range(count)]
-        worker = Worker(settings, queue, backend, window=window, webhooks=False)
-        task = asyncio.create_task(worker.run_until_idle())
-        while not task.done():
+        deadline = time.monotonic() + RUN_MAX_S
+        cut_at: int | None = None
+        while time.monotonic() < deadline and not task.done():
+            if (await queue.observe()).lag < WINDOW_MAX:
+                jobs += [await submit(queue, body, url="/v1/completions") for _ in range(WINDOW_MAX)]
             windows.append(worker.window.size)
+            if window.last_load is not None and (not seen_loads or window.last_load is not seen_loads[-1]):
+                seen_loads.append(window.last_load)  # what the law read: the engine's means between two reads
+            if cut_at is None and window.law.ceiling is not None:
+                cut_at = len(loads)
+            if cut_at is not None and len(loads) >= cut_at + SETTLE_POLLS:
+                break
             await asyncio.sleep(0.05)
-        await asyncio.wait_for(task, 600)
+        await asyncio.wait_for(task, 600)  # what is still queued, then idle
         finished = [await queue.get(job.id) for job in jobs]
     finally:
+        if not task.done():
+            task.cancel()
         await backend.aclose()
         await queue.close()
 
-    seen = f"{count} jobs, {one:.3f} s a request; loads {[(x.waiting, x.running) for x in loads]}, windows {windows}"
+    means = [(round(x.waiting, 2), round(x.running, 2)) for x in seen_loads]
+    seen = f"{len(jobs)} jobs, {one:.3f} s a request; loads read {means}, windows {windows}"
     assert all(j is not None and j.status is JobStatus.SUCCEEDED for j in finished)
-    assert any(load.running > 0 for load in loads), seen  # it read the engine at work
+    # the real counters, by their real names: the law read the engine's means, not only its gauges
+    assert all(x.finished is not None and x.latency_s is not None and x.inference_s is not None for x in loads[1:])
+    assert any(load.running > 0 for load in seen_loads), seen  # it read the engine at work
     assert max(windows) > ENGINE_SEQS, seen  # it grew from one while nothing waited ...
-    assert any(load.waiting > 0 for load in loads), seen  # ... until the engine queued (two sequences run) ...
+    assert any(load.waiting > 1 for load in seen_loads), seen  # ... until the engine queued (two sequences run) ...
     assert window.law.ceiling is not None and not window.law.slow_start, seen  # ... and then it cut the window
     assert max(windows) <= WINDOW_MAX and min(windows) >= 1
-    late = windows[len(windows) // 2:]
-    assert sum(1 for w in late if w <= ENGINE_SEQS + 2) >= len(late) // 2, seen  # and stayed near the engine's size
+    # ... and stayed near the engine's size: its two sequences and a buffer (the server's front end holds a few
+    # more before its engine's counters see them on a busy host), far below the 12 it could reach
+    late = windows[len(windows) * 2 // 3:]
+    assert statistics.median(late) <= ENGINE_SEQS + BUFFER_MAX, seen
