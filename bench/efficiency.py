@@ -38,10 +38,11 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -255,14 +256,28 @@ async def _submit_all(client: httpx.AsyncClient, bodies: list[dict[str, Any]]) -
     ids: list[str | None] = [None] * len(bodies)
     todo = iter(enumerate(bodies))
 
+    run = uuid.uuid4().hex
+
     async def submitter() -> None:
         for i, body in todo:
-            response = await client.post("/v1/jobs", json={"url": "/v1/completions", "body": body})
-            if response.status_code == 202:
+            # a keep-alive connection the gateway closes as the request leaves (idle past uvicorn's 5 s while the
+            # server's counters were read) fails the request: sent again under the same key, it is one job
+            response = await _retried(client.post, "/v1/jobs", json={"url": "/v1/completions", "body": body},
+                                      headers={"Idempotency-Key": f"{run}-{i}"})
+            if response.status_code in (200, 202):
                 ids[i] = response.json()["id"]
 
     await asyncio.gather(*(submitter() for _ in range(8)))
     return [i for i in ids if i is not None]
+
+
+async def _retried(send: Any, url: str, **kwargs: Any) -> httpx.Response:
+    """One request, sent again once when the connection it took was closed under it (safe: a GET, or a submit
+    with an idempotency key)."""
+    try:
+        return cast(httpx.Response, await send(url, **kwargs))
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+        return cast(httpx.Response, await send(url, **kwargs))
 
 
 async def _collect_all(client: httpx.AsyncClient, ids: list[str]) -> tuple[int, int]:
@@ -274,7 +289,7 @@ async def _collect_all(client: httpx.AsyncClient, ids: list[str]) -> tuple[int, 
         for job_id in todo:
             deadline = time.monotonic() + 600
             while True:
-                job = (await client.get(f"/v1/jobs/{job_id}", params={"wait": "20"})).json()
+                job = (await _retried(client.get, f"/v1/jobs/{job_id}", params={"wait": "20"})).json()
                 if job.get("status") in ("succeeded", "failed", "cancelled", "expired") or time.monotonic() > deadline:
                     break
             if job.get("status") == "succeeded":

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.efficiency import WARMUP, _means, _warm_up, aggregate, request_set, verdicts
+from bench.efficiency import WARMUP, _means, _submit_all, _warm_up, aggregate, request_set, verdicts
 from gpu_worker.backends.base import EngineLoad
 
 
@@ -97,3 +97,20 @@ def test_each_worker_warms_up_until_its_window_holds_over_a_batch(windows: list[
 
     asyncio.run(scenario())
     assert stack.batches == batches and stack.jobs == batches * WARMUP
+
+
+def test_a_request_whose_connection_was_closed_under_it_is_sent_once_more() -> None:
+    sent: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers.get("Idempotency-Key"))
+        if len(sent) == 1:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+        return httpx.Response(202, json={"id": "j1"})
+
+    async def scenario() -> list[str]:
+        async with httpx.AsyncClient(base_url="http://gw", transport=httpx.MockTransport(handler)) as client:
+            return await _submit_all(client, request_set(1, "m"))
+
+    assert asyncio.run(scenario()) == ["j1"]
+    assert len(sent) == 2 and sent[0] is not None and sent[0] == sent[1]  # the same key: one job
