@@ -12,16 +12,17 @@ I/O) decides the size:
 - **shrink multiplicatively** when more requests wait inside the server than a small buffer
   (:meth:`WindowLaw.buffer`: :data:`BUFFER_SHARE` of the running batch, 1 to :data:`BUFFER_MAX`; smoothed, and
   only when they waited at two of the last three reads: a queue that stands, not a burst the engine admits at
-  its next steps, as CoDel reads a queue over an interval rather than by its peak): by the share of the window that stands
-  beyond the buffer, as DCTCP cuts by the share of marked packets, and by at most x :data:`DECREASE` per poll;
-  then hold for :data:`HOLD_POLLS` polls so the server can drain what already queued before the signal is read
-  again (the signal lags the window);
-- **grow** while fewer than the buffer wait (now and at two of the last three reads), the KV cache has room (below :data:`KV_HIGH`)
-  and the window is used (:data:`USED_SHARE`; a window that is not used says nothing about the engine's room, so
-  an idle worker's window does not creep to the maximum): doubling until the first cut while the gauges show the
-  window (slow start, so a fresh worker reaches a large batch in a few polls; :data:`SEEN_SHARE`), otherwise by
-  :data:`GROWTH` of the window per poll (at least one), and by :data:`PROBE_STEP` within one request of the size
-  of the last cut, so it probes that edge slowly instead of oscillating across it;
+  its next steps, as CoDel reads a queue over an interval rather than by its peak): by the share of the window
+  that stands beyond the buffer, as DCTCP cuts by the share of marked packets, and by at most x :data:`DECREASE`
+  per poll; then hold for :data:`HOLD_POLLS` polls so the server can drain what already queued before the signal
+  is read again (the signal lags the window);
+- **grow** while fewer than the buffer wait (now and at two of the last three reads), the KV cache has room
+  (below :data:`KV_HIGH`) and the window is used (:data:`USED_SHARE`; a window that is not used says nothing
+  about the engine's room, so an idle worker's window does not creep to the maximum): doubling until the first
+  cut while the gauges show the window (slow start, so a fresh worker reaches a large batch in a few polls;
+  :data:`SEEN_SHARE`), otherwise by :data:`GROWTH` of the window per poll (at least one), and by
+  :data:`PROBE_STEP` within one request of the size of the last cut, so it probes that edge slowly instead of
+  oscillating across it;
 - always within ``[1, INFERQ_WINDOW_MAX]``.
 
 A backend without signals (a server with no vLLM metrics) gives no reason to shrink: the window then grows to
@@ -64,17 +65,17 @@ BUFFER_MAX = 4.0
 :data:`BUFFER_MAX` (the next requests at hand when some end; a large batch ends a few per refill time, not more)."""
 TOLERANCE = 0.5
 """How far the smoothed waiting count may exceed the buffer before the window is cut: one sample of one request
-more (a request seen between its arrival and the next engine step) is tolerated, two in a row are not."""
+more (a request seen between its arrival and the next engine step) is tolerated."""
 SMOOTHING = 0.5
 """Weight of the newest sample in the moving average of the waiting count."""
 KV_HIGH = 0.9
 HOLD_POLLS = 2
 SEEN_SHARE = 0.8
 """Slow start doubles the window only once the engine's gauges show most of it (running + waiting >= this share
-of the jobs in flight), and otherwise grows it by one: vLLM's gauges trail its requests by a few tenths of a
+of the jobs in flight), and otherwise by :data:`GROWTH`: vLLM's gauges trail its requests by a few tenths of a
 second, and doubling on a reading taken before the last doubling arrived overshoots by far. (Requests held in
 the server's HTTP front end, before its engine, are not in the gauges either: a front end that is the
-bottleneck keeps the window growing by one.)"""
+bottleneck keeps the window growing by :data:`GROWTH`.)"""
 GROWTH = 0.125
 """Growth per poll away from the last cut, as a share of the window (at least one request): when the engine's
 gauges never show the window (a model server whose HTTP front end holds most of the requests, on a busy host),
@@ -82,7 +83,7 @@ slow start does not double, and one request per poll would take a minute to reac
 an eighth per poll takes about 8 ln(N) polls."""
 PROBE_STEP = 0.25
 """Growth per poll within one request of the size of the last cut: that edge is probed slowly; once past it by a
-request, the edge has moved and growth is back to one per poll."""
+request, the edge has moved and growth is back to :data:`GROWTH`."""
 USED_SHARE = 0.8
 """A window counts as used, and may grow, when at least this share of it is in flight: a worker with a backlog
 is always a job or two short of its window (a job ends, its result is written and the next one pulled), and a
