@@ -72,9 +72,11 @@ SETTING_DOCS: dict[str, str] = {
     "retry_max_ms": "Cap of the retry backoff.",
     # worker
     "window": "Jobs one worker runs at once; it reads only as many entries as it has free slots. `auto`: the worker "
-    "sizes the window from the model server's own load (vLLM's requests waiting and running, KV-cache usage, read "
-    "every 0.5 s): it grows while nothing waits inside the engine and the KV cache has room, and shrinks when "
-    "requests queue there (gpu_worker/window.py).",
+    "sizes the window from the model server's own load, read every 0.5 s: the mean numbers of requests waiting "
+    "inside the server and running between two reads (from vLLM's `vllm:e2e_request_latency_seconds` and "
+    "`vllm:request_inference_time_seconds` counters; its `num_requests_waiting`/`running` gauges where it has no "
+    "such counters) and the KV-cache usage. It grows while fewer than a small buffer wait and the KV cache has "
+    "room, and shrinks when requests stand in a queue there (gpu_worker/window.py).",
     "window_max": "Upper bound of the window when `INFERQ_WINDOW=auto` sizes it from the backend. With `auto` it is "
     "also the connections the `openai` backend keeps, vLLM's `max_num_seqs` with the `vllm` backend, and the "
     "scaler's jobs per worker unless `INFERQ_SCALE_TARGET_PER_WORKER` is set.",
