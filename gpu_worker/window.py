@@ -14,8 +14,8 @@ I/O) decides the size:
   only when they waited at two of the last three reads: a queue that stands, not a burst the engine admits at
   its next steps, as CoDel reads a queue over an interval rather than by its peak): by the share of the window
   that stands beyond the buffer, as DCTCP cuts by the share of marked packets, and by at most x :data:`DECREASE`
-  per poll; then hold for :data:`HOLD_POLLS` polls so the server can drain what already queued before the signal
-  is read again (the signal lags the window);
+  per poll (x :data:`SLOW_START_DECREASE` for the cut that ends slow start); then hold for :data:`HOLD_POLLS`
+  polls so the server can drain what already queued before the signal is read again (the signal lags the window);
 - **grow** while fewer than the buffer wait (now and at two of the last three reads), the KV cache has room
   (below :data:`KV_HIGH`) and the window is used (:data:`USED_SHARE`; a window that is not used says nothing
   about the engine's room, so an idle worker's window does not creep to the maximum): doubling until the first
@@ -59,6 +59,8 @@ POLL_S = 0.5
 """Period of the load reads: a few per second is enough for batches that last seconds, and costs one small HTTP
 request (vLLM's /metrics page) per period, whatever the job rate."""
 DECREASE = 0.8
+SLOW_START_DECREASE = 0.5
+"""The most the first cut takes (the one that ends slow start): the last doubling may have overshot by half."""
 BUFFER_SHARE = 0.15
 BUFFER_MAX = 4.0
 """Requests allowed to wait inside the engine: :data:`BUFFER_SHARE` of its running batch, at least one and at most
@@ -169,7 +171,9 @@ class WindowLaw:
             # many costs one slot, a slow-start overshoot a fifth per poll)
             self.ceiling = self.size
             excess = standing - buffer
-            self.size = max(1.0, self.size * max(self.decrease, 1 - excess / self.size))
+            # leaving slow start, the last doubling may have overshot by half: cut by up to half, as TCP does
+            decrease = SLOW_START_DECREASE if self.slow_start else self.decrease
+            self.size = max(1.0, self.size * max(decrease, 1 - excess / self.size))
             self.slow_start = False
             self._hold = self.hold_polls
         elif self._may_grow(load, in_flight, buffer, standing):

@@ -123,6 +123,17 @@ def test_requests_waiting_in_the_engine_shrink_it_multiplicatively() -> None:
     assert law.current == 25
 
 
+def test_the_cut_that_ends_slow_start_may_take_half() -> None:
+    law = WindowLaw(maximum=64, initial=12)  # just doubled from 6, and the engine runs two
+    for _ in range(2):
+        law.step(EngineLoad(waiting=10, running=2), 12)
+    assert law.current == 6 and not law.slow_start
+    law._hold = 0
+    for _ in range(2):
+        law.step(EngineLoad(waiting=4, running=2), 6)
+    assert law.current == int(6 * 0.8)  # afterwards a fifth at most
+
+
 def test_bursts_that_the_engine_admits_between_reads_do_not_cut_it() -> None:
     """vLLM on a busy host: most reads find the engine idle, some find a burst waiting (its front end hands over
     requests in batches); a burst gone at the next read is not a queue the window made."""
