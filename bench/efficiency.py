@@ -332,8 +332,7 @@ async def _run(report: dict[str, Any], quick: bool) -> dict[str, Any]:
     runs: dict[tuple[str, int | str], list[dict[str, Any]]] = {key: [] for key in order}
     with tempfile.TemporaryDirectory(prefix="inferq-bench-v-") as tmp, \
             vs.VllmServer(model, max_model_len=MAX_MODEL_LEN, python=python, extra_args=server_args) as server, \
-            Stack(workers=0, window=1, mode="direct", log_dir=Path(tmp), name="bench-v",
-                  env={"INFERQ_LOG_LEVEL": "WARNING"}) as stack:
+            Stack(workers=0, window=1, mode="direct", log_dir=Path(tmp), name="bench-v") as stack:
         assert server.base_url is not None
         bodies = request_set(n, server.model)
         report["output_tokens_per_run"] = sum(b["max_tokens"] for b in bodies)

@@ -271,10 +271,11 @@ def _children(pid: int) -> list[tuple[int, str]]:
 
 def spawn_worker(redis_url: str, queue: str, window: int, log_path: Path,
                  extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """One ``python -m gpu_worker`` on ``queue`` (cold start and worker drain figures); stop it with ``_stop``."""
+    """One ``python -m gpu_worker`` on ``queue`` (cold start, worker drain and V's figures), at the default log level
+    as a user runs it unless ``extra_env`` sets another; stop it with ``_stop``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
     env.update({"INFERQ_REDIS_URL": redis_url, "INFERQ_QUEUE": queue, "INFERQ_WINDOW": str(window),
-                "INFERQ_METRICS_PORT": "0", "INFERQ_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
+                "INFERQ_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
     env.update(extra_env or {})
     log = open(log_path, "ab")  # noqa: SIM115 - the child owns it
