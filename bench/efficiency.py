@@ -158,7 +158,9 @@ async def direct(server: str, bodies: list[dict[str, Any]], concurrency: int) ->
         async def loop() -> None:
             nonlocal tokens, errors
             for body in todo:
-                response = await client.post("/v1/completions", json=body)
+                # sent again when its connection was closed under it, as through inferq (a completion run twice
+                # is counted once: only the answer that came back is)
+                response = await _retried(client.post, "/v1/completions", json=body)
                 if response.status_code != 200:
                     errors += 1
                     continue
@@ -207,7 +209,7 @@ async def through_inferq(stack: Stack, server: str, bodies: list[dict[str, Any]]
 async def _counters(server: str) -> EngineLoad | None:
     """The server's counters now (requests finished, their seconds in the server and running)."""
     async with httpx.AsyncClient(timeout=30.0) as client:
-        return parse_vllm_metrics((await client.get(server + "/metrics")).text)
+        return parse_vllm_metrics((await _retried(client.get, server + "/metrics")).text)
 
 
 def _means(before: EngineLoad | None, after: EngineLoad | None, seconds: float) -> dict[str, float | None]:
@@ -272,8 +274,8 @@ async def _submit_all(client: httpx.AsyncClient, bodies: list[dict[str, Any]]) -
 
 
 async def _retried(send: Any, url: str, **kwargs: Any) -> httpx.Response:
-    """One request, sent again once when the connection it took was closed under it (safe: a GET, or a submit
-    with an idempotency key)."""
+    """One request, sent again once when the connection it took was closed under it (safe: a GET, a submit with
+    an idempotency key, or a completion sent straight to the model server, whose answer is counted once)."""
     try:
         return cast(httpx.Response, await send(url, **kwargs))
     except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
