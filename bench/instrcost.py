@@ -87,6 +87,9 @@ async def _counted(server: CallgrindValkey, n: int) -> dict[str, float]:
         await protocost._inferq_once(q, min(n, 200))  # warm: scripts loaded, the first allocations made
         out = await protocost._inferq_once(q, n, phase)
         out["floor"] = await protocost._floor_once(q, n, phase)
+        await protocost._contract_once(q, min(n, 200))  # warm, as above
+        contract = await protocost._contract_once(q, n, phase)
+        out.update({f"contract_{name}": value for name, value in contract.items()})
     finally:
         await q.close()
     return out
@@ -105,12 +108,15 @@ def measure(n: int = 1000) -> dict[str, Any]:
         finally:
             server.stop()
     kilo = {name: round(value / 1000, 1) for name, value in counted.items()}
+    contract = {name.removeprefix("contract_"): value for name, value in kilo.items() if name.startswith("contract_")}
     return {
         "method": f"{n} jobs, {protocost.BATCH} per round trip, valkey-server under valgrind --tool=callgrind; "
                   "callgrind_control --zero/--dump around each phase; thousands of instructions per job",
-        "kinstructions_per_job": {k: v for k, v in kilo.items() if k != "floor"},
+        "kinstructions_per_job": {k: v for k, v in kilo.items() if k != "floor" and not k.startswith("contract_")},
+        "contract_kinstructions_per_job": contract,
         "floor_kinstructions_per_job": kilo["floor"],
         "ratio_to_floor": round(kilo["total"] / kilo["floor"], 2),
+        "contract_ratio_to_floor": round(contract["total"] / kilo["floor"], 2),
     }
 
 
@@ -119,5 +125,9 @@ def render(cost: dict[str, Any]) -> str:
         return f"server instructions per job: not measured ({cost['skipped']})"
     k = cost["kinstructions_per_job"]
     parts = ", ".join(f"{name} {k[name]:.1f}" for name in ("enqueue", "start", "finish", "read"))
+    c = cost["contract_kinstructions_per_job"]
     return (f"server instructions per job (callgrind, repeatable): {k['total']:.1f} k ({parts}) vs the floor's "
-            f"{cost['floor_kinstructions_per_job']:.1f} k: {cost['ratio_to_floor']:.1f}x")
+            f"{cost['floor_kinstructions_per_job']:.1f} k: {cost['ratio_to_floor']:.1f}x; the contract's keys "
+            f"written with plain commands, no script (a lower bound): {c['total']:.1f} k "
+            f"({', '.join(f'{name} {c[name]:.1f}' for name in ('enqueue', 'start', 'finish', 'read'))}), "
+            f"{cost['contract_ratio_to_floor']:.1f}x")

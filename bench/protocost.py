@@ -20,6 +20,7 @@ move with the machine's load.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -90,6 +91,99 @@ async def _inferq_once(q: Queue, n: int, phase: Phase = _phase) -> dict[str, flo
     return out
 
 
+CONTRACT_COMMANDS = frozenset(("xadd", "hset", "hincrby", "xreadgroup", "hgetall", "xack", "xdel", "expire", "rpush",
+                               "hmget"))
+
+
+async def _contract_once(q: Queue, n: int, phase: Phase = _phase) -> dict[str, float]:
+    """The writes and reads the contract's keys need for each job, sent as plain commands (pipelined as inferq's
+    are), with no script, no check and no atomicity: a lower bound for any protocol that keeps the keys
+    ``docs/data-model.md`` names.
+
+    - enqueue: the stream entry (``XADD``), the job record with what the job object and the worker read (``HSET``:
+      inferq's fields and values, less its own bookkeeping), the ``enqueued`` and ``unfinished`` counters;
+    - start: ``XREADGROUP``, the record's ``status`` and ``started_at`` (the job object shows both), and the
+      worker's read of the record (``HGETALL``);
+    - finish: ``XACK`` and ``XDEL`` (one entry per live attempt), the record's ``status``, ``finished_at`` and
+      ``result``, the ``unfinished`` and ``succeeded`` counters, the terminal event (capped ``XADD``), the record's
+      result TTL, the wakeup list (``RPUSH``, and its own expiry);
+    - read: the gateway's ``HMGET`` of the finished record without its body, as inferq's read.
+
+    Everything inferq adds on top (lease tokens, owner and resend checks, delivery counts, the tenant count, latency
+    sums) is left out, so the gap between this and inferq's own figure is what its scripts and guarantees cost."""
+    from inferq.jobs import RECORD_FIELDS_BUT_BODY
+
+    r, keys, settings = q.redis, q.keys, q.settings
+    now = int(time.time() * 1000)
+    # the record's fields as inferq's enqueue writes them, less its own bookkeeping (entry, deliveries, digest)
+    _, _, args = q._enqueue_call("bench", JobRequest(body=dict(BODY)), "model", now)
+    extra = args[8:]
+    record = {"tenant": "bench", "status": "queued", "attempts": "1", "created_at": str(now),
+              **{str(extra[i]): str(extra[i + 1]) for i in range(0, len(extra), 2)}}
+    tag = f"{keys.prefix}contract:{time.monotonic_ns()}"  # inside the queue's hash tag, as the queue's keys are
+    stream, stats, events = tag, f"{tag}:stats", f"{tag}:events"  # its own counters: the queue's stay right
+    await r.xgroup_create(stream, "g", id="0", mkstream=True)
+    jobs = [f"contract-{time.monotonic_ns()}-{i}" for i in range(n)]
+    entries: list[tuple[str, str]] = []
+    result = json.dumps(RESULT)
+
+    async def batches(each: Callable[[Any, int], None], items: int) -> list[Any]:
+        out: list[Any] = []
+        for start in range(0, items, BATCH):
+            pipe = r.pipeline(transaction=False)
+            for i in range(start, min(start + BATCH, items)):
+                each(pipe, i)
+            out.extend(await pipe.execute())
+        return out
+
+    def enqueue_one(pipe: Any, i: int) -> None:
+        pipe.xadd(stream, {"job": jobs[i], "attempt": "1"})
+        pipe.hset(keys.job(jobs[i]), mapping={**record, "id": jobs[i]})
+        pipe.hincrby(stats, "enqueued", 1)
+        pipe.hincrby(stats, "unfinished", 1)
+
+    async def enqueue() -> None:
+        await batches(enqueue_one, n)
+
+    async def start() -> None:
+        while len(entries) < n:
+            got = await r.xreadgroup("g", "c", {stream: ">"}, count=BATCH)
+            if not got:
+                break
+            fresh = [(entry_id, fields["job"]) for entry_id, fields in got[0][1]]
+            entries.extend(fresh)
+            pipe = r.pipeline(transaction=False)
+            for _, job_id in fresh:
+                pipe.hset(keys.job(job_id), mapping={"status": "running", "started_at": "1"})
+                pipe.hgetall(keys.job(job_id))
+            await pipe.execute()
+
+    def finish_one(pipe: Any, i: int) -> None:
+        entry_id, job_id = entries[i]
+        pipe.xack(stream, "g", entry_id)
+        pipe.xdel(stream, entry_id)
+        pipe.hset(keys.job(job_id), mapping={"status": "succeeded", "finished_at": "2", "result": result})
+        pipe.hincrby(stats, "unfinished", -1)
+        pipe.hincrby(stats, "succeeded", 1)
+        pipe.xadd(events, {"job": job_id, "status": "succeeded", "tenant": "bench", "webhook": "0"},
+                  maxlen=settings.events_maxlen, approximate=True)
+        pipe.expire(keys.job(job_id), settings.result_ttl_s)
+        pipe.rpush(keys.done(job_id), "succeeded")
+        pipe.expire(keys.done(job_id), 300)
+
+    async def finish() -> None:
+        await batches(finish_one, len(entries))
+
+    async def read() -> None:
+        await batches(lambda pipe, i: pipe.hmget(keys.job(jobs[i]), RECORD_FIELDS_BUT_BODY), n)
+
+    out = {name: await phase(q, work, CONTRACT_COMMANDS) / n
+           for name, work in (("enqueue", enqueue), ("start", start), ("finish", finish), ("read", read))}
+    out["total"] = sum(out.values())
+    await r.delete(stream, stats, events, *(keys.job(j) for j in jobs), *(keys.done(j) for j in jobs))
+    return out
+
+
 async def _floor_once(q: Queue, n: int, phase: Phase = _phase) -> float:
     r, stream, group = q.redis, f"bench:floor:{time.monotonic_ns()}", "g"
     await r.xgroup_create(stream, group, id="0", mkstream=True)
@@ -116,25 +210,31 @@ async def _floor_once(q: Queue, n: int, phase: Phase = _phase) -> float:
     return usec
 
 
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 1), "min": round(min(values), 1), "max": round(max(values), 1)}
+
+
 async def measure(q: Queue, n: int, repeats: int) -> dict[str, Any]:
     runs = [await _inferq_once(q, n) for _ in range(repeats)]
+    contract = [await _contract_once(q, n) for _ in range(repeats)]
     floors = [await _floor_once(q, n) for _ in range(repeats)]
     out: dict[str, Any] = {
         "method": f"{n} jobs x {repeats}, one client, {BATCH} per round trip, nothing else running; "
                   "INFO commandstats per phase (scripts with their inner commands, once)",
-        "usec_per_job": {k: {"median": round(statistics.median(r[k] for r in runs), 1),
-                             "min": round(min(r[k] for r in runs), 1), "max": round(max(r[k] for r in runs), 1)}
-                         for k in runs[0]},
-        "floor_usec_per_job": {"median": round(statistics.median(floors), 1), "min": round(min(floors), 1),
-                               "max": round(max(floors), 1)},
+        "usec_per_job": {k: _spread([r[k] for r in runs]) for k in runs[0]},
+        "contract_usec_per_job": {k: _spread([r[k] for r in contract]) for k in contract[0]},
+        "floor_usec_per_job": _spread(floors),
     }
-    out["ratio_to_floor"] = round(out["usec_per_job"]["total"]["median"] / out["floor_usec_per_job"]["median"], 2)
+    floor = out["floor_usec_per_job"]["median"]
+    out["ratio_to_floor"] = round(out["usec_per_job"]["total"]["median"] / floor, 2)
+    out["contract_ratio_to_floor"] = round(out["contract_usec_per_job"]["total"]["median"] / floor, 2)
     return out
 
 
 def render(cost: dict[str, Any]) -> str:
-    u = cost["usec_per_job"]
+    u, c = cost["usec_per_job"], cost["contract_usec_per_job"]
     parts = ", ".join(f"{k} {u[k]['median']:.1f}" for k in ("enqueue", "start", "finish", "read"))
     return (f"protocol cost on an idle Valkey: {u['total']['median']:.1f} µs/job ({u['total']['min']:.1f}-"
             f"{u['total']['max']:.1f}; {parts}) vs the floor's commands {cost['floor_usec_per_job']['median']:.1f} "
-            f"µs/job: {cost['ratio_to_floor']:.1f}x")
+            f"µs/job: {cost['ratio_to_floor']:.1f}x; the contract's keys written with plain commands, no script "
+            f"(a lower bound): {c['total']['median']:.1f} µs/job, {cost['contract_ratio_to_floor']:.1f}x")

@@ -16,8 +16,13 @@ def test_it_counts_every_phase_and_the_floor_and_the_same_again() -> None:
     assert all(k[name] > 0 for name in k)
     assert abs(k["total"] - sum(k[name] for name in ("enqueue", "start", "finish", "read"))) < 0.5
     assert first["floor_kinstructions_per_job"] > 0 and first["ratio_to_floor"] > 1  # the floor does less
+    contract = first["contract_kinstructions_per_job"]
+    assert set(contract) == set(k) and all(contract[name] > 0 for name in contract)
+    # the contract's keys written without scripts or checks: more than the floor's commands, less than inferq's
+    assert first["ratio_to_floor"] > first["contract_ratio_to_floor"] > 1
     for name, value in k.items():  # instructions, not seconds: the same work counts (nearly) the same
         assert second["kinstructions_per_job"][name] == pytest.approx(value, rel=0.05), name
+        assert second["contract_kinstructions_per_job"][name] == pytest.approx(contract[name], rel=0.05), name
     assert instrcost.render(first).startswith("server instructions per job (callgrind, repeatable): ")
 
 

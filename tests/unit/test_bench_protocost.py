@@ -24,8 +24,14 @@ async def test_it_measures_every_transition_and_the_floor_and_leaves_every_job_f
     assert all(usec[k]["median"] > 0 for k in usec)
     assert abs(usec["total"]["median"] - sum(usec[k]["median"] for k in ("enqueue", "start", "finish", "read"))) < 0.5
     assert cost["floor_usec_per_job"]["median"] > 0 and cost["ratio_to_floor"] > 0
+    contract = cost["contract_usec_per_job"]
+    assert set(contract) == set(usec) and all(contract[k]["median"] > 0 for k in contract)
+    assert cost["contract_ratio_to_floor"] > 0
+    # the lower bound wrote its own counters and removed what it made: the queue's counters are the real jobs'
     assert stats["enqueued"] == 200 and stats["succeeded"] == 200 and stats["unfinished"] == 0
+    assert not [key async for key in q.redis.scan_iter(match=f"{q.keys.prefix}contract*")]
     assert protocost.render(cost).startswith("protocol cost on an idle Valkey: ")
+    assert "no script (a lower bound)" in protocost.render(cost)
 
 
 async def test_a_command_a_script_calls_is_counted_once_with_its_script(valkey: ValkeyProcess, queue_name: str) -> None:
