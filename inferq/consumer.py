@@ -21,7 +21,7 @@ from redis.exceptions import ResponseError
 from .jobs import LANES, Job, JobStatus, Priority
 from .keys import GROUP
 from .queue_core import QueueCore, new_token, now_ms
-from .scripting import Code
+from .scripting import Code, reply_code
 
 
 class Outcome(str, Enum):
@@ -108,14 +108,14 @@ class Consumer(QueueCore):
             return [], []
         now = now_ms()
         live = [(lane, entry_id, fields.get("job", ""), new_token()) for lane, entry_id, fields in entries if fields]
-        # each start is followed by the read of its job record in the same round trip (start.lua answers {0})
+        # each start is followed by the read of its job record in the same round trip (start.lua answers 0)
         replies = await self.scripts.many_then(
             [self._start_call(lane, e, j, consumer, now, reclaimed, t) for lane, e, j, t in live],
             [("HGETALL", self.keys.job(j)) for _, _, j, _ in live])
         deliveries: list[Delivery] = []
         skipped: list[Skipped] = []
         for (lane, entry_id, job_id, lease), (reply, record) in zip(live, replies, strict=True):
-            code = int(reply[0])
+            code = reply_code(reply)
             if code == 0 and record:
                 deliveries.append(Delivery(entry_id, Job.from_hash(record), reclaimed, lease, lane))
             elif code == 0:
@@ -199,7 +199,7 @@ class Consumer(QueueCore):
         return await self._start_entries(consumer, entries, reclaimed=True)
 
     def _outcome(self, reply: Any, written: Outcome) -> Outcome:
-        code = int(reply[0])
+        code = reply_code(reply)
         if code >= 0:
             return written
         return {
@@ -249,7 +249,7 @@ class Consumer(QueueCore):
                 settle_token(delivery, "retry", error_json)]
         # a retry may end the job (dead-lettered, or cancelled): with replicas to wait for, it waits like finish
         [reply] = await self._write([("retry", keys, args)], replicated=True)
-        if int(reply[0]) == 2:
+        if reply_code(reply) == 2:
             return Outcome.DEAD_LETTERED
         return self._outcome(reply, Outcome.RETRY_SCHEDULED)
 

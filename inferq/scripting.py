@@ -45,6 +45,13 @@ class Code(IntEnum):
     TENANT_FULL = -9  # enqueue past INFERQ_TENANT_MAX_DEPTH
 
 
+def reply_code(reply: Any) -> int:
+    """The code a script answered: a plain number (the hot transitions' success, the cheapest reply for the server
+    to convert) or the first element of a table (``{code, ...}``). Records written before those transitions
+    answered a number keep ``{0}`` as the answer a resent copy replays: both read the same."""
+    return reply if isinstance(reply, int) else int(reply[0])
+
+
 class ReplicationLag(redis_errors.ConnectionError):
     """Fewer replicas than ``INFERQ_REDIS_WAIT_REPLICAS`` acknowledged a write within the wait. The write is on the
     primary but a failover now could lose it, so callers treat it like an unreachable Redis (503 with
@@ -82,14 +89,25 @@ def _expand(source: str, seen: frozenset[str] = frozenset()) -> str:
     return _INCLUDE.sub(include, source)
 
 
+_COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
+
+
 @cache
-def prelude() -> str:
+def prelude(code: str | None = None) -> str:
     """The Lua locals every script starts with: ``GROUP``, ``CODE_<NAME>`` per :class:`Code`, ``TERMINAL``, and
-    ``LANE_KEYS`` (the lanes in the order a script that may touch any lane takes their streams)."""
+    ``LANE_KEYS`` (the lanes in the order a script that may touch any lane takes their streams). The two tables are
+    built on every run of a script (garbage for the server to collect afterwards), so with ``code`` (a script's
+    expanded source) each is defined only when the code, comments left out, uses it."""
+    used = _COMMENT.sub("", code) if code is not None else None
     codes = "\n".join(f"local CODE_{code.name} = {code.value}" for code in Code)
-    terminal = ", ".join(f"{status.value} = true" for status in sorted(TERMINAL))
-    lanes = ", ".join(f"'{lane}'" for lane in LANE_KEYS)
-    return f"local GROUP = '{GROUP}'\n{codes}\nlocal TERMINAL = {{{terminal}}}\nlocal LANE_KEYS = {{{lanes}}}\n"
+    out = f"local GROUP = '{GROUP}'\n{codes}\n"
+    if used is None or re.search(r"\bTERMINAL\b", used):
+        terminal = ", ".join(f"{status.value} = true" for status in sorted(TERMINAL))
+        out += f"local TERMINAL = {{{terminal}}}\n"
+    if used is None or re.search(r"\bLANE_KEYS\b", used):
+        lanes = ", ".join(f"'{lane}'" for lane in LANE_KEYS)
+        out += f"local LANE_KEYS = {{{lanes}}}\n"
+    return out
 
 
 @cache
@@ -109,7 +127,8 @@ def load(name: str) -> Script:
         raise ValueError(f"script {name} declares no KEYS in its header")
     # after a shebang line (``#!lua flags=no-writes``), which must stay the first line
     shebang, newline, rest = raw.partition("\n") if raw.startswith("#!") else ("", "", raw)
-    source = shebang + newline + prelude() + _expand(rest)
+    body = _expand(rest)
+    source = shebang + newline + prelude(body) + body
     sha = hashlib.sha1(source.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA-1
     return Script(name, source, sha, required, None if variadic else required + optional)
 

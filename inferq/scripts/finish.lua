@@ -29,7 +29,7 @@
   ARGV[9] call token (the same for the same write of one delivery: queue.settle_token)
 
   Returns
-    {0}                written
+    0                  written (a number: the cheapest reply to convert; a resent copy answers it too)
     -1 NOT_FOUND       entry acknowledged
     -4 TERMINAL        {-4, status}: duplicate result, discarded and counted (duplicate_results); acknowledged
     -8 STALE_OWNER     the caller no longer holds the delivery: nothing changed, counted (stale_writes)
@@ -64,7 +64,7 @@ if errorJson ~= '' then
 end
 -- the answer is recorded by terminate's own HSET: one command less on the hot path
 table.insert(extra, 'settled')
-table.insert(extra, memo(call, {0}))
+table.insert(extra, call .. '|0')  -- memo(call, 0) without encoding the constant answer
 terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, newStatus, now, resultTtl, eventsMaxlen, extra,
   {job[7], job[8], job[9]})
-return {0}
+return 0

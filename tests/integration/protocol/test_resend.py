@@ -217,6 +217,7 @@ async def test_one_tenant_at_its_quota_is_refused_while_others_are_accepted(q: Q
     with pytest.raises(TenantQuotaFull) as info:
         await q.enqueue("a", req())
     assert isinstance(info.value, QueueFull) and info.value.unfinished == 2  # the gateway's 429 handler applies
+    assert (await q.stats())["unfinished"] == 2 and await q.redis.hgetall(q.keys.tenants) == {"a": "2"}
     assert (await q.enqueue("a", req(idempotency_key="a1")))[1]  # a replay is still answered
     await q.enqueue("b", req())
     assert await q.redis.hgetall(q.keys.tenants) == {"a": "2", "b": "1"}
@@ -251,3 +252,17 @@ async def test_each_terminal_transition_adds_its_latency_to_latency_ms_total(q: 
     await q.finish(d, JobStatus.SUCCEEDED, result=RESULT, now=created + 1234)
     await q.cancel("t", cancelled.id, now=created + 766)
     assert (await q.stats())["latency_ms_total"] == 2000
+
+
+async def test_a_finish_resent_over_a_record_an_older_version_settled_answers_written(q: Queue) -> None:
+    # start and finish answer a plain 0 now (cheaper for the server than {0}); a job an older version finished
+    # keeps "token|[0]" as the answer its resent copy replays, and that still reads as written, counting nothing
+    job, _ = await q.enqueue("t", req())
+    (d,), _ = await q.read("w1", 1)
+    assert await q.finish(d, JobStatus.SUCCEEDED, result=RESULT) is Outcome.WRITTEN
+    token, answer = (await q.redis.hget(q.keys.job(job.id), "settled")).split("|")
+    assert answer == "0"
+    await q.redis.hset(q.keys.job(job.id), "settled", f"{token}|[0]")
+    before = await q.stats()
+    assert await q.finish(d, JobStatus.SUCCEEDED, result=RESULT) is Outcome.WRITTEN
+    assert await q.stats() == before
