@@ -50,17 +50,19 @@ if idemKey then
   end
 end
 
-if maxDepth > 0 then
-  local unfinished = tonumber(rcall('HGET', statsKey, 'unfinished') or '0')
-  if unfinished >= maxDepth then
-    return {CODE_QUEUE_FULL, unfinished}
-  end
+-- the counters are taken first and given back when a limit refuses the job: the check reads the count its own
+-- increment returns, one command less than reading it and then incrementing it on the path every accepted job
+-- takes (the script is atomic: nobody sees the taken count of a refused job)
+local unfinished = rcall('HINCRBY', statsKey, 'unfinished', 1)
+if maxDepth > 0 and unfinished > maxDepth then
+  rcall('HINCRBY', statsKey, 'unfinished', -1)
+  return {CODE_QUEUE_FULL, unfinished - 1}
 end
-if tenantMaxDepth > 0 then
-  local mine = tonumber(rcall('HGET', tenantsKey, tenant) or '0')
-  if mine >= tenantMaxDepth then
-    return {CODE_TENANT_FULL, mine}
-  end
+local mine = rcall('HINCRBY', tenantsKey, tenant, 1)
+if tenantMaxDepth > 0 and mine > tenantMaxDepth then
+  rcall('HINCRBY', statsKey, 'unfinished', -1)
+  rcall('HINCRBY', tenantsKey, tenant, -1)  -- still at least one (its limit is): the tenant stays in the hash
+  return {CODE_TENANT_FULL, mine - 1}
 end
 
 local entry = rcall('XADD', streamKey, '*', 'job', jobId, 'attempt', '1')
@@ -70,9 +72,7 @@ if expiresAt ~= '' then
   rcall('HSET', jobKey, 'expires_at', expiresAt)
   rcall('ZADD', expiryKey, expiresAt, jobId)
 end
-rcall('HINCRBY', statsKey, 'unfinished', 1)
 rcall('HINCRBY', statsKey, 'enqueued', 1)
-rcall('HINCRBY', tenantsKey, tenant, 1)
 if idemKey then
   rcall('SET', idemKey, jobId, 'EX', idemTtl)
 end

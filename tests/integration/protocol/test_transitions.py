@@ -118,9 +118,14 @@ async def test_depth_limit_rejects_past_max_unfinished(q: Queue) -> None:
     q.settings = q.settings.replace(max_queue_depth=2)
     await q.enqueue("t", req())
     await q.enqueue("t", req())
-    with pytest.raises(QueueFull):
+    with pytest.raises(QueueFull) as info:
         await q.enqueue("t", req())
+    assert info.value.unfinished == 2
     assert await q.redis.xlen(q.keys.stream) == 2
+    # the refused job left no count behind (the script takes the counts first and gives them back)
+    stats = await q.stats()
+    assert stats["unfinished"] == 2 and stats["enqueued"] == 2
+    assert await q.redis.hgetall(q.keys.tenants) == {"t": "2"}
 
 
 # ---------------------------------------------------------------- start / finish
