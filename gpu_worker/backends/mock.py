@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from redis.asyncio import RedisCluster
 from redis.exceptions import NoScriptError
 
 from inferq.faults import FaultRun
@@ -158,17 +157,15 @@ class MockBackend:
             self._slots.release()
 
     async def _count(self, calls: list[tuple[str, str]]) -> list[int]:
+        """One script run counts every call of the batch (standalone and cluster alike: its keys share the queue's
+        hash tag), resent with the same tokens until it is written."""
         faults = FaultRun("mock: counting calls failed", logging.getLogger(__name__), clients=[self._redis])
+        keys = [self._key, *(f"{self._key}:{token}" for _, token in calls)]
+        args = [job_id for job_id, _ in calls]
         while True:
             try:
-                if isinstance(self._redis, RedisCluster):  # redis-py refuses EVALSHA inside a cluster pipeline
-                    return [int(await self._count_script(keys=[self._key, f"{self._key}:{token}"], args=[job_id]))
-                            for job_id, token in calls]
-                pipe = self._redis.pipeline(transaction=False)
-                for job_id, token in calls:
-                    await self._count_script(keys=[self._key, f"{self._key}:{token}"], args=[job_id], client=pipe)
-                return list(await pipe.execute())
-            except NoScriptError:  # a new primary after a failover: the next execute loads the script there
+                return [int(count) for count in await self._count_script(keys=keys, args=args)]
+            except NoScriptError:  # a new primary after a failover: the script is loaded there on the next run
                 continue
             except Exception as exc:
                 await asyncio.sleep(await faults.absorb(exc))
