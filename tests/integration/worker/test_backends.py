@@ -108,6 +108,27 @@ async def test_mock_echoes_the_last_user_message_as_a_chat_completion(mock: Mock
     assert await queue.redis.hget(queue.keys.mock_calls, "job_test") == "2"
 
 
+async def _script_runs(queue: Queue) -> int:
+    return int((await queue.redis.info("commandstats")).get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_mock_counts_the_calls_of_one_turn_in_one_script_run_and_a_resent_run_counts_nothing(
+    mock: MockBackend, queue: Queue
+) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    await call(mock, make_job(body, job_id="job_warm"))  # the script is loaded
+    before = await _script_runs(queue)
+    jobs = [make_job(body, job_id=f"job_{i % 5}") for i in range(10)]
+    await asyncio.gather(*(call(mock, job) for job in jobs))
+    assert await _script_runs(queue) - before == 1
+    assert await queue.redis.hgetall(queue.keys.mock_calls) == {"job_warm": "1", **{f"job_{i}": "2" for i in range(5)}}
+    # a run sent again with the same call tokens (a resend after a timeout) answers the same counts, adds none
+    calls = [("job_0", "token-a"), ("job_1", "token-b")]
+    assert await mock._count(calls) == [3, 3]
+    assert await mock._count(calls) == [3, 3]
+    assert await queue.redis.hget(queue.keys.mock_calls, "job_0") == "3"
+
+
 async def test_mock_echoes_the_prompt_as_a_text_completion(mock: MockBackend) -> None:
     job = make_job({"model": "m", "prompt": "once upon a time"}, url="/v1/completions")
     _, answer = await call(mock, job)
