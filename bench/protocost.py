@@ -127,14 +127,12 @@ async def _contract_once(q: Queue, n: int, phase: Phase = _phase) -> dict[str, f
     entries: list[tuple[str, str]] = []
     result = json.dumps(RESULT)
 
-    async def batches(each: Callable[[Any, int], None], items: int) -> list[Any]:
-        out: list[Any] = []
+    async def batches(each: Callable[[Any, int], None], items: int) -> None:
         for start in range(0, items, BATCH):
             pipe = r.pipeline(transaction=False)
             for i in range(start, min(start + BATCH, items)):
                 each(pipe, i)
-            out.extend(await pipe.execute())
-        return out
+            await pipe.execute()
 
     def enqueue_one(pipe: Any, i: int) -> None:
         pipe.xadd(stream, {"job": jobs[i], "attempt": "1"})
@@ -216,8 +214,8 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 async def measure(q: Queue, n: int, repeats: int) -> dict[str, Any]:
     runs = [await _inferq_once(q, n) for _ in range(repeats)]
-    contract = [await _contract_once(q, n) for _ in range(repeats)]
     floors = [await _floor_once(q, n) for _ in range(repeats)]
+    contract = [await _contract_once(q, n) for _ in range(repeats)]  # after the floor, as in instrcost
     out: dict[str, Any] = {
         "method": f"{n} jobs x {repeats}, one client, {BATCH} per round trip, nothing else running; "
                   "INFO commandstats per phase (scripts with their inner commands, once)",

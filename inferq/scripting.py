@@ -93,12 +93,12 @@ _COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
 
 
 @cache
-def prelude(code: str | None = None) -> str:
+def prelude(source: str | None = None) -> str:
     """The Lua locals every script starts with: ``GROUP``, ``CODE_<NAME>`` per :class:`Code`, ``TERMINAL``, and
     ``LANE_KEYS`` (the lanes in the order a script that may touch any lane takes their streams). The two tables are
-    built on every run of a script (garbage for the server to collect afterwards), so with ``code`` (a script's
-    expanded source) each is defined only when the code, comments left out, uses it."""
-    used = _COMMENT.sub("", code) if code is not None else None
+    built on every run of a script (garbage for the server to collect afterwards), so with ``source`` (a script's
+    expanded source) each is defined only when its code, comments left out, uses it."""
+    used = _COMMENT.sub("", source) if source is not None else None
     codes = "\n".join(f"local CODE_{code.name} = {code.value}" for code in Code)
     out = f"local GROUP = '{GROUP}'\n{codes}\n"
     if used is None or re.search(r"\bTERMINAL\b", used):
