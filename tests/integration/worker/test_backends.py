@@ -367,11 +367,13 @@ def test_hiredis_packing_sends_the_same_bytes_as_redis_py() -> None:
 
 
 async def test_every_connection_inferq_opens_packs_with_hiredis(queue: Queue) -> None:
-    from inferq.fastpack import HiredisPacking, use_hiredis_packing
+    from inferq.fastpack import HiredisPacking, TimedSend, use_lean_wire
 
     client = Queue.connect(queue.settings).redis  # the gateway's, the worker's and the scaler's clients alike
     assert issubclass(client.connection_pool.connection_class, HiredisPacking)
-    assert use_hiredis_packing(client) and use_hiredis_packing(client)
-    assert issubclass(client.connection_pool.connection_class, HiredisPacking)
+    assert issubclass(client.connection_pool.connection_class, TimedSend)
+    before = client.connection_pool.connection_class
+    assert use_lean_wire(client) and use_lean_wire(client)
+    assert client.connection_pool.connection_class is before  # applied once, however often asked
     assert await client.set("packed", "yes") and await client.get("packed") == "yes"
     await client.aclose()
