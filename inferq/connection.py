@@ -27,7 +27,7 @@ from redis.asyncio.connection import Connection, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import EqualJitterBackoff
 
-from .fastpack import use_lean_wire
+from .fastpack import use_hiredis_packing
 from .faults import RECONNECT_ERRORS
 from .settings import Settings
 
@@ -44,11 +44,11 @@ Credentials = tuple[str] | tuple[str, str]
 def connect(settings: Settings, *, cluster: bool | None = None, socket_timeout: float | None = None) -> Any:
     """A client for ``INFERQ_REDIS_URL``. ``cluster`` forces cluster mode (ElastiCache Serverless); by default a
     URL with ``?cluster=true`` selects it. Timeouts are short so an unreachable server is an error in seconds,
-    never a hang. Commands are packed by hiredis and sent without a task each (:mod:`inferq.fastpack`)."""
+    never a hang. Commands are packed by hiredis (:mod:`inferq.fastpack`)."""
     client = _client(settings, cluster=cluster, socket_timeout=socket_timeout)
     if settings.redis_auth_secret:
         _reauthenticate_on_refusal(client)
-    use_lean_wire(client)  # after: it subclasses whatever connection class the pool (or the nodes) have by then
+    use_hiredis_packing(client)  # after: it subclasses whatever connection class the pool (or the nodes) have by then
     return client
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from emulator.valkey import ValkeyProcess
 from gpu_worker.backends import build_backend
 from gpu_worker.backends.base import (
     FatalError,
@@ -367,13 +368,29 @@ def test_hiredis_packing_sends_the_same_bytes_as_redis_py() -> None:
 
 
 async def test_every_connection_inferq_opens_packs_with_hiredis(queue: Queue) -> None:
-    from inferq.fastpack import HiredisPacking, TimedSend, use_lean_wire
+    from inferq.fastpack import HiredisPacking, use_hiredis_packing
 
     client = Queue.connect(queue.settings).redis  # the gateway's, the worker's and the scaler's clients alike
     assert issubclass(client.connection_pool.connection_class, HiredisPacking)
-    assert issubclass(client.connection_pool.connection_class, TimedSend)
-    before = client.connection_pool.connection_class
-    assert use_lean_wire(client) and use_lean_wire(client)
-    assert client.connection_pool.connection_class is before  # applied once, however often asked
+    assert use_hiredis_packing(client) and use_hiredis_packing(client)
+    assert issubclass(client.connection_pool.connection_class, HiredisPacking)
     assert await client.set("packed", "yes") and await client.get("packed") == "yes"
+    await client.aclose()
+
+
+async def test_a_cluster_client_packs_with_hiredis_too(valkey_cluster: ValkeyProcess) -> None:
+    """ElastiCache Serverless is always cluster mode: the nodes it knows at start and those it finds later (built
+    from the client's connection settings) pack with hiredis, and what they send is what redis-py would."""
+    from inferq.fastpack import HiredisPacking
+
+    client = Queue.connect(Settings(redis_url=valkey_cluster.url, queue="packed")).redis
+    assert client.nodes_manager.connection_kwargs["connection_class"] is not None
+    assert issubclass(client.nodes_manager.connection_kwargs["connection_class"], HiredisPacking)
+    assert await client.set("{packed}k", "yes") and await client.get("{packed}k") == "yes"
+    assert await client.hmget("{packed}h", ["a", "b"]) == [None, None]
+    nodes = client.get_nodes()
+    assert nodes and all(issubclass(node.connection_class, HiredisPacking) for node in nodes)
+    async with client.pipeline() as pipe:
+        pipe.set("{packed}p", "1").incr("{packed}p")
+        assert await pipe.execute() == [True, 2]
     await client.aclose()
