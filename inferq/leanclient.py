@@ -1,0 +1,93 @@
+"""redis-py's standalone asyncio client, less the layers a single command pays for and inferq never uses.
+
+Every command the gateway and the workers send outside a pipeline goes through ``Redis.execute_command`` and the
+pool's ``get_connection``/``release``. In redis-py 8 these also record OpenTelemetry-style metrics (three awaited
+recorder calls and two pool-name lookups per command, with no meter configured), run a check for ``HIMPORT SET``
+on every command, and wrap the call in two closures for the retry. Under callgrind, one HMGET of a job record's
+fields costs the client about 260 k instructions through redis-py and about 53 k through bare asyncio streams and
+hiredis (``bench/clientcost.py``).
+
+What this keeps, unchanged, is everything a fault touches: the connection's own ``Retry`` (inferq's one resend
+after a connection or timeout error, and after ``READONLY`` from a demoted primary), the disconnect before each
+retry, the pool's check that a connection handed out is open and holds no stray reply (``ensure_connection``), its
+connection limit, health checks, the connection-released event, and redis-py's reply callbacks. Anything unusual
+(a single-connection client, replies that are not to be decoded, a command with a fallback reply) takes
+redis-py's own path.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.connection import ConnectionPool
+from redis.client import EMPTY_RESPONSE, NEVER_DECODE
+
+try:  # redis-py 5.1 and later; with an older one connect() keeps redis-py's client
+    from redis.event import AsyncAfterConnectionReleasedEvent
+except ImportError:  # pragma: no cover - depends on the installed redis-py
+    AsyncAfterConnectionReleasedEvent = None  # type: ignore[assignment,misc]
+
+AVAILABLE = AsyncAfterConnectionReleasedEvent is not None and all(
+    hasattr(ConnectionPool, name) for name in ("get_available_connection", "ensure_connection"))
+"""Whether the installed redis-py has the pool this builds on."""
+
+
+class LeanConnectionPool(ConnectionPool):
+    """redis-py's pool without its per-call metric recording (nothing here reads it)."""
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs:  # the deprecated form: redis-py's own
+            return await super().get_connection(*args, **kwargs)
+        async with self._lock:
+            connection = self.get_available_connection()  # MaxConnectionsError past max_connections, as redis-py
+        try:
+            await self.ensure_connection(connection)  # connects; reconnects one that holds data or was closed
+            return connection
+        except BaseException:
+            await self.release(connection)
+            raise
+
+    async def release(self, connection: Any) -> None:
+        async with self._lock:
+            self._in_use_connections.remove(connection)
+            if connection.should_reconnect():
+                await connection.disconnect()
+            self._available_connections.append(connection)
+        dispatcher: Any = self._event_dispatcher
+        await dispatcher.dispatch_async(AsyncAfterConnectionReleasedEvent(connection))
+
+
+class LeanRedis(Redis):
+    """``Redis`` whose single commands take :meth:`execute_command` below."""
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> LeanRedis:  # type: ignore[override]
+        client = cls(connection_pool=LeanConnectionPool.from_url(url, **kwargs))
+        client.auto_close_connection_pool = True  # the client owns its pool, as Redis.from_url makes it
+        return client
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        if self.single_connection_client or NEVER_DECODE in options or EMPTY_RESPONSE in options:
+            return await super().execute_command(*args, **options)
+        pool = self.connection_pool
+        conn = await pool.get_connection()
+
+        async def send_and_read() -> Any:
+            await conn.send_packed_command(conn.pack_command(*args))
+            return await conn.read_response()
+
+        async def drop(error: BaseException, failures: int) -> None:
+            await conn.disconnect(error=error, failure_count=failures)  # what redis-py does before a retry
+
+        try:
+            response = await conn.retry.call_with_retry(send_and_read, drop, with_failure_count=True)
+        finally:
+            await pool.release(conn)
+        options.pop("keys", None)  # redis-py's client-side-cache hint, not a callback option
+        callback = self.response_callbacks.get(args[0])
+        if callback is None:
+            return response
+        value = callback(response, **options)
+        return await value if inspect.isawaitable(value) else value

@@ -1,0 +1,134 @@
+"""inferq's standalone client (inferq/leanclient.py) against real Valkey servers: the same replies and errors as
+redis-py's own client, and the same handling of every fault a command can meet (a closed connection resent once,
+a frozen server a timeout, a cancelled command never leaves a half-read connection in the pool, the pool's limit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.exceptions
+from redis.asyncio import Redis
+
+from emulator.valkey import ValkeyProcess
+from inferq.connection import connect
+from inferq.leanclient import LeanConnectionPool, LeanRedis
+from inferq.settings import Settings
+
+TIMEOUT_S = 0.5
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ValkeyProcess]:
+    """A server of this test's own, to freeze and to cut."""
+    own = ValkeyProcess(tmp_path / "valkey", appendfsync=None)
+    own.start()
+    yield own
+    own.thaw()
+    own.stop()
+
+
+async def _entries(reply: Any) -> Any:
+    """A stream read's entries, without the stream's name (the two clients read streams of their own)."""
+    [(_, entries)] = await reply
+    return entries
+
+
+def _in_use(client: Any) -> int:
+    return len(client.connection_pool._in_use_connections)
+
+
+def test_a_standalone_client_is_lean_and_a_cluster_client_is_redis_pys(valkey: ValkeyProcess,
+                                                                      valkey_cluster: ValkeyProcess) -> None:
+    standalone = connect(Settings(redis_url=valkey.url))
+    assert isinstance(standalone, LeanRedis) and isinstance(standalone.connection_pool, LeanConnectionPool)
+    assert standalone.auto_close_connection_pool
+    assert not isinstance(connect(Settings(redis_url=valkey_cluster.url)), LeanRedis)
+
+
+async def test_replies_and_errors_are_redis_pys(valkey: ValkeyProcess, queue_name: str) -> None:
+    lean = connect(Settings(redis_url=valkey.url))
+    plain = Redis.from_url(valkey.url, decode_responses=True)
+    k = f"lean:{queue_name}"
+
+    async def both(call: Any) -> Any:
+        mine, theirs = await call(lean, "a"), await call(plain, "b")
+        assert mine == theirs
+        return mine
+
+    assert await both(lambda c, s: c.set(f"{k}:{s}:str", "v", ex=60)) is True
+    assert await both(lambda c, s: c.get(f"{k}:{s}:str")) == "v"
+    assert await both(lambda c, s: c.incrby(f"{k}:{s}:n", 5)) == 5
+    assert await both(lambda c, s: c.hset(f"{k}:{s}:h", mapping={"x": "1", "y": "2"})) == 2
+    assert await both(lambda c, s: c.hgetall(f"{k}:{s}:h")) == {"x": "1", "y": "2"}
+    assert await both(lambda c, s: c.hmget(f"{k}:{s}:h", ["x", "nope", "y"])) == ["1", None, "2"]
+    assert await both(lambda c, s: c.exists(f"{k}:{s}:h", f"{k}:{s}:none")) == 1
+    assert await both(lambda c, s: c.zadd(f"{k}:{s}:z", {"m": 1.5})) == 1
+    assert await both(lambda c, s: c.zrange(f"{k}:{s}:z", 0, -1, withscores=True)) == [("m", 1.5)]
+    await both(lambda c, s: c.xgroup_create(f"{k}:{s}:st", "g", id="0", mkstream=True))
+    await lean.xadd(f"{k}:a:st", {"job": "j1"}, id="1-1")
+    await plain.xadd(f"{k}:b:st", {"job": "j1"}, id="1-1")
+    read = await both(lambda c, s: _entries(c.xreadgroup("g", "c", {f"{k}:{s}:st": ">"}, count=5)))
+    assert read == [("1-1", {"job": "j1"})]
+    pending = await both(lambda c, s: c.xpending(f"{k}:{s}:st", "g"))  # parsed by redis-py's callback
+    assert pending["pending"] == 1 and pending["consumers"] == [{"name": "c", "pending": 1}]
+    sha = await lean.script_load("return {KEYS[1], ARGV[1], 7}")
+    assert await lean.evalsha(sha, 1, "kx", "arg") == ["kx", "arg", 7]
+    with pytest.raises(redis.exceptions.NoScriptError):
+        await lean.evalsha("0" * 40, 0)
+    with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+        await lean.hget(f"{k}:a:str", "x")
+    assert _in_use(lean) == 0  # every connection handed back, errors included
+    await lean.aclose()
+    await plain.aclose()
+
+
+async def test_a_connection_the_server_closed_is_replaced_and_nothing_fails(server: ValkeyProcess) -> None:
+    client = connect(Settings(redis_url=server.url, redis_timeout_s=TIMEOUT_S))
+    assert await client.set("k", "v")
+    for _ in range(3):
+        assert server.kill_clients("normal") >= 1
+        assert await client.get("k") == "v"  # the pool's check reconnects it, or the one resend does
+    assert _in_use(client) == 0
+    await client.aclose()
+
+
+async def test_a_frozen_server_is_a_timeout_and_the_connection_is_not_reused(server: ValkeyProcess) -> None:
+    client = connect(Settings(redis_url=server.url, redis_timeout_s=TIMEOUT_S))
+    assert await client.ping()
+    server.freeze()
+    with pytest.raises((redis.exceptions.TimeoutError, redis.exceptions.ConnectionError)):
+        await client.get("k")
+    assert _in_use(client) == 0
+    assert all(not c.is_connected for c in client.connection_pool._available_connections)
+    server.thaw()
+    assert await client.set("after", "1") and await client.get("after") == "1"
+    await client.aclose()
+
+
+async def test_a_cancelled_command_leaves_no_half_read_connection(server: ValkeyProcess) -> None:
+    client = connect(Settings(redis_url=server.url, redis_timeout_s=5.0))
+    blocked = asyncio.create_task(client.blpop(["never"], timeout=3))
+    await asyncio.sleep(0.2)
+    blocked.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await blocked
+    assert _in_use(client) == 0
+    assert await client.rpush("never", "late") == 1  # had the cancelled BLPOP's connection been reused, its
+    assert await client.lpop("never") == "late"      # reply would answer these
+    await client.aclose()
+
+
+async def test_the_pools_limit_is_redis_pys(valkey: ValkeyProcess, queue_name: str) -> None:
+    client = connect(Settings(redis_url=valkey.url, redis_max_connections=2, redis_timeout_s=5.0))
+    holders = [asyncio.create_task(client.blpop([f"{queue_name}:never"], timeout=1)) for _ in range(2)]
+    await asyncio.sleep(0.2)
+    with pytest.raises(redis.exceptions.MaxConnectionsError):
+        await client.get("k")
+    assert await asyncio.gather(*holders) == [None, None]
+    assert await client.get(f"{queue_name}:k") is None and _in_use(client) == 0
+    await client.aclose()
