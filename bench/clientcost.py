@@ -11,18 +11,33 @@ record's fields but the body), made one after another on an event loop like the 
   needs one: what any Python client must spend at least.
 
 Median of ``repeats`` runs of ``n`` round trips each, after a warm-up.
+
+CPU time on a shared machine moves by up to 2x between hours, so the same round trips are also counted in client
+instructions under ``valgrind --tool=callgrind`` (:func:`instructions`; repeatable run after run): a process makes
+``small`` and then ``large`` round trips, and the difference of the two totals over ``large - small`` is one round
+trip's, without the interpreter's start. Counted for inferq's standalone client, its cluster-mode client (the mode
+ElastiCache Serverless always runs in) and the floor. The kernel's socket work is not counted.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
+import re
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import hiredis
 
+from emulator.valkey import ValkeyProcess
 from inferq.connection import connect
 from inferq.jobs import RECORD_FIELDS_BUT_BODY
 from inferq.settings import Settings
@@ -92,6 +107,92 @@ def measure(url: str, host: str, port: int, n: int = 3000, repeats: int = 5) -> 
 
 def render(figures: dict[str, Any]) -> str:
     inferq, floor = figures["inferq_us"], figures["floor_us"]
-    return (f"client CPU per Redis round trip (the gateway's job read): inferq's client {inferq['median']:.0f} µs "
+    line = (f"client CPU per Redis round trip (the gateway's job read): inferq's client {inferq['median']:.0f} µs "
             f"({inferq['min']:.0f}-{inferq['max']:.0f}), asyncio streams + hiredis {floor['median']:.0f} µs "
             f"({floor['min']:.0f}-{floor['max']:.0f}): {figures['ratio']:.1f}x")
+    counted = figures.get("instructions")
+    if not counted:
+        return line
+    if "skipped" in counted:
+        return f"{line}; client instructions: not measured ({counted['skipped']})"
+    k = counted["kinstructions_per_round_trip"]
+    return (f"{line}; in client instructions (callgrind, repeatable): inferq {k['inferq']:.0f} k, cluster mode "
+            f"{k['inferq_cluster']:.0f} k, asyncio streams + hiredis {k['floor']:.0f} k: "
+            f"{counted['ratio_to_floor']:.1f}x")
+
+
+# --- the same round trips in client instructions (callgrind) ---
+
+_COLLECTED = re.compile(r"Collected : (\d+)")
+
+
+async def _round_trips(kind: str, url: str, calls: int) -> None:
+    """``calls`` job reads by one client, untimed: what :func:`instructions` runs under callgrind."""
+    fields = list(RECORD_FIELDS_BUT_BODY)
+    key = "{bench}:clientcost:job" if kind == "inferq_cluster" else KEY
+    if kind == "floor":
+        host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        parser = hiredis.Reader(encoding="utf-8")
+        packed = hiredis.pack_command(("HMGET", key, *fields))  # type: ignore[arg-type]  # str args are fine
+        for _ in range(calls):
+            async with asyncio.timeout(5):
+                writer.write(packed)
+                while parser.gets() is False:
+                    parser.feed(await reader.read(65536))
+        writer.close()
+        return
+    client = connect(Settings(redis_url=url))
+    await client.hset(key, mapping=RECORD)
+    for _ in range(calls):
+        await client.hmget(key, fields)
+    await client.aclose()
+
+
+def _collected(kind: str, url: str, calls: int) -> int:
+    command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
+               "bench.clientcost", "--kind", kind, "--url", url, "--calls", str(calls)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parent.parent, env={**os.environ, "PYTHONHASHSEED": "0"})
+    match = _COLLECTED.search(done.stderr)
+    if done.returncode != 0 or match is None:
+        raise RuntimeError(f"callgrind run of {kind} failed ({done.returncode}): {done.stderr[-500:]}")
+    return int(match.group(1))
+
+
+def instructions(small: int = 200, large: int = 1200) -> dict[str, Any]:
+    """Client instructions per round trip (thousands) of inferq's standalone and cluster-mode clients and the floor,
+    each from two callgrind runs; or why not measured."""
+    if shutil.which("valgrind") is None:
+        return {"skipped": "valgrind not installed (Debian: apt install valgrind)"}
+    per_trip: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp, ValkeyProcess(Path(tmp) / "s", appendfsync=None) as server, \
+            ValkeyProcess(Path(tmp) / "c", cluster=True, appendfsync=None) as cluster:
+        asyncio.run(_round_trips("inferq", server.url, 1))  # writes the record the floor reads
+        for kind, url in (("inferq", server.url), ("inferq_cluster", cluster.url), ("floor", server.url)):
+            counts = [_collected(kind, url, calls) for calls in (small, large)]
+            per_trip[kind] = round((counts[1] - counts[0]) / (large - small) / 1000, 1)
+    return {
+        "method": f"{small} and {large} HMGET round trips of the job read, each in its own process under valgrind "
+                  "--tool=callgrind; the difference over the extra round trips; thousands of instructions",
+        "kinstructions_per_round_trip": per_trip,
+        "ratio_to_floor": round(per_trip["inferq"] / per_trip["floor"], 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="round trips of the job read, for a callgrind count")
+    parser.add_argument("--kind", choices=("inferq", "inferq_cluster", "floor"), required=True)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--calls", type=int, required=True)
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency of the services
+        asyncio.run(_round_trips(args.kind, args.url, args.calls))
+    else:
+        uvloop.run(_round_trips(args.kind, args.url, args.calls))
+
+
+if __name__ == "__main__":
+    main()

