@@ -16,13 +16,16 @@ CPU time on a shared machine moves by up to 2x between hours, so the same round 
 instructions under ``valgrind --tool=callgrind`` (:func:`instructions`; repeatable run after run): a process makes
 ``small`` and then ``large`` round trips, and the difference of the two totals over ``large - small`` is one round
 trip's, without the interpreter's start. Counted for inferq's standalone client, its cluster-mode client (the mode
-ElastiCache Serverless always runs in) and the floor. The kernel's socket work is not counted.
+ElastiCache Serverless always runs in) and the floor, and for the round trip a worker starts a job with (a script
+call and the record's read, pipelined) through inferq's client and written bare. The kernel's socket work is not
+counted.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
 import re
 import shutil
@@ -40,6 +43,7 @@ import hiredis
 from emulator.valkey import ValkeyProcess
 from inferq.connection import connect
 from inferq.jobs import RECORD_FIELDS_BUT_BODY
+from inferq.leanclient import pipelined
 from inferq.settings import Settings
 
 KEY = "bench:clientcost:job"
@@ -118,34 +122,59 @@ def render(figures: dict[str, Any]) -> str:
     k = counted["kinstructions_per_round_trip"]
     return (f"{line}; in client instructions (callgrind, repeatable): inferq {k['inferq']:.0f} k, cluster mode "
             f"{k['inferq_cluster']:.0f} k, asyncio streams + hiredis {k['floor']:.0f} k: "
-            f"{counted['ratio_to_floor']:.1f}x")
+            f"{counted['ratio_to_floor']:.1f}x; a script call and a record read in one round trip (the worker's "
+            f"start): inferq {k['inferq_pipeline']:.0f} k, bare {k['floor_pipeline']:.0f} k: "
+            f"{counted['pipeline_ratio_to_floor']:.1f}x")
 
 
 # --- the same round trips in client instructions (callgrind) ---
 
+KINDS = ("inferq", "inferq_cluster", "floor", "inferq_pipeline", "floor_pipeline")
 _COLLECTED = re.compile(r"Collected : (\d+)")
 
 
+_SCRIPT = "return 0"
+_SCRIPT_SHA = hashlib.sha1(_SCRIPT.encode()).hexdigest()  # Redis names scripts by SHA-1
+_SCRIPT_ARGS = ("1-1", "worker-1", 1764547200000, 3, 86400, 10000, "0", "lease-token-0123456789")
+"""A script call shaped like the worker's ``start`` (a key and eight arguments); the script itself does nothing:
+the client's work is in the packing and the replies, not in what the server runs."""
+
+
+def _commands(kind: str, key: str) -> list[tuple[Any, ...]]:
+    if kind.endswith("_pipeline"):  # the worker's start round trip: a script call and the record's read
+        return [("EVALSHA", _SCRIPT_SHA, 1, key, *_SCRIPT_ARGS), ("HGETALL", key)]
+    return [("HMGET", key, *RECORD_FIELDS_BUT_BODY)]  # the gateway's job read
+
+
 async def _round_trips(kind: str, url: str, calls: int) -> None:
-    """``calls`` job reads by one client, untimed: what :func:`instructions` runs under callgrind."""
-    fields = list(RECORD_FIELDS_BUT_BODY)
+    """``calls`` round trips of one client, untimed: what :func:`instructions` runs under callgrind. ``kind``:
+    ``inferq``, ``inferq_cluster`` or ``floor`` (the job read), ``inferq_pipeline`` or ``floor_pipeline`` (a script
+    call and a record read in one round trip, as the worker starts a job)."""
     key = "{bench}:clientcost:job" if kind == "inferq_cluster" else KEY
-    if kind == "floor":
+    commands = _commands(kind, key)
+    if kind.startswith("floor"):
         host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
         reader, writer = await asyncio.open_connection(host, int(port))
         parser = hiredis.Reader(encoding="utf-8")
-        packed = hiredis.pack_command(("HMGET", key, *fields))  # type: ignore[arg-type]  # str args are fine
+        packed = b"".join(hiredis.pack_command(command) for command in commands)  # type: ignore[arg-type]
         for _ in range(calls):
             async with asyncio.timeout(5):
                 writer.write(packed)
-                while parser.gets() is False:
-                    parser.feed(await reader.read(65536))
+                for _ in commands:
+                    while parser.gets() is False:
+                        parser.feed(await reader.read(65536))
         writer.close()
         return
     client = connect(Settings(redis_url=url))
     await client.hset(key, mapping=RECORD)
-    for _ in range(calls):
-        await client.hmget(key, fields)
+    if kind == "inferq_pipeline":
+        await client.script_load(_SCRIPT)
+        for _ in range(calls):
+            await pipelined(client, commands)  # what Scripts.many_then sends
+    else:
+        fields = list(RECORD_FIELDS_BUT_BODY)
+        for _ in range(calls):
+            await client.hmget(key, fields)
     await client.aclose()
 
 
@@ -161,15 +190,17 @@ def _collected(kind: str, url: str, calls: int) -> int:
 
 
 def instructions(small: int = 200, large: int = 1200) -> dict[str, Any]:
-    """Client instructions per round trip (thousands) of inferq's standalone and cluster-mode clients and the floor,
-    each from two callgrind runs; or why not measured."""
+    """Client instructions per round trip (thousands) of inferq's standalone and cluster-mode clients and the floor
+    (the job read), and of inferq's pipeline and the floor's for a script call with a record read; each from two
+    callgrind runs; or why not measured."""
     if shutil.which("valgrind") is None:
         return {"skipped": "valgrind not installed (Debian: apt install valgrind)"}
     per_trip: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp, ValkeyProcess(Path(tmp) / "s", appendfsync=None) as server, \
             ValkeyProcess(Path(tmp) / "c", cluster=True, appendfsync=None) as cluster:
-        asyncio.run(_round_trips("inferq", server.url, 1))  # writes the record the floor reads
-        for kind, url in (("inferq", server.url), ("inferq_cluster", cluster.url), ("floor", server.url)):
+        asyncio.run(_round_trips("inferq_pipeline", server.url, 1))  # the record and the script the floor uses
+        for kind, url in (("inferq", server.url), ("inferq_cluster", cluster.url), ("floor", server.url),
+                          ("inferq_pipeline", server.url), ("floor_pipeline", server.url)):
             counts = [_collected(kind, url, calls) for calls in (small, large)]
             per_trip[kind] = round((counts[1] - counts[0]) / (large - small) / 1000, 1)
     return {
@@ -177,12 +208,13 @@ def instructions(small: int = 200, large: int = 1200) -> dict[str, Any]:
                   "--tool=callgrind; the difference over the extra round trips; thousands of instructions",
         "kinstructions_per_round_trip": per_trip,
         "ratio_to_floor": round(per_trip["inferq"] / per_trip["floor"], 2),
+        "pipeline_ratio_to_floor": round(per_trip["inferq_pipeline"] / per_trip["floor_pipeline"], 2),
     }
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="round trips of the job read, for a callgrind count")
-    parser.add_argument("--kind", choices=("inferq", "inferq_cluster", "floor"), required=True)
+    parser.add_argument("--kind", choices=KINDS, required=True)
     parser.add_argument("--url", required=True)
     parser.add_argument("--calls", type=int, required=True)
     args = parser.parse_args(argv)

@@ -13,16 +13,23 @@ retry, the pool's check that a connection handed out is open and holds no stray 
 connection limit, health checks, the connection-released event, and redis-py's reply callbacks. Anything unusual
 (a single-connection client, replies that are not to be decoded, a command with a fallback reply) takes
 redis-py's own path.
+
+Pipelines pay more: a redis-py pipeline of a script call and a read costs the client about 340 k instructions
+against 80 k for the same two commands written at once and read back. :meth:`LeanRedis.pipelined` (and
+:func:`pipelined`, which takes any client) sends a list of commands the way a non-transactional redis-py pipeline
+does with ``raise_on_error=False``, for the workers' batched transitions and the waiters' record reads.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import ConnectionPool
 from redis.client import EMPTY_RESPONSE, NEVER_DECODE
+from redis.exceptions import ResponseError
 
 try:  # redis-py 5.1 and later; with an older one connect() keeps redis-py's client
     from redis.event import AsyncAfterConnectionReleasedEvent
@@ -91,3 +98,48 @@ class LeanRedis(Redis):
             return response
         value = callback(response, **options)
         return await value if inspect.isawaitable(value) else value
+
+    async def pipelined(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """``commands`` in one write on one connection, as redis-py's ``pipeline(transaction=False)`` sends them
+        (not a transaction: other clients' commands may run between them), every reply read and parsed by redis-py's
+        callbacks, an error reply returned in its command's place (``execute(raise_on_error=False)``). A connection
+        error or timeout drops the connection and resends the whole once, as redis-py resends a pipeline."""
+        if not commands:
+            return []
+        pool = self.connection_pool
+        conn = await pool.get_connection()
+
+        async def send_and_read() -> list[Any]:
+            await conn.send_packed_command(conn.pack_commands(commands))
+            replies: list[Any] = []
+            for _ in commands:  # every reply read before anything is raised: the connection stays in step
+                try:
+                    replies.append(await conn.read_response())
+                except ResponseError as error:
+                    replies.append(error)
+            return replies
+
+        async def drop(error: BaseException, failures: int) -> None:
+            await conn.disconnect(error=error, failure_count=failures)
+
+        try:
+            replies = await conn.retry.call_with_retry(send_and_read, drop, with_failure_count=True)
+        finally:
+            await pool.release(conn)
+        out: list[Any] = []
+        for command, reply in zip(commands, replies, strict=True):
+            callback = None if isinstance(reply, ResponseError) else self.response_callbacks.get(command[0])
+            value = reply if callback is None else callback(reply)
+            out.append(await value if inspect.isawaitable(value) else value)
+        return out
+
+
+async def pipelined(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """:meth:`LeanRedis.pipelined` on a :class:`LeanRedis`; on any other client (cluster mode) the same through
+    redis-py's non-transactional pipeline."""
+    if isinstance(client, LeanRedis):
+        return await client.pipelined(commands)
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return list(await pipe.execute(raise_on_error=False))

@@ -23,6 +23,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 from .jobs import TERMINAL
 from .keys import GROUP, LANE_KEYS
+from .leanclient import pipelined
 
 SCRIPTS_DIR = Path(__file__).parent / "scripts"
 _INCLUDE = re.compile(r'^--- @include "([A-Za-z]+)"\s*$', re.MULTILINE)
@@ -200,10 +201,7 @@ class Scripts:
             await node.execute_pipeline(stack)
             results = [command.result for command in stack]
         else:
-            pipe = self.client.pipeline(transaction=False)
-            for command in commands:
-                pipe.execute_command(*command)
-            results = list(await pipe.execute(raise_on_error=False))
+            results = await pipelined(self.client, commands)
         return results[:-1], results[-1]
 
     async def many_then(
@@ -216,14 +214,14 @@ class Scripts:
         between a script and its read. After a ``NOSCRIPT`` the call and its read are run again one by one."""
         if not calls:
             return []
-        pipe = self.client.pipeline(transaction=False)
+        commands: list[tuple[Any, ...]] = []
         for (name, keys, args), read in zip(calls, reads, strict=True):
             script = load(name)
             script.check_keys(keys)
-            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            commands.append(("EVALSHA", script.sha, len(keys), *keys, *args))
             if read is not None:
-                pipe.execute_command(*read)
-        results = iter(await pipe.execute(raise_on_error=False))
+                commands.append(read)
+        results = iter(await pipelined(self.client, commands))
         out: list[tuple[Any, Any]] = []
         for call, read in zip(calls, reads, strict=True):
             reply = next(results)

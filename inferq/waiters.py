@@ -32,6 +32,7 @@ from typing import Any
 
 from .faults import Fault, classify
 from .jobs import record_of
+from .leanclient import pipelined
 
 log = logging.getLogger(__name__)
 
@@ -168,10 +169,11 @@ class SharedWaiters:
             wanted = list(dict.fromkeys((job_id, fields) for job_id, waiters in woken for future, fields in waiters
                                         if fields and not future.done()))
             if wanted and self._job_key is not None:
-                pipe = self._redis.pipeline(transaction=False)
-                for job_id, fields in wanted:
-                    pipe.hmget(self._job_key(job_id), fields)
-                replies = await pipe.execute()
+                replies = await pipelined(self._redis, [("HMGET", self._job_key(job_id), *fields)
+                                                        for job_id, fields in wanted])
+                failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
+                if failed is not None:
+                    raise failed
                 self.record_reads += 1
                 self.records += len(wanted)
                 for (job_id, fields), values in zip(wanted, replies, strict=True):

@@ -29,13 +29,16 @@ async def test_the_floor_must_answer_what_inferqs_client_does(tmp_path: Path, mo
 def test_client_instructions_count_a_round_trip_of_each_client() -> None:
     counted = clientcost.instructions(small=20, large=120)
     k = counted["kinstructions_per_round_trip"]
-    assert set(k) == {"inferq", "inferq_cluster", "floor"}
+    assert set(k) == {"inferq", "inferq_cluster", "floor", "inferq_pipeline", "floor_pipeline"}
     assert all(value > 0 for value in k.values())
     assert k["floor"] < k["inferq"]  # redis-py, however lean, does more than a bare stream and parser
+    assert k["floor_pipeline"] < k["inferq_pipeline"]
     assert counted["ratio_to_floor"] == pytest.approx(k["inferq"] / k["floor"], abs=0.01)
+    assert counted["pipeline_ratio_to_floor"] == pytest.approx(k["inferq_pipeline"] / k["floor_pipeline"], abs=0.01)
     figures = {"inferq_us": {"median": 2.0, "min": 1.0, "max": 3.0}, "floor_us": {"median": 1.0, "min": 1.0,
                "max": 1.0}, "ratio": 2.0, "instructions": counted}
     assert "in client instructions (callgrind, repeatable): inferq " in clientcost.render(figures)
+    assert "(the worker's start): inferq " in clientcost.render(figures)
 
 
 def test_a_failed_callgrind_run_is_an_error_not_a_figure() -> None:

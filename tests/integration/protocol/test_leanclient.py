@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from emulator.valkey import ValkeyProcess
 from inferq.connection import connect
-from inferq.leanclient import LeanConnectionPool, LeanRedis
+from inferq.leanclient import LeanConnectionPool, LeanRedis, pipelined
 from inferq.settings import Settings
 
 TIMEOUT_S = 0.5
@@ -132,3 +132,58 @@ async def test_the_pools_limit_is_redis_pys(valkey: ValkeyProcess, queue_name: s
     assert await asyncio.gather(*holders) == [None, None]
     assert await client.get(f"{queue_name}:k") is None and _in_use(client) == 0
     await client.aclose()
+
+
+async def test_pipelined_answers_as_redis_pys_pipeline(valkey: ValkeyProcess, valkey_cluster: ValkeyProcess,
+                                                       queue_name: str) -> None:
+    lean = connect(Settings(redis_url=valkey.url))
+    plain = Redis.from_url(valkey.url, decode_responses=True)
+    k = f"{{lean{queue_name}}}"
+    await lean.hset(f"{k}:h", mapping={"id": "j", "status": "queued"})
+    await lean.set(f"{k}:s", "v")
+    sha = await lean.script_load("return {KEYS[1], tonumber(ARGV[1]) + 1}")
+    commands = [("EVALSHA", sha, 1, f"{k}:h", 41), ("HGETALL", f"{k}:h"), ("HMGET", f"{k}:h", "id", "nope"),
+                ("HGET", f"{k}:s", "x"), ("EVALSHA", "0" * 40, 0), ("INCR", f"{k}:n"), ("EXISTS", f"{k}:h")]
+    mine = await lean.pipelined(commands)
+    pipe = plain.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    theirs = list(await pipe.execute(raise_on_error=False))
+    assert [type(r) for r in mine] == [type(r) for r in theirs]
+    assert isinstance(mine[3], redis.exceptions.ResponseError) and "WRONGTYPE" in str(mine[3])
+    assert isinstance(mine[4], redis.exceptions.NoScriptError)
+    values = [r for r in mine if not isinstance(r, Exception)]
+    assert values == [[f"{k}:h", 42], {"id": "j", "status": "queued"}, ["j", None], 1, 1]
+    assert [r for r in theirs if not isinstance(r, Exception)] == [[f"{k}:h", 42], {"id": "j", "status": "queued"},
+                                                                  ["j", None], 2, 1]  # the same INCR, once more
+    assert await lean.pipelined([]) == []
+    assert _in_use(lean) == 0
+    cluster = connect(Settings(redis_url=valkey_cluster.url))
+    assert await pipelined(cluster, [("SET", f"{k}:c", "1"), ("INCR", f"{k}:c"), ("HGET", f"{k}:c", "f")]) == [
+        True, 2, ANY_RESPONSE_ERROR]
+    for client in (lean, plain, cluster):
+        await client.aclose()
+
+
+async def test_pipelined_over_a_closed_connection_is_resent_and_over_a_frozen_server_times_out(
+    server: ValkeyProcess,
+) -> None:
+    client = connect(Settings(redis_url=server.url, redis_timeout_s=TIMEOUT_S))
+    assert await client.pipelined([("SET", "k", "1"), ("INCR", "k")]) == [True, 2]
+    server.kill_clients("normal")
+    assert await client.pipelined([("INCR", "k"), ("GET", "k")]) == [3, "3"]
+    server.freeze()
+    with pytest.raises((redis.exceptions.TimeoutError, redis.exceptions.ConnectionError)):
+        await client.pipelined([("INCR", "k")])
+    assert _in_use(client) == 0
+    server.thaw()
+    assert int(await client.get("k")) >= 3  # the frozen INCR runs when the server thaws, and its resend: G9's case
+    await client.aclose()
+
+
+class _AnyResponseError:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, redis.exceptions.ResponseError)
+
+
+ANY_RESPONSE_ERROR = _AnyResponseError()

@@ -12,6 +12,7 @@ import redis.exceptions
 
 from emulator.valkey import ValkeyProcess
 from inferq.jobs import JobRequest, JobStatus
+from inferq.leanclient import pipelined
 from inferq.queue import Delivery, Queue
 from inferq.settings import Settings
 from inferq.waiters import SharedWaiters
@@ -144,10 +145,10 @@ class FailingPipelines:
 
     def pipeline(self, *args: object, **kwargs: object) -> object:
         class Failing:
-            def hmget(self, *args: object) -> None:
+            def execute_command(self, *args: object) -> None:
                 pass
 
-            async def execute(self) -> None:
+            async def execute(self, raise_on_error: bool = True) -> None:
                 raise redis.exceptions.ConnectionError("reset by peer")
 
         return Failing()
@@ -159,6 +160,8 @@ class FailingPipelines:
 async def test_a_reader_that_cannot_read_the_records_still_wakes_the_waiters_who_read_their_own(q: Queue) -> None:
     q._waiters = SharedWaiters(FailingPipelines(q.redis), q.keys.events, block_s=0.2, recheck_s=30,
                                job_key=q.keys.job)
+    with pytest.raises(redis.exceptions.ConnectionError):  # the double fails as a connection would, nothing else
+        await pipelined(q._waiters._redis, [("HMGET", "k", "f")])
     deliveries = await started(q, 3)
     waits = [asyncio.create_task(q.wait(d.job.id, "t", 20, shared=True, with_body=False)) for d in deliveries]
     await asyncio.sleep(0.2)
@@ -174,10 +177,10 @@ async def test_waiters_woken_while_the_reader_is_stopped_are_still_resolved(q: Q
     release = asyncio.Event()
 
     class Stalled:
-        def hmget(self, *args: object) -> None:
+        def execute_command(self, *args: object) -> None:
             pass
 
-        async def execute(self) -> None:
+        async def execute(self, raise_on_error: bool = True) -> None:
             await release.wait()  # never released: the reader is stopped meanwhile
 
     class StalledPipelines(FailingPipelines):
