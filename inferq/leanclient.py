@@ -3,9 +3,9 @@
 Every command the gateway and the workers send outside a pipeline goes through ``Redis.execute_command`` and the
 pool's ``get_connection``/``release``. In redis-py 8 these also record OpenTelemetry-style metrics (three awaited
 recorder calls and two pool-name lookups per command, with no meter configured), run a check for ``HIMPORT SET``
-on every command, and wrap the call in two closures for the retry. Under callgrind, one HMGET of a job record's
-fields costs the client about 260 k instructions through redis-py and about 53 k through bare asyncio streams and
-hiredis (``bench/clientcost.py``).
+on every command, and wrap the call in two closures for the retry. Under callgrind (K: ``bench/clientcost.py``),
+the gateway's job read (an HMGET of the record's fields) cost the client 261 k instructions through redis-py, 202 k
+through this, and 59 k through bare asyncio streams and hiredis.
 
 What this keeps, unchanged, is everything a fault touches: the connection's own ``Retry`` (inferq's one resend
 after a connection or timeout error, and after ``READONLY`` from a demoted primary), the disconnect before each
@@ -14,8 +14,9 @@ connection limit, health checks, the connection-released event, and redis-py's r
 (a single-connection client, replies that are not to be decoded, a command with a fallback reply) takes
 redis-py's own path.
 
-Pipelines pay more: a redis-py pipeline of a script call and a read costs the client about 340 k instructions
-against 80 k for the same two commands written at once and read back. :meth:`LeanRedis.pipelined` (and
+Pipelines pay more: a worker's start, a script call and the record's read in one redis-py pipeline, cost 396 k
+instructions (267 k through :meth:`LeanRedis.pipelined`) against 61 k for the same two commands written at once
+and read back. :meth:`LeanRedis.pipelined` (and
 :func:`pipelined`, which takes any client) sends a list of commands the way a non-transactional redis-py pipeline
 does with ``raise_on_error=False``, for the workers' batched transitions and the waiters' record reads.
 """
