@@ -16,16 +16,16 @@ redis-py's own path.
 
 Pipelines pay more: a worker's start, a script call and the record's read in one redis-py pipeline, cost 396 k
 instructions (267 k through :meth:`LeanRedis.pipelined`) against 61 k for the same two commands written at once
-and read back. :meth:`LeanRedis.pipelined` (and
-:func:`pipelined`, which takes any client) sends a list of commands the way a non-transactional redis-py pipeline
-does with ``raise_on_error=False``, for the workers' batched transitions and the waiters' record reads.
+and read back. :meth:`LeanRedis.pipelined` (and :func:`pipelined`, which takes any client) sends a list of commands
+the way a non-transactional redis-py pipeline does with ``raise_on_error=False``, for the workers' batched
+transitions and the waiters' record reads.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import ConnectionPool
@@ -40,6 +40,8 @@ except ImportError:  # pragma: no cover - depends on the installed redis-py
 AVAILABLE = AsyncAfterConnectionReleasedEvent is not None and all(
     hasattr(ConnectionPool, name) for name in ("get_available_connection", "ensure_connection"))
 """Whether the installed redis-py has the pool this builds on."""
+
+T = TypeVar("T")
 
 
 class LeanConnectionPool(ConnectionPool):
@@ -79,20 +81,12 @@ class LeanRedis(Redis):
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         if self.single_connection_client or NEVER_DECODE in options or EMPTY_RESPONSE in options:
             return await super().execute_command(*args, **options)
-        pool = self.connection_pool
-        conn = await pool.get_connection()
 
-        async def send_and_read() -> Any:
+        async def send_and_read(conn: Any) -> Any:
             await conn.send_packed_command(conn.pack_command(*args))
             return await conn.read_response()
 
-        async def drop(error: BaseException, failures: int) -> None:
-            await conn.disconnect(error=error, failure_count=failures)  # what redis-py does before a retry
-
-        try:
-            response = await conn.retry.call_with_retry(send_and_read, drop, with_failure_count=True)
-        finally:
-            await pool.release(conn)
+        response = await self._on_a_connection(send_and_read)
         options.pop("keys", None)  # redis-py's client-side-cache hint, not a callback option
         callback = self.response_callbacks.get(args[0])
         if callback is None:
@@ -107,10 +101,8 @@ class LeanRedis(Redis):
         error or timeout drops the connection and resends the whole once, as redis-py resends a pipeline."""
         if not commands:
             return []
-        pool = self.connection_pool
-        conn = await pool.get_connection()
 
-        async def send_and_read() -> list[Any]:
+        async def send_and_read(conn: Any) -> list[Any]:
             await conn.send_packed_command(conn.pack_commands(commands))
             replies: list[Any] = []
             for _ in commands:  # every reply read before anything is raised: the connection stays in step
@@ -120,19 +112,28 @@ class LeanRedis(Redis):
                     replies.append(error)
             return replies
 
-        async def drop(error: BaseException, failures: int) -> None:
-            await conn.disconnect(error=error, failure_count=failures)
-
-        try:
-            replies = await conn.retry.call_with_retry(send_and_read, drop, with_failure_count=True)
-        finally:
-            await pool.release(conn)
+        replies = await self._on_a_connection(send_and_read)
         out: list[Any] = []
         for command, reply in zip(commands, replies, strict=True):
             callback = None if isinstance(reply, ResponseError) else self.response_callbacks.get(command[0])
             value = reply if callback is None else callback(reply)
             out.append(await value if inspect.isawaitable(value) else value)
         return out
+
+    async def _on_a_connection(self, send_and_read: Callable[[Any], Awaitable[T]]) -> T:
+        """``send_and_read`` on a connection of the pool, under the connection's ``Retry``: a connection error or
+        timeout (or ``READONLY``) drops the connection, as redis-py does before a retry, and runs it once more."""
+        pool = self.connection_pool
+        conn = await pool.get_connection()
+
+        async def drop(error: BaseException, failures: int) -> None:
+            await conn.disconnect(error=error, failure_count=failures)
+
+        try:
+            result: T = await conn.retry.call_with_retry(lambda: send_and_read(conn), drop, with_failure_count=True)
+            return result
+        finally:
+            await pool.release(conn)
 
 
 async def pipelined(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
