@@ -4,7 +4,7 @@ Every command the gateway and the workers send outside a pipeline goes through `
 pool's ``get_connection``/``release``. In redis-py 8 these also record OpenTelemetry-style metrics (three awaited
 recorder calls and two pool-name lookups per command, with no meter configured), run a check for ``HIMPORT SET``
 on every command, and wrap the call in two closures for the retry. Under callgrind (K: ``bench/clientcost.py``),
-the gateway's job read (an HMGET of the record's fields) cost the client 261 k instructions through redis-py, 202 k
+the gateway's job read (an HMGET of the record's fields) cost the client 261 k instructions through redis-py, 205 k
 through this, and 59 k through bare asyncio streams and hiredis.
 
 What this keeps, unchanged, is everything a fault touches: the connection's own ``Retry`` (inferq's one resend
@@ -15,7 +15,7 @@ connection limit, health checks, the connection-released event, and redis-py's r
 redis-py's own path.
 
 Pipelines pay more: a worker's start, a script call and the record's read in one redis-py pipeline, cost 396 k
-instructions (267 k through :meth:`LeanRedis.pipelined`) against 61 k for the same two commands written at once
+instructions (270 k through :meth:`LeanRedis.pipelined`) against 61 k for the same two commands written at once
 and read back. :meth:`LeanRedis.pipelined` (and :func:`pipelined`, which takes any client) sends a list of commands
 the way a non-transactional redis-py pipeline does with ``raise_on_error=False``, for the workers' batched
 transitions and the waiters' record reads.
