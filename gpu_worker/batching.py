@@ -23,12 +23,17 @@ class Batcher(Generic[T, R]):
         self._task: asyncio.Task[None] | None = None
 
     async def submit(self, item: T) -> R:
+        # each submitter has its own future: cancelling one (an aborted job) leaves the batch's write alone
+        return await self.put(item)
+
+    def put(self, item: T) -> asyncio.Future[R]:
+        """Add ``item`` to the next flush now, and return the future of its result: the write goes ahead while
+        the caller does something else (its result, or the exception the flush raised, is the future's)."""
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
-        # each submitter has its own future: cancelling one (an aborted job) leaves the batch's write alone
-        return await future
+        return future
 
     @property
     def idle(self) -> bool:

@@ -1,7 +1,10 @@
 """The mock backend (a contract: docs/api.md): a deterministic echo with failure controls, for tests,
-benchmarks and the emulator. Every call is counted in ``inferq:{Q}:mock:calls`` (job id -> calls) before it
-does anything else, so tests can prove how many times the model was really called: once per call whatever the
-Redis faults (the count is resent with its call's token until written; ``mock_count.lua`` counts a token once)."""
+benchmarks and the emulator. Every call is counted in ``inferq:{Q}:mock:calls`` (job id -> calls), so tests can
+prove how many times the model was really called: once per call whatever the Redis faults (the count is resent
+with its call's token until written; ``mock_count.lua`` counts a token once). The count is sent as the call
+begins and runs alongside the simulated model time (``latency_ms``), as a real model's latency has no
+instrumentation round trip in it; a call answers or fails only once its count is written, and crashes
+(``crash_deliveries``) or hangs only after that too."""
 
 from __future__ import annotations
 
@@ -116,6 +119,12 @@ def completion_answer(body: dict[str, Any], job: Job) -> dict[str, Any]:
     }
 
 
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a count nobody awaits any more as seen (its failure is the count's own, logged where it is retried)."""
+    if not future.cancelled():
+        future.exception()
+
+
 class MockBackend:
     """``engine_slots`` simulates a model engine with that many batch slots (tests and benchmarks of
     ``INFERQ_WINDOW=auto``): a call's ``latency_ms`` then runs in a slot, calls beyond the slots queue for one, and
@@ -176,9 +185,29 @@ class MockBackend:
         controls = body.get("mock") or {}
         if not isinstance(controls, dict):
             raise FatalError("mock must be an object", status_code=400)
-        await self._calls.submit((job.id, secrets.token_hex(8)))
+        # the count is sent now and runs alongside the simulated model time: a real model's latency has no
+        # instrumentation round trip in it. Nothing is answered, raised, crashed or hung before it is written.
+        counted = self._calls.put((job.id, secrets.token_hex(8)))
+        try:
+            await self._run(controls, job, counted)
+        except asyncio.CancelledError:  # an aborted call (timeout, cancel, shutdown): its count goes ahead alone
+            counted.add_done_callback(_retrieve)
+            raise
+        except Exception:
+            await counted  # a failure is raised only once the call is counted
+            raise
+        await counted  # and an answer given only then
+        if url == "/v1/chat/completions":
+            return 200, chat_answer(body, job)
+        if url == "/v1/completions":
+            return 200, completion_answer(body, job)
+        raise FatalError(f"unknown endpoint {url}", status_code=404)
 
+    async def _run(self, controls: dict[str, Any], job: Job, counted: asyncio.Future[int]) -> None:
+        """What the controls ask for, the simulated model time included; raises the failures they ask for."""
         crash = _control_int(controls, "crash_deliveries")
+        if crash or controls.get("hang"):
+            await counted
         if crash and job.deliveries <= crash:
             logging.getLogger(__name__).error(
                 "mock: crashing the worker on delivery %d of job %s", job.deliveries, job.id
@@ -202,12 +231,6 @@ class MockBackend:
         if job.attempts <= fail:
             message = f"mock: failing attempt {job.attempts} of the first {fail}"
             raise RetryableError(message, status_code=503, body={"error": {"message": message, "code": 503}})
-
-        if url == "/v1/chat/completions":
-            return 200, chat_answer(body, job)
-        if url == "/v1/completions":
-            return 200, completion_answer(body, job)
-        raise FatalError(f"unknown endpoint {url}", status_code=404)
 
     async def aclose(self) -> None:
         await self._calls.wait_idle()

@@ -24,6 +24,7 @@ from gpu_worker.backends.base import (
 from gpu_worker.backends.mock import MockBackend
 from gpu_worker.backends.openai import OpenAIBackend
 from gpu_worker.backends.vllm import VllmBackend, sampling_arguments
+from gpu_worker.batching import Batcher
 from inferq.jobs import Job, JobStatus
 from inferq.queue import Queue
 from inferq.settings import Settings, SettingsError
@@ -128,6 +129,60 @@ async def test_mock_counts_the_calls_of_one_turn_in_one_script_run_and_a_resent_
     assert await mock._count(calls) == [3, 3]
     assert await mock._count(calls) == [3, 3]
     assert await queue.redis.hget(queue.keys.mock_calls, "job_0") == "3"
+
+
+async def test_mock_counts_a_call_alongside_its_latency_and_answers_or_fails_only_once_counted(
+    mock: MockBackend, queue: Queue
+) -> None:
+    # the count is written while the simulated model time runs: no instrumentation round trip in a job's latency
+    slow = {"messages": [{"role": "user", "content": "x"}], "mock": {"latency_ms": 5000}}
+    running = asyncio.create_task(call(mock, make_job(slow, job_id="job_slow")))
+    async with asyncio.timeout(4):
+        while await queue.redis.hget(queue.keys.mock_calls, "job_slow") != "1":
+            await asyncio.sleep(0.01)
+    assert not running.done()
+    running.cancel()  # an aborted call stays counted once
+    with pytest.raises(asyncio.CancelledError):
+        await running
+
+    # a call cancelled before its count was even sent is still counted
+    cancelled = asyncio.create_task(call(mock, make_job(slow, job_id="job_cancelled")))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    await mock._calls.wait_idle()
+    assert await queue.redis.hget(queue.keys.mock_calls, "job_cancelled") == "1"
+
+    # with the count held back, no answer, failure or crash comes before it is written
+    gate = asyncio.Event()
+    count = mock._count
+
+    async def held(calls: list[tuple[str, str]]) -> list[int]:
+        await gate.wait()
+        return await count(calls)
+
+    mock._calls = Batcher(held)
+    bodies = {
+        "job_ok": {"messages": [{"role": "user", "content": "x"}], "mock": {"latency_ms": 1}},
+        "job_fatal": {"messages": [{"role": "user", "content": "x"}], "mock": {"fatal": True}},
+        "job_retry": {"messages": [{"role": "user", "content": "x"}], "mock": {"fail_attempts": 1}},
+        "job_bad": {"messages": [{"role": "user", "content": "x"}], "mock": {"latency_ms": "slow"}},
+    }
+    calls = {job_id: asyncio.create_task(call(mock, make_job(body, job_id=job_id))) for job_id, body in bodies.items()}
+    long = asyncio.create_task(call(mock, make_job(slow, job_id="job_long")))
+    await asyncio.sleep(0.3)
+    assert not any(task.done() for task in calls.values())
+    assert (await mock.load()).running == 1  # the long call's model time runs while its count is held
+    gate.set()
+    long.cancel()
+    assert (await calls["job_ok"])[0] == 200
+    for job_id, error in (("job_fatal", FatalError), ("job_retry", RetryableError), ("job_bad", FatalError)):
+        with pytest.raises(error):
+            await calls[job_id]
+    await mock._calls.wait_idle()
+    assert {job_id: await queue.redis.hget(queue.keys.mock_calls, job_id) for job_id in [*bodies, "job_long"]} == (
+        dict.fromkeys([*bodies, "job_long"], "1"))
 
 
 async def test_mock_echoes_the_prompt_as_a_text_completion(mock: MockBackend) -> None:
