@@ -10,6 +10,7 @@ deregisters and exits 1, so ECS replaces it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -46,6 +47,7 @@ async def serve(settings: Settings, model: Model | None = None) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, worker.stop)
+    gc.freeze()  # what start-up made lives as long as the process: the cyclic collector stops walking it per cycle
     try:
         await worker.run()
     finally:

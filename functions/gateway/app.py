@@ -7,6 +7,7 @@ invocation's metrics (see ``telemetry.py``).
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from mangum import Mangum
@@ -31,3 +32,4 @@ class GatewayHandler(Mangum):
 app = create_app()
 app.state.telemetry.adopt_package_loggers()
 handler = GatewayHandler(app, lifespan="off")
+gc.freeze()  # what the import made lives as long as the process: the cyclic collector stops walking it per cycle

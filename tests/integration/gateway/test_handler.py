@@ -226,3 +226,15 @@ def test_cold_import_loads_neither_boto3_nor_the_xray_sdk() -> None:
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_the_import_freezes_what_it_made_out_of_the_cyclic_collectors_walks() -> None:
+    # the app, its routes, models and libraries live as long as the process: a collection that walked them all
+    # (a full one, every few thousand requests) was a pause in some request's answer
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
+    env["INFERQ_API_KEYS"] = f"tenant-a:{EVENT_KEY}"
+    code = f"import gc, {MODULE}; print(gc.get_freeze_count(), len(gc.get_objects()))"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    frozen, walked = map(int, result.stdout.split())
+    assert frozen > 10_000 and walked < frozen / 10
