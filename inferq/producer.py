@@ -208,8 +208,10 @@ class Producer(QueueCore):
         # trip for all the waiters an event read wakes) when the job object is read without its body
         future = await waiters.register(job_id, () if with_body else RECORD_FIELDS_BUT_BODY)
         try:
-            job = await self.get(job_id, tenant, with_body=with_body)
-            while job is not None and not job.status.terminal:
+            worth = await self._worth_waiting(job_id, tenant)
+            if worth is None:
+                return None
+            while worth:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0.01:
                     break
@@ -219,14 +221,27 @@ class Producer(QueueCore):
                     # a reader that fell behind or lost an event costs a recheck, never the wake
                     status = await self.redis.hget(self.keys.job(job_id), "status")
                     if status is None or JobStatus(status).terminal:
-                        return await self.get(job_id, tenant, with_body=with_body)
+                        break
                     continue
                 if record is not None:
                     return await self._job_of(job_id, record, tenant, with_body)
-                return await self.get(job_id, tenant, with_body=with_body)
-            return job
+                break
+            return await self.get(job_id, tenant, with_body=with_body)  # as it is now: ended, or the wait is over
         finally:
             waiters.unregister(job_id, future)
+
+    async def _worth_waiting(self, job_id: str, tenant: str | None) -> bool | None:
+        """Whether a wait for the job has something to wait for, from the four fields that tell (where the job
+        object needs twenty): None when the job is unknown or another tenant's, False when it is terminal already
+        or queued past its ``ttl_s`` (the caller reads it whole: :meth:`get` expires it), True otherwise."""
+        status, owner, expires_at, started_at = await self.redis.hmget(
+            self.keys.job(job_id), "status", "tenant", "expires_at", "started_at")
+        if status is None or (tenant is not None and owner != tenant):
+            return None
+        if JobStatus(status).terminal:
+            return False
+        return not (status == JobStatus.QUEUED.value and expires_at and not started_at
+                    and int(expires_at) < now_ms())
 
     async def cancel(self, tenant: str, job_id: str, *, now: int | None = None) -> Job:
         """Cancel (queued) or request cancellation (running). Raises JobNotFound or JobTerminal."""

@@ -116,10 +116,12 @@ async def test_the_reader_hands_woken_waiters_their_records_read_in_one_round_tr
     event read woke, pipelined; a waiter reads its job once, before it waits, not again after the wake."""
     deliveries = await started(q, 50)
     own_reads: list[str] = []
+    fields_read: set[tuple[object, ...]] = set()
     hmget = q.redis.hmget
 
     async def counted(key: str, *args: object) -> object:
         own_reads.append(key)
+        fields_read.add(args)
         return await hmget(key, *args)
 
     monkeypatch.setattr(q.redis, "hmget", counted)
@@ -127,6 +129,7 @@ async def test_the_reader_hands_woken_waiters_their_records_read_in_one_round_tr
     stranger = asyncio.create_task(q.wait(deliveries[0].job.id, "another tenant", 30, shared=True, with_body=False))
     await asyncio.sleep(0.3)
     assert len(own_reads) == 51  # each waiter's read before it waits (the stranger's too)
+    assert fields_read == {("status", "tenant", "expires_at", "started_at")}  # what tells whether to wait, no more
     await q.finish_many([(d, JobStatus.SUCCEEDED, OK, None) for d in deliveries])
     jobs = await asyncio.wait_for(asyncio.gather(*waits), 5)
     assert [(j.id, j.status, j.result) for j in jobs if j] == [(d.job.id, JobStatus.SUCCEEDED, OK) for d in deliveries]
@@ -135,6 +138,24 @@ async def test_the_reader_hands_woken_waiters_their_records_read_in_one_round_tr
     waiters = q.waiters
     assert waiters.wakes == 50 and waiters.records == 50
     assert 1 <= waiters.record_reads <= waiters.reads  # at most one round trip per event read
+
+
+async def test_a_wait_that_runs_out_answers_the_job_as_it_is_then_and_a_job_past_its_ttl_expires_at_once(
+    q: Queue
+) -> None:
+    job, _ = await q.enqueue("t", JobRequest(body=dict(BODY)))
+    wait = asyncio.create_task(q.wait(job.id, "t", 1.0, shared=True, with_body=False))
+    await asyncio.sleep(0.2)
+    [d] = (await q.read("w1", 1))[0]  # started while the wait runs: not an end, so no wake
+    answer = await asyncio.wait_for(wait, 5)
+    assert answer is not None and answer.status is JobStatus.RUNNING and answer.started_at is not None
+    await q.finish(d, JobStatus.SUCCEEDED, result=OK)
+
+    late, _ = await q.enqueue("t", JobRequest(body=dict(BODY), ttl_s=1), now=1_000)  # long expired
+    expired = await asyncio.wait_for(q.wait(late.id, "t", 20, shared=True, with_body=False), 2)
+    assert expired is not None and expired.status is JobStatus.EXPIRED
+    assert await q.wait(late.id, "another tenant", 20, shared=True) is None
+    assert await q.wait("job_" + "a" * 26, "t", 20, shared=True) is None
 
 
 class FailingPipelines:
