@@ -7,6 +7,13 @@ No job records, no HTTP, no leases, retries or guarantees: what the same Valkey 
 ``inferq up``: appendfsync everysec), the same client library (redis-py with hiredis) and the same event loop
 cost at the least. Absolute figures are not comparable between runs on a shared machine; the ratio of inferq's S3
 to the floor of the same invocation is.
+
+The HTTP floor (``FH``, run with F): the same queue and worker behind the least an HTTP gateway can be here: a bare
+ASGI callable (:func:`http_app`: no framework, no auth, no validation but parsing the body as JSON, no records)
+under the gateway's own uvicorn settings and HTTP protocol, driven by S3's load generator (submit, then
+``GET /v1/jobs/{id}?wait=`` blocking in ``BLPOP`` on the job's result list). What it costs beyond F is what two
+HTTP requests per job cost on this machine with this server and client; what S3 costs beyond it is inferq's
+gateway, protocol and guarantees.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +33,8 @@ from typing import Any
 
 from . import clients, load
 from .stack import ROOT, _cpu_s, _stop, _term_with_parent
+
+HTTP_APP = "bench.floor:http_app"
 
 STREAM = "floor:jobs"
 GROUP = "floor"
@@ -112,6 +122,59 @@ async def closed_loop(url: str, n_jobs: int, loops: int, *, name: str = "F", dea
     return load._finalise(result)
 
 
+_http_redis: Any = None
+
+
+def _redis_of_app() -> Any:
+    global _http_redis
+    if _http_redis is None:
+        import redis.asyncio as redis
+
+        _http_redis = redis.Redis.from_url(os.environ["INFERQ_FLOOR_REDIS_URL"], max_connections=1024)
+    return _http_redis
+
+
+async def _send(send: Any, status: int, body: dict[str, Any]) -> None:
+    payload = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The HTTP floor's gateway (plain ASGI): ``POST /v1/jobs`` adds the job to the floor's stream (202, its id),
+    ``GET /v1/jobs/{id}?wait=S`` blocks up to S seconds on its result list (200, ``succeeded`` once there),
+    ``GET /healthz``. Enough of the API for S3's load generator to judge each job, nothing more."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    path, method = scope["path"], scope["method"]
+    if method == "POST" and path == "/v1/jobs":
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        json.loads(body)  # a gateway parses what it accepts
+        job_id = uuid.uuid4().hex
+        await _redis_of_app().xadd(STREAM, {"id": job_id, "body": body})
+        await _send(send, 202, {"id": job_id, "object": "job", "status": "queued"})
+    elif method == "GET" and path.startswith("/v1/jobs/"):
+        job_id = path.removeprefix("/v1/jobs/")
+        query = dict(pair.split("=", 1) for pair in scope["query_string"].decode().split("&") if "=" in pair)
+        popped = await _redis_of_app().blpop([result_key(job_id)], timeout=float(query.get("wait", "0")) or 0.01)
+        await _send(send, 200, {"id": job_id, "object": "job", "status": "succeeded" if popped else "queued",
+                                "result": {"status_code": 200, "body": {}} if popped else None})
+    elif path == "/healthz":
+        await _send(send, 200, {"status": "ok"})
+    else:
+        await _send(send, 404, {"error": {"type": "not_found", "message": "not here"}})
+
+
 class Floor:
     """Its own Valkey (the binary and AOF setting ``inferq up`` uses) and one floor worker process."""
 
@@ -162,6 +225,58 @@ class Floor:
     def describe(self) -> dict[str, Any]:
         return {"mode": "floor (bare Redis Streams, bench/floor.py)", "workers": 1, "window": self.window,
                 "valkey": "emulator.valkey.ValkeyProcess, appendfsync everysec"}
+
+
+class HttpFloor(Floor):
+    """The floor, plus :func:`http_app` under uvicorn as ``inferq up`` runs the gateway (its HTTP protocol,
+    no access log, uvloop): the HTTP floor's load generator is S3's, on ``url_http``."""
+
+    def __init__(self, window: int, latency_ms: float, log_dir: Path) -> None:
+        super().__init__(window, latency_ms, log_dir)
+        from emulator.valkey import free_port
+
+        self.port = free_port()
+        self.url_http = f"http://127.0.0.1:{self.port}"
+        self.gateway: subprocess.Popen[bytes] | None = None
+        self.gateway_log = log_dir / "floor-http-gateway.log"
+
+    def __enter__(self) -> HttpFloor:
+        super().__enter__()
+        from emulator.up import GATEWAY_HTTP_PROTOCOL
+
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               "INFERQ_FLOOR_REDIS_URL": self.url}
+        with open(self.gateway_log, "wb") as log:
+            self.gateway = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", HTTP_APP, "--host", "127.0.0.1", "--port", str(self.port),
+                 "--no-server-header", "--no-access-log", "--http", GATEWAY_HTTP_PROTOCOL, "--log-level", "warning"],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=_term_with_parent)
+        import httpx
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{self.url_http}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if self.gateway.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError(f"the HTTP floor's gateway did not start: {self.gateway_log.read_text()[-800:]}")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _stop(self.gateway, timeout=10)
+        super().__exit__()
+
+    def cpu_by_role(self) -> dict[str, float]:
+        return {**super().cpu_by_role(), "gateway": _cpu_s(self.gateway.pid) if self.gateway else 0.0}
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "mode": "HTTP floor (bare ASGI under uvicorn + the floor, bench/floor.py)",
+                "gateway": f"uvicorn {HTTP_APP}, the gateway's HTTP protocol"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from . import floor, load, report, scale, valkeystats
+from .clients import make_pool
 from .plumbing import Plumbing, Sizes, measured
 from .stack import Stack, stop_process
 from .summary import (
@@ -131,27 +132,38 @@ class HttpScenarios(Plumbing):
                 "figures": fmt_log_cost(debug).replace("at INFO", "at DEBUG")})
 
     async def floor_scenario(self) -> None:
-        """F: the bare Redis Streams queue with S3's shape (bench.floor), run beside S3 in this invocation."""
+        """F: the bare Redis Streams queue with S3's shape (bench.floor), run beside S3 in this invocation; and FH,
+        the same queue behind a bare ASGI gateway under uvicorn, driven by S3's load generator, its runs alternated
+        with F's."""
         sz = self.sizes
-        with floor.Floor(window=32, latency_ms=5, log_dir=self.logs) as fl:
-            results: list[load.LoadResult] = []
+        with floor.HttpFloor(window=32, latency_ms=5, log_dir=self.logs) as fl:
+            results: dict[str, list[load.LoadResult]] = {"F": [], "FH": []}
             for i in range(sz.repeats + 1):  # the first is the warm-up, as for the HTTP scenarios
                 n = sz.warmup if i == 0 else sz.s3_jobs
-                title = "F warm-up" if i == 0 else f"F floor run {i}/{sz.repeats}"
-                task = self.progress.add_task(title, total=n)
-                with measured(fl.url, fl.cpu_by_role) as finish:
-                    result = await floor.closed_loop(fl.url, n, 32, deadline_s=sz.deadline_s,
-                                                     progress=functools.partial(self.advance, task))
-                    finish(result)
-                self.progress.update(task, visible=False)
-                if i == 0:
-                    if not result.ok:
-                        self.fail(f"F warm-up: {result.error_count} error(s): {result.errors[:5]}")
-                    continue
-                results.append(result)
+                for key in ("F", "FH"):
+                    title = f"{key} warm-up" if i == 0 else f"{key} floor run {i}/{sz.repeats}"
+                    task = self.progress.add_task(title, total=n)
+                    progress = functools.partial(self.advance, task)
+                    with measured(fl.url, fl.cpu_by_role) as finish:
+                        if key == "F":
+                            result = await floor.closed_loop(fl.url, n, 32, deadline_s=sz.deadline_s, progress=progress)
+                        else:
+                            async with make_pool(fl.url_http, "floor", 32, timeout_s=40.0,
+                                                 kind=self.args.client) as client:
+                                result = await load.closed_loop(client, n, 32, load.job_body(5), name="FH",
+                                                                deadline_s=sz.deadline_s, progress=progress)
+                        finish(result)
+                    self.progress.update(task, visible=False)
+                    if i == 0:
+                        if not result.ok:
+                            self.fail(f"{key} warm-up: {result.error_count} error(s): {result.errors[:5]}")
+                        continue
+                    results[key].append(result)
             config = {"kind": "closed_loop", "jobs": sz.s3_jobs, "clients": 32, "workers": 1, "window": 32,
                       "latency_ms": 5, "warmup_jobs": sz.warmup}
-            self.record_runs("F", "floor: bare Redis Streams, S3's shape", config, results, fl)
+            self.record_runs("F", "floor: bare Redis Streams, S3's shape", config, results["F"], fl)
+            self.record_runs("FH", "HTTP floor: the floor behind a bare ASGI gateway (uvicorn), S3's load generator",
+                             config, results["FH"], fl)
 
     def floor_ratios(self) -> None:
         """inferq's S3 (and S2's p95) as ratios to the floor of this same invocation."""

@@ -4,6 +4,7 @@ the log level's cost, and the targets each scenario is held to."""
 from __future__ import annotations
 
 import os
+import statistics
 from typing import Any
 
 from . import load, report, valkeystats
@@ -84,6 +85,27 @@ def floor_ratios(scenarios: dict[str, Any]) -> dict[str, Any]:
                                "median": p95}
         texts.append("S2 p95 <= floor's p95")
         met.append(p95 is not None and p95 <= 1.0)
+    if "FH" in scenarios:  # a reference beside the floor, not a goal: what two HTTP requests per job cost here
+        fh = scenarios["FH"]
+        h_agg = fh["aggregate"]
+        out["http_floor_jobs_per_s"] = h_agg["jobs_per_s"]
+        out["http_floor_p95_ms"] = h_agg["queue_to_done_ms.p95"]
+        out["http_floor_cpu_ms_per_job_system"] = h_agg.get("cpu_ms_per_job_system")
+        gateway = [r["cpu_ms_per_job_by_role"]["gateway"] for r in fh["runs"]
+                   if "gateway" in r.get("cpu_ms_per_job_by_role", {})]
+        out["http_floor_gateway_cpu_ms_per_job"] = statistics.median(gateway) if gateway else None
+        out["FH_jobs_per_s_ratio"] = {
+            **_pair_ratios([r.get("jobs_per_s") for r in fh["runs"]], [r.get("jobs_per_s") for r in fl["runs"]]),
+            "median": ratio(h_agg["jobs_per_s"]["median"], f_agg["jobs_per_s"]["median"])}
+        if "S3" in scenarios:
+            s3 = scenarios["S3"]
+            out["S3_to_http_floor_jobs_per_s_ratio"] = {
+                **_pair_ratios([r.get("jobs_per_s") for r in s3["runs"]], [r.get("jobs_per_s") for r in fh["runs"]]),
+                "median": ratio(s3["aggregate"]["jobs_per_s"]["median"], h_agg["jobs_per_s"]["median"])}
+            out["S3_to_http_floor_p95_ratio"] = {
+                **_pair_ratios([_p95(r) for r in s3["runs"]], [_p95(r) for r in fh["runs"]]),
+                "median": ratio(s3["aggregate"]["queue_to_done_ms.p95"]["median"],
+                                h_agg["queue_to_done_ms.p95"]["median"])}
     out["target"] = {"text": "; ".join(texts), "met": all(met) if met else None}
     return out
 
@@ -106,6 +128,17 @@ def fmt_ratios(r: dict[str, Any]) -> str:
                  f"{report.fmt_spread(r['floor_p95_ms'], 1)} ms, Valkey "
                  f"{report.fmt_spread(r.get('floor_valkey_usec_per_job'))} µs/job, CPU "
                  f"{report.fmt_spread(r.get('floor_cpu_ms_per_job_system'), 2)} ms/job")
+    if "http_floor_jobs_per_s" in r:
+        gateway = r.get("http_floor_gateway_cpu_ms_per_job")
+        text = (f"HTTP floor (bare ASGI under uvicorn, S3's client) {report.fmt_spread(r['http_floor_jobs_per_s'])} "
+                f"jobs/s = {report.fmt_spread(r['FH_jobs_per_s_ratio'], 2)}x the floor's, p95 "
+                f"{report.fmt_spread(r['http_floor_p95_ms'], 1)} ms, CPU "
+                f"{report.fmt_spread(r.get('http_floor_cpu_ms_per_job_system'), 2)} ms/job"
+                + (f" (gateway {gateway:.2f})" if gateway is not None else ""))
+        if "S3_to_http_floor_jobs_per_s_ratio" in r:
+            text += (f"; S3 {report.fmt_spread(r['S3_to_http_floor_jobs_per_s_ratio'], 2)}x its jobs/s, p95 "
+                     f"{report.fmt_spread(r['S3_to_http_floor_p95_ratio'], 2)}x")
+        parts.append(text)
     return "\n".join(parts)
 
 

@@ -39,6 +39,8 @@ def test_the_floor_scenario_runs_against_its_own_valkey_and_accounts_for_every_j
     floor = results["scenarios"]["F"]
     assert results["ok"] and floor["config"]["jobs"] == 400 and (tmp_path / "latency.png").exists()
     assert [run["done"] for run in floor["runs"]] == [400] and floor["valkey"]["total_calls_per_job"] > 0
+    http = results["scenarios"]["FH"]  # the HTTP floor, its runs alternated with the floor's
+    assert [run["done"] for run in http["runs"]] == [400] and http["runs"][0]["cpu_ms_per_job_by_role"]["gateway"] > 0
 
 
 def test_the_reference_latency_scenario_runs_through_a_direct_stack(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from bench import floor, load, report, valkeystats
+from bench.clients import make_pool
 from bench.summary import floor_ratios, fmt_log_cost, fmt_ratios, log_cost, run_summary
 from bench.valkeystats import Stat
 from emulator.valkey import ValkeyProcess
@@ -191,6 +192,17 @@ async def test_the_floor_without_a_worker_fails_every_job(valkey: ValkeyProcess)
     client.close()
 
 
+async def test_the_http_floor_serves_every_job_through_its_gateway(tmp_path: Path) -> None:
+    with floor.HttpFloor(window=4, latency_ms=1, log_dir=tmp_path) as fl:
+        before = fl.cpu_by_role()
+        async with make_pool(fl.url_http, "floor", 4) as client:
+            result = await load.closed_loop(client, 40, 4, load.job_body(1), deadline_s=60)
+        after = fl.cpu_by_role()
+    assert result.ok and result.done == 40 and not result.errors
+    assert after["gateway"] > before["gateway"]  # the requests went through the bare gateway's own process
+    assert fl.gateway is not None and fl.gateway.poll() is not None  # and it stopped with the floor
+
+
 # ---------------------------------------------------------------------- ratios and log cost
 
 
@@ -216,6 +228,16 @@ def test_floor_ratios_against_the_issue_s_goals() -> None:
     assert "S3 0.82 (0.82-0.88)x the floor's jobs/s, p95 1.80 (1.67-2.00)x" in text
     assert "S2 p95 0.96 (0.80-1.20)x the floor's p95" in text
     assert "floor 1,100 (1,000-1,200) jobs/s, p95 25.0 (20.0-30.0) ms" in text
+
+    http = floor_ratios({**scenarios, "FH": _runs([1000, 1000, 1000], [15, 20, 30], [0.5, 0.6, 0.5])})
+    assert http["FH_jobs_per_s_ratio"]["median"] == pytest.approx(1000 / 1100)
+    assert http["S3_to_http_floor_jobs_per_s_ratio"]["median"] == pytest.approx(900 / 1000)
+    assert http["S3_to_http_floor_p95_ratio"]["median"] == pytest.approx(45 / 20)
+    assert http["http_floor_gateway_cpu_ms_per_job"] == pytest.approx(0.25)
+    assert http["target"] == r["target"]  # a reference, not a goal
+    assert ("HTTP floor (bare ASGI under uvicorn, S3's client) 1,000 jobs/s = 0.91 (0.83-1.00)x the "
+            "floor's, p95 20.0 (15.0-30.0) ms, CPU 0.50 (0.50-0.60) ms/job (gateway 0.25); S3 0.90 (0.88-1.00)x its "
+            "jobs/s, p95 2.25 (1.50-2.67)x") in fmt_ratios(http)
 
     slow = {**scenarios, "S3": _runs([300, 300, 300], [40, 50, 45])}
     assert floor_ratios(slow)["target"]["met"] is False
