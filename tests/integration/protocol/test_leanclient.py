@@ -187,3 +187,50 @@ class _AnyResponseError:
 
 
 ANY_RESPONSE_ERROR = _AnyResponseError()
+
+
+async def test_a_connection_holding_a_stray_reply_or_at_its_end_is_replaced_before_it_is_handed_out(
+    valkey: ValkeyProcess,
+) -> None:
+    client = connect(Settings(redis_url=valkey.url, redis_timeout_s=TIMEOUT_S))
+    assert await client.ping()
+    [conn] = client.connection_pool._available_connections
+    # a reply no command is waiting for (what a command abandoned without a disconnect would leave behind)
+    conn._writer.write(b"*1\r\n$4\r\nPING\r\n")
+    await conn._writer.drain()
+    for _ in range(100):
+        if conn._reader._buffer:
+            break
+        await asyncio.sleep(0.01)
+    assert await client.set("stray", "mine") and await client.get("stray") == "mine"  # not answered by the PONG
+    assert client.connection_pool._available_connections[0] is conn  # the same object, connected anew
+    conn._reader.feed_eof()  # the server closed it: at EOF before it is handed out
+    assert await client.get("stray") == "mine"
+    await client.aclose()
+
+
+async def test_a_released_connection_is_re_authenticated_when_it_holds_a_new_token(valkey: ValkeyProcess) -> None:
+    client = connect(Settings(redis_url=valkey.url))
+    assert await client.ping()
+    [conn] = client.connection_pool._available_connections
+    sent: list[tuple[Any, ...]] = []
+
+    class Token:
+        def try_get(self, name: str) -> str:
+            return "default"
+
+        def get_value(self) -> str:
+            return "ignored"
+
+    send_command = conn.send_command
+
+    async def recorded(*args: Any, **kwargs: Any) -> None:
+        sent.append(args)
+        await send_command(*args, **kwargs)
+
+    conn.send_command = recorded
+    conn._re_auth_token = Token()  # what a streaming credential provider sets when its token is renewed
+    assert await client.ping()  # released after it: re-authenticated with the new token (any password passes here)
+    assert sent == [("AUTH", "default", "ignored")] and conn._re_auth_token is None
+    assert await client.ping() and len(sent) == 1  # and not again without a new one
+    await client.aclose()
