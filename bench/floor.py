@@ -175,6 +175,16 @@ async def http_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await _send(send, 404, {"error": {"type": "not_found", "message": "not here"}})
 
 
+def _spawn(module_args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``python -m <module_args>`` from the repository, its output in ``log_path``, ended with this process."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "PYTHONUNBUFFERED": "1", **(env or {})}
+    with open(log_path, "wb") as log:
+        return subprocess.Popen([sys.executable, "-m", *module_args], cwd=ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=_term_with_parent)
+
+
 class Floor:
     """Its own Valkey (the binary and AOF setting ``inferq up`` uses) and one floor worker process."""
 
@@ -194,20 +204,20 @@ class Floor:
     def __enter__(self) -> Floor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.valkey.start()
-        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               "PYTHONUNBUFFERED": "1"}
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "bench.floor", "worker", "--url", self.url, "--window", str(self.window),
-                 "--latency-ms", str(self.latency_ms)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_term_with_parent)
-        deadline = time.monotonic() + 30
-        while "floor worker ready" not in self.log_path.read_text(errors="replace"):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.__exit__()
-                raise RuntimeError(f"the floor worker did not start: {self.log_path.read_text()[-800:]}")
-            time.sleep(0.05)
+        self.process = _spawn(["bench.floor", "worker", "--url", self.url, "--window", str(self.window),
+                               "--latency-ms", str(self.latency_ms)], self.log_path)
+        self._started(lambda: "floor worker ready" in self.log_path.read_text(errors="replace"), self.process,
+                      "the floor worker", self.log_path)
         return self
+
+    def _started(self, ready: Any, process: subprocess.Popen[bytes], what: str, log_path: Path) -> None:
+        """Wait up to 30 s until ``ready()``; a process that exits or a timeout stops everything and raises."""
+        deadline = time.monotonic() + 30
+        while not ready():
+            if process.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError(f"{what} did not start: {log_path.read_text()[-800:]}")
+            time.sleep(0.05)
 
     def __exit__(self, *exc: object) -> None:
         _stop(self.process, timeout=10)
@@ -244,28 +254,19 @@ class HttpFloor(Floor):
         super().__enter__()
         from emulator.up import GATEWAY_HTTP_PROTOCOL
 
-        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               "INFERQ_FLOOR_REDIS_URL": self.url}
-        with open(self.gateway_log, "wb") as log:
-            self.gateway = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", HTTP_APP, "--host", "127.0.0.1", "--port", str(self.port),
-                 "--no-server-header", "--no-access-log", "--http", GATEWAY_HTTP_PROTOCOL, "--log-level", "warning"],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=_term_with_parent)
+        self.gateway = _spawn(["uvicorn", HTTP_APP, "--host", "127.0.0.1", "--port", str(self.port),
+                               "--no-server-header", "--no-access-log", "--http", GATEWAY_HTTP_PROTOCOL,
+                               "--log-level", "warning"], self.gateway_log, {"INFERQ_FLOOR_REDIS_URL": self.url})
+        self._started(self._healthy, self.gateway, "the HTTP floor's gateway", self.gateway_log)
+        return self
+
+    def _healthy(self) -> bool:
         import httpx
 
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{self.url_http}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if self.gateway.poll() is not None or time.monotonic() > deadline:
-                self.__exit__()
-                raise RuntimeError(f"the HTTP floor's gateway did not start: {self.gateway_log.read_text()[-800:]}")
-            time.sleep(0.05)
-        return self
+        try:
+            return httpx.get(f"{self.url_http}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def __exit__(self, *exc: object) -> None:
         _stop(self.gateway, timeout=10)
