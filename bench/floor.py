@@ -130,7 +130,7 @@ def _redis_of_app() -> Any:
     if _http_redis is None:
         import redis.asyncio as redis
 
-        _http_redis = redis.Redis.from_url(os.environ["INFERQ_FLOOR_REDIS_URL"], max_connections=1024)
+        _http_redis = redis.Redis.from_url(os.environ["BENCH_FLOOR_REDIS_URL"], max_connections=1024)
     return _http_redis
 
 
@@ -256,7 +256,7 @@ class HttpFloor(Floor):
 
         self.gateway = _spawn(["uvicorn", HTTP_APP, "--host", "127.0.0.1", "--port", str(self.port),
                                "--no-server-header", "--no-access-log", "--http", GATEWAY_HTTP_PROTOCOL,
-                               "--log-level", "warning"], self.gateway_log, {"INFERQ_FLOOR_REDIS_URL": self.url})
+                               "--log-level", "warning"], self.gateway_log, {"BENCH_FLOOR_REDIS_URL": self.url})
         self._started(self._healthy, self.gateway, "the HTTP floor's gateway", self.gateway_log)
         return self
 
