@@ -72,7 +72,7 @@ class LeanConnectionPool(ConnectionPool):
                 await connection.disconnect()
             self._available_connections.append(connection)
         dispatcher: Any = self._event_dispatcher
-        if getattr(connection, "_re_auth_token", _UNKNOWN) is None and dispatcher is _default_dispatcher(dispatcher):
+        if getattr(connection, "_re_auth_token", _UNKNOWN) is None and _only_re_auth_listens(dispatcher):
             return  # the one listener would re-authenticate a connection that has no new token: nothing to do
         await dispatcher.dispatch_async(AsyncAfterConnectionReleasedEvent(connection))
 
@@ -97,13 +97,10 @@ async def _clean(connection: Any) -> bool:
     return False
 
 
-def _default_dispatcher(dispatcher: Any) -> Any:
-    """``dispatcher`` when it has redis-py's default listeners for a released connection (the re-authentication
-    one alone), else None."""
+def _only_re_auth_listens(dispatcher: Any) -> bool:
+    """Whether redis-py's default listener for a released connection (re-authentication) is its only one."""
     listeners = getattr(dispatcher, "_event_listeners_mapping", {}).get(AsyncAfterConnectionReleasedEvent)
-    if listeners is not None and len(listeners) == 1 and type(listeners[0]) is AsyncReAuthConnectionListener:
-        return dispatcher
-    return None
+    return listeners is not None and len(listeners) == 1 and type(listeners[0]) is AsyncReAuthConnectionListener
 
 
 class LeanRedis(Redis):

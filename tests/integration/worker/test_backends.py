@@ -154,7 +154,7 @@ async def test_mock_counts_a_call_alongside_its_latency_and_answers_or_fails_onl
     await mock._calls.wait_idle()
     assert await queue.redis.hget(queue.keys.mock_calls, "job_cancelled") == "1"
 
-    # with the count held back, no answer, failure or crash comes before it is written
+    # with the count held back, no answer and no failure comes before it is written
     gate = asyncio.Event()
     count = mock._count
 
