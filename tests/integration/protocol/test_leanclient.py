@@ -110,6 +110,50 @@ async def test_a_frozen_server_is_a_timeout_and_the_connection_is_not_reused(ser
     await client.aclose()
 
 
+async def test_a_write_the_socket_takes_starts_no_task(valkey: ValkeyProcess, queue_name: str) -> None:
+    """redis-py writes under ``asyncio.wait_for``, a new task per command on Python 3.11; the lean client's writes
+    (single commands and pipelines) start none."""
+    client = connect(Settings(redis_url=valkey.url, redis_timeout_s=5.0))
+    assert await client.ping()  # connected
+    loop = asyncio.get_running_loop()
+    started: list[Any] = []
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        started.append(coro)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    loop.set_task_factory(factory)
+    try:
+        for i in range(20):
+            assert await client.set(f"{queue_name}:w{i}", "v") is True
+        assert await pipelined(client, [("GET", f"{queue_name}:w0"), ("GET", f"{queue_name}:w1")]) == ["v", "v"]
+    finally:
+        loop.set_task_factory(None)
+    assert started == []
+    await client.aclose()
+
+
+async def test_a_write_a_frozen_server_does_not_take_times_out_and_drops_the_connection(
+        server: ValkeyProcess) -> None:
+    """A write larger than the socket's buffers to a server that reads nothing waits for the buffer to drain, under
+    the socket timeout; then the connection is dropped and the one resend times out too (its reconnect's handshake
+    gets no answer)."""
+    client = connect(Settings(redis_url=server.url, redis_timeout_s=TIMEOUT_S))
+    assert await client.ping()
+    server.freeze()
+    try:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(redis.exceptions.TimeoutError):
+            await client.set("big", b"x" * (64 << 20))
+        assert asyncio.get_running_loop().time() - started < 20 * TIMEOUT_S
+        assert _in_use(client) == 0
+        assert all(not c.is_connected for c in client.connection_pool._available_connections)
+    finally:
+        server.thaw()
+    assert await client.set("after", "1") and await client.get("after") == "1"
+    await client.aclose()
+
+
 async def test_a_cancelled_command_leaves_no_half_read_connection(server: ValkeyProcess) -> None:
     client = connect(Settings(redis_url=server.url, redis_timeout_s=5.0))
     blocked = asyncio.create_task(client.blpop(["never"], timeout=3))
