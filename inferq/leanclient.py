@@ -26,7 +26,6 @@ transitions and the waiters' record reads.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -118,7 +117,7 @@ class LeanRedis(Redis):
             return await super().execute_command(*args, **options)
 
         async def send_and_read(conn: Any) -> Any:
-            await _send(conn, conn.pack_command(*args))
+            await conn.send_packed_command(conn.pack_command(*args))
             return await conn.read_response()
 
         response = await self._on_a_connection(send_and_read)
@@ -138,7 +137,7 @@ class LeanRedis(Redis):
             return []
 
         async def send_and_read(conn: Any) -> list[Any]:
-            await _send(conn, conn.pack_commands(commands))
+            await conn.send_packed_command(conn.pack_commands(commands))
             replies: list[Any] = []
             for _ in commands:  # every reply read before anything is raised: the connection stays in step
                 try:
@@ -169,39 +168,6 @@ class LeanRedis(Redis):
             return result
         finally:
             await pool.release(conn)
-
-
-async def _send(conn: Any, command: list[bytes]) -> None:
-    """``conn.send_packed_command(command)`` without the task it starts for every write. With a socket timeout (inferq
-    always sets one) redis-py awaits the write under ``asyncio.wait_for``, which on Python 3.11 wraps it in a new
-    task run on the next turn of the event loop: for a write that does not wait at all (the socket takes it, or the
-    transport buffers it under its limit). Here a write that leaves nothing in the transport's buffer is done at
-    once; only one that does waits for the buffer to drain, under the socket timeout. Everything else is redis-py's:
-    the connect of a closed connection, the health check, and what a failed write raises (``TimeoutError``,
-    ``ConnectionError``) after dropping the connection."""
-    writer = getattr(conn, "_writer", None)
-    timeout = conn.socket_timeout
-    if writer is None or not timeout or not conn.is_connected:
-        await conn.send_packed_command(command)
-        return
-    await conn.check_health()
-    try:
-        writer.writelines(command)
-        if writer.transport.get_write_buffer_size():  # the socket did not take it all: wait as redis-py would
-            async with asyncio.timeout(timeout):
-                await writer.drain()
-        else:
-            await writer.drain()  # nothing to wait for: raises what a lost connection left, as redis-py's drain
-    except TimeoutError:
-        await conn.disconnect(nowait=True)
-        raise RedisTimeoutError("Timeout writing to socket") from None
-    except OSError as error:
-        await conn.disconnect(nowait=True)
-        err_no, message = ("UNKNOWN", error.args[0]) if len(error.args) == 1 else error.args[:2]
-        raise RedisConnectionError(f"Error {err_no} while writing to socket. {message}.") from error
-    except BaseException:
-        await conn.disconnect(nowait=True)
-        raise
 
 
 async def pipelined(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:

@@ -110,27 +110,33 @@ async def test_a_frozen_server_is_a_timeout_and_the_connection_is_not_reused(ser
     await client.aclose()
 
 
-async def test_a_write_the_socket_takes_starts_no_task(valkey: ValkeyProcess, queue_name: str) -> None:
-    """redis-py writes under ``asyncio.wait_for``, a new task per command on Python 3.11; the lean client's writes
-    (single commands and pipelines) start none."""
-    client = connect(Settings(redis_url=valkey.url, redis_timeout_s=5.0))
-    assert await client.ping()  # connected
+async def test_a_write_the_socket_takes_starts_no_task(valkey: ValkeyProcess, valkey_cluster: ValkeyProcess,
+                                                     queue_name: str) -> None:
+    """redis-py writes under ``asyncio.wait_for``, a new task per command on Python 3.11; the connections inferq's
+    clients open start none: single commands in standalone and cluster mode, and standalone pipelines (a cluster
+    pipeline runs each node's part as a task of its own, by design)."""
     loop = asyncio.get_running_loop()
-    started: list[Any] = []
+    for url in (valkey.url, valkey_cluster.url):
+        client = connect(Settings(redis_url=url, redis_timeout_s=5.0))
+        k = f"{{{queue_name}}}"  # one slot: the cluster client's pipeline goes to one node
+        assert await client.set(f"{k}:w", "v") is True  # connected (and the cluster's slots known)
+        started: list[Any] = []
 
-    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
-        started.append(coro)
-        return asyncio.Task(coro, loop=loop, **kwargs)
+        def factory(loop: asyncio.AbstractEventLoop, coro: Any, started: list[Any] = started,
+                    **kwargs: Any) -> asyncio.Task[Any]:
+            started.append(coro)
+            return asyncio.Task(coro, loop=loop, **kwargs)
 
-    loop.set_task_factory(factory)
-    try:
-        for i in range(20):
-            assert await client.set(f"{queue_name}:w{i}", "v") is True
-        assert await pipelined(client, [("GET", f"{queue_name}:w0"), ("GET", f"{queue_name}:w1")]) == ["v", "v"]
-    finally:
-        loop.set_task_factory(None)
-    assert started == []
-    await client.aclose()
+        loop.set_task_factory(factory)
+        try:
+            for i in range(20):
+                assert await client.set(f"{k}:w{i}", "v") is True
+            if url == valkey.url:
+                assert await pipelined(client, [("GET", f"{k}:w0"), ("GET", f"{k}:w1")]) == ["v", "v"]
+        finally:
+            loop.set_task_factory(None)
+        assert started == [], url
+        await client.aclose()
 
 
 async def test_a_write_a_frozen_server_does_not_take_times_out_and_drops_the_connection(
