@@ -54,7 +54,9 @@ class PromptWrites:
     (3.12+) it arms for every write. A write that leaves nothing in the transport's buffer is done at once; one that
     does waits for the buffer to drain, under the socket timeout. The rest is redis-py's: the connect of a closed
     connection, the health check, and what a failed write raises (``TimeoutError``, ``ConnectionError``) after
-    dropping the connection."""
+    dropping the connection. A write on a transport that is already closed (redis-py's ``disconnect`` keeps the
+    writer while it waits for the close; the server reset the connection) is a ``ConnectionError`` too, which the
+    connection's ``Retry`` and inferq's fault model handle, where redis-py lets uvloop's ``RuntimeError`` through."""
 
     async def send_packed_command(self, command: bytes | str | Iterable[bytes], check_health: bool = True) -> None:
         this: Any = self
@@ -65,9 +67,13 @@ class PromptWrites:
             return
         if check_health:
             await this.check_health()
+        transport = writer.transport
+        if transport.is_closing():  # closed under it: a disconnect still closing it, or the server reset it
+            await this.disconnect(nowait=True)
+            raise RedisConnectionError("Error while writing to socket: the connection is closed.")
         try:
             writer.writelines(command)
-            if writer.transport.get_write_buffer_size():  # the socket did not take it all: wait, as redis-py would
+            if transport.get_write_buffer_size():  # the socket did not take it all: wait, as redis-py would
                 async with asyncio.timeout(timeout):
                     await writer.drain()
             else:
@@ -79,6 +85,9 @@ class PromptWrites:
             await this.disconnect(nowait=True)
             err_no, message = ("UNKNOWN", error.args[0]) if len(error.args) == 1 else error.args[:2]
             raise RedisConnectionError(f"Error {err_no} while writing to socket. {message}.") from error
+        except RuntimeError as error:  # uvloop's "unable to perform operation on <TCPTransport closed=True>"
+            await this.disconnect(nowait=True)
+            raise RedisConnectionError(f"Error while writing to socket: {error}.") from error
         except BaseException:
             await this.disconnect(nowait=True)
             raise

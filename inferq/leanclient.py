@@ -15,7 +15,8 @@ decoded, a command with a fallback reply) takes redis-py's own path. The check t
 open and holds no stray reply is stricter than redis-py's (:func:`_clean`); an open, clean connection skips
 redis-py's connect step (a no-op for it, wrapped in the retry's closures), and a released one the
 released-connection event when its one listener has nothing to do: 205 k -> 187 k client instructions per job
-read, 271 k -> 251 k per worker start (callgrind, K).
+read, 271 k -> 251 k per worker start (callgrind, K). Writes are :class:`inferq.fastpack.PromptWrites`' (no task
+per write): 158 k per job read, 223 k per worker start.
 
 Pipelines pay more: a worker's start, a script call and the record's read in one redis-py pipeline, cost 396 k
 instructions (251 k through :meth:`LeanRedis.pipelined`) against 61 k for the same two commands written at once

@@ -139,6 +139,37 @@ async def test_a_write_the_socket_takes_starts_no_task(valkey: ValkeyProcess, va
         await client.aclose()
 
 
+@pytest.mark.parametrize("loop_kind", ["uvloop", "asyncio"])
+def test_a_write_on_a_transport_closed_under_it_is_resent_at_once(valkey: ValkeyProcess,
+                                                                  valkey_cluster: ValkeyProcess, queue_name: str,
+                                                                  loop_kind: str) -> None:
+    """A connection the pool holds as open whose transport is already closed (what redis-py's ``disconnect`` leaves
+    while it waits for the close, or a reset by the server): the write is a connection error, the connection is
+    dropped and the command resent once on a new one, at once. On uvloop, redis-py's own write raises its
+    ``RuntimeError`` ("the handler is closed"), which no fault handling knows; on asyncio's loop it is dropped
+    silently and the command waits for its read to fail."""
+
+    async def check(url: str) -> None:
+        client = connect(Settings(redis_url=url, redis_timeout_s=5.0))
+        key = f"{{{queue_name}}}:closed"
+        assert await client.set(key, "1") is True
+        connections = (client.connection_pool._available_connections if isinstance(client, LeanRedis)
+                       else client.get_node_from_key(key)._free)
+        for conn in connections:
+            conn._writer.transport.close()
+        for _ in range(3):
+            await asyncio.sleep(0)  # the close runs to its end (uvloop: the handle is closed)
+        started = asyncio.get_running_loop().time()
+        assert await client.get(key) == "1"
+        assert asyncio.get_running_loop().time() - started < 2.0  # not the 5 s read timeout
+        await client.aclose()
+
+    import uvloop
+
+    for url in (valkey.url, valkey_cluster.url):
+        (uvloop.run if loop_kind == "uvloop" else asyncio.run)(check(url))
+
+
 async def test_a_write_a_frozen_server_does_not_take_times_out_and_drops_the_connection(
         server: ValkeyProcess) -> None:
     """A write larger than the socket's buffers to a server that reads nothing waits for the buffer to drain, under
