@@ -94,10 +94,10 @@ class PromptWrites:
 
 
 def use_hiredis_packing(client: Any) -> bool:
-    """Make the connections ``client`` opens from now on pack with hiredis and write with :class:`PromptWrites`:
-    a standalone client's pool, or a
-    cluster client's nodes (ElastiCache Serverless is always cluster mode), those it knows and those it finds
-    later, which it builds from ``nodes_manager.connection_kwargs``. False when it cannot (no hiredis)."""
+    """Make the connections ``client`` opens from now on pack with hiredis and write with :class:`PromptWrites`: a
+    standalone client's pool, or a cluster client's nodes (ElastiCache Serverless is always cluster mode), those it
+    knows and those it finds later, which it builds from ``nodes_manager.connection_kwargs``. False when it cannot
+    (no hiredis)."""
     if _pack is None:
         return False
     pool = getattr(client, "connection_pool", None)
