@@ -18,6 +18,13 @@ released-connection event when its one listener has nothing to do: 205 k -> 187 
 read, 271 k -> 251 k per worker start (callgrind, K). Writes are :class:`inferq.fastpack.PromptWrites`' (no task
 per write): 158 k per job read, 223 k per worker start.
 
+Commands that many callers send alone at the same time (a gateway's requests: a submit's script, a wait's read)
+share writes: the ones sent in one turn of the event loop go out in one write on one connection, and each caller
+is handed its own reply (:meth:`LeanRedis._joined`, what ioredis calls auto-pipelining). Under S3's load the
+gateway wrote about five commands a write this way, where redis-py writes each on a connection of its own: a
+system call and a read event on both sides saved per command. Each keeps a single command's semantics (its own
+error, the one resend, a cancelled caller leaving the connection in step).
+
 Pipelines pay more: a worker's start, a script call and the record's read in one redis-py pipeline, cost 396 k
 instructions (251 k through :meth:`LeanRedis.pipelined`) against 61 k for the same two commands written at once
 and read back. :meth:`LeanRedis.pipelined` (and :func:`pipelined`, which takes any client) sends a list of commands
@@ -27,9 +34,11 @@ transitions and the waiters' record reads.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import ConnectionPool
@@ -104,6 +113,12 @@ def _only_re_auth_listens(dispatcher: Any) -> bool:
     return listeners is not None and len(listeners) == 1 and type(listeners[0]) is AsyncReAuthConnectionListener
 
 
+JOINED_COMMANDS = frozenset({"EVALSHA", "HMGET", "HGET", "HGETALL"})
+"""The commands that callers sending at the same time share one write for (:meth:`LeanRedis._joined`): the ones a
+request and a job's transitions send alone, none of them blocking, each safe to send again (every inferq script is,
+G9; a read is)."""
+
+
 class LeanRedis(Redis):
     """``Redis`` whose single commands take :meth:`execute_command` below."""
 
@@ -113,15 +128,16 @@ class LeanRedis(Redis):
         client.auto_close_connection_pool = True  # the client owns its pool, as Redis.from_url makes it
         return client
 
+    _joining: list[_Joined] | None = None
+    _handed_over: set[asyncio.Task[None]] | None = None
+
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         if self.single_connection_client or NEVER_DECODE in options or EMPTY_RESPONSE in options:
             return await super().execute_command(*args, **options)
-
-        async def send_and_read(conn: Any) -> Any:
-            await conn.send_packed_command(conn.pack_command(*args))
-            return await conn.read_response()
-
-        response = await self._on_a_connection(send_and_read)
+        if args[0] in JOINED_COMMANDS:
+            response = await self._joined(args)
+        else:
+            response = await self._on_a_connection(_one(args))
         options.pop("keys", None)  # redis-py's client-side-cache hint, not a callback option
         callback = self.response_callbacks.get(args[0])
         if callback is None:
@@ -136,24 +152,94 @@ class LeanRedis(Redis):
         error or timeout drops the connection and resends the whole once, as redis-py resends a pipeline."""
         if not commands:
             return []
-
-        async def send_and_read(conn: Any) -> list[Any]:
-            await conn.send_packed_command(conn.pack_commands(commands))
-            replies: list[Any] = []
-            for _ in commands:  # every reply read before anything is raised: the connection stays in step
-                try:
-                    replies.append(await conn.read_response())
-                except ResponseError as error:
-                    replies.append(error)
-            return replies
-
-        replies = await self._on_a_connection(send_and_read)
+        replies = await self._on_a_connection(_many(commands))
         out: list[Any] = []
         for command, reply in zip(commands, replies, strict=True):
             callback = None if isinstance(reply, ResponseError) else self.response_callbacks.get(command[0])
             value = reply if callback is None else callback(reply)
             out.append(await value if inspect.isawaitable(value) else value)
         return out
+
+    async def _joined(self, command: tuple[Any, ...]) -> Any:
+        """``command``'s raw reply, the command written together with the other callers' joinable commands sent in
+        the same turn of the event loop: the first caller of a turn waits for the end of that turn, then writes
+        them all at once on one connection and hands each its reply; the others wait for theirs. A single command's
+        semantics are kept for each: its own error reply raised to it alone; a connection error or timeout resends
+        the batch once (every joined command is safe to resend), then is raised to all; a ``READONLY`` reply (a
+        demoted primary) drops the connection and sends that command again alone, with a single command's own
+        resend. A caller cancelled while waiting has its reply dropped and leaves the rest served; a first caller
+        cancelled before its batch is answered hands the others' commands to a task that sends them again."""
+        batch = self._joining
+        if batch is not None:
+            waiting: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            batch.append(_Joined(command, waiting))
+            return await waiting
+        batch = self._joining = [_Joined(command, None)]
+        try:
+            await asyncio.sleep(0)  # the end of this turn: the callers made ready with this one join it
+        except BaseException:
+            self._joining = None
+            self._hand_over(batch[1:])
+            raise
+        self._joining = None
+        if len(batch) == 1:
+            return await self._on_a_connection(_one(command))
+        try:
+            return await self._send_joined(batch)
+        except asyncio.CancelledError:
+            self._hand_over(batch[1:])
+            raise
+
+    async def _send_joined(self, batch: list[_Joined]) -> Any:
+        """One write of ``batch``'s commands; every waiting caller answered. The reply of an entry without a
+        future (the first caller's) is returned, or raised when it is an error. A command answered ``READONLY`` (a
+        demoted primary: the connection is dropped) is sent again alone, with the single command's own resend."""
+        try:
+            replies = await self._on_a_connection(_many([entry.command for entry in batch], drop_on_retried=True))
+            for i, reply in enumerate(replies):
+                if isinstance(reply, _Resend):
+                    try:
+                        replies[i] = await self._on_a_connection(_one(batch[i].command))
+                    except ResponseError as error:
+                        replies[i] = error
+        except Exception as error:  # not a cancellation: the caller hands the others over (_joined)
+            for entry in batch:
+                if entry.waiting is not None and not entry.waiting.done():
+                    entry.waiting.set_exception(error)
+            raise
+        own: Any = None
+        for entry, reply in zip(batch, replies, strict=True):
+            if entry.waiting is None:
+                own = reply
+            elif not entry.waiting.done():  # a caller cancelled meanwhile has its reply dropped
+                if isinstance(reply, ResponseError):
+                    entry.waiting.set_exception(reply)
+                else:
+                    entry.waiting.set_result(reply)
+        if isinstance(own, ResponseError):
+            raise own
+        return own
+
+    def _hand_over(self, rest: list[_Joined]) -> None:
+        rest = [entry for entry in rest if entry.waiting is not None and not entry.waiting.done()]
+        if not rest:
+            return
+
+        async def send() -> None:
+            try:
+                with contextlib.suppress(Exception):  # raised to each waiting caller already
+                    await self._send_joined(rest)
+            except asyncio.CancelledError:  # the client is closing: nobody will answer them
+                for entry in rest:
+                    if entry.waiting is not None:
+                        entry.waiting.cancel()
+                raise
+
+        if self._handed_over is None:
+            self._handed_over = set()
+        task = asyncio.ensure_future(send())
+        self._handed_over.add(task)  # a task with no reference may be collected before it is done
+        task.add_done_callback(self._handed_over.discard)
 
     async def _on_a_connection(self, send_and_read: Callable[[Any], Awaitable[T]]) -> T:
         """``send_and_read`` on a connection of the pool, under the connection's ``Retry``: a connection error or
@@ -169,6 +255,51 @@ class LeanRedis(Redis):
             return result
         finally:
             await pool.release(conn)
+
+
+class _Resend(NamedTuple):
+    """In a joined batch's replies: an error reply the connection's ``Retry`` resends a single command on."""
+
+    error: ResponseError
+
+
+class _Joined(NamedTuple):
+    command: tuple[Any, ...]
+    waiting: asyncio.Future[Any] | None
+    """None for the caller that writes the batch"""
+
+
+def _one(command: tuple[Any, ...]) -> Callable[[Any], Awaitable[Any]]:
+    async def send_and_read(conn: Any) -> Any:
+        await conn.send_packed_command(conn.pack_command(*command))
+        return await conn.read_response()
+
+    return send_and_read
+
+
+def _many(commands: Sequence[tuple[Any, ...]], *, drop_on_retried: bool = False
+          ) -> Callable[[Any], Awaitable[list[Any]]]:
+    """Write ``commands`` at once and read every reply, an error reply in its command's place; with
+    ``drop_on_retried``, an error reply the single command's ``Retry`` would resend on (``READONLY``: the
+    connection's ``retry_on_error``) is a :class:`_Resend` and drops the connection once all are read, as the
+    ``Retry`` drops it."""
+
+    async def send_and_read(conn: Any) -> list[Any]:
+        await conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:  # every reply read before anything is raised: the connection stays in step
+            try:
+                replies.append(await conn.read_response())
+            except ResponseError as error:
+                replies.append(error)
+        if drop_on_retried:
+            retried = tuple(kind for kind in conn.retry_on_error or () if issubclass(kind, ResponseError))
+            if retried and any(isinstance(reply, retried) for reply in replies):
+                replies = [_Resend(reply) if isinstance(reply, retried) else reply for reply in replies]
+                await conn.disconnect()
+        return replies
+
+    return send_and_read
 
 
 async def pipelined(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:

@@ -315,3 +315,131 @@ async def test_a_released_connection_is_re_authenticated_when_it_holds_a_new_tok
     assert sent == [("AUTH", "default", "ignored")] and conn._re_auth_token is None
     assert await client.ping() and len(sent) == 1  # and not again without a new one
     await client.aclose()
+
+
+# --- commands sent in one turn of the event loop share one write (LeanRedis._joined) ---
+
+
+def _connections(client: Any) -> int:
+    pool = client.connection_pool
+    return len(pool._available_connections) + len(pool._in_use_connections)
+
+
+def _reads_processed(server: ValkeyProcess) -> int:
+    return int(server.info("stats")["total_reads_processed"])
+
+
+async def test_commands_sent_in_one_turn_share_one_write_on_one_connection(server: ValkeyProcess) -> None:
+    """What a gateway under load sends (scripts, the job reads) from many requests at once goes out in one write on
+    one connection, each caller answered its own reply, parsed as alone; redis-py would open a connection and make
+    a write per command."""
+    client = connect(Settings(redis_url=server.url, redis_timeout_s=5.0))
+    sha = await client.script_load("return {KEYS[1], ARGV[1]}")
+    for i in range(20):
+        await client.hset(f"h{i}", mapping={"a": str(i), "b": f"b{i}"})
+    await client.aclose()
+    client = connect(Settings(redis_url=server.url, redis_timeout_s=5.0))
+    assert await client.ping()  # connected: one connection
+    before = _reads_processed(server)
+    replies = await asyncio.gather(*(
+        call for i in range(20) for call in (
+            client.hmget(f"h{i}", ["a", "nope", "b"]), client.hget(f"h{i}", "a"), client.hgetall(f"h{i}"),
+            client.evalsha(sha, 1, f"k{i}", f"v{i}"))))
+    reads = _reads_processed(server) - before - 1  # less the INFO that read the counter
+    assert replies == [reply for i in range(20) for reply in (
+        [str(i), None, f"b{i}"], str(i), {"a": str(i), "b": f"b{i}"}, [f"k{i}", f"v{i}"])]
+    assert _connections(client) == 1 and _in_use(client) == 0
+    assert reads <= 3, reads  # one write of 80 commands (the socket may split it); 80 alone
+    await client.aclose()
+
+
+async def test_in_a_shared_write_an_error_reply_is_its_own_callers_alone(server: ValkeyProcess) -> None:
+    client = connect(Settings(redis_url=server.url, redis_timeout_s=5.0))
+    await client.set("str", "v")
+    await client.hset("h", mapping={"a": "1"})
+    replies = await asyncio.gather(client.hget("h", "a"), client.hget("str", "a"), client.evalsha("0" * 40, 0),
+                                   client.hgetall("h"), return_exceptions=True)
+    assert replies[0] == "1" and replies[3] == {"a": "1"}
+    assert isinstance(replies[1], redis.exceptions.ResponseError) and "WRONGTYPE" in str(replies[1])
+    assert isinstance(replies[2], redis.exceptions.NoScriptError)  # the scripts' loader knows this one
+    assert _connections(client) == 1 and _in_use(client) == 0
+    assert await client.hget("h", "a") == "1"  # the connection stayed in step
+    await client.aclose()
+
+
+async def test_a_caller_cancelled_in_a_shared_write_leaves_the_others_answered(server: ValkeyProcess) -> None:
+    """A caller that joined a write and is cancelled has its reply dropped; the first caller, which writes, cancelled
+    before the write hands the others to a task; cancelled while the server runs the batch (a slow script ahead of
+    them), the others are sent again on a new connection. Every caller left is answered its own reply, and no
+    connection is left half read."""
+    client = connect(Settings(redis_url=server.url, redis_timeout_s=5.0))
+    for i in range(6):
+        await client.hset(f"h{i}", mapping={"a": str(i)})
+    slow = await client.script_load(
+        "local t0 = redis.call('TIME') repeat local t = redis.call('TIME') "
+        "until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 300000 return 1")
+
+    calls = [asyncio.create_task(client.hget(f"h{i}", "a")) for i in range(6)]
+    await asyncio.sleep(0)  # every call has joined; the first waits for the end of the turn to write
+    calls[0].cancel()
+    calls[3].cancel()
+    assert await asyncio.gather(*(calls[i] for i in (1, 2, 4, 5))) == ["1", "2", "4", "5"]
+    for i in (0, 3):
+        assert calls[i].cancelled()
+
+    first = asyncio.create_task(client.evalsha(slow, 0))
+    rest = [asyncio.create_task(client.hget(f"h{i}", "a")) for i in range(6)]
+    await asyncio.sleep(0.1)  # written: the server is running the slow script, the reads wait behind it
+    first.cancel()
+    rest[2].cancel()
+    assert await asyncio.gather(*(rest[i] for i in (0, 1, 3, 4, 5))) == ["0", "1", "3", "4", "5"]
+    assert first.cancelled() and rest[2].cancelled()
+    for _ in range(3):
+        assert await asyncio.gather(*(client.hget(f"h{i}", "a") for i in range(6))) == [str(i) for i in range(6)]
+    assert _in_use(client) == 0
+    await client.aclose()
+
+
+async def test_a_shared_write_on_a_closed_connection_is_resent_and_to_a_frozen_server_times_out(
+        server: ValkeyProcess) -> None:
+    client = connect(Settings(redis_url=server.url, redis_timeout_s=TIMEOUT_S))
+    for i in range(5):
+        await client.hset(f"h{i}", mapping={"a": str(i)})
+    for _ in range(3):
+        assert server.kill_clients("normal") >= 1
+        assert await asyncio.gather(*(client.hget(f"h{i}", "a") for i in range(5))) == [str(i) for i in range(5)]
+    server.freeze()
+    try:
+        replies = await asyncio.gather(*(client.hget(f"h{i}", "a") for i in range(5)), return_exceptions=True)
+        assert all(isinstance(r, (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError))
+                   for r in replies), replies
+        assert _in_use(client) == 0
+        assert all(not c.is_connected for c in client.connection_pool._available_connections)
+    finally:
+        server.thaw()
+    assert await asyncio.gather(*(client.hget(f"h{i}", "a") for i in range(5))) == [str(i) for i in range(5)]
+    await client.aclose()
+
+
+async def test_a_script_refused_readonly_in_a_shared_write_is_resent_alone_and_reaches_a_new_primary(
+        server: ValkeyProcess, tmp_path: Path) -> None:
+    """A demoted primary answers the writes of a shared write READONLY and its reads as before: the reads are
+    answered, the connection dropped, and each refused script sent again alone with a single command's resend,
+    which finds the server promoted again (what a failover's endpoint does) and writes."""
+    client = connect(Settings(redis_url=server.url, redis_timeout_s=5.0))
+    write = await client.script_load("return redis.call('INCR', KEYS[1])")
+    await client.hset("h", mapping={"a": "1"})
+    other = ValkeyProcess(tmp_path / "primary", appendfsync=None)
+    other.start()
+    try:
+        server.replicate(other)  # demoted: refuses writes, keeps serving reads (what it holds: nothing now)
+        calls = [client.evalsha(write, 1, "n"), client.hget("h", "a"), client.evalsha(write, 1, "n")]
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.02, server.promote)  # before the single command's resend (its backoff is >= 50 ms)
+        replies = await asyncio.gather(*calls, return_exceptions=True)
+    finally:
+        other.stop()
+    assert replies[1] in ("1", None)  # read on the demoted server: before or after its sync emptied it
+    assert sorted(replies[i] for i in (0, 2)) == [1, 2], replies  # each script ran once, on the new primary
+    assert await client.get("n") == "2"
+    await client.aclose()
