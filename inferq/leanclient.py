@@ -129,6 +129,8 @@ class LeanRedis(Redis):
         return client
 
     _joining: list[_Joined] | None = None
+    _outstanding = 0
+    """Joinable commands written and not yet answered, less those that joined another's write."""
     _handed_over: set[asyncio.Task[None]] | None = None
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
@@ -162,33 +164,42 @@ class LeanRedis(Redis):
 
     async def _joined(self, command: tuple[Any, ...]) -> Any:
         """``command``'s raw reply, the command written together with the other callers' joinable commands sent in
-        the same turn of the event loop: the first caller of a turn waits for the end of that turn, then writes
-        them all at once on one connection and hands each its reply; the others wait for theirs. A single command's
-        semantics are kept for each: its own error reply raised to it alone; a connection error or timeout resends
-        the batch once (every joined command is safe to resend), then is raised to all; a ``READONLY`` reply (a
-        demoted primary) drops the connection and sends that command again alone, with a single command's own
-        resend. A caller cancelled while waiting has its reply dropped and leaves the rest served; a first caller
-        cancelled before its batch is answered hands the others' commands to a task that sends them again."""
+        the same turn of the event loop while others are in flight: the first caller of a turn waits for the end
+        of that turn, then writes them all at once on one connection and hands each its reply; the others wait
+        for theirs. With nothing else in flight (no load, a Lambda's one request) a command is written at once.
+
+        A single command's semantics are kept for each: its own error reply raised to it alone; a connection error
+        or timeout resends the batch once (every joined command is safe to resend), then is raised to all; a
+        ``READONLY`` reply (a demoted primary) drops the connection and sends that command again alone, with a
+        single command's own resend. A caller cancelled while waiting has its reply dropped and leaves the rest
+        served; a first caller cancelled before its batch is answered hands the others' commands to a task that
+        sends them again."""
         batch = self._joining
         if batch is not None:
             waiting: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             batch.append(_Joined(command, waiting))
             return await waiting
-        batch = self._joining = [_Joined(command, None)]
+        self._outstanding += 1
         try:
-            await asyncio.sleep(0)  # the end of this turn: the callers made ready with this one join it
-        except BaseException:
+            if self._outstanding == 1:  # nothing else in flight (no load; a Lambda's one request): no one to wait for
+                return await self._on_a_connection(_one(command))
+            batch = self._joining = [_Joined(command, None)]
+            try:
+                await asyncio.sleep(0)  # the end of this turn: the callers made ready with this one join it
+            except BaseException:
+                self._joining = None
+                self._hand_over(batch[1:])
+                raise
             self._joining = None
-            self._hand_over(batch[1:])
-            raise
-        self._joining = None
-        if len(batch) == 1:
-            return await self._on_a_connection(_one(command))
-        try:
-            return await self._send_joined(batch)
-        except asyncio.CancelledError:
-            self._hand_over(batch[1:])
-            raise
+            if len(batch) == 1:
+                return await self._on_a_connection(_one(command))
+            try:
+                return await self._send_joined(batch)
+            except asyncio.CancelledError:
+                self._hand_over(batch[1:])
+                raise
+        finally:
+            self._outstanding -= 1
 
     async def _send_joined(self, batch: list[_Joined]) -> Any:
         """One write of ``batch``'s commands; every waiting caller answered. The reply of an entry without a

@@ -332,24 +332,25 @@ def _reads_processed(server: ValkeyProcess) -> int:
 async def test_commands_sent_in_one_turn_share_one_write_on_one_connection(server: ValkeyProcess) -> None:
     """What a gateway under load sends (scripts, the job reads) from many requests at once goes out in one write on
     one connection, each caller answered its own reply, parsed as alone; redis-py would open a connection and make
-    a write per command."""
+    a write per command. The first, sent with nothing else in flight, is written at once on a connection of its
+    own: with no load, nothing waits for a turn's end."""
     client = connect(Settings(redis_url=server.url, redis_timeout_s=5.0))
     sha = await client.script_load("return {KEYS[1], ARGV[1]}")
     for i in range(20):
         await client.hset(f"h{i}", mapping={"a": str(i), "b": f"b{i}"})
     await client.aclose()
     client = connect(Settings(redis_url=server.url, redis_timeout_s=5.0))
-    assert await client.ping()  # connected: one connection
+    assert await asyncio.gather(client.ping(), client.ping()) == [True, True]  # two connections, handshakes done
     before = _reads_processed(server)
     replies = await asyncio.gather(*(
         call for i in range(20) for call in (
             client.hmget(f"h{i}", ["a", "nope", "b"]), client.hget(f"h{i}", "a"), client.hgetall(f"h{i}"),
             client.evalsha(sha, 1, f"k{i}", f"v{i}"))))
-    reads = _reads_processed(server) - before - 1  # less the INFO that read the counter
+    reads = _reads_processed(server) - before - 2  # less the INFO that read the counter, and its connection's end
     assert replies == [reply for i in range(20) for reply in (
         [str(i), None, f"b{i}"], str(i), {"a": str(i), "b": f"b{i}"}, [f"k{i}", f"v{i}"])]
-    assert _connections(client) == 1 and _in_use(client) == 0
-    assert reads <= 3, reads  # one write of 80 commands (the socket may split it); 80 alone
+    assert _connections(client) == 2 and _in_use(client) == 0
+    assert reads <= 3, reads  # the first alone, then one write of 79 commands (the socket may split it); 80 alone
     await client.aclose()
 
 
@@ -362,40 +363,39 @@ async def test_in_a_shared_write_an_error_reply_is_its_own_callers_alone(server:
     assert replies[0] == "1" and replies[3] == {"a": "1"}
     assert isinstance(replies[1], redis.exceptions.ResponseError) and "WRONGTYPE" in str(replies[1])
     assert isinstance(replies[2], redis.exceptions.NoScriptError)  # the scripts' loader knows this one
-    assert _connections(client) == 1 and _in_use(client) == 0
+    assert _connections(client) == 2 and _in_use(client) == 0  # the first alone, the rest in one write
     assert await client.hget("h", "a") == "1"  # the connection stayed in step
     await client.aclose()
 
 
 async def test_a_caller_cancelled_in_a_shared_write_leaves_the_others_answered(server: ValkeyProcess) -> None:
-    """A caller that joined a write and is cancelled has its reply dropped; the first caller, which writes, cancelled
-    before the write hands the others to a task; cancelled while the server runs the batch (a slow script ahead of
-    them), the others are sent again on a new connection. Every caller left is answered its own reply, and no
-    connection is left half read."""
+    """A caller that joined a write and is cancelled has its reply dropped; the caller that writes the batch,
+    cancelled before the write, hands the others to a task; cancelled once the batch is written and waits for its
+    replies (the server paused), the others are sent again on a new connection. Every caller left is answered its
+    own reply, and no connection is left half read."""
     client = connect(Settings(redis_url=server.url, redis_timeout_s=5.0))
-    for i in range(6):
+    for i in range(7):
         await client.hset(f"h{i}", mapping={"a": str(i)})
-    slow = await client.script_load(
-        "local t0 = redis.call('TIME') repeat local t = redis.call('TIME') "
-        "until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 300000 return 1")
+    assert await asyncio.gather(client.ping(), client.ping()) == [True, True]  # two connections open
 
-    calls = [asyncio.create_task(client.hget(f"h{i}", "a")) for i in range(6)]
-    await asyncio.sleep(0)  # every call has joined; the first waits for the end of the turn to write
-    calls[0].cancel()
-    calls[3].cancel()
-    assert await asyncio.gather(*(calls[i] for i in (1, 2, 4, 5))) == ["1", "2", "4", "5"]
-    for i in (0, 3):
+    # calls[0] is written alone (nothing else in flight); calls[1] writes the rest when the turn ends
+    calls = [asyncio.create_task(client.hget(f"h{i}", "a")) for i in range(7)]
+    await asyncio.sleep(0)  # every call has joined; calls[1] waits for the end of the turn to write
+    calls[1].cancel()
+    calls[4].cancel()
+    assert await asyncio.gather(*(calls[i] for i in (0, 2, 3, 5, 6))) == ["0", "2", "3", "5", "6"]
+    for i in (1, 4):
         assert calls[i].cancelled()
 
-    first = asyncio.create_task(client.evalsha(slow, 0))
-    rest = [asyncio.create_task(client.hget(f"h{i}", "a")) for i in range(6)]
-    await asyncio.sleep(0.1)  # written: the server is running the slow script, the reads wait behind it
-    first.cancel()
-    rest[2].cancel()
-    assert await asyncio.gather(*(rest[i] for i in (0, 1, 3, 4, 5))) == ["0", "1", "3", "4", "5"]
-    assert first.cancelled() and rest[2].cancelled()
+    server.pause(500)  # the server holds every command for half a second
+    calls = [asyncio.create_task(client.hget(f"h{i}", "a")) for i in range(7)]
+    await asyncio.sleep(0.1)  # calls[0] and the batch calls[1] wrote wait for their replies
+    calls[1].cancel()
+    calls[4].cancel()
+    assert await asyncio.gather(*(calls[i] for i in (0, 2, 3, 5, 6))) == ["0", "2", "3", "5", "6"]
+    assert calls[1].cancelled() and calls[4].cancelled()
     for _ in range(3):
-        assert await asyncio.gather(*(client.hget(f"h{i}", "a") for i in range(6))) == [str(i) for i in range(6)]
+        assert await asyncio.gather(*(client.hget(f"h{i}", "a") for i in range(7))) == [str(i) for i in range(7)]
     assert _in_use(client) == 0
     await client.aclose()
 
