@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import clients, load
-from .stack import ROOT, _cpu_s, _stop, _term_with_parent
+from .stack import ROOT, _cpu_s, _stop, _term_with_parent, io_calls
 
 HTTP_APP = "bench.floor:http_app"
 
@@ -227,10 +227,13 @@ class Floor:
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def cpu_by_role(self) -> dict[str, float]:
-        out = {"workers": _cpu_s(self.process.pid) if self.process else 0.0}
-        pid = self.valkey.pid
-        out["valkey"] = _cpu_s(pid) if pid else 0.0
-        return out
+        return {role: _cpu_s(pid) if pid else 0.0 for role, pid in self._pids().items()}
+
+    def io_calls_by_role(self) -> dict[str, float]:
+        return {role: io_calls(pid) if pid else 0.0 for role, pid in self._pids().items()}
+
+    def _pids(self) -> dict[str, int | None]:
+        return {"workers": self.process.pid if self.process else None, "valkey": self.valkey.pid}
 
     def describe(self) -> dict[str, Any]:
         return {"mode": "floor (bare Redis Streams, bench/floor.py)", "workers": 1, "window": self.window,
@@ -272,8 +275,8 @@ class HttpFloor(Floor):
         _stop(self.gateway, timeout=10)
         super().__exit__()
 
-    def cpu_by_role(self) -> dict[str, float]:
-        return {**super().cpu_by_role(), "gateway": _cpu_s(self.gateway.pid) if self.gateway else 0.0}
+    def _pids(self) -> dict[str, int | None]:
+        return {**super()._pids(), "gateway": self.gateway.pid if self.gateway else None}
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "mode": "HTTP floor (bare ASGI under uvicorn + the floor, bench/floor.py)",

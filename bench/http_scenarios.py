@@ -144,7 +144,7 @@ class HttpScenarios(Plumbing):
                     title = f"{key} warm-up" if i == 0 else f"{key} floor run {i}/{sz.repeats}"
                     task = self.progress.add_task(title, total=n)
                     progress = functools.partial(self.advance, task)
-                    with measured(fl.url, fl.cpu_by_role) as finish:
+                    with measured(fl.url, fl.cpu_by_role, fl.io_calls_by_role) as finish:
                         if key == "F":
                             result = await floor.closed_loop(fl.url, n, 32, deadline_s=sz.deadline_s, progress=progress)
                         else:

@@ -71,6 +71,7 @@ class LoadResult:
     error_count: int = 0
     client_cpu_s: float = 0.0  # filled in by the caller that owns the process
     cpu_by_role: dict[str, float] = field(default_factory=dict)  # likewise, from the stack's processes
+    io_calls_by_role: dict[str, float] = field(default_factory=dict)  # likewise: read/write system calls
     commandstats: dict[str, Any] = field(default_factory=dict)  # likewise: Valkey's INFO commandstats delta
 
     def fail(self, record: JobRecord | None, message: str) -> None:

@@ -154,6 +154,9 @@ def rows(report: dict[str, Any]) -> list[dict[str, str]]:
         if cpu:
             figures += (f"\nCPU ms/job: gateway+workers+Valkey {fmt_spread(agg.get('cpu_ms_per_job_system'), 2)} = "
                         + ", ".join(f"{role} {ms:.2f}" for role, ms in cpu.items()))
+        io = per_job_median(scenario.get("runs", []), "io_calls_per_job_by_role")
+        if io:
+            figures += ("\nread/write system calls per job: " + ", ".join(f"{role} {n:.1f}" for role, n in io.items()))
         valkey = valkey_line(scenario)
         if valkey:
             figures += "\n" + valkey
@@ -189,10 +192,15 @@ def valkey_line(scenario: dict[str, Any], top: int = 5) -> str:
 
 def cpu_per_job(runs: list[dict[str, Any]]) -> dict[str, float]:
     """Median over the runs of each role's CPU milliseconds per job, biggest first."""
+    return per_job_median(runs, "cpu_ms_per_job_by_role")
+
+
+def per_job_median(runs: list[dict[str, Any]], key: str) -> dict[str, float]:
+    """Median over the runs of each role's figure per job under ``key``, biggest first."""
     roles: dict[str, list[float]] = {}
     for run in runs:
-        for role, ms in (run.get("cpu_ms_per_job_by_role") or {}).items():
-            roles.setdefault(role, []).append(ms)
+        for role, value in (run.get(key) or {}).items():
+            roles.setdefault(role, []).append(value)
     medians = {role: statistics.median(v) for role, v in roles.items() if v}
     return dict(sorted(medians.items(), key=lambda kv: -kv[1]))
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +223,13 @@ class Stack:
     def cpu_by_role(self) -> dict[str, float]:
         """CPU seconds (user + system) used so far by each role's processes: the gateway, the workers, Valkey and
         the rest of the emulator (supervisor with moto and the ECS agent, scaler)."""
+        return self._by_role(_cpu_s)
+
+    def io_calls_by_role(self) -> dict[str, float]:
+        """Read and write system calls made so far by each role's processes (:func:`io_calls`)."""
+        return self._by_role(io_calls)
+
+    def _by_role(self, measure: Callable[[int], float]) -> dict[str, float]:
         totals: dict[str, float] = {}
         if self.mode == "direct":  # with their children: uvicorn --workers N forks N gateway processes
             members = [(p.pid, self.argv[p.pid]) for p in self.processes]
@@ -234,7 +242,7 @@ class Stack:
         for pid, argv in members:
             role = ("gateway" if "uvicorn" in argv else "workers" if "gpu_worker" in argv
                     else "valkey" if "valkey-server" in argv else "emulator (supervisor, moto, scaler)")
-            totals[role] = totals.get(role, 0.0) + _cpu_s(pid)
+            totals[role] = totals.get(role, 0.0) + measure(pid)
         return totals
 
     def tail(self, lines: int = 30) -> str:
@@ -256,6 +264,18 @@ def _cpu_s(pid: int) -> float:
     except (OSError, IndexError):
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def io_calls(pid: int) -> float:
+    """The read and write system calls a process has made (``/proc/PID/io``: ``syscr`` + ``syscw``): the
+    read(2)/write(2) family, which libuv (uvloop: the gateway, the workers, the floor's worker) and Valkey use for
+    their sockets; ``send``/``recv`` are not counted. A count, not a time: the same code under the same load makes
+    about the same number whatever else the machine runs. 0 when unreadable."""
+    try:
+        fields = dict(line.split(": ", 1) for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+        return float(int(fields["syscr"]) + int(fields["syscw"]))
+    except (OSError, KeyError, ValueError):
+        return 0.0
 
 
 def _children(pid: int) -> list[tuple[int, str]]:

@@ -25,6 +25,9 @@ def run_summary(result: load.LoadResult, inner: frozenset[str] = frozenset(),
     summary["cpu_ms_per_job_by_role"] = {k: round(v * 1000 / n, 3) for k, v in result.cpu_by_role.items()}
     summary["cpu_ms_per_job_system"] = round(
         sum(v for k, v in result.cpu_by_role.items() if k in SYSTEM_ROLES) * 1000 / n, 3)
+    if result.io_calls_by_role:
+        summary["io_calls_per_job_by_role"] = {k: round(v / n, 2) for k, v in result.io_calls_by_role.items()
+                                               if k in SYSTEM_ROLES}
     valkey = valkeystats.per_job(result.commandstats, max(result.done, 1), inner, top=6, script_split=shares,
                                  direct=direct)
     summary["valkey_usec_per_job"] = valkey["total_usec_per_job"]

@@ -194,12 +194,15 @@ async def test_the_floor_without_a_worker_fails_every_job(valkey: ValkeyProcess)
 
 async def test_the_http_floor_serves_every_job_through_its_gateway(tmp_path: Path) -> None:
     with floor.HttpFloor(window=4, latency_ms=1, log_dir=tmp_path) as fl:
-        before = fl.cpu_by_role()
+        before, io_before = fl.cpu_by_role(), fl.io_calls_by_role()
         async with make_pool(fl.url_http, "floor", 4) as client:
             result = await load.closed_loop(client, 40, 4, load.job_body(1), deadline_s=60)
-        after = fl.cpu_by_role()
+        after, io_after = fl.cpu_by_role(), fl.io_calls_by_role()
     assert result.ok and result.done == 40 and not result.errors
     assert after["gateway"] > before["gateway"]  # the requests went through the bare gateway's own process
+    # every role read and wrote its sockets for each job: 40 requests in and 40 answers out at least, and so on
+    assert {role: io_after[role] - io_before[role] >= 80 for role in ("gateway", "workers", "valkey")} == {
+        "gateway": True, "workers": True, "valkey": True}
     assert fl.gateway is not None and fl.gateway.poll() is not None  # and it stopped with the floor
 
 
@@ -270,6 +273,37 @@ def test_run_summary_adds_cpu_of_the_system_and_valkey_per_job() -> None:
     # no job done: per job of at least one, never a division by zero
     assert summary["valkey_usec_per_job"] == pytest.approx(1370)
     assert summary["commandstats"] == {"evalsha": [30, 1370], "hset": [40, 200]}
+
+
+def test_io_calls_count_a_process_s_reads_and_writes() -> None:
+    import os
+
+    from bench.stack import io_calls
+
+    read_end, write_end = os.pipe()
+    before = io_calls(os.getpid())
+    for _ in range(50):
+        os.write(write_end, b"x")
+        os.read(read_end, 1)
+    assert io_calls(os.getpid()) - before >= 100
+    os.close(read_end)
+    os.close(write_end)
+    assert io_calls(2**22 + 1) == 0.0  # no such process: nothing, never an error
+
+
+def test_run_summary_and_the_table_give_read_and_write_calls_per_job_by_role() -> None:
+    result = load._new_result("S3", 10)
+    result.cpu_by_role = {"gateway": 0.01, "workers": 0.004, "valkey": 0.002, "load generator (this process)": 0.5}
+    result.io_calls_by_role = {"gateway": 31.0, "workers": 13.0, "valkey": 33.0,
+                               "emulator (supervisor, moto, scaler)": 500.0}
+    summary = run_summary(result)
+    assert summary["io_calls_per_job_by_role"] == {"gateway": 3.1, "workers": 1.3, "valkey": 3.3}
+    runs = [summary, {**summary, "io_calls_per_job_by_role": {"gateway": 5.0, "workers": 1.0, "valkey": 3.5}}]
+    scenario = {"title": "latency under load", "config": {}, "runs": runs, "aggregate": report.aggregate(runs)}
+    [row] = report.rows({"scenarios": {"S3": scenario}})
+    assert "read/write system calls per job: gateway 4.0, valkey 3.4, workers 1.1" in row["figures"]
+    assert "read/write" not in report.rows({"scenarios": {"S3": {**scenario, "runs": [
+        {k: v for k, v in summary.items() if k != "io_calls_per_job_by_role"}]}}})[0]["figures"]
 
 
 def test_the_mock_backend_s_counter_is_named_and_left_out_of_inferq_s_own_figure() -> None:
