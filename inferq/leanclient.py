@@ -195,41 +195,43 @@ class LeanRedis(Redis):
                 return await self._on_a_connection(_one(command))
             try:
                 return await self._send_joined(batch)
-            except asyncio.CancelledError:
+            except BaseException:  # cancelled (or stopped) before every caller was answered: the rest are sent again
                 self._hand_over(batch[1:])
                 raise
         finally:
             self._outstanding -= 1
 
     async def _send_joined(self, batch: list[_Joined]) -> Any:
-        """One write of ``batch``'s commands; every waiting caller answered. The reply of an entry without a
-        future (the first caller's) is returned, or raised when it is an error. A command answered ``READONLY`` (a
-        demoted primary: the connection is dropped) is sent again alone, with the single command's own resend."""
+        """One write of ``batch``'s commands; every waiting caller answered as soon as its reply is in. The reply of
+        the entry without a future (the first caller's) is returned, or raised when it is an error. A command
+        answered ``READONLY`` (a demoted primary: the connection is dropped) is sent again alone, with the single
+        command's own resend, the refused ones side by side; what that resend meets is that command's alone."""
         try:
             replies = await self._on_a_connection(_many([entry.command for entry in batch], drop_on_retried=True))
-            for i, reply in enumerate(replies):
-                if isinstance(reply, _Resend):
-                    try:
-                        replies[i] = await self._on_a_connection(_one(batch[i].command))
-                    except ResponseError as error:
-                        replies[i] = error
         except Exception as error:  # not a cancellation: the caller hands the others over (_joined)
             for entry in batch:
-                if entry.waiting is not None and not entry.waiting.done():
-                    entry.waiting.set_exception(error)
+                _answer(entry, error)
             raise
-        own: Any = None
+        refused = [i for i, reply in enumerate(replies) if isinstance(reply, _Resend)]
         for entry, reply in zip(batch, replies, strict=True):
-            if entry.waiting is None:
-                own = reply
-            elif not entry.waiting.done():  # a caller cancelled meanwhile has its reply dropped
-                if isinstance(reply, ResponseError):
-                    entry.waiting.set_exception(reply)
-                else:
-                    entry.waiting.set_result(reply)
-        if isinstance(own, ResponseError):
+            if not isinstance(reply, _Resend):
+                _answer(entry, reply)
+        if refused:
+            again = await asyncio.gather(*(self._alone(batch[i].command) for i in refused))
+            for i, reply in zip(refused, again, strict=True):
+                replies[i] = reply
+                _answer(batch[i], reply)
+        own = next((reply for entry, reply in zip(batch, replies, strict=True) if entry.waiting is None), None)
+        if isinstance(own, Exception):
             raise own
         return own
+
+    async def _alone(self, command: tuple[Any, ...]) -> Any:
+        """``command`` sent alone: its reply, or the error it met (a reply of its own, a connection error)."""
+        try:
+            return await self._on_a_connection(_one(command))
+        except Exception as error:
+            return error
 
     def _hand_over(self, rest: list[_Joined]) -> None:
         rest = [entry for entry in rest if entry.waiting is not None and not entry.waiting.done()]
@@ -240,17 +242,35 @@ class LeanRedis(Redis):
             try:
                 with contextlib.suppress(Exception):  # raised to each waiting caller already
                     await self._send_joined(rest)
-            except asyncio.CancelledError:  # the client is closing: nobody will answer them
+            finally:  # cancelled (the client closing, or every caller gone): nobody is left waiting
                 for entry in rest:
                     if entry.waiting is not None:
                         entry.waiting.cancel()
-                raise
 
         if self._handed_over is None:
             self._handed_over = set()
         task = asyncio.ensure_future(send())
         self._handed_over.add(task)  # a task with no reference may be collected before it is done
         task.add_done_callback(self._handed_over.discard)
+        left = len(rest)
+
+        def gone(_: asyncio.Future[Any]) -> None:  # every caller answered or cancelled: stop sending for them
+            nonlocal left
+            left -= 1
+            if not left and not task.done():
+                task.cancel()
+
+        for entry in rest:
+            if entry.waiting is not None:
+                entry.waiting.add_done_callback(gone)
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        """redis-py's, after the commands handed over to a task (:meth:`_joined`) are stopped."""
+        tasks = list(self._handed_over or ())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await super().aclose(close_connection_pool)
 
     async def _on_a_connection(self, send_and_read: Callable[[Any], Awaitable[T]]) -> T:
         """``send_and_read`` on a connection of the pool, under the connection's ``Retry``: a connection error or
@@ -272,6 +292,15 @@ class _Resend(NamedTuple):
     """In a joined batch's replies: an error reply the connection's ``Retry`` resends a single command on."""
 
     error: ResponseError
+
+
+def _answer(entry: _Joined, reply: Any) -> None:
+    """Hand a waiting caller its reply (an error is raised to it); one cancelled meanwhile has it dropped."""
+    if entry.waiting is not None and not entry.waiting.done():
+        if isinstance(reply, Exception):
+            entry.waiting.set_exception(reply)
+        else:
+            entry.waiting.set_result(reply)
 
 
 class _Joined(NamedTuple):

@@ -387,6 +387,12 @@ async def test_a_caller_cancelled_in_a_shared_write_leaves_the_others_answered(s
     for i in (1, 4):
         assert calls[i].cancelled()
 
+    calls = [asyncio.create_task(client.hget(f"h{i}", "a")) for i in range(7)]
+    await asyncio.sleep(0)
+    calls[4].cancel()  # only a caller that joined: the batch is written and read as usual, its reply dropped
+    assert await asyncio.gather(*(calls[i] for i in (0, 1, 2, 3, 5, 6))) == ["0", "1", "2", "3", "5", "6"]
+    assert calls[4].cancelled()
+
     server.pause(500)  # the server holds every command for half a second
     calls = [asyncio.create_task(client.hget(f"h{i}", "a")) for i in range(7)]
     await asyncio.sleep(0.1)  # calls[0] and the batch calls[1] wrote wait for their replies
@@ -425,7 +431,8 @@ async def test_a_script_refused_readonly_in_a_shared_write_is_resent_alone_and_r
         server: ValkeyProcess, tmp_path: Path) -> None:
     """A demoted primary answers the writes of a shared write READONLY and its reads as before: the reads are
     answered, the connection dropped, and each refused script sent again alone with a single command's resend,
-    which finds the server promoted again (what a failover's endpoint does) and writes."""
+    which finds the server promoted again (what a failover's endpoint does) and writes. Left demoted, each refused
+    script, the batch's writer's own included, gets READONLY, and the reads beside them their replies."""
     client = connect(Settings(redis_url=server.url, redis_timeout_s=5.0))
     write = await client.script_load("return redis.call('INCR', KEYS[1])")
     await client.hset("h", mapping={"a": "1"})
@@ -437,9 +444,72 @@ async def test_a_script_refused_readonly_in_a_shared_write_is_resent_alone_and_r
         loop = asyncio.get_running_loop()
         loop.call_later(0.02, server.promote)  # before the single command's resend (its backoff is >= 50 ms)
         replies = await asyncio.gather(*calls, return_exceptions=True)
+        assert replies[1] in ("1", None)  # read on the demoted server: before or after its sync emptied it
+        assert sorted(replies[i] for i in (0, 2)) == [1, 2], replies  # each script ran once, on the new primary
+        assert await client.get("n") == "2"
+
+        server.replicate(other)
+        await asyncio.sleep(0.5)  # synced: the replica holds the primary's (empty) data set
+        # calls[0] goes alone; calls[1], a refused script, writes the batch
+        replies = await asyncio.gather(client.hget("x", "a"), client.evalsha(write, 1, "n"), client.hget("x", "a"),
+                                       client.evalsha(write, 1, "m"), return_exceptions=True)
+        assert replies[0] is None and replies[2] is None
+        assert all(isinstance(replies[i], redis.exceptions.ReadOnlyError) for i in (1, 3)), replies
     finally:
         other.stop()
-    assert replies[1] in ("1", None)  # read on the demoted server: before or after its sync emptied it
-    assert sorted(replies[i] for i in (0, 2)) == [1, 2], replies  # each script ran once, on the new primary
-    assert await client.get("n") == "2"
+        server.promote()
     await client.aclose()
+
+
+async def test_a_refused_script_whose_resend_cannot_connect_fails_alone(server: ValkeyProcess,
+                                                                        tmp_path: Path) -> None:
+    """The resend of a script refused READONLY needs a new connection; when the server takes none (maxclients
+    reached) that script's caller gets the connection error, and the callers beside it in the write their
+    replies."""
+    client = connect(Settings(redis_url=server.url, redis_timeout_s=2.0))
+    write = await client.script_load("return redis.call('INCR', KEYS[1])")
+    await client.hset("h", mapping={"a": "1"})
+    other = ValkeyProcess(tmp_path / "primary", appendfsync=None)
+    other.start()
+    admin = Redis.from_url(server.url, decode_responses=True)  # a connection of its own, open throughout
+    try:
+        assert await admin.ping()
+        assert await asyncio.gather(client.ping(), client.ping()) == [True, True]  # two connections open
+        server.replicate(other)
+        await asyncio.sleep(0.5)
+        open_now = int(server.info("clients")["connected_clients"]) - 1  # less the INFO's own connection
+        await admin.config_set("maxclients", str(open_now - 1))  # once the batch's connection drops: none more
+        replies = await asyncio.gather(client.hget("h", "a"), client.hget("x", "a"), client.evalsha(write, 1, "n"),
+                                       client.hget("x", "b"), return_exceptions=True)
+        assert replies[1] is None and replies[3] is None, replies
+        assert isinstance(replies[2], redis.exceptions.ConnectionError), replies
+    finally:
+        await admin.config_set("maxclients", "10000")
+        await admin.aclose()
+        other.stop()
+        server.promote()
+    await client.aclose()
+
+
+async def test_closing_the_client_stops_commands_handed_over(server: ValkeyProcess) -> None:
+    """The commands a cancelled batch writer handed to a task (the server paused, so they wait) are stopped when
+    the client closes: their callers are cancelled, and nothing is left running."""
+    client = connect(Settings(redis_url=server.url, redis_timeout_s=5.0))
+    await client.hset("h", mapping={"a": "1"})
+    assert await asyncio.gather(client.ping(), client.ping()) == [True, True]
+    server.pause(3000)
+    try:
+        calls = [asyncio.create_task(client.hget("h", "a")) for _ in range(4)]
+        await asyncio.sleep(0.1)
+        calls[1].cancel()  # the batch's writer: the others go to a task, which waits on the paused server
+        await asyncio.sleep(0.1)
+        handed_over = set(client._handed_over or ())
+        assert len(handed_over) == 1
+        started = asyncio.get_running_loop().time()
+        await client.aclose()
+        assert asyncio.get_running_loop().time() - started < 1.0
+        assert all(task.done() for task in handed_over)
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(results[i], asyncio.CancelledError) for i in (1, 2, 3)), results
+    finally:
+        server.unpause()
