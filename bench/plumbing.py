@@ -30,23 +30,20 @@ CAVEAT = ("client, gateway, Valkey, scaler, emulator supervisor and workers all 
 
 @contextlib.contextmanager
 def measured(
-    redis_url: str, cpu_by_role: Callable[[], dict[str, float]],
-    io_calls_by_role: Callable[[], dict[str, float]] | None = None,
+    redis_url: str, cpu_by_role: Callable[[], dict[str, float]], io_calls_by_role: Callable[[], dict[str, float]],
 ) -> Iterator[Callable[[load.LoadResult], None]]:
     """Around one load run: ``finish(result)``, called when it ends, gives the result this process's CPU, the CPU
     of each role of the system under test (and their read and write system calls), and Valkey's command stats,
     all over the run."""
     sampler = valkeystats.Sampler(redis_url)
     try:
-        stats0, roles0, cpu0 = sampler.snapshot(), cpu_by_role(), time.process_time()
-        io0 = io_calls_by_role() if io_calls_by_role else {}
+        stats0, roles0, io0, cpu0 = sampler.snapshot(), cpu_by_role(), io_calls_by_role(), time.process_time()
 
         def finish(result: load.LoadResult) -> None:
             result.client_cpu_s = time.process_time() - cpu0
             result.cpu_by_role = cpu_delta(roles0, cpu_by_role(), result.client_cpu_s)
-            if io_calls_by_role:
-                io = io_calls_by_role()
-                result.io_calls_by_role = {role: io[role] - io0.get(role, 0.0) for role in io}
+            io = io_calls_by_role()
+            result.io_calls_by_role = {role: io[role] - io0.get(role, 0.0) for role in io}
             result.commandstats = valkeystats.delta(stats0, sampler.snapshot())
 
         yield finish

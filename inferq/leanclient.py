@@ -238,31 +238,27 @@ class LeanRedis(Redis):
         if not rest:
             return
 
+        waiting = [entry.waiting for entry in rest if entry.waiting is not None]
+
         async def send() -> None:
             try:
                 with contextlib.suppress(Exception):  # raised to each waiting caller already
                     await self._send_joined(rest)
             finally:  # cancelled (the client closing, or every caller gone): nobody is left waiting
-                for entry in rest:
-                    if entry.waiting is not None:
-                        entry.waiting.cancel()
+                for future in waiting:
+                    future.cancel()
 
         if self._handed_over is None:
             self._handed_over = set()
         task = asyncio.ensure_future(send())
         self._handed_over.add(task)  # a task with no reference may be collected before it is done
         task.add_done_callback(self._handed_over.discard)
-        left = len(rest)
-
         def gone(_: asyncio.Future[Any]) -> None:  # every caller answered or cancelled: stop sending for them
-            nonlocal left
-            left -= 1
-            if not left and not task.done():
+            if all(future.done() for future in waiting) and not task.done():
                 task.cancel()
 
-        for entry in rest:
-            if entry.waiting is not None:
-                entry.waiting.add_done_callback(gone)
+        for future in waiting:
+            future.add_done_callback(gone)
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         """redis-py's, after the commands handed over to a task (:meth:`_joined`) are stopped."""
@@ -332,7 +328,7 @@ def _many(commands: Sequence[tuple[Any, ...]], *, drop_on_retried: bool = False
                 replies.append(await conn.read_response())
             except ResponseError as error:
                 replies.append(error)
-        if drop_on_retried:
+        if drop_on_retried and any(isinstance(reply, ResponseError) for reply in replies):
             retried = tuple(kind for kind in conn.retry_on_error or () if issubclass(kind, ResponseError))
             if retried and any(isinstance(reply, retried) for reply in replies):
                 replies = [_Resend(reply) if isinstance(reply, retried) else reply for reply in replies]
