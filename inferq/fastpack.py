@@ -14,6 +14,10 @@ for a write that almost never waits (the socket takes it, or the transport buffe
 :class:`PromptWrites` writes at once and waits, under the socket timeout, only when data is left in the transport's
 buffer. Callgrind (K, ``bench/clientcost.py``): the gateway's job read 189 k -> 158 k client instructions on 3.11
 (190 k -> 165 k on 3.13), a worker's start pipeline 259 k -> 223 k.
+
+redis-py also arms the socket timeout for every reply it reads, where a pipeline's or a shared write's later replies
+(:mod:`inferq.leanclient`) have almost always arrived with the first. :class:`BufferedReads` hands out a reply the
+parser already holds whole without it; a reply still to come is read by redis-py under its timeout.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.asyncio.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 _pack: Callable[[tuple[Any, ...]], bytes] | None
@@ -93,6 +99,47 @@ class PromptWrites:
             raise
 
 
+class BufferedReads:
+    """Mixin for a redis-py asyncio connection class: ``read_response`` returns a reply the hiredis parser already
+    holds whole (read from the socket with an earlier one) at once, without arming the socket timeout, which only
+    bounds a wait on the socket. What it returns or raises is what redis-py's would: the reply, its error reply
+    raised (``ResponseError`` and its kinds), a connection error in the reply raised after dropping the connection,
+    a RESP3 push message handed to the parser's handler and the next reply read. Anything else (no whole reply
+    buffered, a read with its own timeout or options) is redis-py's ``read_response``."""
+
+    async def read_response(self, disable_decoding: bool = False, timeout: float | None = None, *,  # noqa: ASYNC109
+                            disconnect_on_error: bool = True, push_request: bool | None = False) -> Any:
+        this: Any = self
+        parser = this._parser
+        reader = getattr(parser, "_reader", None)
+        if reader is None or timeout is not None or disable_decoding or push_request or not getattr(
+                parser, "_connected", False):
+            return await super().read_response(  # type: ignore[misc]
+                disable_decoding, timeout, disconnect_on_error=disconnect_on_error, push_request=push_request)
+        response = reader.gets()
+        if response is NOT_ENOUGH_DATA:  # still to come: read under the socket timeout
+            return await super().read_response(  # type: ignore[misc]
+                disable_decoding, timeout, disconnect_on_error=disconnect_on_error, push_request=push_request)
+        try:
+            if isinstance(response, RedisConnectionError):
+                raise response
+            if isinstance(response, list) and response and isinstance(response[0], RedisConnectionError):
+                raise response[0]
+            push = getattr(parser, "_hiredis_PushNotificationType", None)
+            if push is not None and isinstance(response, push):
+                await parser.handle_push_response(response)
+                return await self.read_response(disconnect_on_error=disconnect_on_error)
+        except BaseException:
+            if disconnect_on_error:
+                await this.disconnect(nowait=True)
+            raise
+        if this.health_check_interval:
+            this.next_health_check = asyncio.get_running_loop().time() + this.health_check_interval
+        if isinstance(response, ResponseError):
+            raise response from None
+        return response
+
+
 def use_hiredis_packing(client: Any) -> bool:
     """Make the connections ``client`` opens from now on pack with hiredis and write with :class:`PromptWrites`: a
     standalone client's pool, or a cluster client's nodes (ElastiCache Serverless is always cluster mode), those it
@@ -115,4 +162,4 @@ def use_hiredis_packing(client: Any) -> bool:
 def _packing(base: type) -> type:
     if issubclass(base, HiredisPacking):
         return base
-    return type(f"HiredisPacking{base.__name__}", (HiredisPacking, PromptWrites, base), {})
+    return type(f"HiredisPacking{base.__name__}", (HiredisPacking, PromptWrites, BufferedReads, base), {})

@@ -513,3 +513,46 @@ async def test_closing_the_client_stops_commands_handed_over(server: ValkeyProce
         assert all(isinstance(results[i], asyncio.CancelledError) for i in (1, 2, 3)), results
     finally:
         server.unpause()
+
+
+async def test_replies_already_read_are_handed_out_without_arming_the_socket_timeout(
+        valkey: ValkeyProcess, valkey_cluster: ValkeyProcess, queue_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """redis-py arms the socket timeout for every reply it reads; a pipeline's later replies have almost always
+    arrived with the first, and inferq's connections hand those out as they are (inferq/fastpack.py). Counted
+    through redis-py's own read, which still reads every reply that has to wait: on redis-py's read alone, a
+    40-command pipeline takes 40."""
+    waited: list[str] = []
+    base_read = redis.asyncio.connection.Connection.read_response
+
+    async def read_response(self: Any, *args: Any, **kwargs: Any) -> Any:
+        waited.append(type(self).__name__)
+        return await base_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.asyncio.connection.Connection, "read_response", read_response)
+    k = f"{{buffered{queue_name}}}"
+    for url in (valkey.url, valkey_cluster.url):
+        client = connect(Settings(redis_url=url))
+        assert await client.set(f"{k}:v", "v") is True  # connected (and the cluster's slots known)
+        waited.clear()
+        commands = [("GET", f"{k}:v") if i % 4 else ("HGET", f"{k}:v", "f") for i in range(40)]
+        replies = await pipelined(client, commands)
+        assert [r if isinstance(r, str) else "WRONGTYPE" in str(r) for r in replies] == [
+            "v" if i % 4 else True for i in range(40)]  # each error reply in its command's place
+        assert 1 <= len(waited) <= 4, (url, len(waited))
+        assert await client.get(f"{k}:v") == "v"  # the connection is in step
+        await client.aclose()
+
+
+async def test_a_push_message_among_buffered_replies_goes_to_the_parsers_handler(valkey: ValkeyProcess,
+                                                                                 queue_name: str) -> None:
+    """inferq's connections speak RESP3, where the server may push a message (here a client-side-caching
+    invalidation: the client tracks the key it read, then changes it) between two replies already read: it goes
+    to redis-py's handler, and each command still gets its own reply."""
+    client = connect(Settings(redis_url=valkey.url))
+    k = f"{{push{queue_name}}}:v"
+    await client.set(k, "v0")
+    replies = await pipelined(client, [("CLIENT", "TRACKING", "ON"), ("GET", k), ("SET", k, "v1"), ("PING",),
+                                       ("GET", k), ("CLIENT", "TRACKING", "OFF")])
+    assert replies == ["OK", "v0", True, True, "v1", "OK"]
+    assert await client.get(k) == "v1"
+    await client.aclose()
