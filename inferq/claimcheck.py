@@ -36,9 +36,13 @@ RESULT_REF = "body_ref"
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+"""Made once: ``json.dumps`` with options builds an encoder for every call."""
+
+
 def encode(value: Any) -> bytes:
     """A payload as it is stored and measured: compact JSON, UTF-8 (what the record would have held)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return _COMPACT.encode(value).encode()
 
 
 def tenant_prefix(tenant: str) -> str:

@@ -83,7 +83,9 @@ class Producer(QueueCore):
         if request.traceparent:
             fields += ["trace", request.traceparent]
         expires_at = now + request.ttl_s * 1000 if request.ttl_s is not None else ""
-        args = [job_id, tenant, request.digest(), self.settings.max_queue_depth, now, self.settings.result_ttl_s,
+        # the digest is what a retry with the same idempotency key is checked against: without a key, nothing is
+        digest = request.digest() if request.idempotency_key is not None else ""
+        args = [job_id, tenant, digest, self.settings.max_queue_depth, now, self.settings.result_ttl_s,
                 expires_at, self.settings.tenant_max_depth, *fields]
         return ("enqueue", keys, args)
 

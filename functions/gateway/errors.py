@@ -15,7 +15,6 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from redis import exceptions as redis_errors
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -23,6 +22,7 @@ from inferq.faults import Fault, classify
 from inferq.queue import IdempotencyConflict, JobNotFound, JobTerminal, NotDeadLettered, QueueFull
 
 from .auth import KeysUnavailable
+from .responses import JSONResponse
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from inferq.jobs import Job, JobRequest, Priority
@@ -19,6 +18,7 @@ from .errors import ApiError
 from .hotpath import HotRoute, fast_path, get_job_fast, submit_job_fast
 from .models import ALLOW_PRIVATE, IDEMPOTENCY_KEY_MAX, JOB_CREATE_EXAMPLE, MAX_WAIT_S, JobCreate
 from .openapi import doc, errors
+from .responses import JSONResponse
 
 if TYPE_CHECKING:
     from .api import Gateway

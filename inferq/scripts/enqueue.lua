@@ -16,7 +16,7 @@
 
   ARGV[1] job id
   ARGV[2] tenant
-  ARGV[3] request digest
+  ARGV[3] request digest ("" without an idempotency key: nothing is checked against it)
   ARGV[4] max unfinished jobs (0 = no limit)
   ARGV[5] now (ms)
   ARGV[6] idempotency key TTL (s)

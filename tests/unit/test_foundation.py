@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import base64
+import json
 import random
 
-from inferq.jobs import Job, JobRequest, JobStatus, new_job_id, request_digest
+import pytest
+
+from inferq import jobs
+from inferq.jobs import Job, JobRequest, JobStatus, canonical_json, new_job_id, request_digest
 from inferq.keys import Keys
 from inferq.retry import backoff_ms
 from inferq.scripting import SCRIPTS_DIR, _expand, load
@@ -18,6 +22,22 @@ def test_job_ids_carry_128_random_bits() -> None:
     assert sample.startswith("job_")
     raw = base64.b32decode(sample[4:].upper() + "======")
     assert len(raw) * 8 >= 122
+
+
+def test_a_job_id_is_its_bytes_in_lower_case_base32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ids made ten bits at a time are the characters ``base64.b32encode`` gives the same bytes."""
+    for _ in range(2000):
+        raw = random.randbytes(16)
+        monkeypatch.setattr(jobs.secrets, "token_bytes", lambda n, raw=raw: raw)
+        assert new_job_id() == "job_" + base64.b32encode(raw).decode().rstrip("=").lower()
+    for raw in (bytes(16), b"\xff" * 16):
+        monkeypatch.setattr(jobs.secrets, "token_bytes", lambda n, raw=raw: raw)
+        assert new_job_id() == "job_" + base64.b32encode(raw).decode().rstrip("=").lower()
+
+
+def test_canonical_json_is_json_dumps_sorted_and_compact() -> None:
+    value = {"b": [1, 2.5, None, True], "a": {"z": "é", "y": "\u2028"}, "c": ""}
+    assert canonical_json(value) == json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def test_key_names_are_exactly_the_contract() -> None:

@@ -101,6 +101,15 @@ async def test_same_idempotency_key_with_another_request_is_a_conflict(q: Queue)
     assert info.value.job_id == first.id
 
 
+async def test_the_request_digest_is_kept_only_for_a_job_with_an_idempotency_key(q: Queue) -> None:
+    """The digest is what a retry under the same key is checked against (docs/data-model.md); a job without a key
+    has nothing to be checked against, and the submit skips hashing its request."""
+    keyed, _ = await q.enqueue("t", req(idempotency_key="k1"))
+    plain, _ = await q.enqueue("t", req())
+    assert await q.redis.hget(q.keys.job(keyed.id), "digest") == req(idempotency_key="k1").digest()
+    assert await q.redis.hget(q.keys.job(plain.id), "digest") == ""
+
+
 async def test_idempotency_keys_are_per_tenant(q: Queue) -> None:
     a, _ = await q.enqueue("a", req(idempotency_key="k"))
     b, replayed = await q.enqueue("b", req(idempotency_key="k"))
