@@ -93,7 +93,7 @@ class ClaimCheck:
         """The job's ``result`` for the record: inline, or the reference to a large body stored in S3."""
         if not self.bucket:
             return {"status_code": status_code, "body": body}
-        data = claimcheck.encode(body)
+        data = claimcheck.encode_result(body)
         if len(data) <= self.inline_max:
             return {"status_code": status_code, "body": body}
         claim = claimcheck.result_claim(job.tenant, job.id, data)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from . import fastjson
 from .jobs import Job
 
 PREFIX = "claims/"
@@ -41,8 +42,15 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def encode(value: Any) -> bytes:
-    """A payload as it is stored and measured: compact JSON, UTF-8 (what the record would have held)."""
+    """A request body as it is stored and measured: compact JSON, UTF-8 (what the record would have held), by the
+    standard library, whose bytes stay the same from one version to the next: the key of a claimed request is
+    their SHA-256, and the request digest an idempotency key is checked against holds that key."""
     return _COMPACT.encode(value).encode()
+
+
+def encode_result(value: Any) -> bytes:
+    """A result body as it is stored and measured: :func:`inferq.fastjson.dumps`, as the record's inline results."""
+    return fastjson.dumps(value)
 
 
 def tenant_prefix(tenant: str) -> str:

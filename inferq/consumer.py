@@ -10,7 +10,6 @@ order with a starvation bound (:mod:`inferq.lanes`); reclaim, renewal and a stop
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -18,6 +17,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from . import fastjson
 from .jobs import LANES, Job, JobStatus, Priority
 from .keys import GROUP
 from .queue_core import QueueCore, new_token, now_ms
@@ -214,8 +214,8 @@ class Consumer(QueueCore):
         job_id = delivery.job.id
         keys = [self.keys.stream_of(delivery.lane), self.keys.stats, self.keys.events, self.keys.tenants,
                 self.keys.job(job_id), self.keys.done(job_id)]
-        result_json = json.dumps(result) if result is not None else ""
-        error_json = json.dumps(error) if error is not None else ""
+        result_json = fastjson.dumps(result).decode() if result is not None else ""
+        error_json = fastjson.dumps(error).decode() if error is not None else ""
         args = [delivery.entry_id, status.value, result_json, error_json, now, self.settings.result_ttl_s,
                 self.settings.events_maxlen, delivery.lease,
                 settle_token(delivery, "finish", status.value, result_json, error_json)]
@@ -243,7 +243,7 @@ class Consumer(QueueCore):
         job_id = delivery.job.id
         keys = [self.keys.stream_of(delivery.lane), self.keys.stats, self.keys.events, self.keys.delayed,
                 self.keys.dlq, self.keys.tenants, self.keys.job(job_id), self.keys.done(job_id)]
-        error_json = json.dumps(error)
+        error_json = fastjson.dumps(error).decode()
         args = [delivery.entry_id, now or now_ms(), max(0, int(delay_ms)), self.settings.max_attempts,
                 error_json, self.settings.result_ttl_s, self.settings.events_maxlen, delivery.lease,
                 settle_token(delivery, "retry", error_json)]

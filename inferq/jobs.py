@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any
 
+from . import fastjson
+
 
 class JobStatus(str, Enum):
     QUEUED = "queued"
@@ -113,7 +115,7 @@ def _seconds(ms: str | None) -> float | None:
 def _json(raw: str | None) -> Any:
     if raw in (None, ""):
         return None
-    return json.loads(raw)
+    return fastjson.loads(raw)
 
 
 @dataclass(frozen=True)
