@@ -6,15 +6,20 @@ The bytes are the standard library's compact form (``separators=(",", ":")``, ``
 for two cases orjson writes differently, both still valid JSON for the same value: a float it spells shorter
 (``1e16`` for ``1e+16``), and NaN or an infinity, which it writes as ``null`` where the standard library writes a
 token no JSON parser takes (or refuses, with ``allow_nan=False``). Anything orjson does not take (an integer beyond 64
-bits, a key that is not a string, a type it does not know) is the standard library's to encode, with its errors.
-Reading, orjson refuses what is not JSON (``NaN``, an integer beyond 64 bits, which the standard library reads):
-those are read by the standard library too. Not for what must stay byte-identical across versions (the request
-digest: :func:`inferq.jobs.canonical_json`).
+bits, a key that is not a string, a type it does not know) is the standard library's to encode, with its errors; a
+string UTF-8 cannot carry (a lone surrogate, which ``json.loads`` makes of a model server's ``"\\ud83d"``) is written
+escaped, as ASCII, where writing it raw would fail.
+
+Reading, orjson turns an integer beyond 64 bits into a float, and refuses what is not JSON (``NaN``, which the
+standard library reads): a text with a run of 19 digits or more (the only way to spell such an integer), or one
+orjson refuses, is read by the standard library, exactly. Not for what must stay byte-identical across versions (the
+request digest: :func:`inferq.jobs.canonical_json`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 try:
@@ -26,6 +31,10 @@ __all__ = ["dumps", "loads"]
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _COMPACT_NO_NAN = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_ASCII = json.JSONEncoder(separators=(",", ":"))
+_ASCII_NO_NAN = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_LONG_DIGITS = re.compile(r"[0-9]{19}")
+_LONG_DIGITS_BYTES = re.compile(rb"[0-9]{19}")
 
 
 def dumps(value: Any, *, allow_nan: bool = True) -> bytes:
@@ -36,11 +45,16 @@ def dumps(value: Any, *, allow_nan: bool = True) -> bytes:
             return orjson.dumps(value)
         except orjson.JSONEncodeError:
             pass
-    return (_COMPACT if allow_nan else _COMPACT_NO_NAN).encode(value).encode()
+    text = (_COMPACT if allow_nan else _COMPACT_NO_NAN).encode(value)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # a lone surrogate: escaped, as the standard library's default writes it
+        return (_ASCII if allow_nan else _ASCII_NO_NAN).encode(value).encode()
 
 
 def loads(raw: str | bytes) -> Any:
-    if orjson is not None:
+    long_digits = _LONG_DIGITS if isinstance(raw, str) else _LONG_DIGITS_BYTES
+    if orjson is not None and not long_digits.search(raw):  # type: ignore[arg-type]
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:

@@ -116,7 +116,12 @@ class BufferedReads:
                 parser, "_connected", False):
             return await super().read_response(  # type: ignore[misc]
                 disable_decoding, timeout, disconnect_on_error=disconnect_on_error, push_request=push_request)
-        response = reader.gets()
+        try:
+            response = reader.gets()
+        except BaseException:  # a protocol error (InvalidResponse), a reply that is not UTF-8: as redis-py's read
+            if disconnect_on_error:
+                await this.disconnect(nowait=True)
+            raise
         if response is NOT_ENOUGH_DATA:  # still to come: read under the socket timeout
             return await super().read_response(  # type: ignore[misc]
                 disable_decoding, timeout, disconnect_on_error=disconnect_on_error, push_request=push_request)

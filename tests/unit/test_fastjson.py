@@ -33,7 +33,11 @@ def test_the_output_is_the_standard_librarys_compact_form(codec: str) -> None:
 def test_what_orjson_does_not_take_is_the_standard_librarys(codec: str) -> None:
     for value in ({"n": 2**70}, {1: "int key"}, [2**64]):
         assert fastjson.dumps(value) == json.dumps(value, **COMPACT).encode()  # type: ignore[arg-type]
-    assert fastjson.loads('{"n": 1180591620717411303424}') == {"n": 2**70}
+    for big in (2**64, 2**64 - 1, -(2**63) - 1, 10**30 + 7, -(10**19) - 3):  # orjson alone reads floats of some
+        for raw in (f'{{"n":[{big}]}}', f'{{"n":[{big}]}}'.encode()):
+            read = fastjson.loads(raw)["n"][0]
+            assert type(read) is int and read == big, (raw, read)
+    assert fastjson.loads('{"id":"1234567890123456789012","x":1}') == {"id": "1234567890123456789012", "x": 1}
     assert math.isnan(fastjson.loads('{"x": NaN}')["x"])  # stored by an older worker: still read
     with pytest.raises(TypeError):
         fastjson.dumps({"x": object()})
@@ -51,3 +55,12 @@ def test_without_orjson_nan_is_as_the_standard_library_has_it(monkeypatch: pytes
     assert fastjson.dumps([math.nan]) == b"[NaN]"
     with pytest.raises(ValueError):
         fastjson.dumps([math.nan], allow_nan=False)
+
+
+def test_a_lone_surrogate_is_written_escaped_and_read_back(codec: str) -> None:
+    """``json.loads`` makes one of a model server's ``"\\ud83d"``; UTF-8 cannot carry it raw."""
+    value = {"t": json.loads('"\\ud83d"'), "u": "é"}
+    for allow_nan in (True, False):
+        written = fastjson.dumps(value, allow_nan=allow_nan)
+        assert written == json.dumps(value, separators=(",", ":")).encode()
+        assert fastjson.loads(written) == value

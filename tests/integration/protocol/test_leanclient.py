@@ -556,3 +556,20 @@ async def test_a_push_message_among_buffered_replies_goes_to_the_parsers_handler
     assert replies == ["OK", "v0", True, True, "v1", "OK"]
     assert await client.get(k) == "v1"
     await client.aclose()
+
+
+async def test_a_protocol_error_in_a_buffered_reply_drops_the_connection(valkey: ValkeyProcess) -> None:
+    """As redis-py's own read does: a reply the parser cannot make sense of leaves the connection unusable, so it is
+    dropped, and the next command has a new one."""
+    client = connect(Settings(redis_url=valkey.url))
+    assert await client.ping() is True
+    conn = await client.connection_pool.get_connection()
+    try:
+        conn._parser._reader.feed(b"?not a reply\r\n")
+        with pytest.raises(redis.exceptions.InvalidResponse):
+            await conn.read_response()
+        assert not conn.is_connected
+    finally:
+        await client.connection_pool.release(conn)
+    assert await client.ping() is True
+    await client.aclose()

@@ -164,6 +164,20 @@ async def test_finish_is_first_writer_wins_and_counts_duplicates(q: Queue) -> No
     assert [(f["job"], f["status"]) for _, f in events] == [(job.id, "succeeded")]
 
 
+async def test_a_result_is_stored_and_read_back_exactly_whatever_json_holds(q: Queue) -> None:
+    """A model server's JSON as ``json.loads`` reads it: a lone surrogate (which UTF-8 cannot carry raw), integers
+    beyond 64 bits, non-ASCII; the body as submitted, likewise. Each is stored and read back as it was."""
+    body = {"model": "m", "seed": 2**64 + 1, "messages": [{"role": "user", "content": "é ☃"}]}
+    job, _ = await q.enqueue("t", JobRequest(body=body))
+    (d,), _ = await q.read("w1", 1)
+    assert d.job.body == body and type(d.job.body["seed"]) is int
+    answer = json.loads('{"text": "\\ud83d broken", "n": 123456789012345678901234567890, "u": "日本"}')
+    result = {"status_code": 200, "body": answer}
+    assert await q.finish(d, JobStatus.SUCCEEDED, result=result) is Outcome.WRITTEN
+    stored = await q.get(job.id)
+    assert stored is not None and stored.result == result and type(stored.result["body"]["n"]) is int
+
+
 async def test_a_terminal_job_redelivered_is_acknowledged_without_running(q: Queue) -> None:
     job, _ = await q.enqueue("t", req())
     await q.read("w1", 1)
