@@ -4,7 +4,7 @@ standard library.
 
 The bytes are the standard library's compact form (``separators=(",", ":")``, ``ensure_ascii=False``, UTF-8), but
 for two cases orjson writes differently, both still valid JSON for the same value: a float it spells shorter
-(``1e16`` for ``1e+16``), and NaN or an infinity, which it writes as ``null`` where the standard library writes a
+(``1e-7`` for ``1e-07``), and NaN or an infinity, which it writes as ``null`` where the standard library writes a
 token no JSON parser takes (or refuses, with ``allow_nan=False``). Anything orjson does not take (an integer beyond 64
 bits, a key that is not a string, a type it does not know) is the standard library's to encode, with its errors; a
 string UTF-8 cannot carry (a lone surrogate, which ``json.loads`` makes of a model server's ``"\\ud83d"``) is written
