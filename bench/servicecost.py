@@ -3,7 +3,8 @@
 S3's CPU per role moves by up to 2x from one hour to the next on a shared machine, by more than most changes to the
 gateway or the worker move it, so a change there cannot be judged by it in one run. An instruction count can: the
 same code doing the same work executes nearly the same instructions whatever else runs. Here the S3 stack (Valkey,
-one gateway under the gateway's uvicorn settings, one worker, the mock backend at 5 ms) serves ``loops`` closed
+one gateway under the gateway's uvicorn settings, one worker:
+:class:`bench.stack.Stack`'s direct stack, the mock backend at 5 ms) serves ``loops`` closed
 loops of S3's load generator (submit, then long-poll the job to its end), once with the gateway under ``valgrind
 --tool=callgrind`` and once with the worker under it. Callgrind starts counting after a warm-up
 (``callgrind_control --instr=on``, zeroed), counts ``n`` jobs and dumps; the total divided by the jobs is the
@@ -17,30 +18,31 @@ comparing trees, run the same way; it repeats within about 2% here.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from emulator.up import GATEWAY_HTTP_PROTOCOL
-from emulator.valkey import ValkeyProcess, free_port
-
 from . import clients, load
 from .instrcost import available, total_instructions
-from .stack import ROOT
+from .stack import Stack
 
 ROLES = ("gateway", "worker")
-READY_TIMEOUT_S = 300.0
 
 
-def _valgrind(out_dir: Path) -> list[str]:
-    return ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_dir}/callgrind.%p"]
+class _CountedStack(Stack):
+    """The direct stack (Valkey, one uvicorn gateway, one worker), with ``role``'s process under callgrind."""
+
+    def __init__(self, role: str, out_dir: Path) -> None:
+        super().__init__(workers=1, window=32, mode="direct", log_dir=out_dir, name=f"servicecost-{role}")
+        self.role = role
+        self.out_dir = out_dir
+
+    def _popen(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        if ("uvicorn" in argv) == (self.role == "gateway"):
+            argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                    f"--callgrind-out-file={self.out_dir}/callgrind.%p", *argv]
+        return super()._popen(argv, env)
 
 
 def _control(pid: int, *args: str) -> None:
@@ -64,66 +66,19 @@ def _counted(role: str, loops: int, n: int, warm: int) -> float:
     """Instructions per job of ``role`` (a process of its own under callgrind) over ``n`` jobs."""
     with tempfile.TemporaryDirectory(prefix="servicecost-") as tmp_name:
         tmp = Path(tmp_name)
-        api_key = "bench_" + os.urandom(12).hex()
-        processes: list[subprocess.Popen[bytes]] = []
-        with ValkeyProcess(tmp / "valkey", appendfsync="everysec") as valkey:
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERQ_", "UVICORN_"))}
-            env.update({"INFERQ_API_KEYS": f"bench:{api_key}", "INFERQ_REDIS_URL": valkey.url, "INFERQ_WINDOW": "32",
-                        "INFERQ_METRICS_PORT": "0", "INFERQ_WORKER_ID": "servicecost-0", "PYTHONUNBUFFERED": "1",
-                        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
-            port = free_port()
-            commands = {
-                "gateway": [sys.executable, "-m", "uvicorn", "functions.gateway.app:app", "--host", "127.0.0.1",
-                            "--port", str(port), "--no-server-header", "--no-access-log",
-                            "--http", GATEWAY_HTTP_PROTOCOL],
-                "worker": [sys.executable, "-m", "gpu_worker"],
-            }
-            with open(tmp / "stack.log", "wb") as log:
-                try:
-                    for name, argv in commands.items():
-                        processes.append(subprocess.Popen([*(_valgrind(tmp) if name == role else []), *argv],
-                                                          env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                                          stdin=subprocess.DEVNULL))
-                    counted = processes[ROLES.index(role)]
-                    url = f"http://127.0.0.1:{port}"
-                    _ready(url, processes, tmp / "stack.log")
-                    _jobs(url, api_key, loops, warm)  # the worker is up and warm, the scripts loaded
-                    _control(counted.pid, "--instr=on")
-                    _control(counted.pid, "--zero")
-                    _jobs(url, api_key, loops, n)
-                    before = set(tmp.glob("callgrind.*"))
-                    _control(counted.pid, "--dump")
-                    dumps = set(tmp.glob("callgrind.*")) - before
-                    total = sum(total_instructions(dump.read_text()) for dump in dumps)
-                finally:
-                    for process in processes:
-                        if process.poll() is None:
-                            process.send_signal(signal.SIGTERM)
-                    for process in processes:
-                        try:
-                            process.wait(60)
-                        except subprocess.TimeoutExpired:
-                            process.kill()
-                            process.wait()
+        with _CountedStack(role, tmp) as stack:
+            (counted,) = [p for p in stack.processes if "valgrind" in stack.argv[p.pid]]
+            _jobs(stack.url, stack.api_key, loops, warm)  # the worker is up and warm, the scripts loaded
+            _control(counted.pid, "--instr=on")
+            _control(counted.pid, "--zero")
+            _jobs(stack.url, stack.api_key, loops, n)
+            before = set(tmp.glob("callgrind.*"))
+            _control(counted.pid, "--dump")
+            dumps = set(tmp.glob("callgrind.*")) - before
+            total = sum(total_instructions(dump.read_text()) for dump in dumps)
     if not dumps or total <= 0:
         raise RuntimeError(f"servicecost: no callgrind dump of the {role}")
     return total / n
-
-
-def _ready(url: str, processes: list[subprocess.Popen[bytes]], log_path: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        for process in processes:
-            if process.poll() is not None:
-                raise RuntimeError(f"servicecost: {process.args!r} exited with {process.returncode}:\n"
-                                   f"{log_path.read_text(errors='replace')[-2000:]}")
-        try:
-            if httpx.get(url + "/readyz", timeout=10).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"servicecost: the gateway was not ready within {READY_TIMEOUT_S:g}s")
 
 
 def measure(loops: int = 32, n: int = 1000, warm: int = 100) -> dict[str, Any]:

@@ -19,7 +19,6 @@ records that point to them are gone (docs/api.md, "Large payloads").
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,15 +36,11 @@ RESULT_REF = "body_ref"
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
-_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-"""Made once: ``json.dumps`` with options builds an encoder for every call."""
-
-
 def encode(value: Any) -> bytes:
     """A request body as it is stored and measured: compact JSON, UTF-8 (what the record would have held), by the
     standard library, whose bytes stay the same from one version to the next: the key of a claimed request is
     their SHA-256, and the request digest an idempotency key is checked against holds that key."""
-    return _COMPACT.encode(value).encode()
+    return fastjson.STABLE.encode(value).encode()
 
 
 def encode_result(value: Any) -> bytes:

@@ -27,9 +27,11 @@ try:
 except ImportError:  # pragma: no cover - a dependency; the standard library keeps it working without
     orjson = None  # type: ignore[assignment]
 
-__all__ = ["dumps", "loads"]
+__all__ = ["STABLE", "dumps", "loads"]
 
-_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+STABLE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+"""The standard library's compact encoder, made once (``json.dumps`` with options builds one per call): for bytes
+that must stay the same from one version to the next (:func:`inferq.claimcheck.encode`)."""
 _COMPACT_NO_NAN = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _ASCII = json.JSONEncoder(separators=(",", ":"))
 _ASCII_NO_NAN = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
@@ -45,7 +47,7 @@ def dumps(value: Any, *, allow_nan: bool = True) -> bytes:
             return orjson.dumps(value)
         except orjson.JSONEncodeError:
             pass
-    text = (_COMPACT if allow_nan else _COMPACT_NO_NAN).encode(value)
+    text = (STABLE if allow_nan else _COMPACT_NO_NAN).encode(value)
     try:
         return text.encode()
     except UnicodeEncodeError:  # a lone surrogate: escaped, as the standard library's default writes it
