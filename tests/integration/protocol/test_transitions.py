@@ -9,7 +9,9 @@ import dataclasses
 import json
 
 import pytest
+from redis.asyncio import Redis
 
+from inferq.consumer import FINISH_BATCH
 from inferq.jobs import JobRequest, JobStatus, Priority
 from inferq.keys import GROUP
 from inferq.queue import (
@@ -24,6 +26,7 @@ from inferq.queue import (
     now_ms,
 )
 from inferq.scripting import all_scripts, load
+from tests.integration.protocol.resend import Resending
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -48,8 +51,10 @@ def test_every_script_declares_its_keys_and_loads() -> None:
 
 
 async def test_a_call_with_the_wrong_key_count_is_refused_before_reaching_redis(q: Queue) -> None:
-    with pytest.raises(TypeError, match="takes 6"):
-        await q.scripts("finish", [q.keys.stream], [])
+    with pytest.raises(TypeError, match="takes 8"):
+        await q.scripts("retry", [q.keys.stream], [])
+    with pytest.raises(TypeError, match="takes 3 or more"):
+        await q.scripts("finish", [q.keys.stats], [])
 
 
 async def test_scripts_are_reloaded_after_the_server_forgets_them(q: Queue) -> None:
@@ -162,6 +167,69 @@ async def test_finish_is_first_writer_wins_and_counts_duplicates(q: Queue) -> No
     assert 0 < await q.redis.ttl(q.keys.job(job.id)) <= q.settings.result_ttl_s
     events = await q.redis.xrange(q.keys.events)
     assert [(f["job"], f["status"]) for _, f in events] == [(job.id, "succeeded")]
+
+
+async def test_one_finish_call_settles_a_batch_each_job_as_by_a_call_of_its_own(q: Queue) -> None:
+    """A worker's finishes that are ready together are one script call: each job gets the answer a call of its own
+    would have given (written, a duplicate, a stale holder's refusal) and the counters they share are written once,
+    adding up to what one call per job would have written; sent again, the batch answers the same, changes
+    nothing."""
+    jobs = [(await q.enqueue(tenant, req()))[0] for tenant in ("a", "a", "b", "a", "b")]
+    deliveries, _ = await q.read("w1", 5)
+    d1, d2, d3, d4, d5 = sorted(deliveries, key=lambda d: [j.id for j in jobs].index(d.job.id))
+    ok = {"status_code": 200, "body": {}}
+    assert await q.finish(d3, JobStatus.SUCCEEDED, result=ok) is Outcome.WRITTEN  # d3 ends twice
+    stale = dataclasses.replace(d4, lease="not-this-deliverys")  # a holder that lost the delivery
+    batch = [(d1, JobStatus.SUCCEEDED, ok, None), (d2, JobStatus.FAILED, None, {"type": "x", "message": "m"}),
+             (d3, JobStatus.FAILED, None, {"type": "x", "message": "late"}), (stale, JobStatus.SUCCEEDED, ok, None),
+             (d5, JobStatus.CANCELLED, None, {"type": "cancelled", "message": "m"})]
+    answers = [Outcome.WRITTEN, Outcome.WRITTEN, Outcome.DUPLICATE, Outcome.STALE, Outcome.WRITTEN]
+    assert await q.finish_many(batch) == answers
+
+    stats = await q.stats()
+    assert (stats["unfinished"], stats["succeeded"], stats["failed"], stats["cancelled"]) == (1, 2, 1, 1)
+    assert stats["duplicate_results"] == 1 and stats["stale_writes"] == 1
+    assert await q.redis.hgetall(q.keys.tenants) == {"a": "1"}  # b's jobs all ended: b left the hash
+    records = [await q.redis.hgetall(q.keys.job(j.id)) for j in jobs]
+    ended = [r for r in records if r["status"] != "running"]
+    assert [r["status"] for r in records] == ["succeeded", "failed", "succeeded", "running", "cancelled"]
+    assert stats["latency_ms_total"] == sum(int(r["finished_at"]) - int(r["created_at"]) for r in ended)
+    events = await q.redis.xrange(q.keys.events)
+    assert [f["job"] for _, f in events] == [jobs[2].id, jobs[0].id, jobs[1].id, jobs[4].id]
+    assert [await q.redis.lrange(q.keys.done(j.id), 0, -1) for j in jobs] == [
+        ["succeeded"], ["failed"], ["succeeded"], [], ["cancelled"]]
+    assert [e for e, _ in await q.redis.xrange(q.keys.stream)] == [d4.entry_id]
+
+    assert await q.finish_many(batch) == answers  # the worker's own retry of the write: a resend of each job's
+    assert await q.stats() == stats
+    assert await q.redis.xlen(q.keys.events) == 4
+    assert await q.finish(d4, JobStatus.SUCCEEDED, result=ok) is Outcome.WRITTEN  # its holder still can
+
+
+async def test_a_batch_larger_than_one_call_takes_is_split_and_settled_whole(q: Queue) -> None:
+    n = FINISH_BATCH * 2 + 3
+    for _ in range(n):
+        await q.enqueue("t", req())
+    deliveries: list = []
+    while len(deliveries) < n:
+        deliveries += (await q.read("w1", n))[0]
+    before = await commandstats_calls(q, "evalsha")
+    assert await q.finish_many([(d, JobStatus.SUCCEEDED, {"status_code": 200, "body": {}}, None)
+                                for d in deliveries]) == [Outcome.WRITTEN] * n
+    calls = await commandstats_calls(q, "evalsha") - before
+    assert calls == 3 * (2 if isinstance(q.scripts, Resending) else 1)
+    stats = await q.stats()
+    assert stats["unfinished"] == 0 and stats["succeeded"] == n and await q.redis.hgetall(q.keys.tenants) == {}
+
+
+async def commandstats_calls(q: Queue, command: str) -> int:
+    """How many times the queue's server (its one node, in cluster mode) has run ``command``."""
+    node = Redis.from_url(q.settings.redis_url.split("?", 1)[0])  # a plain connection answers for its node alone
+    try:
+        info = await node.info("commandstats")
+    finally:
+        await node.aclose()
+    return int(info.get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
 async def test_a_result_is_stored_and_read_back_exactly_whatever_json_holds(q: Queue) -> None:
