@@ -57,9 +57,10 @@ from .stack import Stack, spawn_worker, stop_process
 
 MAX_MODEL_LEN = 256
 KV_BLOCKS = 12
-"""KV-cache blocks (128 tokens each on vLLM CPU, 512 bytes per token for the tiny Llama): 12 short sequences or 6
-long ones at once, below ``--max-num-seqs``: the KV cache, not a fixed count, bounds the batch."""
-KV_BYTES = KV_BLOCKS * 128 * 512
+"""KV-cache blocks (128 tokens each on vLLM CPU, 1,024 bytes per token for the tiny Llama in float32, the dtype
+``tests/support/vllm_server.py`` serves it in): 12 short sequences or 6 long ones at once, below
+``--max-num-seqs``: the KV cache, not a fixed count, bounds the batch."""
+KV_BYTES = KV_BLOCKS * 128 * 1024
 MAX_NUM_SEQS = 24
 WINDOW_MAX = 32
 SAMPLE_S = 0.25

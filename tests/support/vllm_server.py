@@ -55,6 +55,11 @@ BREAKING_PACKAGES = ("torchvision", "torchaudio", "torchcodec", "triton")
 LOCAL_WHEELS = Path("/opt/wheels")
 SERVED_MODEL_NAME = "tiny-llama"
 DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
+DTYPE = "float32"
+"""The tiny model's dtype in the server. vLLM CPU's attention takes its AMX kernels for bfloat16 (the default)
+whenever the CPU reports AMX tiles, and on a VM that reports them without running them (Firecracker, seen here:
+Xeon with amx_tile, kernel 6.18) the model worker dies of SIGILL (exit -4) on the first request; float32 takes
+the AVX-512/AVX2 kernels on every machine. KV cache: 1,024 bytes per token for the tiny Llama (512 in bf16)."""
 STAMP_NAME = ".inferq-vllm-complete.json"
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -358,6 +363,8 @@ def start_vllm_server(
             "--enforce-eager",  # no torch.compile: ~30-40 s to ready instead of minutes
             "--disable-uvicorn-access-log",
         ]
+        if not any(a.startswith("--dtype") for a in extra_args):
+            cmd += ["--dtype", DTYPE]
         if not any(a.startswith("--kv-cache-memory-bytes") for a in extra_args):
             # Without an explicit KV size, vLLM CPU reserves --gpu-memory-utilization (0.92)
             # of NUMA node 0 and refuses to start when that much is not free.
