@@ -117,7 +117,7 @@ async def _contract_once(q: Queue, n: int, phase: Phase = _phase) -> dict[str, f
     now = int(time.time() * 1000)
     # the record's fields as inferq's enqueue writes them, less its own bookkeeping (entry, deliveries, digest)
     _, _, args = q._enqueue_call("bench", JobRequest(body=dict(BODY)), "model", now)
-    extra = args[8:]
+    extra = args[10:]  # after the call's 3 arguments and the job's 7
     record = {"tenant": "bench", "status": "queued", "attempts": "1", "created_at": str(now),
               **{str(extra[i]): str(extra[i + 1]) for i in range(0, len(extra), 2)}}
     tag = f"{keys.prefix}contract:{time.monotonic_ns()}"  # inside the queue's hash tag, as the queue's keys are

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis.exceptions import ResponseError
 
+from inferq.batching import Batcher
 from inferq.faults import Fault, FaultRun, is_recoverable
 from inferq.jobs import JobStatus
 from inferq.keys import GROUP, WEBHOOK_GROUP
 from inferq.queue import Delivery, Outcome, Queue, Skipped
 from inferq.settings import Settings
 
-from .batching import Batcher
 from .leases import InFlight
 from .metrics import WorkerMetrics
 from .protection import TaskProtection

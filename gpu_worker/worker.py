@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from inferq.batching import Batcher
 from inferq.jobs import Job, JobStatus
 from inferq.queue import Delivery, Outcome, Queue
 from inferq.retry import backoff_ms
@@ -42,7 +43,6 @@ from inferq.settings import Settings
 from inferq_webhooks.sender import WebhookSender
 
 from .backends.base import Backend, FatalError, RetryableError, check_status, child_traceparent, trace_id
-from .batching import Batcher
 from .claims import ClaimCheck
 from .leases import Abort, InFlight, LeaseKeeper
 from .logs import bind_job

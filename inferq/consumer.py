@@ -24,9 +24,9 @@ from .queue_core import QueueCore, new_token, now_ms
 from .scripting import Code, reply_code
 
 FINISH_BATCH = 32
-"""Jobs one finish script call settles at most: one script and the shared counters' increments per call instead of
-per job, while Valkey, which runs a script to its end before anything else, serves no one else for no more than
-about a millisecond (30 µs a job under S3's load)."""
+"""Jobs one finish (or start) script call settles (or begins) at most: one script and the shared counters'
+increments per call instead of per job, while Valkey, which runs a script to its end before anything else, serves
+no one else for no more than about a millisecond (30 µs a job under S3's load)."""
 
 
 class Outcome(str, Enum):
@@ -97,14 +97,21 @@ Entry = tuple[Priority, str, dict[str, str]]
 
 
 class Consumer(QueueCore):
-    def _start_call(
-        self, lane: Priority, entry_id: str, job_id: str, consumer: str, now: int, reclaimed: bool, lease: str
-    ) -> tuple:
-        keys = [self.keys.stream_of(lane), self.keys.stats, self.keys.events, self.keys.dlq, self.keys.job(job_id),
-                self.keys.done(job_id), self.keys.expiry, self.keys.tenants]
-        args = [entry_id, consumer, now, self.settings.max_deliveries, self.settings.result_ttl_s,
-                self.settings.events_maxlen, "1" if reclaimed else "0", lease]
-        return ("start", keys, args)
+    def _start_calls(
+        self, consumer: str, now: int, reclaimed: bool, live: Sequence[tuple[Priority, str, str, str]]
+    ) -> list[tuple]:
+        """The start script calls that begin ``live`` (lane, entry id, job id, lease): up to :data:`FINISH_BATCH`
+        entries a call."""
+        keys_of, settings, calls = self.keys, self.settings, []
+        for first in range(0, len(live), FINISH_BATCH):
+            keys = [keys_of.stats, keys_of.events, keys_of.dlq, keys_of.expiry, keys_of.tenants]
+            args: list[Any] = [consumer, now, settings.max_deliveries, settings.result_ttl_s, settings.events_maxlen,
+                               "1" if reclaimed else "0"]
+            for lane, entry_id, job_id, lease in live[first:first + FINISH_BATCH]:
+                keys += [keys_of.stream_of(lane), keys_of.job(job_id), keys_of.done(job_id)]
+                args += [entry_id, lease]
+            calls.append(("start", keys, args))
+        return calls
 
     async def _start_entries(
         self, consumer: str, entries: Sequence[Entry], reclaimed: bool
@@ -113,13 +120,15 @@ class Consumer(QueueCore):
             return [], []
         now = now_ms()
         live = [(lane, entry_id, fields.get("job", ""), new_token()) for lane, entry_id, fields in entries if fields]
-        # each start is followed by the read of its job record in the same round trip (start.lua answers 0)
-        replies = await self.scripts.many_then(
-            [self._start_call(lane, e, j, consumer, now, reclaimed, t) for lane, e, j, t in live],
-            [("HGETALL", self.keys.job(j)) for _, _, j, _ in live])
+        calls = self._start_calls(consumer, now, reclaimed, live)
+        # each call is followed by the reads of its jobs' records in the same round trip (start.lua answers 0)
+        reads: list[Sequence[tuple[Any, ...]]] = [
+            [("HGETALL", keys[i]) for i in range(6, len(keys), 3)] for _, keys, _ in calls]  # each job's record
+        answered = [(reply, record) for replies, records in await self.scripts.many_then(calls, reads)
+                    for reply, record in zip(replies, records, strict=True)]
         deliveries: list[Delivery] = []
         skipped: list[Skipped] = []
-        for (lane, entry_id, job_id, lease), (reply, record) in zip(live, replies, strict=True):
+        for (lane, entry_id, job_id, lease), (reply, record) in zip(live, answered, strict=True):
             code = reply_code(reply)
             if code == 0 and record:
                 deliveries.append(Delivery(entry_id, Job.from_hash(record), reclaimed, lease, lane))

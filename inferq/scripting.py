@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import cache
@@ -205,39 +206,39 @@ class Scripts:
         return results[:-1], results[-1]
 
     async def many_then(
-        self, calls: list[tuple[str, list[str], list[Any]]], reads: list[tuple[Any, ...] | None]
-    ) -> list[tuple[Any, Any]]:
+        self, calls: list[tuple[str, list[str], list[Any]]], reads: list[Sequence[tuple[Any, ...]]]
+    ) -> list[tuple[Any, list[Any]]]:
         """Run script calls in one round trip (a non-transactional pipeline; each stays atomic alone), each followed
-        in the same pipeline by a read of its own (``reads[i]`` right after ``calls[i]``, on the same connection;
-        None for none), and answer ``(reply, read)`` pairs: for a state the script leaves that the caller needs
-        whole (start's job record), without copying it into Lua and back out. Other clients' commands may run
-        between a script and its read. After a ``NOSCRIPT`` the call and its read are run again one by one."""
+        in the same pipeline by reads of its own (``reads[i]`` right after ``calls[i]``, on the same connection;
+        empty for none), and answer ``(reply, read replies)`` pairs: for a state the script leaves that the caller
+        needs whole (start's job records), without copying it into Lua and back out. Other clients' commands may
+        run between a script and its reads. After a ``NOSCRIPT`` the call and its reads are run again one by one."""
         if not calls:
             return []
         commands: list[tuple[Any, ...]] = []
-        for (name, keys, args), read in zip(calls, reads, strict=True):
+        for (name, keys, args), after in zip(calls, reads, strict=True):
             script = load(name)
             script.check_keys(keys)
             commands.append(("EVALSHA", script.sha, len(keys), *keys, *args))
-            if read is not None:
-                commands.append(read)
+            commands.extend(after)
         results = iter(await pipelined(self.client, commands))
-        out: list[tuple[Any, Any]] = []
-        for call, read in zip(calls, reads, strict=True):
+        out: list[tuple[Any, list[Any]]] = []
+        for call, after in zip(calls, reads, strict=True):
             reply = next(results)
-            read_reply = next(results) if read is not None else None
+            read_replies = [next(results) for _ in after]
             if isinstance(reply, NoScriptError):
                 reply = await self(*call)
-                read_reply = await self.client.execute_command(*read) if read is not None else None
+                read_replies = [await self.client.execute_command(*read) for read in after]
             elif isinstance(reply, Exception):
                 raise reply
-            if isinstance(read_reply, Exception):
-                raise read_reply
-            out.append((reply, read_reply))
+            for read_reply in read_replies:
+                if isinstance(read_reply, Exception):
+                    raise read_reply
+            out.append((reply, read_replies))
         return out
 
     async def many(self, calls: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
         """Run many script calls in one round trip (a non-transactional pipeline); each stays atomic alone."""
         if len(calls) == 1:
             return [await self(*calls[0])]
-        return [reply for reply, _ in await self.many_then(calls, [None] * len(calls))]
+        return [reply for reply, _ in await self.many_then(calls, [()] * len(calls))]

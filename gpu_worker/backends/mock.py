@@ -1,10 +1,10 @@
 """The mock backend (a contract: docs/api.md): a deterministic echo with failure controls, for tests,
 benchmarks and the emulator. Every call is counted in ``inferq:{Q}:mock:calls`` (job id -> calls), so tests can
-prove how many times the model was really called: once per call whatever the Redis faults (the count is resent
-with its call's token until written; ``mock_count.lua`` counts a token once). The count is sent as the call
-begins and runs alongside the simulated model time (``latency_ms``), as a real model's latency has no
-instrumentation round trip in it; a call answers or fails only once its count is written, and crashes
-(``crash_deliveries``) or hangs only after that too."""
+prove how many times the model was really called: once per call whatever the Redis faults (a turn's calls are
+counted by one script run, resent with its batch's token until written; ``mock_count.lua`` counts a token once).
+The count is sent as the call begins and runs alongside the simulated model time (``latency_ms``), as a real
+model's latency has no instrumentation round trip in it; a call answers or fails only once its count is written,
+and crashes (``crash_deliveries``) or hangs only after that too."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from inferq.batching import Batcher
 from inferq.faults import FaultRun
 from inferq.jobs import Job
 from inferq.keys import Keys
 
-from ..batching import Batcher
 from .base import EngineLoad, FatalError, RetryableError
 
 COUNT_SCRIPT = (Path(__file__).parent / "mock_count.lua").read_text()
@@ -136,7 +136,7 @@ class MockBackend:
         self._redis = redis
         self._key = keys.mock_calls
         self._count_script = redis.register_script(COUNT_SCRIPT)
-        self._calls: Batcher[tuple[str, str], int] = Batcher(self._count)
+        self._calls: Batcher[str, int] = Batcher(self._count)
         self._slots = asyncio.Semaphore(engine_slots) if engine_slots else None
         self._waiting = 0
         self._running = 0
@@ -165,12 +165,12 @@ class MockBackend:
             self._running -= 1
             self._slots.release()
 
-    async def _count(self, calls: list[tuple[str, str]]) -> list[int]:
-        """One script run counts every call of the batch (standalone and cluster alike: its keys share the queue's
-        hash tag), resent with the same tokens until it is written."""
+    async def _count(self, job_ids: list[str], token: str | None = None) -> list[int]:
+        """One script run counts every call of the batch (a job id each; standalone and cluster alike: its keys
+        share the queue's hash tag), resent whole with the batch's one token until it is written."""
         faults = FaultRun("mock: counting calls failed", logging.getLogger(__name__), clients=[self._redis])
-        keys = [self._key, *(f"{self._key}:{token}" for _, token in calls)]
-        args = [job_id for job_id, _ in calls]
+        keys = [self._key, f"{self._key}:{token or secrets.token_hex(8)}"]
+        args = list(job_ids)
         while True:
             try:
                 return [int(count) for count in await self._count_script(keys=keys, args=args)]
@@ -187,7 +187,7 @@ class MockBackend:
             raise FatalError("mock must be an object", status_code=400)
         # the count is sent now and runs alongside the simulated model time: a real model's latency has no
         # instrumentation round trip in it. Nothing is answered, raised, crashed or hung before it is written.
-        counted = self._calls.put((job.id, secrets.token_hex(8)))
+        counted = self._calls.put(job.id)
         try:
             await self._run(controls, job, counted)
         except asyncio.CancelledError:  # an aborted call (timeout, cancel, shutdown): its count goes ahead alone

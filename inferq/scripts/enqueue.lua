@@ -1,79 +1,106 @@
 --[[
-  Accept a job: idempotency check, depth limits, job record, stream entry and counters in one atomic step,
+  Accept jobs: idempotency check, depth limits, job record, stream entry and counters in one atomic step,
   so two concurrent submits with one idempotency key can never make two jobs or two entries.
+  One call takes a batch of jobs (the submits a gateway received in one turn of its event loop, or a batch
+  client's), each accepted or refused as if by a call of its own, in order; what they share is written once for
+  the batch: the counters (stats, tenants).
   The idempotency key holds the job id; the request digest is in the job record (field digest), which the
   client compares on a replay: a different request under the same key is a conflict.
-  Safe to resend (G9): the client generates the job id, so a resent copy finds the record it made and answers
-  what the first run answered (its first entry is kept in the record as first_entry), adding nothing; that
-  check comes before the idempotency key, so a first submission never comes back as a replay of itself.
+  Safe to resend (G9): the client generates the job ids, so a resent copy finds the records it made and answers
+  what the first run answered (each job's first entry is kept in its record as first_entry), adding nothing;
+  that check comes before the idempotency key, so a first submission never comes back as a replay of itself.
 
-  KEYS[1] stream of the job's lane (its lane is recorded in the job field lane, passed with the fields)
-  KEYS[2] stats
-  KEYS[3] expiry (jobs with a ttl_s, scored by the time they expire unless started)
-  KEYS[4] job record of the new id
-  KEYS[5] tenants (unfinished jobs per tenant)
-  KEYS[6] idempotency key (optional)
+  KEYS[1] stats
+  KEYS[2] expiry (jobs with a ttl_s, scored by the time they expire unless started)
+  KEYS[3] tenants (unfinished jobs per tenant)
+  KEYS[4..n] three per job, in the order of ARGV's jobs: the stream of the job's lane (its lane is recorded in
+             the job field lane, passed with the fields), the job record of the new id, the idempotency key (the
+             job record again when the job has none)
 
-  ARGV[1] job id
-  ARGV[2] tenant
-  ARGV[3] request digest ("" without an idempotency key: nothing is checked against it)
-  ARGV[4] max unfinished jobs (0 = no limit)
-  ARGV[5] now (ms)
-  ARGV[6] idempotency key TTL (s)
-  ARGV[7] expires at (ms; "" when the job has no ttl_s)
-  ARGV[8] max unfinished jobs of one tenant (0 = no limit)
-  ARGV[9..] more job fields, as name/value pairs
+  ARGV[1] max unfinished jobs (0 = no limit)
+  ARGV[2] max unfinished jobs of one tenant (0 = no limit)
+  ARGV[3] idempotency key TTL (s)
+  ARGV[4..] per job: job id, tenant, request digest ("" without an idempotency key: nothing is checked against
+            it), whether KEYS names an idempotency key ("1" or "0"), now (ms: its created_at), expires at (ms; ""
+            when the job has no ttl_s), the number of more job fields, then those fields as name/value pairs
 
-  Returns
+  Returns one reply per job, in order:
     {0, id, entry}     created (a resent copy: the same answer, nothing added)
     {1, id}            the idempotency key was seen: the caller compares the request digests
     -3 QUEUE_FULL      {-3, unfinished}
     -9 TENANT_FULL     {-9, unfinished of this tenant}
 ]]
 local rcall = redis.call
-local streamKey, statsKey, expiryKey, jobKey, tenantsKey, idemKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local jobId, tenant, digest = ARGV[1], ARGV[2], ARGV[3]
-local maxDepth, now, idemTtl, expiresAt = tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
-local tenantMaxDepth = tonumber(ARGV[8])
+local statsKey, expiryKey, tenantsKey = KEYS[1], KEYS[2], KEYS[3]
+local maxDepth, tenantMaxDepth, idemTtl = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local jobs = (#KEYS - 3) / 3
 
-local firstEntry = rcall('HGET', jobKey, 'first_entry')
-if firstEntry then
-  -- a resent copy; the same-value write moves this connection's replication offset (see includes/replay)
-  rcall('HSET', jobKey, 'first_entry', firstEntry)
-  return {0, jobId, firstEntry}
+-- The counters are taken first for every job of the batch and what was not accepted is given back at the end:
+-- the checks read the counts their own increments return, one command per counter and batch rather than a read
+-- and an increment per job on the path every accepted job takes (the script is atomic: nobody sees the counts
+-- of refused jobs).
+local offered, a = {}, 4
+for _ = 1, jobs do
+  local tenant = ARGV[a + 1]
+  offered[tenant] = (offered[tenant] or 0) + 1
+  a = a + 7 + 2 * tonumber(ARGV[a + 6])
+end
+local unfinished = rcall('HINCRBY', statsKey, 'unfinished', jobs) - jobs
+local mine, taken = {}, {}
+for tenant, count in pairs(offered) do
+  mine[tenant] = rcall('HINCRBY', tenantsKey, tenant, count) - count
+  taken[tenant] = 0
 end
 
-if idemKey then
-  local seen = rcall('GET', idemKey)
-  if seen then
-    return {1, seen}
+local replies, accepted = {}, 0
+a = 4
+for i = 1, jobs do
+  local streamKey, jobKey, idemKey = KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3]
+  local jobId, tenant, digest, hasIdem, now, expiresAt = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+    ARGV[a + 4], ARGV[a + 5]
+  local fieldsFrom, fieldsTo = a + 7, a + 6 + 2 * tonumber(ARGV[a + 6])
+  a = fieldsTo + 1
+  local firstEntry = rcall('HGET', jobKey, 'first_entry')
+  local seen = not firstEntry and hasIdem == '1' and rcall('GET', idemKey)
+  if firstEntry then
+    -- a resent copy; the same-value write moves this connection's replication offset (see includes/replay)
+    rcall('HSET', jobKey, 'first_entry', firstEntry)
+    replies[i] = {0, jobId, firstEntry}
+  elseif seen then
+    replies[i] = {1, seen}
+  elseif tenantMaxDepth > 0 and mine[tenant] + taken[tenant] >= tenantMaxDepth then
+    -- the tenant's quota before the queue's depth: a resent batch, which finds the counts its first run left,
+    -- then answers each refusal as that run did (a tenant refused before other tenants' jobs filled the queue is
+    -- still refused for its quota)
+    replies[i] = {CODE_TENANT_FULL, mine[tenant] + taken[tenant]}
+  elseif maxDepth > 0 and unfinished + accepted >= maxDepth then
+    replies[i] = {CODE_QUEUE_FULL, unfinished + accepted}
+  else
+    accepted = accepted + 1
+    taken[tenant] = taken[tenant] + 1
+    local entry = rcall('XADD', streamKey, '*', 'job', jobId, 'attempt', '1')
+    rcall('HSET', jobKey, 'id', jobId, 'tenant', tenant, 'status', 'queued', 'attempts', '1', 'deliveries', '0',
+      'created_at', now, 'entry', entry, 'first_entry', entry, 'digest', digest, unpack(ARGV, fieldsFrom, fieldsTo))
+    if expiresAt ~= '' then
+      rcall('HSET', jobKey, 'expires_at', expiresAt)
+      rcall('ZADD', expiryKey, expiresAt, jobId)
+    end
+    if hasIdem == '1' then
+      rcall('SET', idemKey, jobId, 'EX', idemTtl)
+    end
+    replies[i] = {0, jobId, entry}
   end
 end
 
--- the counters are taken first and given back when a limit refuses the job: the check reads the count its own
--- increment returns, one command less than reading it and then incrementing it on the path every accepted job
--- takes (the script is atomic: nobody sees the taken count of a refused job)
-local unfinished = rcall('HINCRBY', statsKey, 'unfinished', 1)
-if maxDepth > 0 and unfinished > maxDepth then
-  rcall('HINCRBY', statsKey, 'unfinished', -1)
-  return {CODE_QUEUE_FULL, unfinished - 1}
+if accepted < jobs then
+  rcall('HINCRBY', statsKey, 'unfinished', accepted - jobs)
 end
-local mine = rcall('HINCRBY', tenantsKey, tenant, 1)
-if tenantMaxDepth > 0 and mine > tenantMaxDepth then
-  rcall('HINCRBY', statsKey, 'unfinished', -1)
-  rcall('HINCRBY', tenantsKey, tenant, -1)  -- still at least one (its limit is): the tenant stays in the hash
-  return {CODE_TENANT_FULL, mine - 1}
+for tenant, count in pairs(offered) do
+  if taken[tenant] < count and rcall('HINCRBY', tenantsKey, tenant, taken[tenant] - count) <= 0 then
+    rcall('HDEL', tenantsKey, tenant)  -- only tenants with open jobs stay in the hash
+  end
 end
-
-local entry = rcall('XADD', streamKey, '*', 'job', jobId, 'attempt', '1')
-rcall('HSET', jobKey, 'id', jobId, 'tenant', tenant, 'status', 'queued', 'attempts', '1', 'deliveries', '0',
-  'created_at', now, 'entry', entry, 'first_entry', entry, 'digest', digest, unpack(ARGV, 9))
-if expiresAt ~= '' then
-  rcall('HSET', jobKey, 'expires_at', expiresAt)
-  rcall('ZADD', expiryKey, expiresAt, jobId)
+if accepted > 0 then
+  rcall('HINCRBY', statsKey, 'enqueued', accepted)
 end
-rcall('HINCRBY', statsKey, 'enqueued', 1)
-if idemKey then
-  rcall('SET', idemKey, jobId, 'EX', idemTtl)
-end
-return {0, jobId, entry}
+return replies

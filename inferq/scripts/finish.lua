@@ -1,6 +1,6 @@
 --[[
   Record the outcomes of attempts: each succeeded, failed (not retryable) or cancelled. One call takes a batch of jobs
-  (a worker's finishes that are ready together, :class:`gpu_worker.batching.Batcher`), each settled as if by a call of
+  (a worker's finishes that are ready together, :class:`inferq.batching.Batcher`), each settled as if by a call of
   its own, in order; what they share is written once for the batch: the counters (stats, tenants), and the
   acknowledgement and deletion of their entries, one XACK and one XDEL per stream (one script and six commands less
   per job on the hot path, callgrind). First writer wins (G2): if a job is already terminal its entry is acknowledged

@@ -5,6 +5,7 @@ that thaws and a failover all do -- and checks that the copy answers the same an
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from inferq.queue import Queue
@@ -100,10 +101,10 @@ class Resending(Scripts):
         return [await self(name, keys, args) for name, keys, args in calls]
 
     async def many_then(
-        self, calls: list[tuple[str, list[str], list[Any]]], reads: list[tuple[Any, ...] | None]
-    ) -> list[tuple[Any, Any]]:
-        return [(await self(*call), await self.q.redis.execute_command(*read) if read is not None else None)
-                for call, read in zip(calls, reads, strict=True)]
+        self, calls: list[tuple[str, list[str], list[Any]]], reads: list[Sequence[tuple[Any, ...]]]
+    ) -> list[tuple[Any, list[Any]]]:
+        return [(await self(*call), [await self.q.redis.execute_command(*read) for read in after])
+                for call, after in zip(calls, reads, strict=True)]
 
     async def replicated(
         self, calls: list[tuple[str, list[str], list[Any]]], replicas: int, timeout_ms: int

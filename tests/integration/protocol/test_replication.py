@@ -127,7 +127,7 @@ async def test_a_resend_on_a_new_connection_waits_for_the_first_copys_write(
         with pytest.raises(ReplicationLag):
             await fresh.scripts.replicated([call], 1, 300)
         replica.thaw()
-        [again] = await fresh.scripts.replicated([call], 1, 2000)
+        [[again]] = await fresh.scripts.replicated([call], 1, 2000)
         assert int(again[0]) == 0 and (await q.stats())["enqueued"] == 1
     finally:
         await fresh.close()

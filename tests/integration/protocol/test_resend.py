@@ -92,10 +92,10 @@ async def test_an_enqueue_resent_after_its_job_ran_answers_created_with_its_firs
     """A late copy (the job was taken and finished meanwhile) still finds its own job: the same {0, id, entry},
     never a second entry or job, never a replay of itself."""
     call = q._enqueue_call("t", req(idempotency_key=idempotency_key), new_job_id(), now_ms())
-    first = await q.scripts(*call)
+    [first] = await q.scripts(*call)
     (d,), _ = await q.read("w1", 1)
     await q.finish(d, JobStatus.SUCCEEDED, result=RESULT)
-    again = await q.scripts(*call)
+    [again] = await q.scripts(*call)
     assert int(first[0]) == 0 and again == first
     stats = await q.stats()
     assert stats["enqueued"] == 1 and stats["unfinished"] == 0 and await q.redis.xlen(q.keys.stream) == 0

@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 from inferq.consumer import FINISH_BATCH
 from inferq.jobs import JobRequest, JobStatus, Priority
 from inferq.keys import GROUP
+from inferq.producer import ENQUEUE_BATCH
 from inferq.queue import (
     IdempotencyConflict,
     JobNotFound,
@@ -23,9 +24,10 @@ from inferq.queue import (
     Outcome,
     Queue,
     QueueFull,
+    TenantQuotaFull,
     now_ms,
 )
-from inferq.scripting import all_scripts, load
+from inferq.scripting import Code, all_scripts, load
 from tests.integration.protocol.resend import Resending
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
@@ -46,7 +48,7 @@ def test_every_script_declares_its_keys_and_loads() -> None:
     names = {s.name for s in all_scripts()}
     assert names == {"enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive",
                      "expire", "observe", "requeue"}
-    assert load("enqueue").min_keys == 5 and load("enqueue").max_keys == 6
+    assert load("enqueue").min_keys == 3 and load("enqueue").max_keys is None
     assert load("renew").max_keys is None
 
 
@@ -140,6 +142,71 @@ async def test_depth_limit_rejects_past_max_unfinished(q: Queue) -> None:
     stats = await q.stats()
     assert stats["unfinished"] == 2 and stats["enqueued"] == 2
     assert await q.redis.hgetall(q.keys.tenants) == {"t": "2"}
+
+
+async def test_the_submits_of_one_turn_are_one_enqueue_call_each_accepted_or_refused_as_by_a_call_of_its_own(
+    q: Queue,
+) -> None:
+    """Concurrent submits (a gateway's requests) that reach the queue in one turn of the event loop go out as one
+    script call: each is answered as a call of its own would have been, in order (accepted, an idempotent replay,
+    a tenant's quota, the queue's depth), and the counters they share add up to what one call per job writes."""
+    q.settings = q.settings.replace(max_queue_depth=5, tenant_max_depth=3)
+    await q.enqueue("b", req())
+    earlier, _ = await q.enqueue("a", req(idempotency_key="k0"))
+    before = await commandstats_calls(q, "evalsha")
+    submits = [("a", req()), ("a", req(idempotency_key="k0")), ("a", req(idempotency_key="k1")),
+               ("a", req(idempotency_key="k1")), ("a", req()), ("b", req(ttl_s=60)), ("b", req())]
+    answers = await asyncio.gather(*(q.enqueue(t, r) for t, r in submits), return_exceptions=True)
+    assert await commandstats_calls(q, "evalsha") - before == (2 if isinstance(q.scripts, Resending) else 1)
+
+    accepted, replay0, keyed, replay1, over_quota, with_ttl, over_depth = answers
+    assert isinstance(accepted, tuple) and accepted[1] is False
+    assert isinstance(replay0, tuple) and replay0[1] is True and replay0[0].id == earlier.id
+    assert isinstance(keyed, tuple) and keyed[1] is False
+    assert isinstance(replay1, tuple) and replay1[1] is True and replay1[0].id == keyed[0].id
+    assert isinstance(over_quota, TenantQuotaFull) and over_quota.unfinished == 3
+    assert isinstance(with_ttl, tuple) and with_ttl[1] is False
+    assert isinstance(over_depth, QueueFull) and not isinstance(over_depth, TenantQuotaFull)
+    assert over_depth.unfinished == 5
+
+    stats = await q.stats()
+    assert stats["unfinished"] == 5 and stats["enqueued"] == 5
+    assert await q.redis.hgetall(q.keys.tenants) == {"a": "3", "b": "2"}
+    assert await q.redis.xlen(q.keys.stream) == 5
+    assert await q.redis.zrange(q.keys.expiry, 0, -1) == [with_ttl[0].id]
+    for job, _ in (accepted, keyed, with_ttl):
+        stored = await q.get(job.id)
+        assert stored is not None and stored.status is JobStatus.QUEUED and stored.entry == job.entry
+        assert int(stored.created_at * 1000) == int(job.created_at * 1000)
+        assert await live_entries(q, job.id) == [job.entry]
+
+
+async def test_a_refused_batch_gives_back_every_count_it_took(q: Queue) -> None:
+    """The script takes the counters for the whole batch first: a batch refused whole, or replayed whole, leaves
+    them as they were, and a tenant with no open job is not left in the hash."""
+    q.settings = q.settings.replace(max_queue_depth=1)
+    kept, _ = await q.enqueue("a", req(idempotency_key="k"))
+    answers = await asyncio.gather(*(q.enqueue("b", req()) for _ in range(3)), return_exceptions=True)
+    assert all(isinstance(a, QueueFull) and a.unfinished == 1 for a in answers)
+    assert (await q.enqueue("a", req(idempotency_key="k")))[0].id == kept.id
+    stats = await q.stats()
+    assert stats["unfinished"] == 1 and stats["enqueued"] == 1
+    assert await q.redis.hgetall(q.keys.tenants) == {"a": "1"}
+
+
+async def test_many_jobs_are_split_over_enqueue_calls_and_each_accepted(q: Queue) -> None:
+    n = ENQUEUE_BATCH * 2 + 3
+    await q.enqueue("warm", req())  # the script is loaded on the server (a first EVALSHA answers NOSCRIPT)
+    before = await commandstats_calls(q, "evalsha")
+    accepted = await q.enqueue_many("t", [req(metadata={"i": str(i)}) for i in range(n)])
+    assert await commandstats_calls(q, "evalsha") - before == 3 * (2 if isinstance(q.scripts, Resending) else 1)
+    assert [replayed for _, replayed in accepted] == [False] * n and len({j.id for j, _ in accepted}) == n
+    assert [f["job"] for _, f in await q.redis.xrange(q.keys.stream)][1:] == [j.id for j, _ in accepted]
+    stored = [await q.get(j.id) for j, _ in accepted]
+    assert [job.metadata if job else None for job in stored] == [{"i": str(i)} for i in range(n)]
+    stats = await q.stats()
+    assert stats["unfinished"] == n + 1 and stats["enqueued"] == n + 1
+    assert await q.redis.hgetall(q.keys.tenants) == {"t": str(n), "warm": "1"}
 
 
 # ---------------------------------------------------------------- start / finish
@@ -290,6 +357,32 @@ async def test_a_started_job_can_no_longer_expire(q: Queue) -> None:
     assert await q.expire_due(now=now_ms() + 10_000) == 0
     (d2,), _ = await q.read("w1", 1)
     assert d2.job.id == job.id
+
+
+async def test_one_start_call_begins_a_whole_read_each_entry_as_by_a_call_of_its_own(q: Queue) -> None:
+    """The entries of one read are begun by one script call: each is answered as a call of its own would have
+    been (run it, a job gone, a job expired before any attempt), and each delivery carries its job's record."""
+    await q.enqueue("t", req())
+    (warm,), _ = await q.read("w1", 1)  # the script is loaded on the server (a first EVALSHA answers NOSCRIPT)
+    await q.finish(warm, JobStatus.SUCCEEDED, result={"status_code": 200, "body": {}})
+    first, _ = await q.enqueue("t", req(metadata={"n": "1"}))
+    gone, _ = await q.enqueue("t", req())
+    late, _ = await q.enqueue("t", req(ttl_s=1), now=now_ms() - 5000)
+    last, _ = await q.enqueue("t", req(metadata={"n": "4"}))
+    await q.redis.delete(q.keys.job(gone.id))
+    before = await commandstats_calls(q, "evalsha")
+    deliveries, skipped = await q.read("w1", 10)
+    assert await commandstats_calls(q, "evalsha") - before == (2 if isinstance(q.scripts, Resending) else 1)
+    assert [(d.job.id, d.job.metadata, d.job.status, d.job.deliveries) for d in deliveries] == [
+        (first.id, {"n": "1"}, JobStatus.RUNNING, 1), (last.id, {"n": "4"}, JobStatus.RUNNING, 1)]
+    assert len({d.lease for d in deliveries}) == 2
+    assert [(k.job_id, k.code, k.status) for k in skipped] == [
+        (gone.id, Code.NOT_FOUND, None), (late.id, Code.ENDED, "expired")]
+    assert [e for e, _ in await q.redis.xrange(q.keys.stream)] == [d.entry_id for d in deliveries]
+    stats = await q.stats()
+    assert stats["expired"] == 1 and stats["unfinished"] == 3  # the record deleted under it is not counted here
+    for d in deliveries:
+        assert await q.finish(d, JobStatus.SUCCEEDED, result={"status_code": 200, "body": {}}) is Outcome.WRITTEN
 
 
 async def test_every_counter_is_readable_from_the_start(q: Queue) -> None:

@@ -24,7 +24,7 @@ from gpu_worker.backends.base import (
 from gpu_worker.backends.mock import MockBackend
 from gpu_worker.backends.openai import OpenAIBackend
 from gpu_worker.backends.vllm import VllmBackend, sampling_arguments
-from gpu_worker.batching import Batcher
+from inferq.batching import Batcher
 from inferq.jobs import Job, JobStatus
 from inferq.queue import Queue
 from inferq.settings import Settings, SettingsError
@@ -124,11 +124,13 @@ async def test_mock_counts_the_calls_of_one_turn_in_one_script_run_and_a_resent_
     await asyncio.gather(*(call(mock, job) for job in jobs))
     assert await _script_runs(queue) - before == 1
     assert await queue.redis.hgetall(queue.keys.mock_calls) == {"job_warm": "1", **{f"job_{i}": "2" for i in range(5)}}
-    # a run sent again with the same call tokens (a resend after a timeout) answers the same counts, adds none
-    calls = [("job_0", "token-a"), ("job_1", "token-b")]
-    assert await mock._count(calls) == [3, 3]
-    assert await mock._count(calls) == [3, 3]
-    assert await queue.redis.hget(queue.keys.mock_calls, "job_0") == "3"
+    # a run sent again with the same batch token (a resend after a timeout) answers the same counts, adds none
+    assert await mock._count(["job_0", "job_1", "job_new"], token="token-a") == [3, 3, 1]
+    assert await mock._count(["job_0", "job_1", "job_new"], token="token-a") == [3, 3, 1]
+    assert await queue.redis.hgetall(queue.keys.mock_calls) == {
+        "job_warm": "1", "job_0": "3", "job_1": "3", "job_new": "1", **{f"job_{i}": "2" for i in range(2, 5)}}
+    # and one token key per run, not per call
+    assert len([k async for k in queue.redis.scan_iter(f"{queue.keys.mock_calls}:*")]) == 3
 
 
 async def test_mock_counts_a_call_alongside_its_latency_and_answers_or_fails_only_once_counted(
@@ -158,7 +160,7 @@ async def test_mock_counts_a_call_alongside_its_latency_and_answers_or_fails_onl
     gate = asyncio.Event()
     count = mock._count
 
-    async def held(calls: list[tuple[str, str]]) -> list[int]:
+    async def held(calls: list[str]) -> list[int]:
         await gate.wait()
         return await count(calls)
 

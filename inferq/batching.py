@@ -3,6 +3,9 @@
 Jobs finish one by one, each in its own task; writing each result alone would cost one round trip per job. A
 :class:`Batcher` collects what was submitted until its flush task runs (one turn of the event loop, or the length
 of the previous flush under load) and writes it all at once, then answers each submitter with its own result.
+With ``overlap=True`` a flush does not wait for the one before it: what one turn submitted goes out at that turn's
+end, so coalescing never adds a round trip to anyone's wait (the gateway's submits, where each is a client's
+latency).
 """
 
 from __future__ import annotations
@@ -16,11 +19,15 @@ R = TypeVar("R")
 
 
 class Batcher(Generic[T, R]):
-    def __init__(self, flush: Callable[[list[T]], Awaitable[Sequence[R]]], *, max_batch: int = 1000) -> None:
+    def __init__(
+        self, flush: Callable[[list[T]], Awaitable[Sequence[R]]], *, max_batch: int = 1000, overlap: bool = False
+    ) -> None:
         self._flush = flush
         self._max_batch = max_batch
+        self._overlap = overlap
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._task: asyncio.Task[None] | None = None
+        self._flushing: set[asyncio.Task[None]] = set()  # overlap: the flushes in flight (a task needs a reference)
 
     async def submit(self, item: T) -> R:
         # each submitter has its own future: cancelling one (an aborted job) leaves the batch's write alone
@@ -29,7 +36,13 @@ class Batcher(Generic[T, R]):
     def put(self, item: T) -> asyncio.Future[R]:
         """Add ``item`` to the next flush now, and return the future of its result: the write goes ahead while
         the caller does something else (its result, or the exception the flush raised, is the future's)."""
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[R] = loop.create_future()
+        if self._overlap:
+            if not self._pending:  # the first of this turn: the flush starts once every task ready now has run
+                loop.call_soon(self._start_overlapping)
+            self._pending.append((item, future))
+            return future
         self._pending.append((item, future))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
@@ -37,23 +50,40 @@ class Batcher(Generic[T, R]):
 
     @property
     def idle(self) -> bool:
-        return not self._pending and (self._task is None or self._task.done())
+        return not self._pending and not self._flushing and (self._task is None or self._task.done())
 
     async def wait_idle(self) -> None:
         while self._task is not None and not self._task.done():
             await asyncio.shield(self._task)
+        while self._pending or self._flushing:  # overlap: this turn's flush not started yet, or flushes in flight
+            if self._flushing:
+                await asyncio.wait(set(self._flushing))
+            else:
+                await asyncio.sleep(0)
+
+    def _start_overlapping(self) -> None:
+        batch, self._pending = self._pending, []
+        task = asyncio.get_running_loop().create_task(self._write(batch))
+        self._flushing.add(task)
+        task.add_done_callback(self._flushing.discard)
 
     async def _run(self) -> None:
         await asyncio.sleep(0)  # let every task that is ready this turn submit first
         while self._pending:
             batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
+            await self._write(batch)
+
+    async def _write(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        """Flush ``batch`` (``max_batch`` at a time) and answer each of its submitters."""
+        for first in range(0, len(batch), self._max_batch):
+            part = batch[first:first + self._max_batch]
             try:
-                results = await self._flush([item for item, _ in batch])
+                results = await self._flush([item for item, _ in part])
             except Exception as exc:  # handed to each submitter, who decides whether to try again
-                for _, future in batch:
+                for _, future in part:
                     if not future.done():
                         future.set_exception(exc)
                 continue
-            for (_, future), result in zip(batch, results, strict=True):
+            for (_, future), result in zip(part, results, strict=True):
                 if not future.done():
                     future.set_result(result)
