@@ -115,6 +115,10 @@ def test_an_invalid_file_fails_the_batch_with_line_errors(batch_stack: Emulator)
 
 def test_cancel_mid_way_keeps_the_partial_output(batch_stack: Emulator) -> None:
     client = client_for(batch_stack)
+    # the workers of the test before stop first: one that is scaled in just as this batch arrives gives back the
+    # lines it read (a drain releases them to the end of their lane), and the batch's counts, which move over the
+    # lines in file order, then stay at 0 until those lines run last, so "a few lines done" comes only at the end
+    wait_for(lambda: not batch_stack.workers(), 60, interval=0.2, what="the previous batch's workers to stop")
     n = 400
     lines = [request_line(i, latency_ms=3000) for i in range(n)]  # long enough that the cancel finds lines queued
     uploaded = client.files.create(file=("slow.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
