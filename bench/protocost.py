@@ -112,12 +112,12 @@ async def _contract_once(q: Queue, n: int, phase: Phase = _phase) -> dict[str, f
     Everything inferq adds on top (lease tokens, owner and resend checks, delivery counts, the tenant count, latency
     sums) is left out, so the gap between this and inferq's own figure is what its scripts and guarantees cost."""
     from inferq.jobs import RECORD_FIELDS_BUT_BODY
+    from inferq.producer import record_fields
 
     r, keys, settings = q.redis, q.keys, q.settings
     now = int(time.time() * 1000)
     # the record's fields as inferq's enqueue writes them, less its own bookkeeping (entry, deliveries, digest)
-    _, _, args = q._enqueue_call("bench", JobRequest(body=dict(BODY)), "model", now)
-    extra = args[10:]  # after the call's 3 arguments and the job's 7
+    extra = record_fields(JobRequest(body=dict(BODY)))
     record = {"tenant": "bench", "status": "queued", "attempts": "1", "created_at": str(now),
               **{str(extra[i]): str(extra[i + 1]) for i in range(0, len(extra), 2)}}
     tag = f"{keys.prefix}contract:{time.monotonic_ns()}"  # inside the queue's hash tag, as the queue's keys are

@@ -20,13 +20,8 @@ from redis.exceptions import ResponseError
 from . import fastjson
 from .jobs import LANES, Job, JobStatus, Priority
 from .keys import GROUP
-from .queue_core import QueueCore, new_token, now_ms
+from .queue_core import QueueCore, chunks, new_token, now_ms
 from .scripting import Code, reply_code
-
-FINISH_BATCH = 32
-"""Jobs one finish (or start) script call settles (or begins) at most: one script and the shared counters'
-increments per call instead of per job, while Valkey, which runs a script to its end before anything else, serves
-no one else for no more than about a millisecond (30 µs a job under S3's load)."""
 
 
 class Outcome(str, Enum):
@@ -97,21 +92,18 @@ Entry = tuple[Priority, str, dict[str, str]]
 
 
 class Consumer(QueueCore):
-    def _start_calls(
-        self, consumer: str, now: int, reclaimed: bool, live: Sequence[tuple[Priority, str, str, str]]
-    ) -> list[tuple]:
-        """The start script calls that begin ``live`` (lane, entry id, job id, lease): up to :data:`FINISH_BATCH`
-        entries a call."""
-        keys_of, settings, calls = self.keys, self.settings, []
-        for first in range(0, len(live), FINISH_BATCH):
-            keys = [keys_of.stats, keys_of.events, keys_of.dlq, keys_of.expiry, keys_of.tenants]
-            args: list[Any] = [consumer, now, settings.max_deliveries, settings.result_ttl_s, settings.events_maxlen,
-                               "1" if reclaimed else "0"]
-            for lane, entry_id, job_id, lease in live[first:first + FINISH_BATCH]:
-                keys += [keys_of.stream_of(lane), keys_of.job(job_id), keys_of.done(job_id)]
-                args += [entry_id, lease]
-            calls.append(("start", keys, args))
-        return calls
+    def _start_call(self, consumer: str, now: int, reclaimed: bool, live: Sequence[tuple[Priority, str, str, str]]
+                    ) -> tuple:
+        """The start script call that begins ``live`` (lane, entry id, job id, lease; :data:`SCRIPT_BATCH` at
+        most)."""
+        keys_of, settings = self.keys, self.settings
+        keys = [keys_of.stats, keys_of.events, keys_of.dlq, keys_of.expiry, keys_of.tenants]
+        args: list[Any] = [consumer, now, settings.max_deliveries, settings.result_ttl_s, settings.events_maxlen,
+                           "1" if reclaimed else "0"]
+        for lane, entry_id, job_id, lease in live:
+            keys += [keys_of.stream_of(lane), keys_of.job(job_id), keys_of.done(job_id)]
+            args += [entry_id, lease]
+        return ("start", keys, args)
 
     async def _start_entries(
         self, consumer: str, entries: Sequence[Entry], reclaimed: bool
@@ -120,10 +112,11 @@ class Consumer(QueueCore):
             return [], []
         now = now_ms()
         live = [(lane, entry_id, fields.get("job", ""), new_token()) for lane, entry_id, fields in entries if fields]
-        calls = self._start_calls(consumer, now, reclaimed, live)
+        parts = chunks(live)
         # each call is followed by the reads of its jobs' records in the same round trip (start.lua answers 0)
-        reads: list[Sequence[tuple[Any, ...]]] = [
-            [("HGETALL", keys[i]) for i in range(6, len(keys), 3)] for _, keys, _ in calls]  # each job's record
+        reads: list[Sequence[tuple[Any, ...]]] = [[("HGETALL", self.keys.job(j)) for _, _, j, _ in part]
+                                                  for part in parts]
+        calls = [self._start_call(consumer, now, reclaimed, part) for part in parts]
         answered = [(reply, record) for replies, records in await self.scripts.many_then(calls, reads)
                     for reply, record in zip(replies, records, strict=True)]
         deliveries: list[Delivery] = []
@@ -224,21 +217,19 @@ class Consumer(QueueCore):
             Code.ENDED: Outcome.ENDED,
         }[Code(code)]
 
-    def _finish_calls(self, items: Sequence[tuple[Delivery, JobStatus, Any, Any]], now: int) -> list[tuple]:
-        """The finish script calls that write ``items``: up to :data:`FINISH_BATCH` jobs a call."""
-        keys_of, calls = self.keys, []
-        for first in range(0, len(items), FINISH_BATCH):
-            keys = [keys_of.stats, keys_of.events, keys_of.tenants]
-            args: list[Any] = [now, self.settings.result_ttl_s, self.settings.events_maxlen]
-            for delivery, status, result, error in items[first:first + FINISH_BATCH]:
-                job_id = delivery.job.id
-                result_json = fastjson.dumps(result).decode() if result is not None else ""
-                error_json = fastjson.dumps(error).decode() if error is not None else ""
-                keys += [keys_of.stream_of(delivery.lane), keys_of.job(job_id), keys_of.done(job_id)]
-                args += [delivery.entry_id, status.value, result_json, error_json, delivery.lease,
-                         settle_token(delivery, "finish", status.value, result_json, error_json)]
-            calls.append(("finish", keys, args))
-        return calls
+    def _finish_call(self, items: Sequence[tuple[Delivery, JobStatus, Any, Any]], now: int) -> tuple:
+        """The finish script call that writes ``items`` (:data:`SCRIPT_BATCH` at most)."""
+        keys_of = self.keys
+        keys = [keys_of.stats, keys_of.events, keys_of.tenants]
+        args: list[Any] = [now, self.settings.result_ttl_s, self.settings.events_maxlen]
+        for delivery, status, result, error in items:
+            job_id = delivery.job.id
+            result_json = fastjson.dumps(result).decode() if result is not None else ""
+            error_json = fastjson.dumps(error).decode() if error is not None else ""
+            keys += [keys_of.stream_of(delivery.lane), keys_of.job(job_id), keys_of.done(job_id)]
+            args += [delivery.entry_id, status.value, result_json, error_json, delivery.lease,
+                     settle_token(delivery, "finish", status.value, result_json, error_json)]
+        return ("finish", keys, args)
 
     async def finish(
         self, delivery: Delivery, status: JobStatus, *, result: Any = None, error: Any = None, now: int | None = None
@@ -247,16 +238,17 @@ class Consumer(QueueCore):
         longer holds changes nothing (Outcome.STALE)."""
         if status not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
             raise ValueError(f"a worker cannot finish a job as {status.value}")
-        [[reply]] = await self._write(self._finish_calls([(delivery, status, result, error)], now or now_ms()),
+        [[reply]] = await self._write([self._finish_call([(delivery, status, result, error)], now or now_ms())],
                                       replicated=True)
         return self._outcome(reply, Outcome.WRITTEN)
 
     async def finish_many(self, items: Sequence[tuple[Delivery, JobStatus, Any, Any]]) -> list[Outcome]:
-        """Several finishes in one round trip and one script call per :data:`FINISH_BATCH` of them: each job is
+        """Several finishes in one round trip and one script call per :data:`SCRIPT_BATCH` of them: each job is
         settled as by a call of its own, and the counters they share are written once per call."""
         if not items:
             return []
-        replies = await self._write(self._finish_calls(items, now_ms()), replicated=True)
+        now = now_ms()
+        replies = await self._write([self._finish_call(part, now) for part in chunks(items)], replicated=True)
         return [self._outcome(reply, Outcome.WRITTEN) for call in replies for reply in call]
 
     async def retry(self, delivery: Delivery, *, delay_ms: int, error: Any, now: int | None = None) -> Outcome:

@@ -21,7 +21,7 @@ from .jobs import (
     new_job_id,
     record_of,
 )
-from .queue_core import QueueCore, new_token, now_ms
+from .queue_core import QueueCore, chunks, new_token, now_ms
 from .scripting import Code
 from .waiters import SharedWaiters
 
@@ -64,57 +64,48 @@ class NotDeadLettered(QueueError):
     pass
 
 
-ENQUEUE_BATCH = 32
-"""Jobs one enqueue script call accepts at most: a gateway's submits of one turn of its event loop, or a batch
-client's jobs, share one script and the counters' increments, while Valkey, which runs a script to its end before
-anything else, serves no one else for a fraction of a millisecond."""
+def record_fields(request: JobRequest) -> list[Any]:
+    """The job record's fields that come from the request, as name/value pairs (enqueue.lua writes them)."""
+    fields: list[Any] = ["url", request.url, "body", canonical_json(request.body), "lane", request.priority.value]
+    if request.metadata:
+        fields += ["metadata", canonical_json(request.metadata)]
+    if request.timeout_s is not None:
+        fields += ["timeout_s", request.timeout_s]
+    if request.ttl_s is not None:
+        fields += ["ttl_s", request.ttl_s]
+    if request.webhook_url:
+        fields += ["webhook_url", request.webhook_url]
+    if request.traceparent:
+        fields += ["trace", request.traceparent]
+    return fields
 
 
 class Producer(QueueCore):
     _waiters: SharedWaiters | None = None
     _submits: Batcher[tuple[str, JobRequest, str, int], Any] | None = None
 
-    def _enqueue_calls(self, jobs: Sequence[tuple[str, JobRequest, str, int]]) -> list[tuple]:
-        """The enqueue script calls that accept ``jobs`` (tenant, request, job id, now): up to
-        :data:`ENQUEUE_BATCH` a call."""
-        keys_of, settings, calls = self.keys, self.settings, []
-        for first in range(0, len(jobs), ENQUEUE_BATCH):
-            keys = [keys_of.stats, keys_of.expiry, keys_of.tenants]
-            args: list[Any] = [settings.max_queue_depth, settings.tenant_max_depth, settings.result_ttl_s]
-            for tenant, request, job_id, now in jobs[first:first + ENQUEUE_BATCH]:
-                job_key = keys_of.job(job_id)
-                idem = request.idempotency_key
-                keys += [keys_of.stream_of(request.priority), job_key,
-                         keys_of.idem(tenant, idempotency_digest(idem)) if idem is not None else job_key]
-                fields: list[Any] = ["url", request.url, "body", canonical_json(request.body),
-                                     "lane", request.priority.value]
-                if request.metadata:
-                    fields += ["metadata", canonical_json(request.metadata)]
-                if request.timeout_s is not None:
-                    fields += ["timeout_s", request.timeout_s]
-                if request.ttl_s is not None:
-                    fields += ["ttl_s", request.ttl_s]
-                if request.webhook_url:
-                    fields += ["webhook_url", request.webhook_url]
-                if request.traceparent:
-                    fields += ["trace", request.traceparent]
-                expires_at = now + request.ttl_s * 1000 if request.ttl_s is not None else ""
-                # the digest is what a retry with the same idempotency key is checked against: without a key,
-                # nothing is
-                digest = request.digest() if idem is not None else ""
-                args += [job_id, tenant, digest, "1" if idem is not None else "0", now, expires_at,
-                         len(fields) // 2, *fields]
-            calls.append(("enqueue", keys, args))
-        return calls
+    def _enqueue_call(self, jobs: Sequence[tuple[str, JobRequest, str, int]]) -> tuple:
+        """The enqueue script call that accepts ``jobs`` (tenant, request, job id, now; :data:`SCRIPT_BATCH` at
+        most). It answers a list of replies, one per job."""
+        keys_of, settings = self.keys, self.settings
+        keys = [keys_of.stats, keys_of.expiry, keys_of.tenants]
+        args: list[Any] = [settings.max_queue_depth, settings.tenant_max_depth, settings.result_ttl_s]
+        for tenant, request, job_id, now in jobs:
+            job_key = keys_of.job(job_id)
+            idem = request.idempotency_key
+            # without an idempotency key the job record stands in its place: the script tells them apart
+            keys += [keys_of.stream_of(request.priority), job_key,
+                     keys_of.idem(tenant, idempotency_digest(idem)) if idem is not None else job_key]
+            fields = record_fields(request)
+            expires_at = now + request.ttl_s * 1000 if request.ttl_s is not None else ""
+            # the digest is what a retry with the same idempotency key is checked against: without a key, nothing is
+            digest = request.digest() if idem is not None else ""
+            args += [job_id, tenant, digest, now, expires_at, len(fields) // 2, *fields]
+        return ("enqueue", keys, args)
 
-    def _enqueue_call(self, tenant: str, request: JobRequest, job_id: str, now: int) -> tuple:
-        """One job's enqueue call (it answers a list of one reply)."""
-        [call] = self._enqueue_calls([(tenant, request, job_id, now)])
-        return call
-
-    async def _accept(self, jobs: list[tuple[str, JobRequest, str, int]]) -> list[Any]:
-        """Each job's enqueue reply, all in one round trip."""
-        replies = await self._write(self._enqueue_calls(jobs), replicated=True)
+    async def _accept(self, jobs: Sequence[tuple[str, JobRequest, str, int]]) -> list[Any]:
+        """Each job's enqueue reply, all in one round trip and one script call per :data:`SCRIPT_BATCH` jobs."""
+        replies = await self._write([self._enqueue_call(part) for part in chunks(jobs)], replicated=True)
         return [reply for call in replies for reply in call]
 
     async def _enqueued(self, tenant: str, request: JobRequest, job_id: str, now: int, reply: Any) -> tuple[Job, bool]:
@@ -156,7 +147,7 @@ class Producer(QueueCore):
         """Accept a job in one round trip. Returns the job and whether it is an idempotent replay.
         Raises QueueFull (TenantQuotaFull for the tenant's quota) and, with replicas to wait for, ReplicationLag.
         The submits of one turn of the event loop (concurrent requests) go out together, in one script call per
-        :data:`ENQUEUE_BATCH` of them, each still accepted or refused as by a call of its own."""
+        :data:`SCRIPT_BATCH` of them, each still accepted or refused as by a call of its own."""
         now = now or now_ms()
         job_id = new_job_id() + self.id_suffix
         if self._submits is None:
@@ -165,7 +156,7 @@ class Producer(QueueCore):
         return await self._enqueued(tenant, request, job_id, now, reply)
 
     async def enqueue_many(self, tenant: str, requests: Sequence[JobRequest]) -> list[tuple[Job, bool]]:
-        """Accept many jobs in one round trip and one script call per :data:`ENQUEUE_BATCH` of them (batch
+        """Accept many jobs in one round trip and one script call per :data:`SCRIPT_BATCH` of them (batch
         clients, benchmarks)."""
         now = now_ms()
         jobs = [(tenant, r, new_job_id() + self.id_suffix, now) for r in requests]

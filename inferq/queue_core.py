@@ -8,7 +8,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from redis.exceptions import ResponseError
 
@@ -17,6 +17,18 @@ from .keys import GROUP, WEBHOOK_GROUP, Keys
 from .lanes import LaneShare
 from .scripting import Scripts
 from .settings import Settings
+
+SCRIPT_BATCH = 32
+"""Jobs one call of a hot-path script (enqueue, start, finish) takes at most: one script run and one increment of
+each shared counter per call instead of per job, while Valkey, which runs a script to its end before anything else,
+serves no one else for no more than about a millisecond (30 µs a job under S3's load)."""
+
+T = TypeVar("T")
+
+
+def chunks(items: Sequence[T], size: int = SCRIPT_BATCH) -> list[Sequence[T]]:
+    """``items`` in consecutive runs of at most ``size``: one script call each."""
+    return [items[first:first + size] for first in range(0, len(items), size)]
 
 
 def now_ms() -> int:

@@ -15,14 +15,14 @@
   KEYS[3] tenants (unfinished jobs per tenant)
   KEYS[4..n] three per job, in the order of ARGV's jobs: the stream of the job's lane (its lane is recorded in
              the job field lane, passed with the fields), the job record of the new id, the idempotency key (the
-             job record again when the job has none)
+             job record again when the job has none: that is how the script tells)
 
   ARGV[1] max unfinished jobs (0 = no limit)
   ARGV[2] max unfinished jobs of one tenant (0 = no limit)
   ARGV[3] idempotency key TTL (s)
   ARGV[4..] per job: job id, tenant, request digest ("" without an idempotency key: nothing is checked against
-            it), whether KEYS names an idempotency key ("1" or "0"), now (ms: its created_at), expires at (ms; ""
-            when the job has no ttl_s), the number of more job fields, then those fields as name/value pairs
+            it), now (ms: its created_at), expires at (ms; "" when the job has no ttl_s), the number of more job
+            fields, then those fields as name/value pairs
 
   Returns one reply per job, in order:
     {0, id, entry}     created (a resent copy: the same answer, nothing added)
@@ -43,7 +43,7 @@ local offered, a = {}, 4
 for _ = 1, jobs do
   local tenant = ARGV[a + 1]
   offered[tenant] = (offered[tenant] or 0) + 1
-  a = a + 7 + 2 * tonumber(ARGV[a + 6])
+  a = a + 6 + 2 * tonumber(ARGV[a + 5])
 end
 local unfinished = rcall('HINCRBY', statsKey, 'unfinished', jobs) - jobs
 local mine, taken = {}, {}
@@ -56,12 +56,12 @@ local replies, accepted = {}, 0
 a = 4
 for i = 1, jobs do
   local streamKey, jobKey, idemKey = KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3]
-  local jobId, tenant, digest, hasIdem, now, expiresAt = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
-    ARGV[a + 4], ARGV[a + 5]
-  local fieldsFrom, fieldsTo = a + 7, a + 6 + 2 * tonumber(ARGV[a + 6])
+  local jobId, tenant, digest, now, expiresAt = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+  local fieldsFrom, fieldsTo = a + 6, a + 5 + 2 * tonumber(ARGV[a + 5])
+  local hasIdem = idemKey ~= jobKey
   a = fieldsTo + 1
   local firstEntry = rcall('HGET', jobKey, 'first_entry')
-  local seen = not firstEntry and hasIdem == '1' and rcall('GET', idemKey)
+  local seen = not firstEntry and hasIdem and rcall('GET', idemKey)
   if firstEntry then
     -- a resent copy; the same-value write moves this connection's replication offset (see includes/replay)
     rcall('HSET', jobKey, 'first_entry', firstEntry)
@@ -85,7 +85,7 @@ for i = 1, jobs do
       rcall('HSET', jobKey, 'expires_at', expiresAt)
       rcall('ZADD', expiryKey, expiresAt, jobId)
     end
-    if hasIdem == '1' then
+    if hasIdem then
       rcall('SET', idemKey, jobId, 'EX', idemTtl)
     end
     replies[i] = {0, jobId, entry}

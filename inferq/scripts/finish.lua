@@ -42,7 +42,6 @@ local now, resultTtl, eventsMaxlen = ARGV[1], ARGV[2], ARGV[3]
 --- @include "replay"
 --- @include "terminate"
 --- @include "settleGuard"
---- @include "settleTally"
 
 local tally = {n = 0, statuses = {}, latency = 0, tenants = {}}
 local replies, acks = {}, {}
@@ -86,5 +85,5 @@ for streamKey, ids in pairs(acks) do
   rcall('XACK', streamKey, GROUP, unpack(ids))
   rcall('XDEL', streamKey, unpack(ids))
 end
-settleTally(statsKey, tenantsKey, tally)
+settleTally(statsKey, tenantsKey, tally)  -- from terminate's include
 return replies

@@ -1,6 +1,7 @@
 --[[
-  Write the counters terminate added up in a tally: what its calls without one would have written, one increment
-  per counter instead of one per job.
+  Write the counters terminate added up in a tally (the queue's and the tenants' unfinished jobs, the terminal
+  status counts, latency_ms_total): one increment per counter for all the jobs the tally holds. terminate calls it
+  for a job of its own; a script ending several jobs calls it once for them all (terminate includes it).
 ]]
 local function settleTally(statsKey, tenantsKey, tally)
   if tally.n == 0 then

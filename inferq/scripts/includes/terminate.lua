@@ -7,30 +7,27 @@
   known (optional): {tenant, webhook_url, created_at} of the job, when the caller has read them already (one
   command less on the hot path).
   tally (optional): a script ending several jobs passes one table for all of them, and the counters are added
-  up in it instead of written here; settleTally writes them once, before the script returns.
+  up in it, to be written once by settleTally before the script returns; without one they are written here, by
+  the same settleTally.
   The wakeup list is new here: a job turns terminal once, and redrive (the one way back) deletes the list.
 ]]
+--- @include "settleTally"
+
 local function terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, status, now, resultTtl,
                          eventsMaxlen, extra, known, tally)
   local tenant, webhook, createdAt = unpack(known or rcall('HMGET', jobKey, 'tenant', 'webhook_url', 'created_at'))
   rcall('HSET', jobKey, 'status', status, 'finished_at', now, 'entry', '', unpack(extra))
-  local latency = createdAt and math.max(0, tonumber(now) - tonumber(createdAt))
-  if tally then
-    tally.n = tally.n + 1
-    tally.statuses[status] = (tally.statuses[status] or 0) + 1
-    tally.latency = tally.latency + (latency or 0)
-    if tenant then
-      tally.tenants[tenant] = (tally.tenants[tenant] or 0) + 1
-    end
-  else
-    rcall('HINCRBY', statsKey, 'unfinished', -1)
-    rcall('HINCRBY', statsKey, status, 1)
-    if latency then
-      rcall('HINCRBY', statsKey, 'latency_ms_total', string.format('%d', latency))
-    end
-    if tenant and rcall('HINCRBY', tenantsKey, tenant, -1) <= 0 then
-      rcall('HDEL', tenantsKey, tenant)  -- only tenants with open jobs stay in the hash
-    end
+  local counts = tally or {n = 0, statuses = {}, latency = 0, tenants = {}}
+  counts.n = counts.n + 1
+  counts.statuses[status] = (counts.statuses[status] or 0) + 1
+  if createdAt then
+    counts.latency = counts.latency + math.max(0, tonumber(now) - tonumber(createdAt))
+  end
+  if tenant then
+    counts.tenants[tenant] = (counts.tenants[tenant] or 0) + 1
+  end
+  if not tally then
+    settleTally(statsKey, tenantsKey, counts)
   end
   rcall('XADD', eventsKey, 'MAXLEN', '~', eventsMaxlen, '*', 'job', jobId, 'status', status,
     'tenant', tenant or '', 'webhook', (webhook and webhook ~= '') and '1' or '0')

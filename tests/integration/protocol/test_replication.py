@@ -119,7 +119,7 @@ async def test_a_resend_on_a_new_connection_waits_for_the_first_copys_write(
 ) -> None:
     """The first copy ran on a connection that died before WAIT; the resend changes nothing, so on its own
     connection WAIT would have nothing to wait for -- unless the replay writes (includes/replay.lua)."""
-    call = q._enqueue_call("t", req(), new_job_id(), now_ms())
+    call = q._enqueue_call([("t", req(), new_job_id(), now_ms())])
     replica.freeze()
     await q.scripts(*call)  # the first copy, without WAIT: on the primary only
     fresh = Queue.connect(q.settings)  # a new connection that has written nothing yet

@@ -91,7 +91,7 @@ async def test_an_enqueue_resent_after_its_job_ran_answers_created_with_its_firs
 ) -> None:
     """A late copy (the job was taken and finished meanwhile) still finds its own job: the same {0, id, entry},
     never a second entry or job, never a replay of itself."""
-    call = q._enqueue_call("t", req(idempotency_key=idempotency_key), new_job_id(), now_ms())
+    call = q._enqueue_call([("t", req(idempotency_key=idempotency_key), new_job_id(), now_ms())])
     [first] = await q.scripts(*call)
     (d,), _ = await q.read("w1", 1)
     await q.finish(d, JobStatus.SUCCEEDED, result=RESULT)

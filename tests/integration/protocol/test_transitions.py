@@ -11,10 +11,8 @@ import json
 import pytest
 from redis.asyncio import Redis
 
-from inferq.consumer import FINISH_BATCH
 from inferq.jobs import JobRequest, JobStatus, Priority
 from inferq.keys import GROUP
-from inferq.producer import ENQUEUE_BATCH
 from inferq.queue import (
     IdempotencyConflict,
     JobNotFound,
@@ -27,6 +25,7 @@ from inferq.queue import (
     TenantQuotaFull,
     now_ms,
 )
+from inferq.queue_core import SCRIPT_BATCH
 from inferq.scripting import Code, all_scripts, load
 from tests.integration.protocol.resend import Resending
 
@@ -195,7 +194,7 @@ async def test_a_refused_batch_gives_back_every_count_it_took(q: Queue) -> None:
 
 
 async def test_many_jobs_are_split_over_enqueue_calls_and_each_accepted(q: Queue) -> None:
-    n = ENQUEUE_BATCH * 2 + 3
+    n = SCRIPT_BATCH * 2 + 3
     await q.enqueue("warm", req())  # the script is loaded on the server (a first EVALSHA answers NOSCRIPT)
     before = await commandstats_calls(q, "evalsha")
     accepted = await q.enqueue_many("t", [req(metadata={"i": str(i)}) for i in range(n)])
@@ -274,7 +273,7 @@ async def test_one_finish_call_settles_a_batch_each_job_as_by_a_call_of_its_own(
 
 
 async def test_a_batch_larger_than_one_call_takes_is_split_and_settled_whole(q: Queue) -> None:
-    n = FINISH_BATCH * 2 + 3
+    n = SCRIPT_BATCH * 2 + 3
     for _ in range(n):
         await q.enqueue("t", req())
     deliveries: list = []
