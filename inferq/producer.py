@@ -152,8 +152,20 @@ class Producer(QueueCore):
         job_id = new_job_id() + self.id_suffix
         if self._submits is None:
             self._submits = Batcher(self._accept, overlap=True)
-        reply = await self._submits.submit((tenant, request, job_id, now))
-        return await self._enqueued(tenant, request, job_id, now, reply)
+        # a wait for it here need not read it first (SharedWaiters.expect); a ttl_s job is read (it may expire)
+        waiters = self._waiters if request.ttl_s is None else None
+        if waiters is not None:
+            waiters.expect(job_id, tenant)
+        try:
+            reply = await self._submits.submit((tenant, request, job_id, now))
+            accepted = await self._enqueued(tenant, request, job_id, now, reply)
+        except BaseException:
+            if waiters is not None:
+                waiters.forget(job_id)
+            raise
+        if waiters is not None and accepted[0].id != job_id:  # an idempotent replay answers another job
+            waiters.forget(job_id)
+        return accepted
 
     async def enqueue_many(self, tenant: str, requests: Sequence[JobRequest]) -> list[tuple[Job, bool]]:
         """Accept many jobs in one round trip and one script call per :data:`SCRIPT_BATCH` of them (batch
@@ -233,9 +245,20 @@ class Producer(QueueCore):
         # trip for all the waiters an event read wakes) when the job object is read without its body
         future = await waiters.register(job_id, () if with_body else RECORD_FIELDS_BUT_BODY)
         try:
-            worth = await self._worth_waiting(job_id, tenant)
-            if worth is None:
-                return None
+            # a job submitted here is not read to learn whether it is worth waiting for (SharedWaiters.expect): one
+            # whose end the reader has not read yet is waited for at once, one whose end it has read is read whole
+            ended = waiters.expected(job_id, tenant)
+            if ended is None:
+                worth = await self._worth_waiting(job_id, tenant)
+                if worth is None:
+                    return None
+            elif ended:
+                job = await self.get(job_id, tenant, with_body=with_body)
+                if job is None or job.status.terminal:
+                    return self._waited(job_id, job)
+                worth = True  # ended and back (a redrive): wait again
+            else:
+                worth = True
             while worth:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0.01:
@@ -249,11 +272,18 @@ class Producer(QueueCore):
                         break
                     continue
                 if record is not None:
-                    return await self._job_of(job_id, record, tenant, with_body)
+                    return self._waited(job_id, await self._job_of(job_id, record, tenant, with_body))
                 break
-            return await self.get(job_id, tenant, with_body=with_body)  # as it is now: ended, or the wait is over
+            # as it is now: ended, or the wait is over
+            return self._waited(job_id, await self.get(job_id, tenant, with_body=with_body))
         finally:
             waiters.unregister(job_id, future)
+
+    def _waited(self, job_id: str, job: Job | None) -> Job | None:
+        """A wait's answer; a job it found ended (or gone) is no longer expected (SharedWaiters.expect)."""
+        if job is None or job.status.terminal:
+            self.waiters.forget(job_id)
+        return job
 
     async def _worth_waiting(self, job_id: str, tenant: str | None) -> bool | None:
         """Whether a wait for the job has something to wait for, from the four fields that tell (where the job

@@ -16,6 +16,13 @@ its connection, or missed an entry (a failover to a replica that lacked it, a st
 wake by ``recheck_s`` at most and never loses one. The reader stops after ``idle_stop_s`` without waiters and
 starts again on the next one.
 
+A job this process has just submitted needs no read to be waited for: the submit names it to the reader
+(:meth:`SharedWaiters.expect`) while the reader runs, before the job can end, and the reader notes its end when
+it reads it. A wait for such a job registers and blocks at once when no end was noted (the job exists, it is the
+tenant's, and any end is ahead of the reader's position); it reads first only when the reader was restarted
+since, or noted an end (a redrive may have brought it back). One round trip less per submit-then-wait, the
+commonest use; the recheck still covers a reader that loses an event.
+
 A Lambda invocation serves one request and is frozen between invocations, where a background task would stall;
 the gateway uses this only outside Lambda (``Producer.wait(shared=True)``), and the per-job list stays the
 contract's wakeup for every other waiter.
@@ -38,6 +45,9 @@ log = logging.getLogger(__name__)
 
 READ_COUNT = 1000
 """Entries one ``XREAD`` answers at most."""
+EXPECTED_MAX = 50_000
+"""Jobs submitted here that :meth:`SharedWaiters.expect` keeps at most (the oldest are dropped: a wait for one of
+them reads first, as for any other job)."""
 
 Record = dict[str, str]
 Wake = Record | None
@@ -64,6 +74,10 @@ class SharedWaiters:
         self._started: asyncio.Future[None] | None = None
         self._last_id = "0-0"
         self._idle_since = time.monotonic()
+        self._run_no = 0
+        """Which run of the reader this is: an expectation holds only within the run it was made in."""
+        self._expected: dict[str, tuple[str, int, bool]] = {}
+        """Job id -> (tenant, reader run, an end was read) of the jobs submitted here (:meth:`expect`)."""
         self.wakes = 0
         """Waiters woken by an event (tests and metrics)."""
         self.reads = 0
@@ -83,6 +97,8 @@ class SharedWaiters:
         if self._loop is not loop or not self.running:
             self._loop = loop
             self._waiting = {}
+            self._expected = {}
+            self._run_no += 1
             self._started = loop.create_future()
             self._idle_since = time.monotonic()  # a reader started for a waiter about to register stays up
             self._task = loop.create_task(self._run(self._started), name=f"waiters {self._key}")
@@ -97,6 +113,31 @@ class SharedWaiters:
         future: asyncio.Future[Wake] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(job_id, []).append((future, tuple(fields)))
         return future
+
+    def expect(self, job_id: str, tenant: str) -> None:
+        """Note a job about to be submitted (call it before the job can end), so a wait for it here need not read it
+        first (:meth:`expected`). Nothing is noted while the reader is not running: it would not see the end."""
+        if not self.running or self._started is None or not self._started.done() \
+                or self._loop is not asyncio.get_running_loop():
+            return
+        expected = self._expected
+        if len(expected) >= EXPECTED_MAX:
+            del expected[next(iter(expected))]
+        expected[job_id] = (tenant, self._run_no, False)
+
+    def forget(self, job_id: str) -> None:
+        """Drop a job noted by :meth:`expect` (it was not accepted, or its wait is over)."""
+        self._expected.pop(job_id, None)
+
+    def expected(self, job_id: str, tenant: str | None) -> bool | None:
+        """For a job submitted here (:meth:`expect`) by ``tenant`` while this run of the reader has been reading:
+        whether the reader has read an end of it (True) or not yet (False: it exists, it is the tenant's, and its
+        end is still ahead of the reader). None for any other job. Ask after :meth:`register`: a waiter registered
+        then is woken by an end not read yet."""
+        noted = self._expected.get(job_id)
+        if noted is None or noted[1] != self._run_no or not self.running or (tenant is not None and noted[0] != tenant):
+            return None
+        return noted[2]
 
     def unregister(self, job_id: str, future: asyncio.Future[Wake]) -> None:
         waiters = self._waiting.get(job_id)
@@ -151,9 +192,13 @@ class SharedWaiters:
         # RESP2 answers [[stream, entries]], RESP3 {stream: [entries]}
         entries = reply[0][1] if isinstance(reply, list) else next(iter(reply.values()))[0]
         woken = []
+        expected = self._expected
         for entry_id, fields in entries:
             self._last_id = entry_id
             job_id = fields.get("job", "")
+            noted = expected.get(job_id)
+            if noted is not None:
+                expected[job_id] = (noted[0], noted[1], True)
             waiters = self._waiting.pop(job_id, None)
             if waiters:
                 woken.append((job_id, waiters))

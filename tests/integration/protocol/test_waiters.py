@@ -13,7 +13,8 @@ import redis.exceptions
 from emulator.valkey import ValkeyProcess
 from inferq.jobs import JobRequest, JobStatus
 from inferq.leanclient import pipelined
-from inferq.queue import Delivery, Queue
+from inferq.producer import QueueFull
+from inferq.queue import Delivery, Outcome, Queue
 from inferq.settings import Settings
 from inferq.waiters import SharedWaiters
 
@@ -220,3 +221,134 @@ async def test_waiters_woken_while_the_reader_is_stopped_are_still_resolved(q: Q
     job = await asyncio.wait_for(wait, 5)  # well before the 30 s recheck
     assert job is not None and job.status is JobStatus.SUCCEEDED and job.result == OK
     assert q.waiters.records == 0
+
+
+class Reads:
+    """The queue's own job reads (HMGET, HGETALL, HGET), counted; the reader's pipelined reads are not among them."""
+
+    def __init__(self, q: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[str] = []
+        for name in ("hmget", "hgetall", "hget"):
+            original = getattr(q.redis, name)
+
+            def counted(*args: object, _name: str = name, _original: object = original) -> object:
+                self.calls.append(_name)
+                return _original(*args)  # type: ignore[operator]
+
+            monkeypatch.setattr(q.redis, name, counted)
+
+
+async def reader_running(q: Queue) -> None:
+    """Start the queue's reader the way a first waiter does (a short wait for an unknown job)."""
+    assert await q.wait("job_" + "b" * 26, "t", 0.05, shared=True) is None
+    assert q.waiters.running
+
+
+async def test_a_job_submitted_here_is_waited_for_without_a_read_before_the_wake(
+    q: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's commonest use, submit then wait, on one process: the submit names the job to the running
+    reader, so the wait blocks at once, and the job comes with the wake (the reader's one pipelined read)."""
+    await reader_running(q)
+    jobs = [(await q.enqueue("t", JobRequest(body=dict(BODY))))[0] for _ in range(20)]
+    assert all(q.waiters.expected(job.id, "t") is False for job in jobs)
+    assert q.waiters.expected(jobs[0].id, "another tenant") is None
+    reads = Reads(q, monkeypatch)
+    waits = [asyncio.create_task(q.wait(job.id, "t", 30, shared=True, with_body=False)) for job in jobs]
+    stranger = asyncio.create_task(q.wait(jobs[0].id, "another tenant", 30, shared=True, with_body=False))
+    await asyncio.sleep(0.3)
+    assert reads.calls == ["hmget"]  # the stranger's: another tenant's job is read, and unknown to it
+    assert await asyncio.wait_for(stranger, 1) is None
+    deliveries = []
+    while len(deliveries) < len(jobs):
+        deliveries += (await q.read("w1", len(jobs)))[0]
+    await q.finish_many([(d, JobStatus.SUCCEEDED, OK, None) for d in deliveries])
+    done = await asyncio.wait_for(asyncio.gather(*waits), 5)  # well before any recheck
+    assert [(j.id, j.status, j.result) for j in done if j] == [(job.id, JobStatus.SUCCEEDED, OK) for job in jobs]
+    assert reads.calls == ["hmget"]  # no read before the waits, none after the wakes
+    assert all(q.waiters.expected(job.id, "t") is None for job in jobs)  # forgotten once answered
+
+
+async def test_a_job_submitted_here_that_ended_before_its_wait_is_read_once(
+    q: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await reader_running(q)
+    job, _ = await q.enqueue("t", JobRequest(body=dict(BODY)))
+    [d] = (await q.read("w1", 1))[0]
+    await q.finish(d, JobStatus.SUCCEEDED, result=OK)
+    for _ in range(100):  # the reader reads the end
+        if q.waiters.expected(job.id, "t"):
+            break
+        await asyncio.sleep(0.02)
+    assert q.waiters.expected(job.id, "t") is True
+    reads = Reads(q, monkeypatch)
+    answer = await asyncio.wait_for(q.wait(job.id, "t", 20, shared=True, with_body=False), 2)
+    assert answer is not None and answer.status is JobStatus.SUCCEEDED and answer.result == OK
+    assert reads.calls == ["hmget"]  # the job object's read, nothing before it
+
+
+async def test_a_job_submitted_here_that_ended_and_was_redriven_is_waited_for_again(q: Queue) -> None:
+    await reader_running(q)
+    job, _ = await q.enqueue("t", JobRequest(body=dict(BODY)))
+    outcome = None
+    for _ in range(3):  # max_attempts 3
+        (d,), _ = await q.read("w1", 1)
+        outcome = await q.retry(d, delay_ms=0, error={"type": "x", "message": "y"})
+    assert outcome is Outcome.DEAD_LETTERED
+    for _ in range(100):
+        if q.waiters.expected(job.id, "t"):
+            break
+        await asyncio.sleep(0.02)
+    assert q.waiters.expected(job.id, "t") is True  # its end was read
+    assert (await q.redrive("t", job.id)).status is JobStatus.QUEUED
+    wait = asyncio.create_task(q.wait(job.id, "t", 20, shared=True, with_body=False))
+    await asyncio.sleep(0.3)
+    assert not wait.done()  # queued again: worth waiting for, not answered as it was read
+    (d,), _ = await q.read("w1", 1)
+    await q.finish(d, JobStatus.SUCCEEDED, result=OK)
+    answer = await asyncio.wait_for(wait, 5)
+    assert answer is not None and answer.status is JobStatus.SUCCEEDED
+
+
+async def test_nothing_is_expected_without_a_running_reader_nor_across_its_restart_nor_with_a_ttl(
+    q: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader sees an end only while it runs: a job submitted while it is stopped, or before it stopped and
+    started again, is read before its wait as any other; a job with a ttl_s is read too (it may have expired)."""
+    q._waiters = SharedWaiters(q.redis, q.keys.events, block_s=0.1, idle_stop_s=0.2, job_key=q.keys.job)
+    unseen, _ = await q.enqueue("t", JobRequest(body=dict(BODY)))
+    assert q.waiters.expected(unseen.id, "t") is None  # no reader yet
+    await reader_running(q)
+    before, _ = await q.enqueue("t", JobRequest(body=dict(BODY)))
+    with_ttl, _ = await q.enqueue("t", JobRequest(body=dict(BODY), ttl_s=60))
+    assert q.waiters.expected(before.id, "t") is False and q.waiters.expected(with_ttl.id, "t") is None
+    await asyncio.sleep(1.0)
+    assert not q.waiters.running  # stopped: no one waited
+    reads = Reads(q, monkeypatch)
+    wait = asyncio.create_task(q.wait(before.id, "t", 20, shared=True, with_body=False))
+    await asyncio.sleep(0.2)
+    assert q.waiters.running and q.waiters.expected(before.id, "t") is None  # a new run knows nothing
+    assert reads.calls == ["hmget"]  # read before it waits, as any other job
+    deliveries = []
+    while len(deliveries) < 3:
+        deliveries += (await q.read("w1", 3))[0]
+    await q.finish_many([(d, JobStatus.SUCCEEDED, OK, None) for d in deliveries])
+    answer = await asyncio.wait_for(wait, 5)
+    assert answer is not None and answer.status is JobStatus.SUCCEEDED
+
+
+async def test_an_idempotent_replay_or_a_refused_submit_leaves_nothing_expected(valkey: ValkeyProcess,
+                                                                               queue_name: str) -> None:
+    q = Queue.connect(Settings(redis_url=valkey.url, queue=queue_name, max_queue_depth=1))
+    await q.ensure_groups()
+    try:
+        await reader_running(q)
+        first, replay = await q.enqueue("t", JobRequest(body=dict(BODY), idempotency_key="k"))
+        assert not replay and q.waiters.expected(first.id, "t") is False
+        again, replay = await q.enqueue("t", JobRequest(body=dict(BODY), idempotency_key="k"))
+        assert replay and again.id == first.id
+        with pytest.raises(QueueFull):
+            await q.enqueue("t", JobRequest(body=dict(BODY)))
+        assert list(q.waiters._expected) == [first.id]  # the replay's and the refused submit's ids are dropped
+    finally:
+        await q.close()
