@@ -5,7 +5,6 @@ loop (:class:`ClientPool`)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import json
 import sys
@@ -14,7 +13,13 @@ import types
 from typing import Any
 from urllib.parse import urlsplit
 
+import httptools
 import httpx
+
+try:
+    import orjson
+except ImportError:  # pragma: no cover - a dependency of inferq; the standard library keeps the bench working
+    orjson = None  # type: ignore[assignment]
 
 
 def _sniffio_shim() -> None:
@@ -70,17 +75,62 @@ class RawResponse:
         return self.content.decode(errors="replace")
 
     def json(self) -> Any:
-        return json.loads(self.content)
+        return _json_loads(self.content)
+
+
+class _Answers(asyncio.Protocol):
+    """One connection's answers, parsed by httptools (uvicorn's parser) as they arrive: each complete response
+    resolves the waiting request's future with (status, body, keep-alive). Nothing is read line by line in Python."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.waiter: asyncio.Future[tuple[int, bytes, bool]] | None = None
+        self.body: list[bytes] = []
+        self.lost: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ProtocolError(f"bad answer: {exc}"))
+
+    def eof_received(self) -> bool | None:
+        self._fail(ProtocolError("the server closed the connection mid-answer"))
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(exc or ConnectionResetError("connection closed"))
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        self.body = []
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result((self.parser.get_status_code(), body, self.parser.should_keep_alive()))
+
+    def _fail(self, exc: BaseException) -> None:
+        self.lost = self.lost or exc
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
 
 
 class RawClient:
     """A minimal HTTP/1.1 keep-alive client on one connection, for one loop (one request at a time).
 
     httpx costs this machine 0.8-1.7 ms of CPU per request (more than the gateway spends answering it), taken from
-    the cores the stack under test runs on; this client costs a small fraction of that. It speaks only what the
-    bench needs: ``post(path, json=...)`` and ``get(path, params=...)``, Content-Length or chunked answers.
-    A connection idle longer than ``idle_s`` (below uvicorn's 5 s keep-alive) is replaced before it is used, so
-    a request never races the server closing it.
+    the cores the stack under test runs on; this client costs a small fraction of that: a request is one write, its
+    answer is parsed by httptools (C) as it arrives, and nothing waits line by line. It speaks only what the bench
+    needs: ``post(path, json=...)`` and ``get(path, params=...)``, Content-Length or chunked answers. A connection
+    idle longer than ``idle_s`` (below uvicorn's 5 s keep-alive) is replaced before it is used, so a request never
+    races the server closing it.
     """
 
     def __init__(self, base_url: str, api_key: str, timeout_s: float = 30.0, idle_s: float = 3.0) -> None:
@@ -93,13 +143,11 @@ class RawClient:
         self.idle_s = idle_s
         self._head = (f"Host: {parts.netloc}\r\nAuthorization: Bearer {api_key}\r\n"
                       "Accept: application/json\r\n").encode()
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._answers: _Answers | None = None
         self._last_used = 0.0
 
     async def post(self, path: str, json: Any = None, timeout: float | None = None) -> RawResponse:
-        body = _json_dumps(json).encode()
-        return await self.request("POST", path, body, timeout)
+        return await self.request("POST", path, _json_dumps(json), timeout)
 
     async def get(self, path: str, params: dict[str, str] | None = None, timeout: float | None = None) -> RawResponse:
         if params:
@@ -108,67 +156,43 @@ class RawClient:
 
     async def request(self, method: str, path: str, body: bytes | None, timeout: float | None) -> RawResponse:
         async with asyncio.timeout(timeout or self.timeout_s):
-            if self._writer is None or time.monotonic() - self._last_used > self.idle_s:
-                await self._reconnect()
-            assert self._reader is not None and self._writer is not None
+            answers = self._answers
+            if answers is None or answers.lost is not None or time.monotonic() - self._last_used > self.idle_s:
+                answers = await self._reconnect()
+            assert answers.transport is not None
             head = f"{method} {path} HTTP/1.1\r\n".encode() + self._head
             if body is not None:
-                head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n".encode()
+                head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
+            waiter = answers.waiter = asyncio.get_running_loop().create_future()
             try:
-                self._writer.write(head + b"\r\n" + (body or b""))
-                response, keep = await self._read(self._reader)
+                answers.transport.write(head + b"\r\n" + (body or b""))
+                status, content, keep = await waiter
             except BaseException:
                 await self.aclose()
                 raise
             if not keep:
                 await self.aclose()
             self._last_used = time.monotonic()
-            return response
+            return RawResponse(status, content)
 
-    @staticmethod
-    async def _read(reader: asyncio.StreamReader) -> tuple[RawResponse, bool]:
-        status_line = await reader.readuntil(b"\r\n")
-        try:
-            status = int(status_line.split(b" ", 2)[1])
-        except (IndexError, ValueError):
-            raise ProtocolError(f"bad status line {status_line[:80]!r}") from None
-        length: int | None = None
-        chunked = False
-        keep = True
-        while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value.strip())
-            elif name == b"transfer-encoding" and b"chunked" in value.lower():
-                chunked = True
-            elif name == b"connection" and b"close" in value.lower():
-                keep = False
-        if chunked:
-            parts = []
-            while (size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)) > 0:
-                parts.append(await reader.readexactly(size))
-                await reader.readexactly(2)
-            await reader.readuntil(b"\r\n")
-            return RawResponse(status, b"".join(parts)), keep
-        if length is None:
-            return RawResponse(status, await reader.read()), False
-        return RawResponse(status, await reader.readexactly(length)), keep
-
-    async def _reconnect(self) -> None:
+    async def _reconnect(self) -> _Answers:
         await self.aclose()
-        self._reader, self._writer = await asyncio.open_connection(self.host, self.port, limit=2**20)
+        _, answers = await asyncio.get_running_loop().create_connection(_Answers, self.host, self.port)
+        self._answers = answers
+        return answers
 
     async def aclose(self) -> None:
-        writer, self._reader, self._writer = self._writer, None, None
-        if writer is not None:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+        answers, self._answers = self._answers, None
+        if answers is not None and answers.transport is not None:
+            answers.transport.close()
 
 
-def _json_dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+def _json_dumps(value: Any) -> bytes:
+    return orjson.dumps(value) if orjson is not None else json.dumps(value, separators=(",", ":")).encode()
+
+
+def _json_loads(raw: bytes) -> Any:
+    return orjson.loads(raw) if orjson is not None else json.loads(raw)
 
 
 Client = httpx.AsyncClient | RawClient
