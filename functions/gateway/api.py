@@ -10,8 +10,9 @@ caller learns nothing about validation.
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import BackgroundTasks, FastAPI, Request, Security
@@ -30,7 +31,7 @@ from .claims import Claims
 from .clients import QueueProvider
 from .edge import Edge
 from .errors import ApiError
-from .hotpath import HotApp
+from .hotpath import HotApp, get_serve, submit_serve
 from .telemetry import Telemetry
 from .wake import HttpWaker, LambdaWaker, WakeOnEnqueue, Waker
 
@@ -109,20 +110,20 @@ class Gateway:
         credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
         api_key: Annotated[str | None, Security(_api_key)],
     ) -> str:
-        """The dependency: documents both schemes in OpenAPI; :meth:`tenant_of` does the same from the raw headers."""
-        return await self._tenant(request, credentials.credentials if credentials is not None else api_key)
+        """The dependency: documents both schemes in OpenAPI; :meth:`tenant_from` does the same from the raw headers."""
+        key = credentials.credentials if credentials is not None else api_key
+        return await self._tenant(request.scope.setdefault("state", {}), key)
 
-    async def tenant_of(self, request: Request) -> str:
-        """:meth:`authenticate` without FastAPI's dependency machinery: the key read exactly as ``HTTPBearer`` and
-        ``APIKeyHeader`` (``auto_error=False``) read it."""
-        headers = request.headers
-        authorization = headers.get("authorization")
+    async def tenant_from(self, authorization: str | None, api_key: str | None, state: dict[str, Any]) -> str:
+        """:meth:`authenticate` without FastAPI's dependency machinery (the hot path): the key read from the raw
+        headers exactly as ``HTTPBearer`` and ``APIKeyHeader`` (``auto_error=False``) read it; the tenant noted in
+        the request's ``state`` (the access log)."""
         scheme, credentials = get_authorization_scheme_param(authorization)
         if authorization and scheme and credentials and scheme.lower() == "bearer":
-            return await self._tenant(request, credentials)
-        return await self._tenant(request, headers.get("x-api-key") or None)
+            return await self._tenant(state, credentials)
+        return await self._tenant(state, api_key or None)
 
-    async def _tenant(self, request: Request, key: str | None) -> str:
+    async def _tenant(self, state: dict[str, Any], key: str | None) -> str:
         tenant = None
         if key:
             if self._keys_in_memory:
@@ -136,15 +137,21 @@ class Gateway:
                 "missing or unknown API key (Authorization: Bearer <key> or x-api-key)",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        request.state.tenant = tenant
+        state["tenant"] = tenant
         return tenant
 
-    def after_enqueue(self, background: BackgroundTasks, queue: Queue | None = None) -> None:
-        """Wake the fleet of ``queue`` (default: the primary one) if it is at zero."""
+    def wake_check(self, queue: Queue | None = None) -> Callable[[], Awaitable[None]] | None:
+        """What wakes the fleet of ``queue`` (default: the primary one) if it is at zero, to run once the answer is
+        sent; None when no check is due."""
         queue = queue or self.queue
         wake = self.wakes.get(queue.settings.queue, self.wake)
-        if wake.due():
-            background.add_task(wake.check, queue)
+        return partial(wake.check, queue) if wake.due() else None
+
+    def after_enqueue(self, background: BackgroundTasks, queue: Queue | None = None) -> None:
+        """Wake the fleet of ``queue`` (default: the primary one) if it is at zero, once the answer is sent."""
+        check = self.wake_check(queue)
+        if check is not None:
+            background.add_task(check)
 
     async def aclose(self) -> None:
         await self.queues.aclose()
@@ -198,6 +205,7 @@ def create_app(
     app.state.telemetry = telemetry
     errors.install(app)
     routes.routes(gw, app.router)
+    app.serve_hot(submit_serve(gw), get_serve(gw))
     console.install(gw, app.router)
     for module in (files, batches, events, catalog):  # Files/Uploads, Batches, the feed, /v1/models: own modules
         module.routes(gw, app.router)

@@ -162,8 +162,9 @@ class Edge:
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
+    """A header's first value; ``name`` lower case, as ASGI servers (uvicorn, Mangum) give every header name."""
     for key, value in scope.get("headers", ()):
-        if key.lower() == name:
+        if key == name:
             return bytes(value).decode("latin-1")
     return None
 

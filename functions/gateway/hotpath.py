@@ -1,135 +1,150 @@
-"""The hand-written hot path of the two busiest routes, submit and get, at two levels.
+"""The hand-written hot path of the two busiest routes, submit (``POST /v1/jobs``) and get (``GET /v1/jobs/{id}``).
 
-- :class:`HotRoute`: the common, valid request read straight from the raw request, skipping FastAPI's dependency
-  resolution and parameter models. Measured the way Lambda runs the gateway (one request per invocation through
-  Mangum), it takes about a third off a get and a quarter off a submit; anything unusual returns None before any
-  side effect and takes FastAPI's path, which stays the reference.
-- :class:`HotApp`: the app serves those fast paths from its top, past the layers that do nothing for them (FastAPI's
-  telemetry wrapper while no OpenTelemetry provider is configured, the server-error and body-limit layers, the
-  router's scan, three ``AsyncExitStack``s per request): about 8% fewer Python calls per submit or get. It runs the
-  user middleware (:class:`.edge.Edge`) and the app's exception handlers as the full stack does, so the answers are
-  the same (tests/integration/gateway/test_hotpath.py compares them request by request).
+:class:`HotApp` serves them from the top of the app, past every layer that does nothing for them: FastAPI's
+telemetry wrapper (while no OpenTelemetry provider is configured), the server-error and body-limit layers, the
+router's scan (two string tests instead), the per-request ``AsyncExitStack``s, the dependency resolution and
+parameter models, the exception middleware's wrapping of ``send``, and Starlette's ``Request`` and ``Response``
+objects: the common, valid request is read from the raw ASGI scope, handed to the same code the routes run
+(:func:`.routes.submit`, :func:`.routes.get`), and the answer is written with two ``send`` calls.
+
+It still runs every user middleware (:class:`.edge.Edge`: request id, the body bound, the access log) and the app's
+exception handlers, so its answers, errors included, are the full stack's; anything unusual (an idempotency key of
+the wrong length, a ``wait`` that is not a plain number) is declined before any side effect and takes the route's
+own handler, which stays the reference (tests/integration/gateway/test_hotpath.py compares them request by request).
 """
+
+from __future__ import annotations
 
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-from fastapi import BackgroundTasks, FastAPI, Request
+from fastapi import FastAPI
 from fastapi.middleware.asyncexitstack import AsyncExitStackMiddleware
 from fastapi.routing import APIRoute
-from starlette.middleware.exceptions import ExceptionMiddleware
-from starlette.responses import Response
+from starlette._exception_handler import _lookup_exception_handler
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from inferq import fastjson
+
+from . import routes
 from .models import IDEMPOTENCY_KEY_MAX, MAX_WAIT_S
 
 _PLAIN_WAIT_RE = re.compile(r"^(?:[0-9]|1[0-9]|20)(?:\.[0-9]{1,6})?$")
 """A ``wait`` the fast path parses itself (``float()`` and pydantic agree on these); anything else goes to FastAPI."""
-
-FastPath = Callable[[Request], Awaitable[Response | None]]
+_WAIT_QUERY_RE = re.compile(r"^wait=([^&]*)$")
+"""The one query the fast path reads itself: ``wait=`` alone (repeated, or with others, the route reads it)."""
 
 TELEMETRY_RECHECK_S = 1.0
 """How long :class:`HotApp` keeps FastAPI's answer that no OpenTelemetry provider is configured."""
 
+SUBMIT_PATH = "/v1/jobs"
+JOB_PATH = "/v1/jobs/"
+_WANTED = frozenset({b"authorization", b"x-api-key", b"idempotency-key", b"traceparent"})
 
-class HotRoute(APIRoute):
-    """An :class:`APIRoute` whose endpoint may have a hand-written fast path (``endpoint.fast_path``): it reads the
-    common, valid request straight from the raw request (no dependency resolution, no parameter models) and
-    returns None, before any side effect, for anything else, which then takes FastAPI's path. The endpoint's
-    signature still defines the OpenAPI operation (security schemes, headers, query)."""
-
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:  # type: ignore[override]
-        slow = super().get_route_handler()
-        fast: FastPath | None = getattr(self.endpoint, "fast_path", None)
-        if fast is None:
-            return slow
-
-        async def handler(request: Request) -> Response:
-            response = await fast(request)
-            return response if response is not None else await slow(request)
-
-        return handler
+Serve = Callable[[Scope, Receive], Awaitable["routes.Answer | None"]]
 
 
-def fast_path(make: Callable[[Any], FastPath]) -> Callable[[Any], Any]:
-    """Give an endpoint a fast path, made from the endpoint itself (the fast path ends by calling it)."""
-
-    def mark(endpoint: Any) -> Any:
-        endpoint.fast_path = make(endpoint)
-        return endpoint
-
-    return mark
+class HotRoute(NamedTuple):
+    route: APIRoute
+    serve: Serve
 
 
-def submit_job_fast(gw: Any, submit_job: Any) -> FastPath:
-    async def fast(request: Request) -> Response | None:
-        headers = request.headers
-        idempotency_key = headers.get("idempotency-key")
+def _headers(scope: Scope) -> dict[bytes, str]:
+    """The request headers the hot path reads, each its first value, decoded as Starlette decodes them."""
+    found: dict[bytes, str] = {}
+    for name, value in scope["headers"]:
+        if name in _WANTED and name not in found:
+            found[name] = value.decode("latin-1")
+    return found
+
+
+async def _body(receive: Receive) -> bytes:
+    message = await receive()
+    body: bytes = message.get("body", b"")
+    while message.get("more_body", False):  # Edge replays the body whole: one message
+        message = await receive()
+        body += message.get("body", b"")
+    return body
+
+
+def submit_serve(gw: Any) -> Serve:
+    async def serve(scope: Scope, receive: Receive) -> routes.Answer | None:
+        headers = _headers(scope)
+        idempotency_key = headers.get(b"idempotency-key")
         if idempotency_key is not None and not 1 <= len(idempotency_key) <= IDEMPOTENCY_KEY_MAX:
             return None  # FastAPI's 422, after authentication
-        tenant = await gw.tenant_of(request)
-        background = BackgroundTasks()
-        response = await submit_job(request, background, tenant, idempotency_key, headers.get("traceparent"))
-        if response.background is None and background.tasks:
-            response.background = background
-        return response
+        tenant = await gw.tenant_from(headers.get(b"authorization"), headers.get(b"x-api-key"), scope["state"])
+        return await routes.submit(gw, tenant, await _body(receive), idempotency_key, headers.get(b"traceparent"))
 
-    return fast
+    return serve
 
 
-def get_job_fast(gw: Any, get_job: Any) -> FastPath:
-    async def fast(request: Request) -> Response | None:
+def get_serve(gw: Any) -> Serve:
+    async def serve(scope: Scope, receive: Receive) -> routes.Answer | None:
         wait = 0.0
-        if request.scope.get("query_string"):
-            raw = request.query_params.get("wait")
-            if raw is not None:
-                if not _PLAIN_WAIT_RE.match(raw):
-                    return None  # FastAPI's 422 (or its reading of an odd number), after authentication
-                wait = float(raw)
-                if wait > MAX_WAIT_S:
-                    return None
-        tenant = await gw.tenant_of(request)
-        return await get_job(request, request.path_params["job_id"], tenant, wait)
+        query = scope.get("query_string")
+        if query:
+            match = _WAIT_QUERY_RE.match(query.decode("latin-1"))
+            if match is None or not _PLAIN_WAIT_RE.match(match.group(1)):
+                return None  # FastAPI's reading (or its 422), after authentication
+            wait = float(match.group(1))
+            if wait > MAX_WAIT_S:
+                return None
+        headers = _headers(scope)
+        tenant = await gw.tenant_from(headers.get(b"authorization"), headers.get(b"x-api-key"), scope["state"])
+        return await routes.get(gw, tenant, scope["path"][len(JOB_PATH):], wait)
 
-    return fast
+    return serve
 
 
 class HotApp(FastAPI):
-    """FastAPI, with the fast paths of :class:`HotRoute` served from the top of the app.
+    """FastAPI, with submit and get served from the top of the app (see the module's docstring).
 
-    A request whose route (the first that fully matches, as the router picks it) has a fast path skips the layers
-    between the server and the route that do nothing for it: FastAPI's native-telemetry wrapper (taken only while
-    no OpenTelemetry provider is configured: with one, every request takes the full stack and gets its spans),
-    ``ServerErrorMiddleware`` (our :class:`.edge.Edge` already answers an unhandled error with the 500 envelope, and
-    no 500 handler is registered), the body-limit layer (FastAPI's own ``max_body_size`` is not set), the router's
-    scan, the per-request ``AsyncExitStack``s and the route's parameter models. It still runs every user middleware
-    (:class:`.edge.Edge`: request id, the body bound, the access log) and the app's exception handlers, so its
-    answers, errors included, are the full stack's. Anything the fast path declines takes the route's own handler.
+    A request takes the hot path when it is ``POST /v1/jobs`` or ``GET /v1/jobs/{id}`` (the routes the router itself
+    would pick: checked when the hot stack is built, and otherwise the hot path is off), the app has no root path and
+    no OpenTelemetry provider is configured (with one, every request takes the full stack and gets its spans).
+    No handler for 500 or ``Exception`` may be registered: only the full stack's server-error layer runs those.
     """
 
     hot_paths = True
     """Off: every request takes the full stack (tests compare the two)."""
 
     _hot_stack: ASGIApp | None = None
+    _hot_submit: HotRoute | None = None
+    _hot_get: HotRoute | None = None
+    _hot_handlers: tuple[dict[Any, Any], dict[int, Any]] = ({}, {})
     _telemetry_off_until = 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.hot_paths and scope["type"] == "http" and "fastapi.telemetry" not in scope:
-            if self.root_path:
-                scope["root_path"] = self.root_path
-            route, child = _hot_route(self.router.routes, scope)
-            if route is not None and not self._telemetry_enabled():
+        if self.hot_paths and scope["type"] == "http" and not self.root_path and not scope.get("root_path"):
+            hot = self._hot_route(scope["method"], scope["path"])
+            if hot is not None and "fastapi.telemetry" not in scope and not self._telemetry_enabled():
                 stack = self._hot_stack or self._build_hot_stack()
                 if stack is not None:
-                    scope.update(child)
                     scope["app"] = self
-                    scope.setdefault("router", self.router)
+                    scope["inferq.hot"] = hot
                     await stack(scope, receive, send)
                     return
         await super().__call__(scope, receive, send)
+
+    def _hot_route(self, method: str, path: str) -> HotRoute | None:
+        if method == "POST":
+            return self._hot_submit if path == SUBMIT_PATH else None
+        if method == "GET" and path.startswith(JOB_PATH) and len(path) > len(JOB_PATH) \
+                and "/" not in path[len(JOB_PATH):]:
+            return self._hot_get
+        return None
+
+    def serve_hot(self, submit: Serve, get: Serve) -> None:
+        """Serve the routes named ``submit_job`` and ``get_job`` from the hot path with these."""
+        by_name = {r.name: r for r in self.router.routes if isinstance(r, APIRoute)}
+        self._hot_submit = HotRoute(by_name["submit_job"], submit)
+        self._hot_get = HotRoute(by_name["get_job"], get)
 
     def _telemetry_enabled(self) -> bool:
         """FastAPI's own check (is an OpenTelemetry provider configured?), which looks the global providers up each
@@ -145,31 +160,58 @@ class HotApp(FastAPI):
 
     def _build_hot_stack(self) -> ASGIApp | None:
         handlers = dict(self.exception_handlers)
-        if 500 in handlers or Exception in handlers:  # ServerErrorMiddleware's: only the full stack runs them
+        if 500 in handlers or Exception in handlers or not self._routed_as_hot():
             self.hot_paths = False
             return None
-        app: ASGIApp = ExceptionMiddleware(_serve_hot, handlers=handlers, debug=self.debug)
+        self._hot_handlers = ({k: v for k, v in handlers.items() if not isinstance(k, int)},
+                              {k: v for k, v in handlers.items() if isinstance(k, int)})
+        app: ASGIApp = _serve_hot
         for cls, args, kwargs in reversed(self.user_middleware):
             app = cls(app, *args, **kwargs)
         self._hot_stack = app
         return app
 
+    def _routed_as_hot(self) -> bool:
+        """Whether the router picks the hot routes for the requests the hot path takes."""
+        for hot, method, path in ((self._hot_submit, "POST", SUBMIT_PATH), (self._hot_get, "GET", JOB_PATH + "x")):
+            if hot is None or _first_match(self.router.routes, method, path) is not hot.route:
+                return False
+        return True
 
-def _hot_route(routes: list[BaseRoute], scope: Scope) -> tuple[BaseRoute | None, Scope]:
-    """The route the router would pick, when it has a fast path."""
-    for route in routes:
-        match, child = route.matches(scope)
-        if match is Match.FULL:
-            if getattr(getattr(route, "endpoint", None), "fast_path", None) is None:
-                break
-            return route, child
-    return None, {}
+
+def _first_match(candidates: list[BaseRoute], method: str, path: str) -> BaseRoute | None:
+    scope = {"type": "http", "method": method, "path": path, "root_path": ""}
+    for route in candidates:
+        if route.matches(scope)[0] is Match.FULL:
+            return route
+    return None
 
 
 async def _serve_hot(scope: Scope, receive: Receive, send: Send) -> None:
-    route = scope["route"]
-    response = await route.endpoint.fast_path(Request(scope, receive, send))
-    if response is None:  # declined before any side effect: the route's own handler, as the router would call it
-        await AsyncExitStackMiddleware(route.handle)(scope, receive, send)
+    app: HotApp = scope["app"]
+    hot: HotRoute = scope["inferq.hot"]
+    scope.setdefault("state", {})
+    try:
+        answer = await hot.serve(scope, receive)
+    except Exception as exc:  # the app's handlers, as the exception middleware would pick them
+        classes, statuses = app._hot_handlers
+        handler: Any = statuses.get(exc.status_code) if isinstance(exc, HTTPException) else None
+        handler = handler or _lookup_exception_handler(classes, exc)
+        if handler is None:
+            raise
+        response = await handler(Request(scope, receive, send), exc)  # every handler of the app is async
+        await response(scope, receive, send)
         return
-    await response(scope, receive, send)
+    if answer is None:  # declined before any side effect: the route's own handler, as the router would call it
+        scope["starlette.exception_handlers"] = app._hot_handlers  # what the exception middleware would have set
+        scope.update(hot.route.matches(scope)[1])
+        await AsyncExitStackMiddleware(hot.route.handle)(scope, receive, send)
+        return
+    scope["state"]["job_id"] = answer.job_id
+    body = fastjson.dumps(answer.api, allow_nan=False)
+    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (answer.headers or {}).items()]
+    headers += [(b"content-length", b"%d" % len(body)), (b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+    if answer.after is not None:
+        await answer.after()

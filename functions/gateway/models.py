@@ -7,6 +7,7 @@ route handlers return; handlers build plain dicts, so no response is validated t
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -38,6 +39,18 @@ WEBHOOK_PATTERN = r"^https://[^\s/?#@]+(?:[/?#][^\s]*)?$"
 
 ALLOW_PRIVATE = "webhook_allow_private"
 """The validation context key (``INFERQ_WEBHOOK_ALLOW_PRIVATE``): when true, internal webhook hosts are accepted."""
+NO_SURROGATES = "no_surrogates"
+"""The validation context key that says the JSON text holds no escape a lone surrogate could come from
+(:func:`surrogate_free`): its strings need no walk to be checked."""
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def surrogate_free(raw: bytes) -> bool:
+    """Whether JSON text can hold no lone surrogate: one can only be spelled as a ``\\uD800``-``\\uDFFF`` escape
+    (the bytes of one are not UTF-8, which the parser refuses). An escaped backslash before ``uD8..`` reads as one
+    too: then the strings are walked, as without this."""
+    return _SURROGATE_ESCAPE.search(raw) is None
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
 assert set(Endpoint.__args__) == set(ENDPOINTS)  # type: ignore[attr-defined]
@@ -147,16 +160,17 @@ class JobCreate(BaseModel):
 
     @field_validator("body", "metadata")
     @classmethod
-    def _encodable(cls, value: dict[str, Any]) -> dict[str, Any]:
+    def _encodable(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         # JSON may carry lone surrogates ("\ud800"); they cannot be stored as UTF-8, so refuse them here
         # instead of failing (500) when the request is hashed and written.
-        _check_utf8(value)
+        if not (info.context or {}).get(NO_SURROGATES):
+            _check_utf8(value)
         return value
 
     @field_validator("idempotency_key", "webhook_url")
     @classmethod
-    def _encodable_str(cls, value: str | None) -> str | None:
-        if value is not None:
+    def _encodable_str(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and not (info.context or {}).get(NO_SURROGATES):
             _check_utf8(value)
         return value
 

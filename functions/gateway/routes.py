@@ -4,7 +4,8 @@ hand-written fast path of :mod:`.hotpath`."""
 
 import asyncio
 import re
-from functools import partial
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request
@@ -15,8 +16,15 @@ from inferq.jobs import Job, JobRequest, Priority
 from inferq.registry import ALIAS_RE
 
 from .errors import ApiError
-from .hotpath import HotRoute, fast_path, get_job_fast, submit_job_fast
-from .models import ALLOW_PRIVATE, IDEMPOTENCY_KEY_MAX, JOB_CREATE_EXAMPLE, MAX_WAIT_S, JobCreate
+from .models import (
+    ALLOW_PRIVATE,
+    IDEMPOTENCY_KEY_MAX,
+    JOB_CREATE_EXAMPLE,
+    MAX_WAIT_S,
+    NO_SURROGATES,
+    JobCreate,
+    surrogate_free,
+)
 from .openapi import doc, errors
 from .responses import JSONResponse
 
@@ -26,6 +34,68 @@ if TYPE_CHECKING:
 JOB_ID_RE = re.compile(r"^job_[a-z2-7]{26}(?:_[A-Za-z0-9_-]{1,64})?$")
 """A job id; under a model registry it ends with its queue (``inferq.registry.queue_of_job``)."""
 TRACEPARENT_RE = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What submit or get answers: the status, the job object, headers, and what runs once it is sent (waking the
+    fleet). The FastAPI routes and the hot path (:mod:`.hotpath`) send the same answer each their own way."""
+
+    status: int
+    job_id: str
+    api: dict[str, Any]
+    headers: dict[str, str] | None = None
+    after: Callable[[], Awaitable[None]] | None = None
+
+
+def answered(request: Request, answer: Answer) -> JSONResponse:
+    request.state.job_id = answer.job_id
+    return JSONResponse(answer.api, answer.status, headers=answer.headers)
+
+
+async def submit(gw: "Gateway", tenant: str, raw: bytes, idempotency_key: str | None, traceparent: str | None
+                 ) -> Answer:
+    """POST /v1/jobs once authenticated: the body validated, stored in S3 first when large, the job enqueued (or
+    replayed for its idempotency key)."""
+    payload = _parse_job_request(raw, gw.settings.webhook_allow_private)
+    key = payload.idempotency_key
+    if idempotency_key is not None:
+        if key is not None and key != idempotency_key:
+            raise ApiError(422, "the Idempotency-Key header and body.idempotency_key differ")
+        key = idempotency_key
+    job_request = JobRequest(
+        body=payload.body,
+        url=payload.url,
+        metadata=payload.metadata,
+        timeout_s=payload.timeout_s,
+        ttl_s=payload.ttl_s,
+        webhook_url=payload.webhook_url,
+        idempotency_key=key,
+        traceparent=traceparent if traceparent and TRACEPARENT_RE.match(traceparent) else None,
+        priority=Priority(payload.priority) if payload.priority else gw.settings.priority_of(tenant),
+    )
+    queue = gw.model_queue(payload.body.get("model"))  # an unknown model is a 404 before anything is stored
+    job_request = await gw.claims.check_in(tenant, job_request, len(raw))  # a large body goes to S3 first
+    job, replayed = await gw.call(queue.enqueue(tenant, job_request))
+    location = f"/v1/jobs/{job.id}"
+    if replayed:
+        gw.telemetry.count("IdempotentReplays")
+        return Answer(200, job.id, gw.claims.by_url(job), {"Location": location, "Idempotent-Replayed": "true"})
+    gw.telemetry.count("JobsEnqueued")
+    return Answer(202, job.id, job.to_api(), {"Location": location}, gw.wake_check(queue))
+
+
+async def get(gw: "Gateway", tenant: str, job_id: str, wait: float) -> Answer:
+    """GET /v1/jobs/{id} once authenticated: the job as it is, or as soon as it ends within ``wait`` seconds."""
+    queue = gw.job_queue(_job_id(job_id))
+    if wait > 0:
+        waited = queue.wait(job_id, tenant, wait, shared=gw.shared_waits, with_body=False)
+        job = await gw.call(waited, extra_s=wait)
+    else:
+        job = await gw.call(queue.get(job_id, tenant, with_body=False))  # the job object has no body
+    if job is None:
+        raise ApiError(404, "no such job")
+    return Answer(200, job.id, await gw.claims.present(job))
 
 
 def job_response(request: Request, job: Job, status: int = 200, headers: dict[str, str] | None = None,
@@ -44,7 +114,8 @@ def _job_id(job_id: str) -> str:
 
 def _parse_job_request(raw: bytes, allow_private_webhooks: bool) -> JobCreate:
     try:
-        return JobCreate.model_validate_json(raw or b"null", context={ALLOW_PRIVATE: allow_private_webhooks})
+        return JobCreate.model_validate_json(raw or b"null", context={ALLOW_PRIVATE: allow_private_webhooks,
+                                                                     NO_SURROGATES: surrogate_free(raw)})
     except ValidationError as exc:
         raise RequestValidationError(
             [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_input=False, include_url=False)]
@@ -53,7 +124,6 @@ def _parse_job_request(raw: bytes, allow_private_webhooks: bool) -> JobCreate:
 
 def routes(gw: "Gateway", router: APIRouter) -> None:
     """The API's routes, on ``router`` (the app's own: an included router would add a dispatch layer per request)."""
-    router.route_class = HotRoute
     Tenant = Annotated[str, Depends(gw.authenticate)]
 
     @router.post(
@@ -82,7 +152,6 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
             }
         },
     )
-    @fast_path(partial(submit_job_fast, gw))
     async def submit_job(
         request: Request,
         background: BackgroundTasks,
@@ -94,35 +163,10 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
         ] = None,
         traceparent: Annotated[str | None, Header(description="W3C trace context, passed to the worker")] = None,
     ) -> JSONResponse:
-        raw = await request.body()
-        payload = _parse_job_request(raw, gw.settings.webhook_allow_private)
-        key = payload.idempotency_key
-        if idempotency_key is not None:
-            if key is not None and key != idempotency_key:
-                raise ApiError(422, "the Idempotency-Key header and body.idempotency_key differ")
-            key = idempotency_key
-        job_request = JobRequest(
-            body=payload.body,
-            url=payload.url,
-            metadata=payload.metadata,
-            timeout_s=payload.timeout_s,
-            ttl_s=payload.ttl_s,
-            webhook_url=payload.webhook_url,
-            idempotency_key=key,
-            traceparent=traceparent if traceparent and TRACEPARENT_RE.match(traceparent) else None,
-            priority=Priority(payload.priority) if payload.priority else gw.settings.priority_of(tenant),
-        )
-        queue = gw.model_queue(payload.body.get("model"))  # an unknown model is a 404 before anything is stored
-        job_request = await gw.claims.check_in(tenant, job_request, len(raw))  # a large body goes to S3 first
-        job, replayed = await gw.call(queue.enqueue(tenant, job_request))
-        headers = {"Location": f"/v1/jobs/{job.id}"}
-        if replayed:
-            gw.telemetry.count("IdempotentReplays")
-            return job_response(request, job, 200, {**headers, "Idempotent-Replayed": "true"},
-                                api=gw.claims.by_url(job))
-        gw.telemetry.count("JobsEnqueued")
-        gw.after_enqueue(background, queue)
-        return job_response(request, job, 202, headers)
+        answer = await submit(gw, tenant, await request.body(), idempotency_key, traceparent)
+        if answer.after is not None:
+            background.add_task(answer.after)
+        return answered(request, answer)
 
     @router.get(
         "/v1/jobs/{job_id}",
@@ -130,7 +174,6 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
         response_model=None,
         responses={200: doc("JobObject", "The job"), **errors(400, 401, 404, 413, 422, 503)},
     )
-    @fast_path(partial(get_job_fast, gw))
     async def get_job(
         request: Request,
         job_id: str,
@@ -141,15 +184,7 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
                                                    "the job ends)"),
         ] = 0,
     ) -> JSONResponse:
-        queue = gw.job_queue(_job_id(job_id))
-        if wait > 0:
-            waited = queue.wait(job_id, tenant, wait, shared=gw.shared_waits, with_body=False)
-            job = await gw.call(waited, extra_s=wait)
-        else:
-            job = await gw.call(queue.get(job_id, tenant, with_body=False))  # the job object has no body
-        if job is None:
-            raise ApiError(404, "no such job")
-        return job_response(request, job, api=await gw.claims.present(job))
+        return answered(request, await get(gw, tenant, job_id, wait))
 
     @router.post(
         "/v1/jobs/{job_id}/cancel",

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from functions.gateway.models import JOB_CREATE_EXAMPLE, MAX_TTL_S, JobCreate
+from functions.gateway.models import JOB_CREATE_EXAMPLE, MAX_TTL_S, NO_SURROGATES, JobCreate, surrogate_free
 from inferq.jobs import JobRequest
 
 
@@ -55,6 +55,24 @@ def test_lone_surrogates_are_refused_before_they_reach_redis() -> None:
         JobCreate.model_validate({"body": {"prompt": "\ud800"}})
     with pytest.raises(ValidationError):
         JobCreate.model_validate({"body": {}, "metadata": {"k": "\udfff"}})
+
+
+@pytest.mark.parametrize("text", ['"\\ud800"', '"\\uDBFF x"', '"\\udfff"', '"a\\\\ud800"'])
+def test_json_text_that_may_spell_a_lone_surrogate_is_walked(text: str) -> None:
+    raw = b'{"body": {"prompt": %s}}' % text.encode()
+    assert not surrogate_free(raw)
+    if "\\\\" in text:  # an escaped backslash: only looks like one, and is valid
+        assert JobCreate.model_validate_json(raw, context={NO_SURROGATES: False}).body["prompt"] == json.loads(text)
+    else:
+        with pytest.raises(ValidationError):
+            JobCreate.model_validate_json(raw, context={NO_SURROGATES: surrogate_free(raw)})
+
+
+@pytest.mark.parametrize("text", ['"\\u00e9t\\u00e9"', '"\\u4e2d\\u6587"', '"plain"'])
+def test_json_text_without_a_surrogate_escape_skips_the_walk(text: str) -> None:
+    raw = b'{"body": {"prompt": %s}}' % text.encode()
+    assert surrogate_free(raw)
+    assert JobCreate.model_validate_json(raw, context={NO_SURROGATES: True}).body["prompt"] == json.loads(text)
 
 
 def test_a_valid_request_hashes_like_the_queue_expects() -> None:
