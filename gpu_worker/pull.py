@@ -119,7 +119,7 @@ class Pulling:
         runs as a suspect itself, never again beside the poison: innocent jobs are never dead-lettered for
         another job's crashes (with INFERQ_MAX_DELIVERIES >= 2), and the poison alone reaches the limit."""
         for _ in range(free):
-            got, skipped = await self.reader.reclaim(self.id, 1)  # through the reader, as every read of this consumer
+            got, skipped = await self.queue.reclaim(self.id, 1)
             self._start(got, skipped)
             if self._suspects or not (got or skipped):
                 return

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -19,8 +19,7 @@ from redis.exceptions import ResponseError
 
 from . import fastjson
 from .jobs import LANES, Job, JobStatus, Priority
-from .keys import GROUP, LANE_KEYS
-from .lanes import follow
+from .keys import GROUP
 from .queue_core import QueueCore, chunks, new_token, now_ms
 from .scripting import Code, reply_code
 from .settings import Settings
@@ -92,37 +91,12 @@ def settle_token(delivery: Delivery, *what: str) -> str:
 Entry = tuple[Priority, str, dict[str, str]]
 """A stream entry read from a lane: (lane, entry id, fields)."""
 
-KEY_LANES = tuple(Priority(lane) for lane in LANE_KEYS)
-"""The lanes in the order scripts take their streams (``keys.lane_streams``)."""
-
-
-def _entry_order(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-@dataclass
-class ConsumerReads:
-    """What the group reads of one consumer know: the last entry each lane delivered to it, by any read or claim
-    (``take.lua`` answers again the entries it holds beyond those: a copy of a take whose answer never arrived, or,
-    at the first take, what a previous process of the same name left pending), and whether its last read found
-    every lane drained. Every read and claim of a consumer must go through the one :class:`Consumer` that keeps
-    this, or a take would answer again an entry it already runs."""
-
-    delivered: dict[Priority, str] = field(default_factory=dict)
-    drained: bool = False
-
-    def note(self, entries: Sequence[Entry]) -> None:
-        for lane, entry_id, _ in entries:
-            known = self.delivered.get(lane)
-            if known is None or _entry_order(entry_id) > _entry_order(known):
-                self.delivered[lane] = entry_id
-
 
 class Consumer(QueueCore):
     def __init__(self, client: Any, settings: Settings) -> None:
         super().__init__(client, settings)
-        self._reads: dict[str, ConsumerReads] = {}
+        self._drained: set[str] = set()
+        """The consumers whose last read found every lane drained (see :meth:`read`)."""
 
     def _start_call(self, consumer: str, now: int, reclaimed: bool, live: Sequence[tuple[Priority, str, str, str]]
                     ) -> tuple:
@@ -169,13 +143,16 @@ class Consumer(QueueCore):
         self, consumer: str, count: int, block_ms: int | None = None
     ) -> tuple[list[Delivery], list[Skipped]]:
         """Take up to ``count`` new entries for ``consumer`` and start them: lane by lane, higher lanes first with
-        the starvation bound of :attr:`lane_share`, without blocking (``take.lua``: one round trip); only when every
-        lane is empty and ``block_ms`` is given, :meth:`read_blocking`. When this consumer's last read found every
-        lane drained, a blocking read comes first: it answers at once what came meanwhile, one round trip instead of
-        two when, as under a steady load, a worker keeps the queue empty."""
+        the starvation bound of :attr:`lane_share`, without blocking; only when every lane is empty and
+        ``block_ms`` is given, :meth:`read_blocking`.
+
+        When this consumer's last read found every lane drained, the blocking read comes first: it answers at once
+        whatever came meanwhile, one round trip where the lane-by-lane reads take up to three before it. A worker
+        that keeps the queue empty, as under a steady load, reads this way; the entries of several lanes it may find
+        are the few that came since its last read."""
         if count <= 0:
             return [], []
-        if block_ms is not None and self._reads_of(consumer).drained:
+        if block_ms is not None and consumer in self._drained:
             return await self.read_blocking(consumer, count, block_ms)
         entries = await self._take(consumer, count)
         if not entries and block_ms is not None:
@@ -187,10 +164,8 @@ class Consumer(QueueCore):
         starts at most ``count`` entries, higher lanes first: COUNT applies per stream, so what it answers beyond
         ``count`` is given back unstarted to the end of its lane (``requeue``), spending no attempt."""
         entries = await self.read_lanes(consumer, count, block_ms)
-        reads = self._reads_of(consumer)
-        reads.note(entries)
-        by_lane = {lane: sum(1 for e in entries if e[0] is lane) for lane in LANES}
-        reads.drained = len(entries) <= count and all(n < count for n in by_lane.values())
+        per_lane = [sum(1 for e in entries if e[0] is lane) for lane in LANES]
+        self._note_drained(consumer, len(entries) <= count and max(per_lane) < count)
         if len(entries) > count:
             await self._give_back(entries[count:])
             entries = entries[:count]
@@ -198,37 +173,31 @@ class Consumer(QueueCore):
         return await self._start_entries(consumer, entries, reclaimed=False)
 
     async def _take(self, consumer: str, count: int) -> list[Entry]:
-        """The non-blocking reads :meth:`LaneShare.plan` asks for, made by ``take.lua`` in one round trip, until
-        ``count`` are taken. Held entries it answers again beyond ``count`` (a blocking read whose answer was lost)
-        stay held, unnoted, and the next take answers them again: never given back, since a previous holder of this
-        consumer's name may have started them."""
-        reads = self._reads_of(consumer)
-        plan = self.lane_share.plan(count)
-        args: list[Any] = [consumer, count, *(reads.delivered.get(lane, "0-0") for lane in KEY_LANES)]
-        for lane, wanted in plan:
-            args += [KEY_LANES.index(lane) + 1, wanted or 0]
-        try:
-            flat = await self.scripts("take", self.keys.lane_streams, args)
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            await self.ensure_groups()
-            return []
-        entries: list[Entry] = [(KEY_LANES[int(flat[i]) - 1], flat[i + 1], {"job": flat[i + 2]} if flat[i + 2] else {})
-                                for i in range(0, len(flat), 3)]
-        entries.sort(key=lambda e: LANES.index(e[0]))  # stable: each lane stays in its order
-        entries = entries[:count]  # what is held beyond: answered again by the next take
-        reads.note(entries)
-        taken, short = follow(plan, count, {lane: sum(1 for e in entries if e[0] is lane) for lane in LANES})
-        reads.drained = short == set(LANES)
+        """Non-blocking reads, lane by lane, as :meth:`LaneShare.plan` orders them, until ``count`` are taken."""
+        entries: list[Entry] = []
+        taken = dict.fromkeys(LANES, 0)
+        short: set[Priority] = set()
+        for lane, wanted in self.lane_share.plan(count):
+            free = count - len(entries)
+            if free <= 0:
+                break
+            if wanted is None and lane in short:
+                continue  # found empty by its owed read a moment ago
+            ask = free if wanted is None else min(wanted, free)
+            got = await self.read_group(self.keys.stream_of(lane), GROUP, consumer, ask)
+            if len(got) < ask:
+                short.add(lane)
+            taken[lane] += len(got)
+            entries += [(lane, entry_id, fields) for entry_id, fields in got]
         self.lane_share.record(taken, short)
+        self._note_drained(consumer, short == set(LANES))
         return entries
 
-    def _reads_of(self, consumer: str) -> ConsumerReads:
-        reads = self._reads.get(consumer)
-        if reads is None:
-            reads = self._reads[consumer] = ConsumerReads()
-        return reads
+    def _note_drained(self, consumer: str, drained: bool) -> None:
+        if drained:
+            self._drained.add(consumer)
+        else:
+            self._drained.discard(consumer)
 
     async def _give_back(self, entries: Sequence[Entry]) -> None:
         """Return entries read but never started to the end of their lane (``requeue``), spending nothing."""
@@ -256,7 +225,6 @@ class Consumer(QueueCore):
                 continue
             self._reclaim_cursors[lane] = reply[0]
             entries += [(lane, entry_id, fields) for entry_id, fields in reply[1]]
-        self._reads_of(consumer).note(entries)  # held now: never to be answered again by a take
         return await self._start_entries(consumer, entries, reclaimed=True)
 
     def _outcome(self, reply: Any, written: Outcome) -> Outcome:

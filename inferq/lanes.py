@@ -7,13 +7,12 @@ time): under a constant stream of ``high`` work, ``normal`` and ``low`` still mo
 fewer entries than asked for has nothing waiting, and owes nothing until it is read again.
 
 Pure bookkeeping: :meth:`inferq.consumer.Consumer.read` asks :meth:`LaneShare.plan` which lanes to read for its
-free slots, reads them lane by lane as :func:`follow` does (``take.lua``, in one round trip), and reports what each
-gave with :meth:`LaneShare.record`.
+free slots, reads them lane by lane, and reports what each gave with :meth:`LaneShare.record`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .jobs import LANES, Priority
@@ -58,29 +57,3 @@ class LaneShare:
                 self.waited[lane] = total - mine
             else:
                 self.waited[lane] += total
-
-
-Plan = Sequence[tuple[Priority, int | None]]
-
-
-def follow(plan: Plan, count: int, available: Mapping[Priority, int]) -> tuple[dict[Priority, int], set[Priority]]:
-    """A read of ``count`` free slots that follows ``plan`` against lanes holding ``available`` entries: what it takes
-    from each lane, and which lanes it finds short (fewer entries than it asked for). Each step asks for what the plan
-    says, at most the slots still free; a step that asks for every free slot skips a lane an earlier step found short.
-    ``take.lua`` reads this way; given what it took from each lane as ``available``, this says which lanes it found
-    short."""
-    taken = dict.fromkeys(LANES, 0)
-    short: set[Priority] = set()
-    free = count
-    for lane, wanted in plan:
-        if free <= 0:
-            break
-        if wanted is None and lane in short:
-            continue
-        ask = free if wanted is None else min(wanted, free)
-        got = min(ask, available.get(lane, 0) - taken[lane])
-        if got < ask:
-            short.add(lane)
-        taken[lane] += got
-        free -= got
-    return taken, short

@@ -30,8 +30,8 @@ SCRIPTS_DIR = Path(__file__).parent / "scripts"
 _INCLUDE = re.compile(r'^--- @include "([A-Za-z]+)"\s*$', re.MULTILINE)
 _KEY = re.compile(r"^\s*KEYS\[(\d+)(\.\.n)?\][^\n]*?(\(optional\))?\s*$", re.MULTILINE)
 
-NAMES = ("enqueue", "take", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive", "expire",
-         "observe", "requeue")
+NAMES = ("enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive", "expire", "observe",
+         "requeue")
 
 
 class Code(IntEnum):

@@ -6,6 +6,8 @@ starts more than it was asked for; the scaler's view counts every lane."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from inferq.jobs import LANES, JobRequest, JobStatus, Priority
@@ -221,3 +223,35 @@ async def test_a_stopped_workers_consumers_go_from_every_lane_but_the_one_it_sti
     for lane in LANES:
         names = {c["name"] for c in await q.redis.xinfo_consumers(q.keys.stream_of(lane), GROUP)}
         assert names == ({"w1"} if lane is Priority.LOW else set()), lane
+
+
+async def test_a_consumer_that_found_every_lane_drained_reads_with_one_blocking_read(
+    q: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a read found every lane short, the next read is one XREADGROUP across the lanes (it answers at once what
+    came meanwhile); a read that fills the free slots, or finds a lane with more, reads lane by lane again."""
+    reads: list[int] = []
+    xreadgroup = q.redis.xreadgroup
+
+    async def counted(group: str, consumer: str, streams: dict[str, str], *args: Any, **kwargs: Any) -> Any:
+        reads.append(len(streams))
+        return await xreadgroup(group, consumer, streams, *args, **kwargs)
+
+    monkeypatch.setattr(q.redis, "xreadgroup", counted)
+    await q.enqueue("t", req(Priority.NORMAL))
+    (d,), _ = await q.read("w1", 4, block_ms=10)
+    assert reads == [1, 1, 1]  # lane by lane: each came back short
+    reads.clear()
+    low, _ = await q.enqueue("t", req(Priority.LOW))
+    high, _ = await q.enqueue("t", req(Priority.HIGH))
+    got, _ = await q.read("w1", 4, block_ms=1000)
+    assert reads == [3] and [x.job.id for x in got] == [high.id, low.id]  # one read across the lanes
+    reads.clear()
+    backlog = [(await q.enqueue("t", req()))[0].id for _ in range(5)]
+    full, _ = await q.read("w1", 4, block_ms=1000)
+    assert reads == [3] and [x.job.id for x in full] == backlog[:4]
+    reads.clear()
+    (last,), _ = await q.read("w1", 4, block_ms=1000)  # the last read filled the slots: lane by lane again
+    assert reads == [1, 1, 1] and last.job.id == backlog[4]
+    for x in [d, *got, *full, last]:
+        assert await q.finish(x, JobStatus.SUCCEEDED, result=RESULT) is Outcome.WRITTEN

@@ -45,7 +45,7 @@ async def live_entries(q: Queue, job_id: str) -> list[str]:
 
 def test_every_script_declares_its_keys_and_loads() -> None:
     names = {s.name for s in all_scripts()}
-    assert names == {"enqueue", "take", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive",
+    assert names == {"enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive",
                      "expire", "observe", "requeue"}
     assert load("enqueue").min_keys == 3 and load("enqueue").max_keys is None
     assert load("renew").max_keys is None
@@ -371,8 +371,7 @@ async def test_one_start_call_begins_a_whole_read_each_entry_as_by_a_call_of_its
     await q.redis.delete(q.keys.job(gone.id))
     before = await commandstats_calls(q, "evalsha")
     deliveries, skipped = await q.read("w1", 10)
-    # one take (the read) and one start for the whole read
-    assert await commandstats_calls(q, "evalsha") - before == (4 if isinstance(q.scripts, Resending) else 2)
+    assert await commandstats_calls(q, "evalsha") - before == (2 if isinstance(q.scripts, Resending) else 1)
     assert [(d.job.id, d.job.metadata, d.job.status, d.job.deliveries) for d in deliveries] == [
         (first.id, {"n": "1"}, JobStatus.RUNNING, 1), (last.id, {"n": "4"}, JobStatus.RUNNING, 1)]
     assert len({d.lease for d in deliveries}) == 2
