@@ -81,6 +81,13 @@ class Queue(Producer, Consumer):
             lag_by_lane={Priority(lane): int(n) for lane, n in zip(LANE_KEYS, r[14:], strict=True)},
         )
 
+    async def skip_webhookless_events(self, seen: str | None) -> tuple[bool, str]:
+        """For a webhook sender: when the ``webhook_events`` count is still ``seen`` (the count when it last read the
+        group to its end), move the group's position past every event, none of which carries a webhook. Returns
+        whether it moved, and the count now (``skipevents.lua``)."""
+        skipped, count = await self.scripts("skipevents", [self.keys.events, self.keys.stats], [seen or ""])
+        return bool(int(skipped)), str(count)
+
     async def stats(self) -> dict[str, int]:
         return {k: int(v) for k, v in (await self.redis.hgetall(self.keys.stats)).items()}
 

@@ -71,7 +71,7 @@ class QueueCore:
         MKSTREAM: a group made at ``$`` would silently skip entries added before it."""
         counters = ("unfinished", "enqueued", "succeeded", "failed", "cancelled", "expired", "retried",
                     "reclaimed", "released", "dead_lettered", "duplicate_results", "skipped_terminal", "redriven",
-                    "stale_writes", "latency_ms_total")
+                    "stale_writes", "latency_ms_total", "webhook_events")
         pipe = self.redis.pipeline(transaction=False)
         for counter in counters:  # every counter readable from the start, not only once first incremented
             pipe.hsetnx(self.keys.stats, counter, 0)

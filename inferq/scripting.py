@@ -23,7 +23,7 @@ from redis.asyncio.cluster import PipelineCommand, RedisCluster
 from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 from .jobs import TERMINAL
-from .keys import GROUP, LANE_KEYS
+from .keys import GROUP, LANE_KEYS, WEBHOOK_GROUP
 from .leanclient import pipelined
 
 SCRIPTS_DIR = Path(__file__).parent / "scripts"
@@ -31,7 +31,7 @@ _INCLUDE = re.compile(r'^--- @include "([A-Za-z]+)"\s*$', re.MULTILINE)
 _KEY = re.compile(r"^\s*KEYS\[(\d+)(\.\.n)?\][^\n]*?(\(optional\))?\s*$", re.MULTILINE)
 
 NAMES = ("enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive", "expire", "observe",
-         "requeue")
+         "requeue", "skipevents")
 
 
 class Code(IntEnum):
@@ -96,16 +96,19 @@ _COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
 
 @cache
 def prelude(source: str | None = None) -> str:
-    """The Lua locals every script starts with: ``GROUP``, ``CODE_<NAME>`` per :class:`Code`, ``TERMINAL``, and
-    ``LANE_KEYS`` (the lanes in the order a script that may touch any lane takes their streams). The two tables are
-    built on every run of a script (garbage for the server to collect afterwards), so with ``source`` (a script's
-    expanded source) each is defined only when its code, comments left out, uses it."""
+    """The Lua locals every script starts with: ``GROUP``, ``CODE_<NAME>`` per :class:`Code`, ``TERMINAL``,
+    ``WEBHOOK_GROUP`` and ``LANE_KEYS`` (the lanes in the order a script that may touch any lane takes their streams).
+    The two tables are built on every run of a script (garbage for the server to collect afterwards), so with
+    ``source`` (a script's expanded source) each of the last three is defined only when its code, comments left out,
+    uses it."""
     used = _COMMENT.sub("", source) if source is not None else None
     codes = "\n".join(f"local CODE_{code.name} = {code.value}" for code in Code)
     out = f"local GROUP = '{GROUP}'\n{codes}\n"
     if used is None or re.search(r"\bTERMINAL\b", used):
         terminal = ", ".join(f"{status.value} = true" for status in sorted(TERMINAL))
         out += f"local TERMINAL = {{{terminal}}}\n"
+    if used is None or re.search(r"\bWEBHOOK_GROUP\b", used):
+        out += f"local WEBHOOK_GROUP = '{WEBHOOK_GROUP}'\n"
     if used is None or re.search(r"\bLANE_KEYS\b", used):
         lanes = ", ".join(f"'{lane}'" for lane in LANE_KEYS)
         out += f"local LANE_KEYS = {{{lanes}}}\n"

@@ -10,6 +10,12 @@ here as :class:`WebhookSender`, and it runs in two places:
 - in the scaler, one pass (:func:`deliver_webhooks`) per tick, under a consumer name of its own: when the fleet is
   at zero, a job cancelled or expired by the gateway still gets its webhook, at worst one tick later.
 
+Most events carry no webhook, and reading one through the group costs the server a delivery, a pending entry and
+an acknowledgement. The terminal transition counts the events that do carry one (``webhook_events`` in the
+queue's stats); a pass that finds the count where it was when the previous pass read the group to its end moves the
+group past every event unread (``skipevents.lua``: the check and the move are one step, so an event with a webhook
+is never skipped).
+
 Not in the gateway: a Lambda lives for one request and cannot wait out a receiver's retries. Not in the scripts:
 Lua cannot make HTTP calls, and the stream makes delivery independent of who wrote the terminal state.
 
@@ -127,6 +133,9 @@ class WebhookSender:
         self._on_outcome = on_outcome
         self._holding: set[str] = set()
         """Entries taken and not yet settled or released: renewed every second so no peer takes them over."""
+        self._read_to_end_at: str | None = None
+        """The ``webhook_events`` count seen when a pass last read the group to its end: while it is unchanged, no
+        event since carries a webhook, and a pass skips them unread (``skipevents.lua``)."""
 
     @property
     def _events(self) -> str:
@@ -264,11 +273,14 @@ class WebhookSender:
             return (deadline is not None and time.monotonic() >= deadline) or (stop is not None and stop.is_set())
 
         renewer = asyncio.create_task(self._renew())
+        seen, self._read_to_end_at = self._read_to_end_at, None
         try:
+            skipped, count = await self.queue.skip_webhookless_events(seen)
             while not over():
                 due = await self._claim_due()
-                new = await self._read_new()
+                new = [] if skipped else await self._read_new()
                 if not due and not new:
+                    self._read_to_end_at = count
                     break
                 report = WebhookReport()
                 try:
@@ -279,6 +291,7 @@ class WebhookSender:
                         for name in ("delivered", "failed", "abandoned"):
                             self._on_outcome(name, getattr(report, name))
                 if len(new) < BATCH and len(due) < BATCH:
+                    self._read_to_end_at = count
                     break
         finally:
             renewer.cancel()

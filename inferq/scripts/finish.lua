@@ -43,7 +43,7 @@ local now, resultTtl, eventsMaxlen = ARGV[1], ARGV[2], ARGV[3]
 --- @include "terminate"
 --- @include "settleGuard"
 
-local tally = {n = 0, statuses = {}, latency = 0, tenants = {}}
+local tally = {n = 0, statuses = {}, latency = 0, tenants = {}, webhooks = 0}
 local replies, acks = {}, {}
 for i = 0, (#KEYS - 3) / 3 - 1 do
   local streamKey, jobKey, doneKey = KEYS[4 + 3 * i], KEYS[5 + 3 * i], KEYS[6 + 3 * i]

@@ -1,7 +1,8 @@
 --[[
   Write the counters terminate added up in a tally (the queue's and the tenants' unfinished jobs, the terminal
-  status counts, latency_ms_total): one increment per counter for all the jobs the tally holds. terminate calls it
-  for a job of its own; a script ending several jobs calls it once for them all (terminate includes it).
+  status counts, latency_ms_total, webhook_events): one increment per counter for all the jobs the tally holds.
+  terminate calls it for a job of its own; a script ending several jobs calls it once for them all (terminate
+  includes it).
 ]]
 local function settleTally(statsKey, tenantsKey, tally)
   if tally.n == 0 then
@@ -13,6 +14,9 @@ local function settleTally(statsKey, tenantsKey, tally)
   end
   if tally.latency > 0 then
     rcall('HINCRBY', statsKey, 'latency_ms_total', string.format('%d', tally.latency))
+  end
+  if (tally.webhooks or 0) > 0 then
+    rcall('HINCRBY', statsKey, 'webhook_events', tally.webhooks)
   end
   for tenant, count in pairs(tally.tenants) do
     if rcall('HINCRBY', tenantsKey, tenant, -count) <= 0 then

@@ -17,8 +17,12 @@ local function terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId
                          eventsMaxlen, extra, known, tally)
   local tenant, webhook, createdAt = unpack(known or rcall('HMGET', jobKey, 'tenant', 'webhook_url', 'created_at'))
   rcall('HSET', jobKey, 'status', status, 'finished_at', now, 'entry', '', unpack(extra))
-  local counts = tally or {n = 0, statuses = {}, latency = 0, tenants = {}}
+  local counts = tally or {n = 0, statuses = {}, latency = 0, tenants = {}, webhooks = 0}
+  local hooked = webhook and webhook ~= ''
   counts.n = counts.n + 1
+  if hooked then
+    counts.webhooks = (counts.webhooks or 0) + 1
+  end
   counts.statuses[status] = (counts.statuses[status] or 0) + 1
   if createdAt then
     counts.latency = counts.latency + math.max(0, tonumber(now) - tonumber(createdAt))
@@ -30,7 +34,7 @@ local function terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId
     settleTally(statsKey, tenantsKey, counts)
   end
   rcall('XADD', eventsKey, 'MAXLEN', '~', eventsMaxlen, '*', 'job', jobId, 'status', status,
-    'tenant', tenant or '', 'webhook', (webhook and webhook ~= '') and '1' or '0')
+    'tenant', tenant or '', 'webhook', hooked and '1' or '0')
   rcall('EXPIRE', jobKey, resultTtl)
   rcall('RPUSH', doneKey, status)
   rcall('EXPIRE', doneKey, 300)

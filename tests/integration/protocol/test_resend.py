@@ -75,6 +75,8 @@ async def test_every_script_on_each_of_its_paths_answers_the_same_and_changes_no
     assert await q.finish(taken, JobStatus.SUCCEEDED, result=RESULT) is Outcome.WRITTEN
     await q.cancel("t", low.id)
     await q.observe()                                                               # observe (read only)
+    skipped, count = await q.skip_webhookless_events(None)                          # skipevents: no count yet
+    assert not skipped and await q.skip_webhookless_events(count) == (True, count)  # skipevents: skipped
     assert set(q.scripts.checked) == set(NAMES)
     stats = await q.stats()
     assert stats["unfinished"] == 0 and stats["enqueued"] == 8 and stats["duplicate_results"] == 1

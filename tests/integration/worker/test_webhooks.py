@@ -119,3 +119,51 @@ async def test_a_webhook_older_than_its_max_age_is_given_up(settings: Settings, 
     assert report.abandoned == 1 and receiver.requests == []
     assert (await queue.stats())["webhooks_abandoned"] == 1
     await queue.close()
+
+
+async def test_a_sender_that_read_to_the_end_skips_events_without_a_webhook_but_never_one_with(
+    settings: Settings, queue: Queue, receiver: Receiver
+) -> None:
+    """Once a pass read the group to its end, later events of jobs without a webhook are skipped unread (no
+    delivery, nothing pending); an event with a webhook stops the skipping, and is delivered, however many events
+    without one came before or after it."""
+    sender = WebhookSender(queue, settings, "w1")
+    try:
+        await queue.cancel("acme", (await submit(queue, chat("a"))).id)
+        first = await sender.deliver_once()
+        assert first.without_webhook == 1  # read: no count was known yet
+        delivered_before = (await queue.redis.xinfo_groups(queue.keys.events))[0]["entries-read"]
+        for text in "bcd":
+            await queue.cancel("acme", (await submit(queue, chat(text))).id)
+        quiet = await sender.deliver_once()
+        assert quiet.without_webhook == 0 and quiet.delivered == 0  # skipped unread
+        group = (await queue.redis.xinfo_groups(queue.keys.events))[0]
+        newest = (await queue.redis.xrevrange(queue.keys.events, count=1))[0][0]
+        assert group["last-delivered-id"] == newest and group["pending"] == 0
+        assert group["entries-read"] in (delivered_before, None)  # no entry was delivered to anyone
+        hooked = await submit(queue, chat("e"), webhook_url=receiver.url + "/hook")
+        await queue.cancel("acme", (await submit(queue, chat("f"))).id)
+        await queue.cancel("acme", hooked.id)
+        await queue.cancel("acme", (await submit(queue, chat("g"))).id)
+        report = await sender.deliver_once()
+        assert (report.delivered, report.without_webhook) == (1, 2)
+        assert [json.loads(body)["id"] for *_, body in receiver.requests] == [hooked.id]
+        assert (await sender.deliver_once()).without_webhook == 0  # read to the end again: skipping again
+    finally:
+        await sender.aclose()
+
+
+async def test_a_pass_that_stopped_before_the_end_lets_the_next_one_skip_nothing(
+    settings: Settings, queue: Queue, receiver: Receiver
+) -> None:
+    sender = WebhookSender(queue, settings, "w1")
+    try:
+        await queue.cancel("acme", (await submit(queue, chat("a"))).id)
+        assert (await sender.deliver_once()).without_webhook == 1
+        await queue.cancel("acme", (await submit(queue, chat("b"))).id)
+        # out of time before reading: it still skipped b (the last pass read to the end, no webhook since)
+        assert (await sender.deliver_once(budget_s=0)).without_webhook == 0
+        await queue.cancel("acme", (await submit(queue, chat("c"))).id)
+        assert (await sender.deliver_once()).without_webhook == 1  # c is read, not skipped: no count to trust
+    finally:
+        await sender.aclose()
