@@ -10,13 +10,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from . import fastjson
 from .batching import Batcher
 from .jobs import (
     RECORD_FIELDS_BUT_BODY,
     Job,
     JobRequest,
     JobStatus,
-    canonical_json,
     idempotency_digest,
     new_job_id,
     record_of,
@@ -65,10 +65,12 @@ class NotDeadLettered(QueueError):
 
 
 def record_fields(request: JobRequest) -> list[Any]:
-    """The job record's fields that come from the request, as name/value pairs (enqueue.lua writes them)."""
-    fields: list[Any] = ["url", request.url, "body", canonical_json(request.body), "lane", request.priority.value]
+    """The job record's fields that come from the request, as name/value pairs (enqueue.lua writes them). The body
+    and metadata are stored as :func:`inferq.fastjson.dumps` writes them (what is read back is the same value; the
+    request digest has its own canonical form)."""
+    fields: list[Any] = ["url", request.url, "body", fastjson.dumps(request.body), "lane", request.priority.value]
     if request.metadata:
-        fields += ["metadata", canonical_json(request.metadata)]
+        fields += ["metadata", fastjson.dumps(request.metadata)]
     if request.timeout_s is not None:
         fields += ["timeout_s", request.timeout_s]
     if request.ttl_s is not None:

@@ -146,8 +146,11 @@ class Edge:
         await _send_json(send, 413, envelope("request_too_large", f"the request body exceeds {limit} bytes"))
 
     def _account(self, scope: Scope, state: dict[str, Any], status: int, started: float) -> None:
-        if scope["method"] == "POST" and scope["path"] == SUBMIT_PATH and status >= 400:
-            self.telemetry.count("JobsRejected", REJECT_REASONS.get(status, "error"))
+        if status >= 400:
+            if scope["method"] == "POST" and scope["path"] == SUBMIT_PATH:
+                self.telemetry.count("JobsRejected", REJECT_REASONS.get(status, "error"))
+        elif not self.telemetry.logs_successes:
+            return  # no access line for it at this level: nothing to build
         fields: dict[str, Any] = {
             "request_id": state.get("request_id"),
             "method": scope["method"],

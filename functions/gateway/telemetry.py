@@ -51,6 +51,11 @@ class Telemetry:
             logging.getLogger(name)  # registered, so that Powertools finds it; later modules propagate up to it
         copy_config_to_registered_loggers(source_logger=self.logger, include=set(PACKAGES))
 
+    @property
+    def logs_successes(self) -> bool:
+        """Whether an answer below 400 gets an access line (at DEBUG)."""
+        return self.logger.log_level <= logging.DEBUG
+
     def access(self, status: int, fields: dict[str, Any]) -> None:
         """The access line of one request: INFO for an answer >= 400, DEBUG otherwise (the level is checked before
         the record is built: a line not logged costs a comparison)."""
