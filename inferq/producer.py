@@ -266,9 +266,13 @@ class Producer(QueueCore):
                 if remaining <= 0.01:
                     break
                 try:
-                    record = await asyncio.wait_for(asyncio.shield(future), min(remaining, waiters.recheck_s))
+                    async with asyncio.timeout(min(remaining, waiters.recheck_s)):
+                        record = await future
                 except TimeoutError:
-                    # a reader that fell behind or lost an event costs a recheck, never the wake
+                    # a reader that fell behind or lost an event costs a recheck, never the wake; the timeout
+                    # cancelled the future, so a new one waits (registered before the read, as the first)
+                    waiters.unregister(job_id, future)
+                    future = await waiters.register(job_id, () if with_body else RECORD_FIELDS_BUT_BODY)
                     status = await self.redis.hget(self.keys.job(job_id), "status")
                     if status is None or JobStatus(status).terminal:
                         break

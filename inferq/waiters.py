@@ -103,7 +103,10 @@ class SharedWaiters:
             self._idle_since = time.monotonic()  # a reader started for a waiter about to register stays up
             self._task = loop.create_task(self._run(self._started), name=f"waiters {self._key}")
         assert self._started is not None
-        await asyncio.shield(self._started)
+        if not self._started.done():
+            await asyncio.shield(self._started)
+        elif self._started.cancelled():  # the reader stopped before it fixed its start (as the shield would raise)
+            raise asyncio.CancelledError
 
     async def register(self, job_id: str, fields: Sequence[str] = ()) -> asyncio.Future[Wake]:
         """A future resolved once an event says the job ended: with its record's ``fields`` when some are named

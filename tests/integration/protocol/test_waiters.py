@@ -71,6 +71,19 @@ async def test_a_reader_that_loses_every_event_still_wakes_its_waiter_at_the_nex
     assert job is not None and job.status is JobStatus.FAILED
 
 
+async def test_a_wait_that_outlasts_several_rechecks_is_still_woken_by_its_event(q: Queue) -> None:
+    """Each recheck registers the waiter anew (its timeout cancelled the last registration): one registration at a
+    time, none left behind, and the job's end still ends the wait."""
+    q._waiters = SharedWaiters(q.redis, q.keys.events, block_s=0.2, recheck_s=0.15, job_key=q.keys.job)
+    [d] = await started(q, 1)
+    wait = asyncio.create_task(q.wait(d.job.id, "t", 20, shared=True, with_body=False))
+    await asyncio.sleep(0.6)  # about four rechecks
+    assert [len(w) for w in q.waiters._waiting.values()] == [1]
+    await q.finish(d, JobStatus.SUCCEEDED, result=OK)
+    job = await asyncio.wait_for(wait, 5)
+    assert job is not None and job.status is JobStatus.SUCCEEDED and q.waiters._waiting == {}
+
+
 async def test_the_reader_survives_its_connection_being_killed(q: Queue, valkey: ValkeyProcess) -> None:
     q._waiters = SharedWaiters(q.redis, q.keys.events, block_s=0.5, recheck_s=30)  # no recheck to fall back on
     first, second = await started(q, 2)
