@@ -145,9 +145,13 @@ class RawClient:
                       "Accept: application/json\r\n").encode()
         self._answers: _Answers | None = None
         self._last_used = 0.0
+        self._last_json: Any = None
+        self._last_body = b"null"
 
     async def post(self, path: str, json: Any = None, timeout: float | None = None) -> RawResponse:
-        return await self.request("POST", path, _json_dumps(json), timeout)
+        if json is not self._last_json:  # a load sends one body object again and again: encoded once
+            self._last_json, self._last_body = json, _json_dumps(json)
+        return await self.request("POST", path, self._last_body, timeout)
 
     async def get(self, path: str, params: dict[str, str] | None = None, timeout: float | None = None) -> RawResponse:
         if params:
@@ -155,25 +159,30 @@ class RawClient:
         return await self.request("GET", path, None, timeout)
 
     async def request(self, method: str, path: str, body: bytes | None, timeout: float | None) -> RawResponse:
-        async with asyncio.timeout(timeout or self.timeout_s):
-            answers = self._answers
-            if answers is None or answers.lost is not None or time.monotonic() - self._last_used > self.idle_s:
+        loop = asyncio.get_running_loop()
+        answers = self._answers
+        if answers is None or answers.lost is not None or time.monotonic() - self._last_used > self.idle_s:
+            async with asyncio.timeout(timeout or self.timeout_s):
                 answers = await self._reconnect()
-            assert answers.transport is not None
-            head = f"{method} {path} HTTP/1.1\r\n".encode() + self._head
-            if body is not None:
-                head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
-            waiter = answers.waiter = asyncio.get_running_loop().create_future()
-            try:
-                answers.transport.write(head + b"\r\n" + (body or b""))
-                status, content, keep = await waiter
-            except BaseException:
-                await self.aclose()
-                raise
-            if not keep:
-                await self.aclose()
-            self._last_used = time.monotonic()
-            return RawResponse(status, content)
+        assert answers.transport is not None
+        head = f"{method} {path} HTTP/1.1\r\n".encode() + self._head
+        if body is not None:
+            head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
+        waiter = answers.waiter = loop.create_future()
+        # one timer for the answer (uvloop's, in C), where asyncio.timeout adds a Python context manager per request
+        deadline = loop.call_later(timeout or self.timeout_s, _expire, waiter)
+        try:
+            answers.transport.write(head + b"\r\n" + (body or b""))
+            status, content, keep = await waiter
+        except BaseException:
+            await self.aclose()
+            raise
+        finally:
+            deadline.cancel()
+        if not keep:
+            await self.aclose()
+        self._last_used = time.monotonic()
+        return RawResponse(status, content)
 
     async def _reconnect(self) -> _Answers:
         await self.aclose()
@@ -185,6 +194,11 @@ class RawClient:
         answers, self._answers = self._answers, None
         if answers is not None and answers.transport is not None:
             answers.transport.close()
+
+
+def _expire(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError("no answer in time"))
 
 
 def _json_dumps(value: Any) -> bytes:

@@ -31,11 +31,13 @@ from .summary import (
 class HttpScenarios(Plumbing):
     async def http_scenarios(self) -> None:
         sz = self.sizes
-        if "F" in self.only:
+        if "F" in self.only and "S3" not in self.only:
             await self.floor_scenario()
         if {"S1", "S3"} & self.only:
             with self.stack("w1x32", workers=1, window=32) as st:
-                if "S3" in self.only:
+                if "S3" in self.only and "F" in self.only:
+                    await self.floor_scenario(st)  # S3's runs alternated with the floor's
+                elif "S3" in self.only:
                     await self.repeated(st, "S3", "latency under load", "closed_loop", sz.s3_jobs, 32, 5, 32, 1,
                                         target=s3_target)
                 if "S1" in self.only:
@@ -131,29 +133,26 @@ class HttpScenarios(Plumbing):
                 "what": "L log cost at DEBUG", "setup": "S3's shape, DEBUG (every access line) vs WARNING, same runs",
                 "figures": fmt_log_cost(debug).replace("at INFO", "at DEBUG")})
 
-    async def floor_scenario(self) -> None:
+    async def floor_scenario(self, s3: Stack | None = None) -> None:
         """F: the bare Redis Streams queue with S3's shape (bench.floor), run beside S3 in this invocation; and FH,
-        the same queue behind a bare ASGI gateway under uvicorn, driven by S3's load generator, its runs alternated
-        with F's."""
+        the same queue behind a bare ASGI gateway under uvicorn, driven by S3's load generator. With ``s3`` (S3's
+        stack, up beside the floor's) S3's runs are made here too. The runs alternate, each scenario first in turn
+        from one round to the next, so a machine whose speed drifts during the invocation (it does: up to 2x in an
+        hour here) favours none of them, and the ratios to the floor pair runs of the same round."""
         sz = self.sizes
+        keys = ["F", "FH", *(["S3"] if s3 is not None else [])]
         with floor.HttpFloor(window=32, latency_ms=5, log_dir=self.logs) as fl:
-            results: dict[str, list[load.LoadResult]] = {"F": [], "FH": []}
+            results: dict[str, list[load.LoadResult]] = {key: [] for key in keys}
             for i in range(sz.repeats + 1):  # the first is the warm-up, as for the HTTP scenarios
                 n = sz.warmup if i == 0 else sz.s3_jobs
-                for key in ("F", "FH"):
+                turn = max(0, i - 1) % len(keys)
+                for key in keys[turn:] + keys[:turn]:
                     title = f"{key} warm-up" if i == 0 else f"{key} floor run {i}/{sz.repeats}"
-                    task = self.progress.add_task(title, total=n)
-                    progress = functools.partial(self.advance, task)
-                    with measured(fl.url, fl.cpu_by_role, fl.io_calls_by_role) as finish:
-                        if key == "F":
-                            result = await floor.closed_loop(fl.url, n, 32, deadline_s=sz.deadline_s, progress=progress)
-                        else:
-                            async with make_pool(fl.url_http, "floor", 32, timeout_s=40.0,
-                                                 kind=self.args.client) as client:
-                                result = await load.closed_loop(client, n, 32, load.job_body(5), name="FH",
-                                                                deadline_s=sz.deadline_s, progress=progress)
-                        finish(result)
-                    self.progress.update(task, visible=False)
+                    if key == "S3":
+                        assert s3 is not None
+                        result = await self._s3_run(s3, i, n)
+                    else:
+                        result = await self._floor_run(fl, key, title, n)
                     if i == 0:
                         if not result.ok:
                             self.fail(f"{key} warm-up: {result.error_count} error(s): {result.errors[:5]}")
@@ -164,6 +163,36 @@ class HttpScenarios(Plumbing):
             self.record_runs("F", "floor: bare Redis Streams, S3's shape", config, results["F"], fl)
             self.record_runs("FH", "HTTP floor: the floor behind a bare ASGI gateway (uvicorn), S3's load generator",
                              config, results["FH"], fl)
+        if s3 is not None:
+            split = await self.script_sample(s3, "S3", 32, 5)
+            self.record_runs("S3", "latency under load", config, results["S3"], s3, split, s3_target)
+
+    async def _floor_run(self, fl: floor.HttpFloor, key: str, title: str, n: int) -> load.LoadResult:
+        """One run of F (the floor's own client) or FH (S3's load generator through the bare ASGI gateway)."""
+        sz = self.sizes
+        task = self.progress.add_task(title, total=n)
+        progress = functools.partial(self.advance, task)
+        with measured(fl.url, fl.cpu_by_role, fl.io_calls_by_role) as finish:
+            if key == "F":
+                result = await floor.closed_loop(fl.url, n, 32, deadline_s=sz.deadline_s, progress=progress)
+            else:
+                async with make_pool(fl.url_http, "floor", 32, timeout_s=40.0, kind=self.args.client) as client:
+                    result = await load.closed_loop(client, n, 32, load.job_body(5), name="FH",
+                                                    deadline_s=sz.deadline_s, progress=progress)
+            finish(result)
+        self.progress.update(task, visible=False)
+        return result
+
+    async def _s3_run(self, st: Stack, i: int, n: int) -> load.LoadResult:
+        """S3's warm-up (``i`` 0) or its measured run ``i``, as :meth:`repeated` makes them."""
+        if i == 0:
+            return await self._run_load(st, "closed_loop", "S3 warm-up", n, 32, 5, "warmup")
+        profilers = self.start_profilers(st, "S3") if self.args.profile and i == 1 else []
+        try:
+            return await self._run_load(st, "closed_loop", f"S3 latency under load run {i}/{self.sizes.repeats}", n,
+                                        32, 5, "S3")
+        finally:
+            self.stop_profilers(profilers)
 
     def floor_ratios(self) -> None:
         """inferq's S3 (and S2's p95) as ratios to the floor of this same invocation."""
