@@ -15,7 +15,7 @@ local function settleTally(statsKey, tenantsKey, tally)
   if tally.latency > 0 then
     rcall('HINCRBY', statsKey, 'latency_ms_total', string.format('%d', tally.latency))
   end
-  if (tally.webhooks or 0) > 0 then
+  if tally.webhooks > 0 then
     rcall('HINCRBY', statsKey, 'webhook_events', tally.webhooks)
   end
   for tenant, count in pairs(tally.tenants) do

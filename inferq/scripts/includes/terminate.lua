@@ -21,7 +21,7 @@ local function terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId
   local hooked = webhook and webhook ~= ''
   counts.n = counts.n + 1
   if hooked then
-    counts.webhooks = (counts.webhooks or 0) + 1
+    counts.webhooks = counts.webhooks + 1
   end
   counts.statuses[status] = (counts.statuses[status] or 0) + 1
   if createdAt then
