@@ -10,7 +10,8 @@ waiting, requests running, KV-cache usage), read every :data:`POLL_S` seconds (n
 I/O) decides the size:
 
 - **shrink multiplicatively** when more requests wait inside the server than a small buffer
-  (:meth:`WindowLaw.buffer`: :data:`BUFFER_SHARE` of the running batch, 1 to :data:`BUFFER_MAX`; smoothed, and
+  (:meth:`WindowLaw.buffer`: :data:`BUFFER_SHARE` of the running batch, or the worker's requests on their way to
+  the engine and back where more (:class:`Refill`), 1 to :data:`BUFFER_MAX`; smoothed, and
   only when they waited at two of the last three reads: a queue that stands, not a burst the engine admits at
   its next steps, as CoDel reads a queue over an interval rather than by its peak): by the share of the window
   that stands beyond the buffer, as DCTCP cuts by the share of marked packets, and by at most x :data:`DECREASE`
@@ -32,15 +33,23 @@ Why a buffer rather than nothing waiting: when a request ends, its slot stays em
 the result, pulled the next job and sent it, a few milliseconds to tens of them; an engine with the next request
 already queued fills the slot at its next step. Measured against vLLM on CPU (bench V), a window that keeps
 nothing waiting leaves the batch short by that refill time; one that keeps one or two waiting does not, and
-those few are all that no other replica can take.
+those few are all that no other replica can take. What the engine needs waiting is how many requests end while
+one crosses that path, which by Little's law is how many of the worker's requests are on it: a backend that times
+its requests (the ``openai`` one, send to answer) gives the time each spent outside the server's stamps, compared
+per request with the server's own latency counter, and :class:`Refill` turns that into the count.
 
-What the server cannot count, the window cannot see: requests its HTTP front end holds before it stamps their
-arrival (a front end short of CPU) are neither waiting nor running by its metrics.
+The requests on that path (in the server's HTTP front end before it stamps their arrival, above all) are neither
+waiting nor running by the server's metrics, and they are not counted as waiting here. Read as a queue to cut
+(tried against vLLM on 2 cores, whose front end held them 0.1-0.9 s each against 0.01-0.02 s idle), they drove the
+window down to 4-5 and lost a quarter of the output tokens/s against the law without them, nearly half against
+window 24 (docs/benchmarks.md): a front end given more requests at once gets more through, and a window that
+starves it holds fewer requests only by serving fewer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
@@ -91,6 +100,11 @@ USED_SHARE = 0.8
 is always a job or two short of its window (a job ends, its result is written and the next one pulled), and a
 window that had to be full to the last job would rarely grow; an idle worker holds far less and does not grow."""
 
+OUTSIDE_ANSWERS = 8
+"""Answers the worker's estimate of its requests outside the server's stamps is taken over at least (the last
+poll's, or as many polls back as it takes, up to :data:`OUTSIDE_POLLS`): one or two answers are too noisy a mean."""
+OUTSIDE_POLLS = 20
+
 LoadSource = Callable[[], Awaitable[EngineLoad | None]]
 
 
@@ -117,6 +131,48 @@ def interval_load(previous: EngineLoad | None, current: EngineLoad, seconds: flo
     inference = max(0.0, current.inference_s - previous.inference_s)
     waiting = max(0.0, current.latency_s - previous.latency_s - inference) / seconds
     return replace(current, waiting=waiting, running=max(inference / seconds, current.running))
+
+
+class Refill:
+    """How many of the worker's requests are on their way between it and the engine: sent but not yet stamped by
+    the server (its HTTP front end, the connection), or finished but not yet answered (the answer on its way back).
+    That is the refill path of a slot: when a request ends, its slot is empty until the next request comes through
+    it, unless one already waits inside the engine; so the engine needs as many waiting as end while one crosses
+    the path (its bandwidth-delay product, as BBR sizes what it keeps in flight), and that is how many are on it.
+
+    From the backend's counters (:attr:`EngineLoad.answered`, :attr:`EngineLoad.answered_s`: the worker's own
+    requests, from send to answer) and the server's (``finished``, ``latency_s``: arrival to last token): the mean
+    time a request spent outside the server's stamps over the last answers is the difference of the two means per
+    request (per request, so a server that also answers other clients does not skew it); times the requests
+    answered per second it is, by Little's law, the mean number on the path. 0 where the counters are missing."""
+
+    def __init__(self, *, answers: int = OUTSIDE_ANSWERS, polls: int = OUTSIDE_POLLS) -> None:
+        self.answers = answers
+        self._reads: collections.deque[tuple[float, EngineLoad]] = collections.deque(maxlen=polls + 1)
+        self.per_request: float | None = None
+
+    def update(self, raw: EngineLoad | None, now: float) -> float:
+        """The mean requests on the path over the last answers, given the server's read at ``now``."""
+        if (raw is None or raw.answered is None or raw.answered_s is None or raw.finished is None
+                or raw.latency_s is None):
+            return 0.0
+        if self._reads:
+            last = self._reads[-1][1]
+            assert last.answered is not None and last.finished is not None
+            if raw.answered < last.answered or raw.finished < last.finished:  # the server or the backend restarted
+                self._reads.clear()
+        self._reads.append((now, raw))
+        for then, old in reversed(list(self._reads)[:-1]):  # the most recent read with enough answers since
+            assert old.answered is not None and old.answered_s is not None
+            assert old.finished is not None and old.latency_s is not None
+            answered, finished = raw.answered - old.answered, raw.finished - old.finished
+            if answered >= self.answers and finished >= 1 and now > then:
+                break
+        else:
+            return 0.0
+        self.per_request = max(0.0, (raw.answered_s - old.answered_s) / answered
+                               - (raw.latency_s - old.latency_s) / finished)
+        return answered / (now - then) * self.per_request
 
 
 class WindowLaw:
@@ -190,7 +246,7 @@ class WindowLaw:
         """Requests that may wait inside the engine: the next one at hand when one ends."""
         if self.buffer_share <= 0:
             return 0.0
-        return min(self.buffer_max, max(1.0, self.buffer_share * load.running))
+        return min(self.buffer_max, max(1.0, self.buffer_share * load.running, load.outside))
 
     def _may_grow(self, load: EngineLoad, in_flight: int, buffer: float, standing: float) -> bool:
         # below the buffer now and at two of the last three reads: one read that finds the queue drained between
@@ -241,6 +297,7 @@ class AdaptiveWindow:
         self._last_raw: EngineLoad | None = None
         self._last_read_at = 0.0
         self._failures = 0
+        self.refill = Refill()
 
     @property
     def size(self) -> int:
@@ -267,13 +324,17 @@ class AdaptiveWindow:
         if ok:
             now = time.monotonic()
             load = None if raw is None else interval_load(self._last_raw, raw, now - self._last_read_at)
+            if load is not None:
+                load = replace(load, outside=self.refill.update(raw, now))
             self._last_raw, self._last_read_at = raw, now
             self.last_load = load
             self.law.step(load, in_flight)
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("window %d (%.2f): in flight %d, engine waiting %s running %s kv %s", self.size,
-                          self.law.size, in_flight, *(("-",) * 3 if load is None else
-                                                      (load.waiting, load.running, load.kv_cache_usage)))
+                log.debug("window %d (%.2f): in flight %d, engine waiting %s running %s kv %s, outside %s "
+                          "(%s s a request)", self.size, self.law.size, in_flight,
+                          *(("-",) * 4 if load is None else
+                            (load.waiting, load.running, load.kv_cache_usage, round(load.outside, 2))),
+                          self.refill.per_request)
         return self.size
 
     async def run(self, stop: asyncio.Event, in_flight: Callable[[], int], changed: Callable[[int, int], None]) -> None:

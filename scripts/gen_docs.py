@@ -76,7 +76,9 @@ SETTING_DOCS: dict[str, str] = {
     "inside the server and running between two reads (from vLLM's `vllm:e2e_request_latency_seconds` and "
     "`vllm:request_inference_time_seconds` counters; its `num_requests_waiting`/`running` gauges where it has no "
     "such counters) and the KV-cache usage. It grows while fewer than a small buffer wait and the KV cache has "
-    "room, and shrinks when requests stand in a queue there (gpu_worker/window.py).",
+    "room, and shrinks when requests stand in a queue there (gpu_worker/window.py). The buffer is 15% of the "
+    "running batch or, where more, the worker's requests on their way to the engine and back (the `openai` "
+    "backend times each request, send to answer, against the server's own latency), 1 to 4.",
     "window_max": "Upper bound of the window when `INFERQ_WINDOW=auto` sizes it from the backend. With `auto` it is "
     "also the connections the `openai` backend keeps, vLLM's `max_num_seqs` with the `vllm` backend, and the "
     "scaler's jobs per worker unless `INFERQ_SCALE_TARGET_PER_WORKER` is set.",

@@ -85,6 +85,17 @@ class EngineLoad:
     inference_s: float | None = None
     """Seconds of that from their first scheduling on (prefill and decode), summed (a counter): the rest,
     ``latency_s - inference_s``, is what they waited inside the server before the engine first ran them."""
+    answered: float | None = None
+    """Requests this worker sent the server and got a 2xx answer to (a counter of the worker's own), when its
+    backend times them, with the one below: a backend that talks to the server over HTTP."""
+    answered_s: float | None = None
+    """Seconds those requests took, from the worker's send to the answer read, summed (a counter): compared with
+    the server's ``latency_s`` per request, the time they spent outside its stamps (its HTTP front end, the
+    connection, the worker's own client)."""
+    outside: float = 0.0
+    """Mean requests of the worker's outside the server's stamps: sent but not yet stamped (its HTTP front end,
+    the connection), or finished with their answers on the way back. Set by the adaptive window
+    (:class:`gpu_worker.window.Refill`) from the two counters above; 0 where it cannot tell."""
 
 
 def is_retryable_status(status: int) -> bool:

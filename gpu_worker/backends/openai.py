@@ -5,11 +5,14 @@ Its load signals (for ``INFERQ_WINDOW=auto``) are vLLM's Prometheus metrics at `
 since vLLM 0.10, ``vllm:gpu_cache_usage_perc`` before), summed over the label sets (one per model/engine), and the
 sums and count of the ``vllm:e2e_request_latency_seconds`` and ``vllm:request_inference_time_seconds`` histograms
 (the worker turns those counters into the mean numbers waiting and running between two reads: see
-gpu_worker/window.py).
+gpu_worker/window.py), with the worker's own count of the requests it sent that were answered and their seconds
+from send to answer: what they spent outside the server's stamps, in its HTTP front end above all.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -69,6 +72,9 @@ class OpenAIBackend:
             timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
             transport=transport,
         )
+        # the worker's own requests answered, and their seconds from send to answer (EngineLoad.answered)
+        self._answered = 0
+        self._answered_s = 0.0
         # a client of its own: the load is read while every connection of the window is busy with a job
         self._metrics = httpx.AsyncClient(
             base_url=base_url.rstrip("/"), headers={"User-Agent": "inferq-worker"}, transport=transport,
@@ -79,6 +85,7 @@ class OpenAIBackend:
         self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job
     ) -> tuple[int, Any]:
         timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
+        sent = time.perf_counter()
         try:
             response = await self._client.post(
                 url, json=strip_mock(body), headers={"traceparent": traceparent}, timeout=timeout
@@ -88,6 +95,9 @@ class OpenAIBackend:
             raise RetryableError(f"the model server did not answer in time ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
             raise RetryableError(f"cannot reach the model server: {type(exc).__name__}: {exc}") from exc
+        if 200 <= response.status_code < 300:  # the requests the server counts as finished
+            self._answered += 1
+            self._answered_s += time.perf_counter() - sent
         return check_status(response.status_code, parse_body(raw))
 
     async def load(self) -> EngineLoad | None:
@@ -97,7 +107,10 @@ class OpenAIBackend:
         if response.status_code == 404:
             return None
         response.raise_for_status()
-        return parse_vllm_metrics(response.text)
+        load = parse_vllm_metrics(response.text)
+        if load is None or load.finished is None:
+            return load
+        return replace(load, answered=float(self._answered), answered_s=self._answered_s)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -12,7 +12,15 @@ import pytest
 from gpu_worker.backends.base import EngineLoad
 from gpu_worker.backends.openai import parse_vllm_metrics
 from gpu_worker.backends.vllm import LoadRecorder
-from gpu_worker.window import BUFFER_MAX, AdaptiveWindow, StaticWindow, WindowLaw, interval_load, window_for
+from gpu_worker.window import (
+    BUFFER_MAX,
+    AdaptiveWindow,
+    Refill,
+    StaticWindow,
+    WindowLaw,
+    interval_load,
+    window_for,
+)
 from inferq.settings import Settings, SettingsError
 
 
@@ -89,6 +97,50 @@ def test_interval_load_is_the_mean_between_two_reads_or_the_gauges() -> None:
     assert interval_load(gauges, after, 2.0) == after  # a server without the counters
     busy = replace(after, running=5.0)
     assert interval_load(before, busy, 2.0).running == 5.0  # the gauge's running when it shows more
+
+
+def test_refill_is_the_time_outside_the_servers_stamps_by_the_answer_rate() -> None:
+    refill = Refill(answers=8)
+    counters = EngineLoad(waiting=0, running=0, finished=0.0, latency_s=0.0, answered=0.0, answered_s=0.0)
+
+    def after(t: EngineLoad, answers: float, inside_s: float, outside_s: float) -> EngineLoad:
+        assert t.finished is not None and t.latency_s is not None
+        assert t.answered is not None and t.answered_s is not None
+        return replace(t, finished=t.finished + answers, latency_s=t.latency_s + answers * inside_s,
+                       answered=t.answered + answers, answered_s=t.answered_s + answers * (inside_s + outside_s))
+
+    assert refill.update(counters, 0.0) == 0.0  # one read: nothing to compare
+    counters = after(counters, 10, 0.5, 0.2)  # 20 answers a second, each 0.2 s outside the server: 4 on the path
+    assert refill.update(counters, 0.5) == pytest.approx(4.0) and refill.per_request == pytest.approx(0.2)
+    counters = after(counters, 4, 0.5, 0.05)  # too few answers for one poll: the mean reaches back a poll
+    assert refill.update(counters, 1.0) == pytest.approx(14 / 1.0 * (10 * 0.2 + 4 * 0.05) / 14)
+    # another client's requests at the server do not count: the comparison is per request
+    counters = replace(after(counters, 10, 0.5, 0.1), finished=counters.finished + 30,
+                       latency_s=counters.latency_s + 30 * 0.5)
+    assert refill.update(counters, 1.5) == pytest.approx(20 * 0.1)
+    # the server restarted: its counters start again, and so does the comparison
+    restarted = EngineLoad(waiting=0, running=0, finished=1.0, latency_s=0.5, answered=counters.answered,
+                           answered_s=counters.answered_s)
+    assert refill.update(restarted, 2.0) == 0.0
+    # a backend that does not time its requests, or a server without the counters: nothing to read
+    assert refill.update(EngineLoad(waiting=0, running=0, finished=1.0, latency_s=0.5), 2.5) == 0.0
+    assert refill.update(None, 3.0) == 0.0
+
+
+def test_the_buffer_covers_the_requests_on_their_way_to_the_engine() -> None:
+    """A slot that ends stays empty until the next request crosses the path to the engine, unless one waits there:
+    the buffer is at least as many as are on the path, up to its maximum."""
+    law = WindowLaw(maximum=64, initial=12)
+    law.slow_start = False
+    assert law.buffer(EngineLoad(waiting=0, running=8)) == 1.2
+    assert law.buffer(EngineLoad(waiting=0, running=8, outside=3.0)) == 3.0
+    assert law.buffer(EngineLoad(waiting=0, running=8, outside=40.0)) == BUFFER_MAX
+    for _ in range(5):  # three wait in the engine: what ends while three cross the path, not a queue to cut
+        law.step(EngineLoad(waiting=3, running=8, outside=3.0), 12)
+    assert law.current == 12
+    for _ in range(2):  # the same three with nothing on the path: a queue
+        law.step(EngineLoad(waiting=3, running=8), 12)
+    assert law.current < 12
 
 
 def test_it_stops_growing_when_the_buffer_waits() -> None:

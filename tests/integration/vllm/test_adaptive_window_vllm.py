@@ -106,6 +106,7 @@ async def test_the_worker_reads_vllms_gauges_and_adapts_its_window(settings: Set
             await asyncio.sleep(0.05)
         await asyncio.wait_for(task, 600)  # what is still queued, then idle
         finished = [await queue.get(job.id) for job in jobs]
+        last = await backend.load()  # the worker's own count of the requests it sent and got answered
     finally:
         if not task.done():
             task.cancel()
@@ -118,6 +119,9 @@ async def test_the_worker_reads_vllms_gauges_and_adapts_its_window(settings: Set
     # the real counters, by their real names: the law read the engine's means, not only its gauges
     assert all(x.finished is not None and x.latency_s is not None and x.inference_s is not None for x in loads[1:])
     assert any(load.running > 0 for load in seen_loads), seen  # it read the engine at work
+    # the backend timed each of its requests, send to answer: the law's measure of the path to the engine
+    assert last is not None and last.answered == len(jobs) and last.answered_s is not None, seen
+    assert last.latency_s is not None and last.answered_s > last.latency_s - (loads[0].latency_s or 0), seen
     assert max(windows) > ENGINE_SEQS, seen  # it grew from one while nothing waited ...
     assert any(load.waiting > 1 for load in seen_loads), seen  # ... until the engine queued (two sequences run) ...
     assert window.law.ceiling is not None and not window.law.slow_start, seen  # ... and then it cut the window
