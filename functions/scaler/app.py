@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -120,10 +121,13 @@ def remaining_s(context: Any) -> float:
 
 
 def handler(event: Any, context: Any) -> dict[str, Any]:
+    # the Lambda's deadline, fixed as the invocation begins: the settings, the clients and the Redis connection
+    # made before the first tick come out of the same time
+    deadline = time.monotonic() + remaining_s(context)
     settings = load_settings()
     kind = trigger(event)
     logger.append_keys(request_id=getattr(context, "aws_request_id", None), trigger=kind, queue=settings.queue)
-    by_fleet = _run(invoke(settings, once=kind != "schedule", budget_s=remaining_s(context)))
+    by_fleet = _run(invoke(settings, once=kind != "schedule", deadline=deadline))
     answer: dict[str, Any] = {"trigger": kind, **_summary(by_fleet[0][1])}
     if by_fleet[0][0] is not None:  # a registry: each model's own summary too
         answer["models"] = {name: _summary(ticks) for name, ticks in by_fleet}
@@ -143,9 +147,10 @@ def _summary(ticks: list[Tick]) -> dict[str, Any]:
     }
 
 
-async def invoke(settings: Settings, *, once: bool, budget_s: float) -> list[tuple[str | None, list[Tick]]]:
+async def invoke(settings: Settings, *, once: bool, deadline: float) -> list[tuple[str | None, list[Tick]]]:
     """Evaluate every fleet (each model of the registry with its own policy and service, or the one queue) side by
-    side on one Redis client, and drive the batches; each fleet's ticks, in the registry's order."""
+    side on one Redis client, and drive the batches, until ``deadline`` (``time.monotonic()``: the invocation's
+    end) less the cadence's reserve; each fleet's ticks, in the registry's order."""
     client = connect(settings)
     try:
         scalers: list[tuple[str | None, Scaler]] = []
@@ -161,6 +166,7 @@ async def invoke(settings: Settings, *, once: bool, budget_s: float) -> list[tup
                 cadence=CADENCE,
                 model=model,
             )))
+        budget_s = max(0.0, deadline - time.monotonic())  # what the clients' setup left
         runs, _ = await asyncio.gather(  # batches advance at every size of fleet, zero included
             asyncio.gather(*(s.run(budget_s=budget_s, span_s=SCHEDULE_PERIOD_S, once=once) for _, s in scalers)),
             drive_batches(scalers[0][1].queue.settings, scalers[0][1].queue, budget_s),
