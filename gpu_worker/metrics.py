@@ -4,8 +4,13 @@ Each :class:`WorkerMetrics` has its own registry, so several workers can live in
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from .backends.base import EngineLoad
+
+_IDLE = EngineLoad(waiting=0.0, running=0.0)
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 
@@ -21,6 +26,17 @@ class WorkerMetrics:
         self.window = Gauge("inferq_worker_window", "Most jobs this worker holds at once", ["queue"],
                             registry=r).labels(**labels)
         self.window.set(window)
+        # with INFERQ_WINDOW=auto, what its law last read of the model server (read at each scrape: watch_engine)
+        self.engine_waiting = Gauge(
+            "inferq_worker_engine_waiting", "Requests waiting inside the model server, mean between the window's "
+            "last two reads (INFERQ_WINDOW=auto)", ["queue"], registry=r).labels(**labels)
+        self.engine_running = Gauge(
+            "inferq_worker_engine_running", "Requests the model server runs, mean between the window's last two "
+            "reads (INFERQ_WINDOW=auto)", ["queue"], registry=r).labels(**labels)
+        self.engine_path = Gauge(
+            "inferq_worker_engine_path", "This worker's requests on their way between it and the model server's "
+            "engine, sent but not yet stamped by the server or answered but not yet back (INFERQ_WINDOW=auto, "
+            "openai backend)", ["queue"], registry=r).labels(**labels)
         self._outcomes = Counter(
             "inferq_worker_jobs", "Attempts this worker ended, by outcome", ["queue", "outcome"], registry=r
         )
@@ -53,6 +69,16 @@ class WorkerMetrics:
         )
         self._queue = queue
         self._outcome_children: dict[str, Counter] = {}
+
+    def watch_engine(self, last_load: Callable[[], EngineLoad | None]) -> None:
+        """Read the engine gauges from ``last_load`` at each scrape (the adaptive window's last reading; 0 before
+        its first)."""
+        def reader(field: str) -> Callable[[], float]:
+            return lambda: float(getattr(last_load() or _IDLE, field))
+
+        for gauge, field in ((self.engine_waiting, "waiting"), (self.engine_running, "running"),
+                             (self.engine_path, "outside")):
+            gauge.set_function(reader(field))
 
     def outcome(self, name: str) -> None:
         child = self._outcome_children.get(name)

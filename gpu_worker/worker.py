@@ -49,7 +49,7 @@ from .logs import bind_job
 from .metrics import WorkerMetrics
 from .protection import TaskProtection
 from .pull import Pulling, _first
-from .window import Window, window_for
+from .window import AdaptiveWindow, Window, window_for
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,9 @@ class Worker(Pulling):
         self.window = window or window_for(settings, backend)
         self.metrics = metrics or WorkerMetrics(settings.queue, self.window.size)
         self.metrics.window.set(self.window.size)
+        if isinstance(self.window, AdaptiveWindow):
+            window = self.window
+            self.metrics.watch_engine(lambda: window.last_load)
         self.protection = protection
         self.block_ms = block_ms
         self._own_reader = reader is None

@@ -71,6 +71,12 @@ async def test_the_auto_window_follows_the_engine_and_keeps_its_queue_short(sett
     # the gauge shows the current window
     assert worker.metrics.registry.get_sample_value("inferq_worker_window", {"queue": settings.queue}) == \
         worker.window.size
+    # and what the law last read of the engine, at each scrape
+    assert window.last_load is not None
+    scraped = {name: worker.metrics.registry.get_sample_value(f"inferq_worker_engine_{name}",
+                                                              {"queue": settings.queue})
+               for name in ("waiting", "running", "path")}
+    assert scraped == {"waiting": window.last_load.waiting, "running": window.last_load.running, "path": 0.0}
 
     # the same jobs through a static window as large as the maximum: the engine holds the excess in its queue
     ids = [(await submit(queue, chat(f"s{i}", latency_ms=100))).id for i in range(120)]
