@@ -77,7 +77,7 @@ class WorkerMetrics:
             return lambda: float(getattr(last_load() or _IDLE, field))
 
         for gauge, field in ((self.engine_waiting, "waiting"), (self.engine_running, "running"),
-                             (self.engine_path, "outside")):
+                             (self.engine_path, "path")):
             gauge.set_function(reader(field))
 
     def outcome(self, name: str) -> None:

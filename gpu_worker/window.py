@@ -246,7 +246,7 @@ class WindowLaw:
         """Requests that may wait inside the engine: the next one at hand when one ends."""
         if self.buffer_share <= 0:
             return 0.0
-        return min(self.buffer_max, max(1.0, self.buffer_share * load.running, load.outside))
+        return min(self.buffer_max, max(1.0, self.buffer_share * load.running, load.path))
 
     def _may_grow(self, load: EngineLoad, in_flight: int, buffer: float, standing: float) -> bool:
         # below the buffer now and at two of the last three reads: one read that finds the queue drained between
@@ -325,15 +325,15 @@ class AdaptiveWindow:
             now = time.monotonic()
             load = None if raw is None else interval_load(self._last_raw, raw, now - self._last_read_at)
             if load is not None:
-                load = replace(load, outside=self.refill.update(raw, now))
+                load = replace(load, path=self.refill.update(raw, now))
             self._last_raw, self._last_read_at = raw, now
             self.last_load = load
             self.law.step(load, in_flight)
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("window %d (%.2f): in flight %d, engine waiting %s running %s kv %s, outside %s "
+                log.debug("window %d (%.2f): in flight %d, engine waiting %s running %s kv %s, path %s "
                           "(%s s a request)", self.size, self.law.size, in_flight,
                           *(("-",) * 4 if load is None else
-                            (load.waiting, load.running, load.kv_cache_usage, round(load.outside, 2))),
+                            (load.waiting, load.running, load.kv_cache_usage, round(load.path, 2))),
                           self.refill.per_request)
         return self.size
 

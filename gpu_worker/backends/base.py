@@ -92,10 +92,10 @@ class EngineLoad:
     """Seconds those requests took, from the worker's send to the answer read, summed (a counter): compared with
     the server's ``latency_s`` per request, the time they spent outside its stamps (its HTTP front end, the
     connection, the worker's own client)."""
-    outside: float = 0.0
-    """Mean requests of the worker's outside the server's stamps: sent but not yet stamped (its HTTP front end,
-    the connection), or finished with their answers on the way back. Set by the adaptive window
-    (:class:`gpu_worker.window.Refill`) from the two counters above; 0 where it cannot tell."""
+    path: float = 0.0
+    """Mean requests of the worker's on the path to the engine and back, outside the server's stamps: sent but
+    not yet stamped (its HTTP front end, the connection), or finished with their answers on the way back. Set by
+    the adaptive window (:class:`gpu_worker.window.Refill`) from the two counters above; 0 where it cannot tell."""
 
 
 def is_retryable_status(status: int) -> bool:

@@ -12,6 +12,7 @@ import pytest
 from gpu_worker.backends.base import EngineLoad
 from gpu_worker.backends.openai import parse_vllm_metrics
 from gpu_worker.backends.vllm import LoadRecorder
+from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.window import (
     BUFFER_MAX,
     AdaptiveWindow,
@@ -133,14 +134,28 @@ def test_the_buffer_covers_the_requests_on_their_way_to_the_engine() -> None:
     law = WindowLaw(maximum=64, initial=12)
     law.slow_start = False
     assert law.buffer(EngineLoad(waiting=0, running=8)) == 1.2
-    assert law.buffer(EngineLoad(waiting=0, running=8, outside=3.0)) == 3.0
-    assert law.buffer(EngineLoad(waiting=0, running=8, outside=40.0)) == BUFFER_MAX
+    assert law.buffer(EngineLoad(waiting=0, running=8, path=3.0)) == 3.0
+    assert law.buffer(EngineLoad(waiting=0, running=8, path=40.0)) == BUFFER_MAX
     for _ in range(5):  # three wait in the engine: what ends while three cross the path, not a queue to cut
-        law.step(EngineLoad(waiting=3, running=8, outside=3.0), 12)
+        law.step(EngineLoad(waiting=3, running=8, path=3.0), 12)
     assert law.current == 12
     for _ in range(2):  # the same three with nothing on the path: a queue
         law.step(EngineLoad(waiting=3, running=8), 12)
     assert law.current < 12
+
+
+def test_the_workers_engine_gauges_read_the_laws_last_load_at_each_scrape() -> None:
+    metrics = WorkerMetrics("q", 1)
+    latest: list[EngineLoad] = []
+    metrics.watch_engine(lambda: latest[-1] if latest else None)
+
+    def scraped() -> dict[str, float | None]:
+        return {name: metrics.registry.get_sample_value(f"inferq_worker_engine_{name}", {"queue": "q"})
+                for name in ("waiting", "running", "path")}
+
+    assert scraped() == {"waiting": 0.0, "running": 0.0, "path": 0.0}  # before the first read
+    latest.append(EngineLoad(waiting=1.5, running=6.0, path=2.5))
+    assert scraped() == {"waiting": 1.5, "running": 6.0, "path": 2.5}
 
 
 def test_it_stops_growing_when_the_buffer_waits() -> None:
