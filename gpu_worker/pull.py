@@ -1,7 +1,8 @@
 """What a worker takes from the queue, and the queue's upkeep it shares in (a mixin of
 :class:`gpu_worker.worker.Worker`, which owns the state named below).
 
-- The pull loop reads only as many entries as the worker has free slots; :meth:`inferq.queue.Queue.read` takes the
+- The pull loop reads only as many entries as the worker has free slots (a job's slot is free once its backend
+  call is over, while its outcome is written: :meth:`Pulling._free_slots`); :meth:`inferq.queue.Queue.read` takes the
   lanes in priority order with a starvation bound, and blocks across every lane only when all are empty. It
   reclaims idle entries of dead workers, in every lane, when slots are free (one suspect at a time, see
   :meth:`Pulling._reclaim`), and starts one task per job.
@@ -56,6 +57,7 @@ class Pulling:
     protection: TaskProtection | None
     block_ms: int
     _in_flight: dict[str, InFlight]  # by Delivery.key: entry ids are per lane
+    _settling: int  # of those, the jobs whose backend call is over and whose outcome is being written
     _suspects: set[str]
     _next_reclaim: float
     _slot_freed: asyncio.Event
@@ -84,7 +86,7 @@ class Pulling:
         # run-until-idle checks for idleness after each empty read: keep those reads short
         block_ms = min(self.block_ms, 100) if until_idle else self.block_ms
         while not self._stopping.is_set():
-            free = self.window.size - len(self._in_flight)
+            free = self._free_slots()
             if free <= 0:
                 self._slot_freed.clear()
                 await _first(self._slot_freed.wait(), self._stopping.wait())
@@ -93,7 +95,7 @@ class Pulling:
                 if time.monotonic() >= self._next_reclaim and not self._suspects:
                     self._next_reclaim = time.monotonic() + reclaim_every_s
                     await self._reclaim(free)
-                    free = self.window.size - len(self._in_flight)
+                    free = self._free_slots()
                     if free <= 0:
                         continue
                 got, skipped = await self.reader.read(self.id, min(free, READ_BATCH), block_ms)
@@ -109,6 +111,21 @@ class Pulling:
             self._start(got, skipped)
             if until_idle and not got and not skipped and not self._in_flight and await self._idle():
                 return
+
+    def _engine_slots(self) -> int:
+        """The jobs the window counts: those whose backend call is not over yet."""
+        return len(self._in_flight) - self._settling
+
+    def _free_slots(self) -> int:
+        """How many more jobs the worker may take now.
+
+        The window bounds the jobs at the model server. A job whose backend call is over no longer takes a slot
+        there while its outcome is written: the next job is pulled and sent meanwhile, so the engine's slot is
+        refilled one Redis round trip sooner (the write of the outcome is off the refill path). Writes that cannot
+        keep up must not let the worker take ever more, so it holds at most twice its window in all: jobs at the
+        server and jobs whose outcome is still being written together."""
+        size = self.window.size
+        return min(size - self._engine_slots(), 2 * size - len(self._in_flight))
 
     async def _reclaim(self, free: int) -> None:
         """Take over idle entries one at a time, and stop at the first suspect.

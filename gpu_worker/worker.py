@@ -118,6 +118,7 @@ class Worker(Pulling):
         # blocking reads get their own connection, with a socket timeout longer than the block
         self.reader = reader or Queue.connect(settings, socket_timeout=settings.redis_timeout_s + block_ms / 1000.0)
         self._in_flight: dict[str, InFlight] = {}
+        self._settling = 0  # of those, the jobs whose backend call is over and whose outcome is being written
         self._suspects: set[str] = set()  # entries delivered before that never finished (see _reclaim)
         self._next_reclaim = 0.0
         self._slot_freed = asyncio.Event()
@@ -174,7 +175,7 @@ class Worker(Pulling):
         if self.protection:
             background.append(asyncio.create_task(self.protection.run(side_stop), name="protection"))
         background.append(asyncio.create_task(
-            self.window.run(side_stop, lambda: len(self._in_flight), self._window_changed), name="window"))
+            self.window.run(side_stop, self._engine_slots, self._window_changed), name="window"))
         webhook_task = (
             asyncio.create_task(self.webhooks.run(side_stop), name="webhooks") if self.webhooks else None
         )
@@ -259,11 +260,16 @@ class Worker(Pulling):
         try:
             settle = await self._call(job, timeout_s, traceparent)
             job.settling = True
+            # the model server is done with it: its slot is free while the outcome is written (see _engine_slots)
+            self._settling += 1
+            self._slot_freed.set()
             self.metrics.run_time.observe(time.monotonic() - started)
             await self._settle(delivery, settle)
         except Exception as exc:  # a bug in writing the outcome: the worker stops; the entry is released or reclaimed
             self._died("job writer", exc)
         finally:
+            if job.settling:
+                self._settling -= 1
             self._in_flight.pop(delivery.key, None)
             if delivery.key in self._suspects:
                 self._suspects.discard(delivery.key)

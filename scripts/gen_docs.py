@@ -71,7 +71,9 @@ SETTING_DOCS: dict[str, str] = {
     "[0, min(`INFERQ_RETRY_MAX_MS`, base * 2^(n-1))] (full jitter). 0: retry at once.",
     "retry_max_ms": "Cap of the retry backoff.",
     # worker
-    "window": "Jobs one worker runs at once; it reads only as many entries as it has free slots. `auto`: the worker "
+    "window": "Jobs one worker runs at once at the model server; it reads only as many entries as it has free slots "
+    "(a job whose call is over frees its slot while its outcome is written, within twice the window held in all). "
+    "`auto`: the worker "
     "sizes the window from the model server's own load, read every 0.5 s: the mean numbers of requests waiting "
     "inside the server and running between two reads (from vLLM's `vllm:e2e_request_latency_seconds` and "
     "`vllm:request_inference_time_seconds` counters; its `num_requests_waiting`/`running` gauges where it has no "

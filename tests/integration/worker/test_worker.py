@@ -63,6 +63,35 @@ async def test_window_bounds_the_jobs_in_flight(settings: Settings, queue: Queue
         assert (await queue.get(job.id)).status is JobStatus.SUCCEEDED  # type: ignore[union-attr]
 
 
+async def test_the_next_job_goes_to_the_backend_while_an_outcome_is_written_and_twice_the_window_bounds_all(
+        settings: Settings, queue: Queue) -> None:
+    """The window bounds the jobs at the backend: a job whose call is over frees its slot while its outcome is
+    written, so the engine's slot is refilled without waiting for Redis; held outcomes and calls together stay
+    within twice the window, so writes that cannot keep up do not let the worker take ever more."""
+    backend = CountingBackend(queue)
+    jobs = [await submit(queue, chat(f"q{i}")) for i in range(3)]
+    gate = asyncio.Event()
+    async with running_worker(settings.replace(window=1), queue, backend) as worker:
+        write = worker._finishes._flush
+
+        async def held(items: list[Any]) -> Any:
+            await gate.wait()
+            return await write(items)
+
+        async def two_calls() -> bool:
+            return len(backend.traceparents) == 2
+
+        worker._finishes._flush = held
+        # the first outcome is held: the second job was still taken and called, the third was not (2 x window)
+        await eventually(two_calls, what="the second call")
+        await asyncio.sleep(0.3)
+        assert len(backend.traceparents) == 2 and backend.most == 1 and worker.in_flight == 2
+        gate.set()
+        for job in jobs:
+            await status_is(queue, job.id, "succeeded")
+    assert len(backend.traceparents) == 3 and backend.most == 1
+
+
 async def test_traceparent_of_the_job_is_forwarded_with_a_new_span(settings: Settings, queue: Queue) -> None:
     backend = CountingBackend(queue)
     trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
