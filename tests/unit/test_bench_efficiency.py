@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from typing import Any
 
 import httpx
 import pytest
 
-from bench.efficiency import WARMUP, _means, _submit_all, _warm_up, aggregate, request_set, verdicts
+from bench.efficiency import (
+    WARMUP,
+    _means,
+    _submit_all,
+    _warm_up,
+    aggregate,
+    engine_placement,
+    pin_group,
+    request_set,
+    verdicts,
+)
 from gpu_worker.backends.base import EngineLoad
 
 
@@ -114,3 +127,40 @@ def test_a_request_whose_connection_was_closed_under_it_is_sent_once_more() -> N
 
     assert asyncio.run(scenario()) == ["j1"]
     assert len(sent) == 2 and sent[0] is not None and sent[0] == sent[1]  # the same key: one job
+
+
+def test_the_engine_gets_the_first_cpu_and_the_rest_go_to_everyone_else() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    placement = engine_placement()
+    if len(cpus) == 1:
+        assert placement is None
+    else:
+        assert placement == ({cpus[0]}, set(cpus[1:]))
+
+
+def test_pin_group_moves_every_thread_of_the_named_processes_of_a_group_and_no_other() -> None:
+    cpu = min(os.sched_getaffinity(0))
+    # a group of two processes: a named one with a second thread, and another one
+    script = ("import threading, time, ctypes, sys\n"
+              "if sys.argv[1] == 'engine':\n"
+              "    ctypes.CDLL(None).prctl(15, b'VLLM::Worker', 0, 0, 0)\n"
+              "    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+              "print('ready', flush=True)\n"
+              "time.sleep(30)\n")
+    engine = subprocess.Popen([sys.executable, "-c", script, "engine"], stdout=subprocess.PIPE, text=True,
+                              process_group=0)
+    other = subprocess.Popen([sys.executable, "-c", script, "other"], stdout=subprocess.PIPE, text=True,
+                             process_group=engine.pid)
+    try:
+        assert engine.stdout is not None and other.stdout is not None
+        assert engine.stdout.readline().strip() == other.stdout.readline().strip() == "ready"
+        before = os.sched_getaffinity(other.pid)
+        assert pin_group(engine.pid, ("VLLM::Worker",), {cpu}) == ["VLLM::Worker"]
+        threads = [int(t) for t in os.listdir(f"/proc/{engine.pid}/task")]
+        assert len(threads) == 2 and all(os.sched_getaffinity(t) == {cpu} for t in threads)
+        assert os.sched_getaffinity(other.pid) == before
+        assert pin_group(engine.pid, ("VLLM::EngineCor",), {cpu}) == []
+    finally:
+        for proc in (engine, other):
+            proc.kill()
+            proc.wait()
