@@ -12,6 +12,11 @@ concurrency changes during the run and no static window is right throughout) is 
     first runs batches of :data:`WARMUP` jobs unmeasured until its window no longer changes over a batch, so
     ``auto`` is measured settled, as a long-lived worker runs.
 
+The engine gets a CPU of its own, as a GPU is its own: vLLM's engine core and model runner on the first CPU, the
+rest (its front end, the stack, the worker, this client) on the others (:func:`engine_placement`,
+:func:`pin_group`). Sharing the cores, the engine core's spin while the model runner computes starved the front end,
+and the engine ran 1-2 requests whatever the concurrency: a figure of the machine, not of the queue.
+
 The runs of the two paths alternate (each round in the opposite order of the last), so the machine's load drifting
 during the scenario favours neither; ``--quick`` runs one round, a full run three (median with min and max).
 Reported per run: output tokens/s (all output tokens / first request -> last result in the client's hands), the
@@ -307,9 +312,6 @@ async def _collect_all(client: httpx.AsyncClient, ids: list[str]) -> tuple[int, 
     return tokens, errors
 
 
-# ---------------------------------------------------------------- the scenario
-
-
 # ---------------------------------------------------------------- where the processes run
 
 
@@ -340,6 +342,9 @@ def pin_group(pgid: int, names: tuple[str, ...], cpus: set[int]) -> list[str]:
             continue  # gone meanwhile
         moved.append(name)
     return sorted(moved)
+
+
+# ---------------------------------------------------------------- the scenario
 
 
 async def _run(report: dict[str, Any], quick: bool) -> dict[str, Any]:
