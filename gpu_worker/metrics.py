@@ -23,7 +23,8 @@ class WorkerMetrics:
             **labels
         )
         # with INFERQ_WINDOW=auto the worker sets it again at each change (gpu_worker/window.py)
-        self.window = Gauge("inferq_worker_window", "Most jobs this worker holds at once", ["queue"],
+        self.window = Gauge("inferq_worker_window", "Most jobs this worker runs at the model server at once (it "
+                            "holds up to twice that while outcomes are written)", ["queue"],
                             registry=r).labels(**labels)
         self.window.set(window)
         # with INFERQ_WINDOW=auto, what its law last read of the model server (read at each scrape: watch_engine)
