@@ -31,6 +31,7 @@ import os
 import secrets
 import socket
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -42,7 +43,17 @@ from inferq.retry import backoff_ms
 from inferq.settings import Settings
 from inferq_webhooks.sender import WebhookSender
 
-from .backends.base import Backend, FatalError, RetryableError, check_status, child_traceparent, trace_id
+from .backends.base import (
+    Backend,
+    BackendError,
+    EngineDied,
+    FatalError,
+    RetryableError,
+    check_status,
+    child_traceparent,
+    digest,
+    trace_id,
+)
 from .claims import ClaimCheck
 from .leases import Abort, InFlight, LeaseKeeper
 from .logs import bind_job
@@ -79,7 +90,7 @@ def default_worker_id() -> str:
 class Settle:
     """What to write for an attempt."""
 
-    kind: str  # "finish" | "retry" | "release" | "drop"
+    kind: str  # "finish" | "retry" | "poison" | "release" | "drop"
     status: JobStatus | None = None
     result: Any = None
     error: Any = None
@@ -325,19 +336,29 @@ class Worker(Pulling):
             return self._retry({"type": "timeout", "message": f"the attempt took longer than {timeout_s} s"})
         if isinstance(error, TimeoutError):  # a timeout inside the backend, not the job's: retryable
             error = RetryableError(f"timeout in the backend: {error!r}")
+        # the logs carry a short code and a digest of the error text, never the text: a model server's message can
+        # quote its input (the job's error, which the tenant reads, keeps it)
+        if isinstance(error, EngineDied):
+            self.metrics.backend_error("engine_died")
+            log.error("attempt %d killed the model server; dead-lettering the job (%s)", attempt, _code(error),
+                      extra={"error_digest": digest(error.message)})
+            return Settle("poison", error=error.to_error("engine_died"))
         if isinstance(error, RetryableError):
             self.metrics.backend_error("retryable")
-            log.warning("attempt %d failed, retryable: %s", attempt, error.message,
-                        extra={"status_code": error.status_code})
+            log.warning("attempt %d failed, retryable (%s)", attempt, _code(error),
+                        extra={"status_code": error.status_code, "error_digest": digest(error.to_error("")["message"])})
             return self._retry(error.to_error("backend_error"))
         if isinstance(error, FatalError):
             self.metrics.backend_error("fatal")
-            log.warning("attempt %d failed, not retryable: %s", attempt, error.message,
-                        extra={"status_code": error.status_code})
+            log.warning("attempt %d failed, not retryable (%s)", attempt, _code(error),
+                        extra={"status_code": error.status_code, "error_digest": digest(error.to_error("")["message"])})
             return Settle("finish", JobStatus.FAILED, error=error.to_error("model_error"))
-        # a bug or an unexpected backend failure: retried, the attempts are bounded
+        # a bug or an unexpected backend failure: retried, the attempts are bounded. The traceback's frames are
+        # logged (file, line, function), not the exception's text
         self.metrics.backend_error("unexpected")
-        log.error("attempt %d failed unexpectedly", attempt, exc_info=error)
+        log.error("attempt %d failed unexpectedly (%s)", attempt, type(error).__name__,
+                  extra={"error_digest": digest(str(error)),
+                         "frames": "".join(traceback.format_tb(error.__traceback__))[-4000:]})
         return self._retry({"type": "worker_error", "message": f"{type(error).__name__}: {error}"})
 
     def _retry(self, error: dict[str, Any]) -> Settle:
@@ -353,6 +374,11 @@ class Worker(Pulling):
             outcome = await self._retrying(lambda: self._finishes.submit(item))
             if outcome is Outcome.WRITTEN:
                 self.metrics.outcome(settle.status.value)
+        elif settle.kind == "poison":
+            outcome = await self._retrying(
+                lambda: self.queue.retry(delivery, delay_ms=0, error=settle.error, dead_letter="engine_died"))
+            if outcome is Outcome.DEAD_LETTERED:
+                self.metrics.outcome("dead_lettered")
         elif settle.kind == "retry":
             attempt = delivery.job.attempts
             delay = backoff_ms(attempt, self.settings.retry_base_ms, self.settings.retry_max_ms)
@@ -401,6 +427,11 @@ class Worker(Pulling):
             for task in pending:  # stuck writing to an unreachable Redis: the entries will be reclaimed
                 task.cancel()
         await self._finishes.wait_idle()
+
+
+def _code(error: BackendError) -> str:
+    """A short code for a backend error in the logs: its kind and the model server's status."""
+    return type(error).__name__ + (f" {error.status_code}" if error.status_code is not None else "")
 
 
 def _error_of(task: asyncio.Task[Any]) -> BaseException | None:

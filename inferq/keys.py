@@ -111,6 +111,14 @@ class Keys:
         """``SET NX EX`` guard that rate-limits wake-on-enqueue calls to the scaler."""
         return self.prefix + "wake"
 
+    def rate(self, tenant: str) -> str:
+        """String: a tenant's rate-limit bucket (``INFERQ_RATE_LIMIT_PER_S``), the next request's due time (ms)."""
+        return f"{self.prefix}rate:{tenant}"
+
+    def rate_call(self, tenant: str, token: str) -> str:
+        """String: one rate-limit call's answer, kept a few seconds so a resent copy answers the same."""
+        return f"{self.prefix}rate:{tenant}:call:{token}"
+
     @property
     def mock_calls(self) -> str:
         return self.prefix + "mock:calls"

@@ -25,6 +25,9 @@ from .queue_core import QueueCore, chunks, new_token, now_ms
 from .scripting import Code
 from .waiters import SharedWaiters
 
+RATE_CALL_KEEP_MS = 10_000
+"""How long a rate-limit call's answer is kept for a resent copy (beyond any client timeout and its retry)."""
+
 
 class QueueError(Exception):
     """A request the queue refused; the gateway maps each subclass to its HTTP answer."""
@@ -353,3 +356,12 @@ class Producer(QueueCore):
                 break
             upper = "(" + page[-1][0]
         return found
+
+    async def take_rate(self, tenant: str, per_s: float, burst: int) -> float:
+        """Take one request from ``tenant``'s rate limit (shared by every gateway through Redis): 0.0 when allowed,
+        else the seconds until the next request would be."""
+        interval = max(1, round(1_000_000 / per_s))  # microseconds
+        tolerance = interval * max(1, burst or round(per_s))
+        keys = [self.keys.rate(tenant), self.keys.rate_call(tenant, new_token())]
+        allowed, wait_ms = await self.scripts("ratelimit", keys, [interval, tolerance, RATE_CALL_KEEP_MS])
+        return 0.0 if int(allowed) else int(wait_ms) / 1000.0

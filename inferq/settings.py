@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from .jobs import Priority
+from .jobs import LANES, Priority
 from .keys import TENANT, TENANT_RULE
 
 PREFIX = "INFERQ_"
@@ -128,6 +128,22 @@ def _tenant_priorities(name: str, raw: str) -> dict[str, Priority] | None:
     return priorities or None
 
 
+def _priority(name: str, raw: str) -> Priority:
+    try:
+        return Priority(raw.strip().lower())
+    except ValueError:
+        raise SettingsError(name, f"must be high, normal or low, got {raw!r}") from None
+
+
+def _tenants(name: str, raw: str) -> frozenset[str] | None:
+    """Comma-separated tenant names."""
+    tenants = [t.strip() for t in raw.split(",") if t.strip()]
+    for tenant in tenants:
+        if not TENANT.match(tenant):
+            raise SettingsError(name, f"tenant {tenant!r} must be {TENANT_RULE}")
+    return frozenset(tenants) or None
+
+
 AUTO: Literal["auto"] = "auto"
 """``INFERQ_WINDOW=auto``: the worker sizes its window from the model server's load (gpu_worker/window.py)."""
 
@@ -207,6 +223,58 @@ class Settings:
             "Unset, or a tenant not listed: `normal`.",
         },
     )
+    max_priority: Priority = field(
+        default=Priority.HIGH,
+        metadata={
+            "parse": _priority,
+            "doc": "The highest `priority` (lane) a tenant not listed in `INFERQ_TENANT_MAX_PRIORITY` may ask for; "
+            "above it a submit is 403 `priority_not_allowed`. `high` (the default) lets every tenant pick its lane; "
+            "a shared deployment sets `normal` and lists the tenants allowed `high`.",
+        },
+    )
+    tenant_max_priority: dict[str, Priority] | None = field(
+        default=None,
+        metadata={
+            "parse": _tenant_priorities,
+            "doc": "Each tenant's highest allowed `priority` (`tenant:lane,...`), overriding `INFERQ_MAX_PRIORITY`. "
+            "A tenant's default lane (`INFERQ_TENANT_PRIORITIES`) above its ceiling is capped to it.",
+        },
+    )
+    admin_tenants: frozenset[str] | None = field(
+        default=None,
+        metadata={
+            "parse": _tenants,
+            "doc": "The operator tenants (comma-separated): only they see queue-wide numbers (`GET /v1/scale`, "
+            "`GET /v1/stats/history`, the counts of `GET /v1/models`, the console's gauges); any other tenant gets "
+            "403 on the first two and its own counts elsewhere. Unset: every tenant is an operator (one team, the "
+            "emulator); a deployment shared by tenants sets it.",
+        },
+    )
+    rate_limit_per_s: float = field(
+        default=0.0,
+        metadata={
+            "parse": _float(0.0),
+            "doc": "Requests per second each tenant may make on average (authenticated routes, all gateway "
+            "instances together: counted in Redis); past it 429 `rate_limited` with `Retry-After`. 0: no limit.",
+        },
+    )
+    rate_limit_burst: int = field(
+        default=0,
+        metadata={
+            "parse": _int(0, 1_000_000),
+            "doc": "How many requests a tenant may make at once above `INFERQ_RATE_LIMIT_PER_S` (the bucket's "
+            "size). 0: one second's worth of the rate (at least 1).",
+        },
+    )
+    api_keys_max_stale_s: int = field(
+        default=900,
+        metadata={
+            "parse": _int(0),
+            "doc": "While Secrets Manager cannot be read, how long the gateway keeps serving the API keys it last "
+            "read; past it every request is 503 until the secret can be read again (fail closed). 0: never serve a "
+            "stale copy.",
+        },
+    )
     redis_wait_replicas: int = _setting(0, _int(0, 16))
     max_body_bytes: int = _setting(262144, _int(1))
     result_ttl_s: int = _setting(86400, _int(1))
@@ -284,8 +352,22 @@ class Settings:
             raise SettingsError("INFERQ_RETRY_MAX_MS", "must be >= INFERQ_RETRY_BASE_MS")
 
     def priority_of(self, tenant: str) -> Priority:
-        """The lane of a tenant's jobs that name none (``INFERQ_TENANT_PRIORITIES``; else ``normal``)."""
-        return (self.tenant_priorities or {}).get(tenant, Priority.NORMAL)
+        """The lane of a tenant's jobs that name none (``INFERQ_TENANT_PRIORITIES``; else ``normal``), capped to
+        the tenant's ceiling."""
+        lane = (self.tenant_priorities or {}).get(tenant, Priority.NORMAL)
+        ceiling = self.max_priority_of(tenant)
+        return lane if LANES.index(lane) >= LANES.index(ceiling) else ceiling
+
+    def max_priority_of(self, tenant: str) -> Priority:
+        """The highest lane a tenant may ask for (``INFERQ_TENANT_MAX_PRIORITY``; else ``INFERQ_MAX_PRIORITY``)."""
+        return (self.tenant_max_priority or {}).get(tenant, self.max_priority)
+
+    def priority_allowed(self, tenant: str, priority: Priority) -> bool:
+        return LANES.index(priority) >= LANES.index(self.max_priority_of(tenant))
+
+    def is_admin(self, tenant: str) -> bool:
+        """Whether a tenant may see queue-wide numbers (``INFERQ_ADMIN_TENANTS``; unset: every tenant)."""
+        return self.admin_tenants is None or tenant in self.admin_tenants
 
     @property
     def adaptive_window(self) -> bool:

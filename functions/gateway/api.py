@@ -10,6 +10,7 @@ caller learns nothing about validation.
 """
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
@@ -138,7 +139,25 @@ class Gateway:
                 headers={"WWW-Authenticate": "Bearer"},
             )
         state["tenant"] = tenant
+        if self.settings.rate_limit_per_s > 0:
+            await self._take_rate(tenant)
         return tenant
+
+    async def _take_rate(self, tenant: str) -> None:
+        """429 with ``Retry-After`` past the tenant's rate limit (counted in Redis: shared by every gateway)."""
+        settings = self.settings
+        wait_s = await self.call(self.queue.take_rate(tenant, settings.rate_limit_per_s, settings.rate_limit_burst))
+        if wait_s > 0:
+            raise ApiError(429, f"rate limit of {settings.rate_limit_per_s:g} requests per second reached; retry "
+                           f"in {wait_s:.3f} s", type_="rate_limited",
+                           headers={"Retry-After": str(max(1, math.ceil(wait_s)))})
+
+    def require_admin(self, tenant: str) -> None:
+        """403 unless ``tenant`` is an operator (``INFERQ_ADMIN_TENANTS``): queue-wide numbers tell one tenant how
+        busy the others are."""
+        if not self.settings.is_admin(tenant):
+            raise ApiError(403, "queue-wide numbers are for operator keys only (INFERQ_ADMIN_TENANTS)",
+                           type_="operator_only")
 
     def wake_check(self, queue: Queue | None = None) -> Callable[[], Awaitable[None]] | None:
         """What wakes the fleet of ``queue`` (default: the primary one) if it is at zero, to run once the answer is

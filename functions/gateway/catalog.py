@@ -1,5 +1,8 @@
 """``GET /v1/models`` (docs/models.md): the models this gateway serves, in OpenAI's list format, each with its
-fleet's state in an ``inferq`` object. Without a registry, one entry: the single queue."""
+fleet's state in an ``inferq`` object. Without a registry, one entry: the single queue.
+
+The fleet's numbers (desired and running workers, lag, pending) are queue-wide, so only an operator
+(``INFERQ_ADMIN_TENANTS``) sees them; any other tenant gets them as null and its own unfinished jobs instead."""
 
 import asyncio
 import os
@@ -29,6 +32,17 @@ def _entry(model_id: str, created: int, queue: Queue, seen: Observation) -> dict
     }
 
 
+def _tenant_entry(model_id: str, created: int, queue: Queue, unfinished: Any) -> dict[str, Any]:
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "inferq",
+        "inferq": {"queue": queue.settings.queue, "desired": None, "running": None, "lag": None, "pending": None,
+                   "unfinished": int(unfinished or 0)},
+    }
+
+
 def routes(gw: Any, router: APIRouter) -> None:
     Tenant = Annotated[str, Depends(gw.authenticate)]
     registry = gw.registry
@@ -42,6 +56,10 @@ def routes(gw: Any, router: APIRouter) -> None:
                                                           400, 401, 413, 422, 503))
     async def list_models(tenant: Tenant) -> JSONResponse:
         queues = [gw.queues.get(name) for name in queue_names]
+        if not gw.settings.is_admin(tenant):  # the tenant's own count only: nothing about the others' volume
+            counts = await gw.call(asyncio.gather(*(q.redis.hget(q.keys.tenants, tenant) for q in queues)))
+            data = [_tenant_entry(i, created, q, n) for i, q, n in zip(ids, queues, counts, strict=True)]
+            return JSONResponse({"object": "list", "data": data})
         seen = await gw.call(asyncio.gather(*(queue.observe() for queue in queues)))
         data = [_entry(i, created, q, o) for i, q, o in zip(ids, queues, seen, strict=True)]
         return JSONResponse({"object": "list", "data": data})

@@ -7,8 +7,9 @@ jobs). Assets are read once per process, answered with a strong ``ETag`` (304 on
 names them with their content hash (``app.js?v=<hash>``), so they are cached for a year and a new release is
 fetched at once. A strict Content-Security-Policy keeps the key from leaving for any other origin.
 
-``GET /v1/stats/history`` is the public read of ``inferq:{Q}:history`` (:mod:`inferq.history`): queue-wide
-counters and gauges, numbers only, authenticated like every API call.
+``GET /v1/stats/history`` is the operators' read of ``inferq:{Q}:history`` (:mod:`inferq.history`): queue-wide
+counters and gauges, numbers only; a tenant that is not an operator (``INFERQ_ADMIN_TENANTS``) gets 403, as on
+``GET /v1/scale``, and the console then shows the tenant's own views only.
 """
 
 import hashlib
@@ -134,6 +135,7 @@ def install(gw: "Gateway", router: APIRouter) -> None:
                                      "data": {"type": "array", "items": _SAMPLE_SCHEMA}}}}}},
             **{code: {"description": text, "content": error_ref}
                for code, text in ((400, "Malformed request"), (401, "Missing or unknown API key"),
+                                  (403, "Not an operator key (INFERQ_ADMIN_TENANTS)"),
                                   (413, "Body above INFERQ_MAX_BODY_BYTES"), (422, "Invalid request"))},
             503: {"description": "Redis unreachable", "content": error_ref, "headers": retry_after},
         },
@@ -143,5 +145,6 @@ def install(gw: "Gateway", router: APIRouter) -> None:
         limit: Annotated[int, Query(ge=1, le=HISTORY_SAMPLES, description="At most this many samples")]
         = HISTORY_SAMPLES,
     ) -> JSONResponse:
+        gw.require_admin(tenant)  # queue-wide numbers: operators only
         samples = await gw.call(read_history(gw.queue, limit))
         return JSONResponse({"object": "list", "data": samples})

@@ -28,11 +28,12 @@ def doc(model: str, description: str, **headers: str) -> dict[str, Any]:
 JOB_ERRORS = {
     400: "Malformed request (e.g. an invalid Content-Length, a body that cannot be decoded)",
     401: "Missing or unknown API key",
+    403: "Not allowed for this key: a priority above the tenant's ceiling, or an operator-only view",
     404: "Unknown job, or another tenant's",
     409: "Conflict",
     413: "Body above INFERQ_MAX_BODY_BYTES",
     422: "Invalid request",
-    429: "Unfinished jobs reached INFERQ_MAX_QUEUE_DEPTH",
+    429: "Unfinished jobs reached INFERQ_MAX_QUEUE_DEPTH, or the key's rate limit (INFERQ_RATE_LIMIT_PER_S)",
     503: "Redis unreachable (on submit the outcome is unknown: retry with the same Idempotency-Key)",
 }
 

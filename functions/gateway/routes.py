@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from inferq.jobs import Job, JobRequest, Priority
 from inferq.registry import ALIAS_RE
 
+from .engine_body import BodyError, check_body
 from .errors import ApiError
 from .models import (
     ALLOW_PRIVATE,
@@ -58,6 +59,14 @@ async def submit(gw: "Gateway", tenant: str, raw: bytes, idempotency_key: str | 
     """POST /v1/jobs once authenticated: the body validated, stored in S3 first when large, the job enqueued (or
     replayed for its idempotency key)."""
     payload = _parse_job_request(raw, gw.settings.webhook_allow_private)
+    try:
+        check_body(payload.body, payload.url)  # what would crash or overload the engine is a 422 here
+    except BodyError as exc:
+        raise ApiError(422, str(exc)) from None
+    if payload.priority is not None and not gw.settings.priority_allowed(tenant, Priority(payload.priority)):
+        ceiling = gw.settings.max_priority_of(tenant).value
+        raise ApiError(403, f"priority {payload.priority!r} is above this tenant's ceiling ({ceiling!r})",
+                       type_="priority_not_allowed")
     key = payload.idempotency_key
     if idempotency_key is not None:
         if key is not None and key != idempotency_key:
@@ -138,7 +147,7 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
                 "Idempotent replay: the job first created with this key, as it is now",
                 **{"Idempotent-Replayed": "true", "Location": "/v1/jobs/{id}"},
             ),
-            **errors(400, 401, 409, 413, 422, 429, 503),
+            **errors(400, 401, 403, 409, 413, 422, 429, 503),
         },
         openapi_extra={
             "requestBody": {
@@ -236,7 +245,7 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
         summary="The scaler's view of the queue",
         response_model=None,
         responses={200: doc("ScaleView", "Queue depth, workers and the last decision"),
-                   **errors(400, 401, 404, 413, 422, 503)},
+                   **errors(400, 401, 403, 404, 413, 422, 503)},
     )
     async def scale(
         request: Request,
@@ -244,6 +253,7 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
         model: Annotated[str | None, Query(pattern=ALIAS_RE.pattern, description=(
             "A model's name or alias (a model registry): that model's queue; default: the default model's"))] = None,
     ) -> JSONResponse:
+        gw.require_admin(tenant)  # queue-wide numbers: operators only
         if len(request.query_params.getlist("model")) > 1:  # FastAPI would take the last one silently
             raise ApiError(422, "model: give one model")
         queue = gw.queue if model is None else gw.model_queue(model)  # unknown: 404 model_not_found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -50,6 +51,12 @@ class RetryableError(BackendError):
 
 class FatalError(BackendError):
     """The request itself is wrong (any other 4xx): another attempt would fail the same way."""
+
+
+class EngineDied(BackendError):
+    """The model server died while running this request (the connection dropped mid-request and the server's
+    health check failed afterwards; vLLM's engine-dead error in-process). The request is taken for the cause: the
+    job is dead-lettered at once, never handed to another worker whose engine it would kill too."""
 
 
 class Backend(Protocol):
@@ -125,6 +132,12 @@ def error_message(body: Any) -> str | None:
     if isinstance(body, str) and body:
         return body[:500]
     return None
+
+
+def digest(text: str) -> str:
+    """A short fingerprint of an error text for the logs: the text itself can echo the prompt (a model server's
+    message quoting its input), the digest tells equal errors apart without carrying it."""
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:12]
 
 
 def strip_mock(body: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from send to answer: what they spent outside the server's stamps, in its HTTP fr
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import replace
 from typing import Any
@@ -20,10 +21,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inferq.jobs import Job
 
-from .base import EngineLoad, RetryableError, check_status, parse_body, strip_mock
+from .base import EngineDied, EngineLoad, RetryableError, check_status, parse_body, strip_mock
 
 CONNECT_TIMEOUT_S = 5.0
 METRICS_TIMEOUT_S = 2.0
+HEALTH_PROBES = 3
+"""After a connection dropped mid-request, the server's ``GET /health`` is asked this many times, ..."""
+HEALTH_PROBE_GAP_S = 0.5
+"""... this far apart: the server died with the request when every probe fails (a restart of the server's front
+end alone answers again within that)."""
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
@@ -93,12 +99,31 @@ class OpenAIBackend:
             raw = await response.aread()
         except httpx.TimeoutException as exc:
             raise RetryableError(f"the model server did not answer in time ({type(exc).__name__})") from exc
+        except (httpx.ConnectError, httpx.UnsupportedProtocol, httpx.ProxyError) as exc:  # never got the request
+            raise RetryableError(f"cannot reach the model server: {type(exc).__name__}") from exc
         except httpx.TransportError as exc:
-            raise RetryableError(f"cannot reach the model server: {type(exc).__name__}: {exc}") from exc
+            # the request was sent and the connection dropped: did the server die with it?
+            if not await self.healthy():
+                raise EngineDied(f"the model server died while running the request ({type(exc).__name__})") from exc
+            raise RetryableError(f"the connection to the model server dropped: {type(exc).__name__}") from exc
         if 200 <= response.status_code < 300:  # the requests the server counts as finished
             self._answered += 1
             self._answered_s += time.perf_counter() - sent
         return check_status(response.status_code, parse_body(raw))
+
+    async def healthy(self) -> bool:
+        """Whether the server is alive: its ``GET /health`` answers within :data:`HEALTH_PROBES` tries with anything
+        but a 5xx (vLLM answers 503 once its engine is dead; a server without the route answers 404, and is up)."""
+        for probe in range(HEALTH_PROBES):
+            if probe:
+                await asyncio.sleep(HEALTH_PROBE_GAP_S)
+            try:
+                response = await self._metrics.get("/health")
+            except httpx.HTTPError:
+                continue
+            if response.status_code < 500:
+                return True
+        return False
 
     async def load(self) -> EngineLoad | None:
         """The server's load from ``GET /metrics``; None when it publishes no vLLM gauges there. Raises

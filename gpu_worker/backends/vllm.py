@@ -19,7 +19,7 @@ from typing import Any
 from inferq.jobs import Job
 from inferq.settings import Settings, SettingsError
 
-from .base import EngineLoad, FatalError, RetryableError, strip_mock
+from .base import EngineDied, EngineLoad, FatalError, RetryableError, strip_mock
 
 # OpenAI request field -> SamplingParams argument. Anything else in the body is not a sampling control
 # (model, messages, prompt, stream, user, ...) and is ignored, like vLLM's own server ignores unknown fields.
@@ -39,6 +39,10 @@ SAMPLING_FIELDS = {
     "min_tokens": "min_tokens",
     "ignore_eos": "ignore_eos",
 }
+
+ENGINE_DEAD = frozenset({"EngineDeadError", "AsyncEngineDeadError"})
+"""vLLM's errors for an engine that died (``vllm.v1.engine.exceptions``; the V0 engine's), matched by name: their
+module moved between releases."""
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
 
@@ -215,8 +219,12 @@ class VllmBackend:
             raise
         except ValueError as exc:  # vLLM's answer to a request it cannot take (e.g. prompt longer than the model)
             raise FatalError(str(exc), status_code=400, body={"error": {"message": str(exc), "code": 400}}) from exc
-        except Exception as exc:  # the engine died or failed: another attempt, maybe on another worker
-            raise RetryableError(f"vLLM engine error: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:
+            if type(exc).__name__ in ENGINE_DEAD or getattr(self._engine, "errored", False):
+                # the engine died running this request: the job is poison, never handed to another worker
+                raise EngineDied(f"the vLLM engine died while running the request ({type(exc).__name__})") from exc
+            # the engine failed otherwise: another attempt, maybe on another worker
+            raise RetryableError(f"vLLM engine error: {type(exc).__name__}") from exc
         if final is None:
             raise RetryableError("vLLM engine returned no output")
         return 200, to_openai(url, body.get("model") or self._model, request_id, final)

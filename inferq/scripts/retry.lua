@@ -28,10 +28,12 @@
   ARGV[7] events max length
   ARGV[8] lease token of the delivery (from start)
   ARGV[9] call token (the same for the same write of one delivery: queue.settle_token)
+  ARGV[10] (optional) a dead-letter reason: dead-letter now whatever the attempts (a poison job, e.g.
+           engine_died: the engine died running it); empty or absent: retry as usual
 
   Returns
     {1, attempt, due_ms}   next attempt queued (due_ms 0: in the stream now; else in the delayed set)
-    {2}                    attempts exhausted: failed and dead-lettered
+    {2}                    attempts exhausted (or poison): failed and dead-lettered
     -1 NOT_FOUND           entry acknowledged
     -4 TERMINAL            {-4, status}: late failure of a finished job, discarded and counted; acknowledged
     -7 ENDED               {-7, "cancelled"}: cancellation was requested, so the job ends cancelled
@@ -42,6 +44,8 @@ local streamKey, statsKey, eventsKey, delayedKey, dlqKey = KEYS[1], KEYS[2], KEY
 local tenantsKey, jobKey, doneKey = KEYS[6], KEYS[7], KEYS[8]
 local entryId, now, delay, maxAttempts = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local errorJson, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local poison = ARGV[10] or ''
+
 
 --- @include "ackEntry"
 --- @include "replay"
@@ -62,9 +66,9 @@ if cancel == '1' then
     {'error', '{"type":"cancelled","message":"the job was cancelled"}'})
   return remember(jobKey, 'settled', call, {CODE_ENDED, 'cancelled'})
 end
-if attempts >= maxAttempts then
+if poison ~= '' or attempts >= maxAttempts then
   deadLetter(jobKey, doneKey, statsKey, tenantsKey, eventsKey, dlqKey, jobId, now, resultTtl, eventsMaxlen,
-    'max_attempts', errorJson)
+    poison ~= '' and poison or 'max_attempts', errorJson)
   return remember(jobKey, 'settled', call, {2})
 end
 

@@ -129,7 +129,10 @@ async function refreshScale() {
       ? `${decision.reason} (${ago(decision.at)})` : "none yet";
     $("updated").textContent = `Updated ${new Date().toLocaleTimeString()}`;
   } catch (err) {
-    if (err.status !== 401) notice(`Queue view unavailable: ${err.message}`, true);
+    if (err.status === 403) {  // not an operator key: queue-wide numbers are not this tenant's to see
+      for (const name of ["lag", "pending", "unfinished", "dlq", "workers", "desired"]) $(`g-${name}`).textContent = "–";
+      $("g-decision").textContent = "operator keys only";
+    } else if (err.status !== 401) notice(`Queue view unavailable: ${err.message}`, true);
   }
 }
 
@@ -147,7 +150,7 @@ async function refreshHistory() {
     drawChart($("chart-throughput"), series.throughput, "tp-title", span, (v) => v.toFixed(v < 10 ? 1 : 0));
     drawChart($("chart-latency"), series.latency, "lat-title", span, (v) => `${v.toFixed(v < 10 ? 2 : 0)} s`);
   } catch (err) {
-    if (err.status !== 401) notice(`History unavailable: ${err.message}`, true);
+    if (err.status !== 401 && err.status !== 403) notice(`History unavailable: ${err.message}`, true);
   }
 }
 
