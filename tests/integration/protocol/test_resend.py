@@ -77,6 +77,8 @@ async def test_every_script_on_each_of_its_paths_answers_the_same_and_changes_no
     await q.observe()                                                               # observe (read only)
     skipped, count = await q.skip_webhookless_events(None)                          # skipevents: no count yet
     assert not skipped and await q.skip_webhookless_events(count) == (True, count)  # skipevents: skipped
+    assert await q.take_rate("t", 1.0, 1) == 0.0                                   # ratelimit: allowed
+    assert 0 < await q.take_rate("t", 1.0, 1) <= 1.0                                # ratelimit: refused
     assert set(q.scripts.checked) == set(NAMES)
     stats = await q.stats()
     assert stats["unfinished"] == 0 and stats["enqueued"] == 8 and stats["duplicate_results"] == 1
