@@ -4,7 +4,9 @@ Keys are compared as SHA-256 digests with :func:`hmac.compare_digest`, against e
 taken does not depend on which key (if any) matched. In AWS only digests exist: the Secrets Manager secret named
 by ``INFERQ_API_KEYS_SECRET`` holds ``{"<sha256 hex of key>": "<tenant>", ...}``, read with boto3 (imported on
 first use, off the cold-start path) and cached for ``INFERQ_API_KEYS_CACHE_S`` seconds. A key added to the secret
-is accepted once the cache expires; a failed refresh keeps serving the last good copy.
+is accepted, and a key removed from it refused, once the cache expires. A failed refresh keeps serving the last
+good copy for at most ``INFERQ_API_KEYS_MAX_STALE_S`` seconds past its expiry; after that every request is 503 until
+the secret can be read again (fail closed: a removed key cannot live on while Secrets Manager is unreachable).
 """
 
 from __future__ import annotations
@@ -83,9 +85,13 @@ def parse_secret(raw: str) -> list[tuple[bytes, str]]:
 class SecretKeys:
     """Digests from a Secrets Manager secret, cached for ``cache_s`` seconds."""
 
-    def __init__(self, secret_id: str, cache_s: float, *, client: Any = None) -> None:
+    def __init__(self, secret_id: str, cache_s: float, *, client: Any = None, max_stale_s: float = 900.0) -> None:
         self.secret_id = secret_id
         self.cache_s = cache_s
+        self.max_stale_s = max_stale_s
+        self._read_at = 0.0
+        self._down_until = 0.0
+        """When the cached copy was read (monotonic): it is served at most ``cache_s + max_stale_s`` after."""
         self._client = client
         self._digests: list[tuple[bytes, str]] | None = None
         self._fresh_until = 0.0
@@ -103,24 +109,31 @@ class SecretKeys:
 
     def _refresh(self) -> list[tuple[bytes, str]]:
         with self._lock:  # one reader at a time; the others find the fresh copy
-            if self._digests is not None and time.monotonic() < self._fresh_until:
+            if self._digests is not None and time.monotonic() < self._fresh_until and not self._too_stale():
                 return self._digests
             try:
                 reply = self._secrets_manager().get_secret_value(SecretId=self.secret_id)
                 digests = parse_secret(reply.get("SecretString") or "")
             except Exception as exc:
-                if self._digests is None:
+                if self._digests is None or self._too_stale():
+                    self._down_until = time.monotonic() + REFRESH_BACKOFF_S  # 503 at once meanwhile, no pile-up
                     raise KeysUnavailable(f"cannot read the API keys secret: {type(exc).__name__}") from exc
                 log.warning("API keys secret refresh failed; serving the cached copy", exc_info=True)
                 self._fresh_until = time.monotonic() + min(REFRESH_BACKOFF_S, max(self.cache_s, 1.0))
                 return self._digests
             self._digests = digests
-            self._fresh_until = time.monotonic() + self.cache_s
+            self._read_at = time.monotonic()
+            self._fresh_until = self._read_at + self.cache_s
             return digests
+
+    def _too_stale(self) -> bool:
+        return time.monotonic() - self._read_at > self.cache_s + self.max_stale_s
 
     async def tenant_for(self, key: str) -> str | None:
         digests = self._digests
-        if digests is None or time.monotonic() >= self._fresh_until:
+        if time.monotonic() < self._down_until:
+            raise KeysUnavailable("the API keys secret could not be read a moment ago")
+        if digests is None or time.monotonic() >= self._fresh_until or self._too_stale():
             digests = await asyncio.to_thread(self._refresh)
         return _match(digest(key), digests)
 
@@ -147,7 +160,8 @@ def key_store(settings: Settings, keys: KeyStore | Mapping[str, str] | None = No
     if settings.api_keys:
         stores.append(StaticKeys(settings.api_keys))
     if settings.api_keys_secret:
-        stores.append(SecretKeys(settings.api_keys_secret, settings.api_keys_cache_s))
+        stores.append(SecretKeys(settings.api_keys_secret, settings.api_keys_cache_s,
+                                 max_stale_s=settings.api_keys_max_stale_s))
     if not stores:
         raise SettingsError(
             Settings.variable("api_keys"),

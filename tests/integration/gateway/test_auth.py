@@ -100,6 +100,23 @@ async def test_a_failed_refresh_keeps_the_last_good_keys(
     assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
 
 
+async def test_a_failed_refresh_serves_the_last_keys_only_up_to_the_stale_bound_then_fails_closed(
+    secrets: Any, settings: Settings, open_client: Callable[..., httpx.AsyncClient]
+) -> None:
+    secrets.create_secret(Name=SECRET, SecretString=json.dumps({sha(KEY): "tenant-s"}))
+    store = SecretKeys(SECRET, cache_s=60, client=secrets, max_stale_s=120)
+    client = open_client(create_app(settings, keys=store))
+    assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
+    secrets.delete_secret(SecretId=SECRET, ForceDeleteWithoutRecovery=True)
+    store._read_at -= 100  # read 100 s ago: expired, within the bound
+    store._fresh_until = 0.0
+    assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
+    store._read_at -= 100  # now 200 s: past cache_s + max_stale_s, even while the backoff holds the next read
+    response = await client.get("/v1/dlq", headers=bearer(KEY))
+    assert_envelope(response, 503, "unavailable")
+    assert "retry-after" in response.headers
+
+
 @pytest.mark.parametrize(
     "secret_string",
     [None, "not json", json.dumps({"abc": "tenant"}), json.dumps({sha(KEY): "bad tenant!"}), json.dumps({})],
