@@ -103,7 +103,7 @@ class Consumer(QueueCore):
         """The start script call that begins ``live`` (lane, entry id, job id, lease; :data:`SCRIPT_BATCH` at
         most)."""
         keys_of, settings = self.keys, self.settings
-        keys = [keys_of.stats, keys_of.events, keys_of.dlq, keys_of.expiry, keys_of.tenants]
+        keys = [keys_of.stats, keys_of.events, keys_of.dlq, keys_of.expiry, keys_of.tenants, keys_of.dlq_index]
         args: list[Any] = [consumer, now, settings.max_deliveries, settings.result_ttl_s, settings.events_maxlen,
                            "1" if reclaimed else "0"]
         for lane, entry_id, job_id, lease in live:
@@ -280,7 +280,7 @@ class Consumer(QueueCore):
         poison job is never handed to another worker."""
         job_id = delivery.job.id
         keys = [self.keys.stream_of(delivery.lane), self.keys.stats, self.keys.events, self.keys.delayed,
-                self.keys.dlq, self.keys.tenants, self.keys.job(job_id), self.keys.done(job_id)]
+                self.keys.dlq, self.keys.tenants, self.keys.job(job_id), self.keys.done(job_id), self.keys.dlq_index]
         error_json = fastjson.dumps(error).decode()
         args = [delivery.entry_id, now or now_ms(), max(0, int(delay_ms)), self.settings.max_attempts,
                 error_json, self.settings.result_ttl_s, self.settings.events_maxlen, delivery.lease,

@@ -25,6 +25,8 @@ from .queue_core import QueueCore, chunks, new_token, now_ms
 from .scripting import Code
 from .waiters import SharedWaiters
 
+DLQ_PAGE = 200
+"""Members of the dead-letter index read per round trip of :meth:`Producer.dead_letters`."""
 RATE_CALL_KEEP_MS = 10_000
 """How long a rate-limit call's answer is kept for a resent copy (beyond any client timeout and its retry)."""
 
@@ -337,24 +339,35 @@ class Producer(QueueCore):
         return job
 
     async def dead_letters(self, tenant: str, limit: int = 20) -> list[Job]:
-        """The tenant's dead-lettered jobs, newest first."""
+        """The tenant's dead-lettered jobs, newest first: its own part of the dead-letter index (``dlq:index``),
+        never the other tenants'. Members whose job is no longer dead-lettered (redriven, or its record expired)
+        are skipped and removed."""
         found: list[Job] = []
-        upper = "+"
+        seen: set[str] = set()
+        low, high = f"[{tenant}|", f"({tenant}}}"  # every member "tenant|...": "|" is no tenant character
+        offset = 0
         while len(found) < limit:
-            page = await self.redis.xrevrange(self.keys.dlq, max=upper, min="-", count=200)
+            page = await self.redis.zrangebylex(self.keys.dlq_index, low, high, start=offset, num=DLQ_PAGE)
             if not page:
                 break
-            ids = [fields.get("job", "") for entry_id, fields in page if fields.get("tenant") == tenant]
-            if ids:
-                pipe = self.redis.pipeline(transaction=False)
-                for job_id in ids:
-                    pipe.hgetall(self.keys.job(job_id))
-                for record in await pipe.execute():
-                    if record and record.get("dead_lettered") == "1" and len(found) < limit:
-                        found.append(Job.from_hash(record))
-            if len(page) < 200:
+            offset += len(page)
+            job_ids = [member.rsplit("|", 1)[-1] for member in page]
+            pipe = self.redis.pipeline(transaction=False)
+            for job_id in job_ids:
+                pipe.hgetall(self.keys.job(job_id))
+            stale = []
+            for member, job_id, record in zip(page, job_ids, await pipe.execute(), strict=True):
+                if not record or record.get("dead_lettered") != "1" or record.get("tenant") != tenant \
+                        or job_id in seen:
+                    stale.append(member)  # a job dead-lettered twice keeps its newest member only
+                elif len(found) < limit:
+                    seen.add(job_id)
+                    found.append(Job.from_hash(record))
+            if stale:
+                await self.redis.zrem(self.keys.dlq_index, *stale)
+                offset -= len(stale)
+            if len(page) < DLQ_PAGE:
                 break
-            upper = "(" + page[-1][0]
         return found
 
     async def take_rate(self, tenant: str, per_s: float, burst: int) -> float:

@@ -18,6 +18,7 @@
   KEYS[6] tenants (unfinished jobs per tenant)
   KEYS[7] job record
   KEYS[8] done (long-poll wakeup)
+  KEYS[9] dlq index (per tenant: keys.dlq_index)
 
   ARGV[1] entry id
   ARGV[2] now (ms)
@@ -41,7 +42,7 @@
 ]]
 local rcall = redis.call
 local streamKey, statsKey, eventsKey, delayedKey, dlqKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local tenantsKey, jobKey, doneKey = KEYS[6], KEYS[7], KEYS[8]
+local tenantsKey, jobKey, doneKey, dlqIndexKey = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local entryId, now, delay, maxAttempts = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local errorJson, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local poison = ARGV[10] or ''
@@ -67,7 +68,8 @@ if cancel == '1' then
   return remember(jobKey, 'settled', call, {CODE_ENDED, 'cancelled'})
 end
 if poison ~= '' or attempts >= maxAttempts then
-  deadLetter(jobKey, doneKey, statsKey, tenantsKey, eventsKey, dlqKey, jobId, now, resultTtl, eventsMaxlen,
+  deadLetter(jobKey, doneKey, statsKey, tenantsKey, eventsKey, dlqKey, dlqIndexKey, jobId, now, resultTtl,
+    eventsMaxlen,
     poison ~= '' and poison or 'max_attempts', errorJson)
   return remember(jobKey, 'settled', call, {2})
 end

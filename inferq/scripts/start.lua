@@ -16,7 +16,8 @@
   KEYS[3] dlq
   KEYS[4] expiry (a started job can no longer expire)
   KEYS[5] tenants (unfinished jobs per tenant)
-  KEYS[6..n] three per entry, in the order of ARGV's entries: the stream it was read from (the job's lane), the
+  KEYS[6] dlq index (per tenant: keys.dlq_index)
+  KEYS[7..n] three per entry, in the order of ARGV's entries: the stream it was read from (the job's lane), the
              job record, done (long-poll wakeup)
 
   ARGV[1] consumer (worker id)
@@ -38,6 +39,7 @@
 ]]
 local rcall = redis.call
 local statsKey, eventsKey, dlqKey, expiryKey, tenantsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local dlqIndexKey = KEYS[6]
 local consumer, now = ARGV[1], tonumber(ARGV[2])
 local maxDeliveries, resultTtl, eventsMaxlen, reclaimed = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 
@@ -96,7 +98,8 @@ local function start(streamKey, jobKey, doneKey, entryId, lease)
   if deliveries > maxDeliveries then
     rcall('HSET', jobKey, 'deliveries', deliveries)
     ackEntry(streamKey, entryId)
-    deadLetter(jobKey, doneKey, statsKey, tenantsKey, eventsKey, dlqKey, jobId, now, resultTtl, eventsMaxlen,
+    deadLetter(jobKey, doneKey, statsKey, tenantsKey, eventsKey, dlqKey, dlqIndexKey, jobId, now, resultTtl,
+      eventsMaxlen,
       'max_deliveries', '{"type":"max_deliveries","message":"the job was delivered ' .. (deliveries - 1) ..
       ' times without finishing (did it crash its worker?)"}')
     return remember(jobKey, 'settled', lease, {CODE_ENDED, 'failed'})
@@ -117,7 +120,7 @@ local function start(streamKey, jobKey, doneKey, entryId, lease)
 end
 
 local replies = {}
-for i = 0, (#KEYS - 5) / 3 - 1 do
-  replies[i + 1] = start(KEYS[6 + 3 * i], KEYS[7 + 3 * i], KEYS[8 + 3 * i], ARGV[7 + 2 * i], ARGV[8 + 2 * i])
+for i = 0, (#KEYS - 6) / 3 - 1 do
+  replies[i + 1] = start(KEYS[7 + 3 * i], KEYS[8 + 3 * i], KEYS[9 + 3 * i], ARGV[7 + 2 * i], ARGV[8 + 2 * i])
 end
 return replies

@@ -10,6 +10,8 @@
   up in it, to be written once by settleTally before the script returns; without one they are written here, by
   the same settleTally.
   The wakeup list is new here: a job turns terminal once, and redrive (the one way back) deletes the list.
+  The request body is dropped here (nothing reads it once the job has ended: the record lives on for its result
+  only), except for a dead-lettered job (extra sets dead_lettered), which keeps it for a redrive.
 ]]
 --- @include "settleTally"
 
@@ -17,6 +19,13 @@ local function terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId
                          eventsMaxlen, extra, known, tally)
   local tenant, webhook, createdAt = unpack(known or rcall('HMGET', jobKey, 'tenant', 'webhook_url', 'created_at'))
   rcall('HSET', jobKey, 'status', status, 'finished_at', now, 'entry', '', unpack(extra))
+  local keepBody = false
+  for i = 1, #extra, 2 do
+    keepBody = keepBody or extra[i] == 'dead_lettered'
+  end
+  if not keepBody then
+    rcall('HDEL', jobKey, 'body')
+  end
   local counts = tally or {n = 0, statuses = {}, latency = 0, tenants = {}, webhooks = 0}
   local hooked = webhook and webhook ~= ''
   counts.n = counts.n + 1
