@@ -75,7 +75,8 @@ class Keys:
     def dlq_index(self) -> str:
         """Sorted set, all scores 0, ordered by member: ``<tenant>|<9999999999999 - ms>|<9999999999 - seq>|<job
         id>`` per dead letter (ms and seq of its ``dlq`` entry), so one tenant's dead letters, newest first, are one
-        ``ZRANGE BYLEX`` (``GET /v1/dlq``), never a scan of every tenant's. A tenant's members older than the result TTL are trimmed when it dead-letters again."""
+        ``ZRANGE BYLEX`` (``GET /v1/dlq``), never a scan of every tenant's. A tenant's members older than the
+        result TTL are trimmed when it dead-letters again."""
         return self.prefix + "dlq:index"
 
     @property
