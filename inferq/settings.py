@@ -129,6 +129,7 @@ def _tenant_priorities(name: str, raw: str) -> dict[str, Priority] | None:
 
 
 def _priority(name: str, raw: str) -> Priority:
+    """`high`, `normal` or `low`."""
     try:
         return Priority(raw.strip().lower())
     except ValueError:
@@ -136,7 +137,7 @@ def _priority(name: str, raw: str) -> Priority:
 
 
 def _tenants(name: str, raw: str) -> frozenset[str] | None:
-    """Comma-separated tenant names."""
+    """Comma-separated tenant names (empty: unset)."""
     tenants = [t.strip() for t in raw.split(",") if t.strip()]
     for tenant in tenants:
         if not TENANT.match(tenant):
