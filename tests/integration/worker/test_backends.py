@@ -14,6 +14,7 @@ import pytest
 from emulator.valkey import ValkeyProcess
 from gpu_worker.backends import build_backend
 from gpu_worker.backends.base import (
+    EngineDied,
     FatalError,
     RetryableError,
     check_status,
@@ -383,6 +384,23 @@ async def test_vllm_backend_maps_engine_errors() -> None:
     with pytest.raises(RetryableError):
         await call(vllm_backend(FakeEngine(fail=RuntimeError("engine dead"))), make_job(
             {"messages": [{"role": "user", "content": "x"}]}))
+
+
+class EngineDeadError(RuntimeError):
+    """Named as vLLM's (``vllm.v1.engine.exceptions.EngineDeadError``): the backend matches it by name."""
+
+
+async def test_vllm_backend_tells_a_dead_engine_from_a_failed_request() -> None:
+    chat = make_job({"messages": [{"role": "user", "content": "x"}]})
+    with pytest.raises(EngineDied):
+        await call(vllm_backend(FakeEngine(fail=EngineDeadError("EngineCore encountered an issue"))), chat)
+    errored = FakeEngine(fail=RuntimeError("background loop stopped"))
+    errored.errored = True  # type: ignore[attr-defined]  # AsyncLLM.errored: the engine is dead
+    with pytest.raises(EngineDied):
+        await call(vllm_backend(errored), chat)
+    with pytest.raises(RetryableError) as retryable:
+        await call(vllm_backend(FakeEngine(fail=RuntimeError("a request failed"))), chat)
+    assert not isinstance(retryable.value, EngineDied)
 
 
 async def test_vllm_backend_aborts_the_request_when_cancelled() -> None:
