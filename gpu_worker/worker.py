@@ -94,6 +94,8 @@ class Settle:
     status: JobStatus | None = None
     result: Any = None
     error: Any = None
+    strikes: int = 1
+    """For "poison": the engine deaths that make the job poison (1: it had the engine to itself; 2: it shared it)."""
 
 
 class Worker(Pulling):
@@ -130,6 +132,9 @@ class Worker(Pulling):
         self.reader = reader or Queue.connect(settings, socket_timeout=settings.redis_timeout_s + block_ms / 1000.0)
         self._in_flight: dict[str, InFlight] = {}
         self._settling = 0  # of those, the jobs whose backend call is over and whose outcome is being written
+        # the jobs whose backend call is under way -> whether another job's call overlapped it: when the model
+        # server dies, a job that had it to itself is the cause; one that shared it may be a bystander
+        self._at_engine: dict[str, bool] = {}
         self._suspects: set[str] = set()  # entries delivered before that never finished (see _reclaim)
         self._next_reclaim = 0.0
         self._slot_freed = asyncio.Event()
@@ -293,9 +298,11 @@ class Worker(Pulling):
         if self.settings.log_payloads:
             log.debug("request", extra={"url": record.url, "body": record.body})
         deadline = asyncio.timeout(timeout_s)
+        key = job.delivery.key
         try:
             async with deadline:
                 request_body = await self.claims.request_body(record)
+                self._engine_enter(key)
                 status, body = await self.backend.complete(
                     record.url, request_body, timeout_s=timeout_s, traceparent=traceparent, job=record
                 )
@@ -308,10 +315,21 @@ class Worker(Pulling):
         except Exception as exc:
             if job.abort is not None:  # the abort's cancellation surfaced as another error (see cancelling())
                 return self._aborted(job)
-            return self._failed(record, exc, deadline.expired(), timeout_s)
+            return self._failed(record, exc, deadline.expired(), timeout_s, shared=self._at_engine.get(key, False))
+        finally:
+            self._at_engine.pop(key, None)
         if self.settings.log_payloads:
             log.debug("response", extra={"status_code": status, "body": body})
         return Settle("finish", JobStatus.SUCCEEDED, result=result)
+
+    def _engine_enter(self, key: str) -> None:
+        """A job's backend call begins: it and every call under way overlap."""
+        if self._at_engine:
+            for other in self._at_engine:
+                self._at_engine[other] = True
+            self._at_engine[key] = True
+        else:
+            self._at_engine[key] = False
 
     def _aborted(self, job: InFlight) -> Settle:
         task = asyncio.current_task()
@@ -327,7 +345,8 @@ class Worker(Pulling):
         self.metrics.outcome("lost")
         return Settle("drop")
 
-    def _failed(self, record: Job, error: Exception, timed_out: bool, timeout_s: int) -> Settle:
+    def _failed(self, record: Job, error: Exception, timed_out: bool, timeout_s: int, *, shared: bool = False
+                ) -> Settle:
         """Classify a failed attempt: retry (timeout, retryable, unexpected) or fail at once (fatal)."""
         attempt = record.attempts
         if isinstance(error, TimeoutError) and timed_out:
@@ -339,10 +358,13 @@ class Worker(Pulling):
         # the logs carry a short code and a digest of the error text, never the text: a model server's message can
         # quote its input (the job's error, which the tenant reads, keeps it)
         if isinstance(error, EngineDied):
+            # alone at the engine, the job killed it: poison now. Sharing it, it may be a bystander of the one
+            # that did: poison at its second engine death (the culprit dies again on its next worker)
             self.metrics.backend_error("engine_died")
-            log.error("attempt %d killed the model server; dead-lettering the job (%s)", attempt, _code(error),
+            log.error("the model server died during attempt %d (%s; %s)", attempt, _code(error),
+                      "shared with other jobs" if shared else "the only job at it",
                       extra={"error_digest": digest(error.message)})
-            return Settle("poison", error=error.to_error("engine_died"))
+            return Settle("poison", error=error.to_error("engine_died"), strikes=2 if shared else 1)
         if isinstance(error, RetryableError):
             self.metrics.backend_error("retryable")
             log.warning("attempt %d failed, retryable (%s)", attempt, _code(error),
@@ -375,10 +397,11 @@ class Worker(Pulling):
             if outcome is Outcome.WRITTEN:
                 self.metrics.outcome(settle.status.value)
         elif settle.kind == "poison":
-            outcome = await self._retrying(
-                lambda: self.queue.retry(delivery, delay_ms=0, error=settle.error, dead_letter="engine_died"))
-            if outcome is Outcome.DEAD_LETTERED:
-                self.metrics.outcome("dead_lettered")
+            delay = backoff_ms(delivery.job.attempts, self.settings.retry_base_ms, self.settings.retry_max_ms)
+            outcome = await self._retrying(lambda: self.queue.retry(
+                delivery, delay_ms=delay, error=settle.error, dead_letter="engine_died", strikes=settle.strikes))
+            if outcome in (Outcome.RETRY_SCHEDULED, Outcome.DEAD_LETTERED):
+                self.metrics.outcome("retried" if outcome is Outcome.RETRY_SCHEDULED else "dead_lettered")
         elif settle.kind == "retry":
             attempt = delivery.job.attempts
             delay = backoff_ms(attempt, self.settings.retry_base_ms, self.settings.retry_max_ms)

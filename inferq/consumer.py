@@ -274,17 +274,19 @@ class Consumer(QueueCore):
         return [self._outcome(reply, Outcome.WRITTEN) for call in replies for reply in call]
 
     async def retry(self, delivery: Delivery, *, delay_ms: int, error: Any, now: int | None = None,
-                    dead_letter: str | None = None) -> Outcome:
+                    dead_letter: str | None = None, strikes: int = 1) -> Outcome:
         """Acknowledge this attempt and queue the next (or dead-letter past max attempts), atomically. With
-        ``dead_letter`` (a reason, e.g. ``engine_died``), the job is dead-lettered now whatever its attempts: a
-        poison job is never handed to another worker."""
+        ``dead_letter`` (a reason, e.g. ``engine_died``) the attempt counts a strike on the job (field
+        ``strikes``): at ``strikes`` of them the job is dead-lettered now whatever its attempts, a poison job
+        never handed to another worker."""
         job_id = delivery.job.id
         keys = [self.keys.stream_of(delivery.lane), self.keys.stats, self.keys.events, self.keys.delayed,
                 self.keys.dlq, self.keys.tenants, self.keys.job(job_id), self.keys.done(job_id), self.keys.dlq_index]
         error_json = fastjson.dumps(error).decode()
         args = [delivery.entry_id, now or now_ms(), max(0, int(delay_ms)), self.settings.max_attempts,
                 error_json, self.settings.result_ttl_s, self.settings.events_maxlen, delivery.lease,
-                settle_token(delivery, "retry", error_json, dead_letter or ""), dead_letter or ""]
+                settle_token(delivery, "retry", error_json, dead_letter or "", str(strikes)), dead_letter or "",
+                strikes]
         # a retry may end the job (dead-lettered, or cancelled): with replicas to wait for, it waits like finish
         [reply] = await self._write([("retry", keys, args)], replicated=True)
         if reply_code(reply) == 2:

@@ -29,8 +29,10 @@
   ARGV[7] events max length
   ARGV[8] lease token of the delivery (from start)
   ARGV[9] call token (the same for the same write of one delivery: queue.settle_token)
-  ARGV[10] (optional) a dead-letter reason: dead-letter now whatever the attempts (a poison job, e.g.
-           engine_died: the engine died running it); empty or absent: retry as usual
+  ARGV[10] (optional) a poison reason (engine_died: the model server died running the job): the attempt adds a
+           strike to the job (field strikes); at ARGV[11] strikes it is dead-lettered now whatever its attempts,
+           with this reason. Empty or absent: retry as usual
+  ARGV[11] (optional) strikes that make the job poison (1: at once)
 
   Returns
     {1, attempt, due_ms}   next attempt queued (due_ms 0: in the stream now; else in the delayed set)
@@ -46,6 +48,7 @@ local tenantsKey, jobKey, doneKey, dlqIndexKey = KEYS[6], KEYS[7], KEYS[8], KEYS
 local entryId, now, delay, maxAttempts = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local errorJson, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local poison = ARGV[10] or ''
+local strikesNeeded = tonumber(ARGV[11] or '1')
 
 
 --- @include "ackEntry"
@@ -67,10 +70,14 @@ if cancel == '1' then
     {'error', '{"type":"cancelled","message":"the job was cancelled"}'})
   return remember(jobKey, 'settled', call, {CODE_ENDED, 'cancelled'})
 end
-if poison ~= '' or attempts >= maxAttempts then
+local poisoned = false
+if poison ~= '' then
+  poisoned = rcall('HINCRBY', jobKey, 'strikes', 1) >= strikesNeeded
+end
+if poisoned or attempts >= maxAttempts then
   deadLetter(jobKey, doneKey, statsKey, tenantsKey, eventsKey, dlqKey, dlqIndexKey, jobId, now, resultTtl,
     eventsMaxlen,
-    poison ~= '' and poison or 'max_attempts', errorJson)
+    poisoned and poison or 'max_attempts', errorJson)
   return remember(jobKey, 'settled', call, {2})
 end
 

@@ -17,27 +17,34 @@ from gpu_worker.backends.openai import OpenAIBackend
 from inferq.queue import Queue
 from inferq.settings import Settings
 
-from .support import chat, running_worker, submit, terminal
+from .support import chat, eventually, running_worker, submit, terminal
 
 POISON = "poison-prompt-7f3a: please crash"
 FLAKY = "flaky-prompt-91bc"
+SLOW = "slow-prompt-c4d2"
 
 
 class ModelServer:
     """An OpenAI-compatible server on 127.0.0.1 (asyncio streams): ``POST /v1/chat/completions`` answers a
-    completion; a request whose prompt holds :data:`POISON` gets its connection dropped and the server dies (its
-    listener closed: health and everything after is refused); one holding :data:`FLAKY` has its connection dropped
-    once while the server stays up."""
+    completion; a request whose prompt holds :data:`POISON` gets its connection dropped and the server dies (every
+    connection dropped, its listener closed: health and everything after is refused, until :meth:`start` again);
+    one holding :data:`FLAKY` has its connection dropped once while the server stays up; one holding :data:`SLOW`
+    is answered after half a second the first time."""
 
     def __init__(self) -> None:
         self.prompts: list[str] = []
         self.health_checks = 0
         self.dead = False
+        self.deaths = 0
         self._flaked = False
+        self._slowed = False
+        self.slow_answers = 0
+        self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
         self.port = 0
 
     async def start(self) -> None:
+        self.dead = False
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
         self.port = self._server.sockets[0].getsockname()[1]
 
@@ -50,7 +57,25 @@ class ModelServer:
             self._server.close()
             await self._server.wait_closed()
 
+    async def _hold_poison(self) -> None:
+        """Order the deaths for the shared-server test: the first comes while a :data:`SLOW` request is in flight
+        (a bystander), a later one only once that request has been answered (the bystander is done)."""
+        for _ in range(100):
+            if (self.deaths == 0 and self._slowed) or (self.deaths > 0 and self.slow_answers) \
+                    or not any(SLOW in p for p in self.prompts):
+                return
+            await asyncio.sleep(0.01)
+
+    def _die(self) -> None:
+        self.dead = True
+        self.deaths += 1
+        for writer in self._writers:
+            writer.transport.abort()
+        assert self._server is not None
+        self._server.close()
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         try:
             while not self.dead:
                 request = await reader.readline()
@@ -72,11 +97,16 @@ class ModelServer:
                     prompt = body["messages"][-1]["content"]
                     self.prompts.append(prompt)
                     if POISON in prompt:  # the engine dies with the request: no answer, no server
-                        self.dead = True
-                        writer.transport.abort()
-                        assert self._server is not None
-                        self._server.close()
+                        await self._hold_poison()
+                        self._die()
                         return
+                    if SLOW in prompt and not self._slowed:
+                        self._slowed = True
+                        await asyncio.sleep(0.5)
+                        if self.dead:
+                            return
+                    if SLOW in prompt:
+                        self.slow_answers += 1
                     if FLAKY in prompt and not self._flaked:
                         self._flaked = True
                         writer.transport.abort()
@@ -91,6 +121,7 @@ class ModelServer:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            self._writers.discard(writer)
             writer.close()
 
     @staticmethod
@@ -111,7 +142,8 @@ async def model_server() -> AsyncIterator[ModelServer]:
 
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
-    return settings.replace(backend="openai", max_attempts=3, max_deliveries=5, retry_base_ms=10, retry_max_ms=50)
+    # attempts enough to outlast a dead server's refusals: a refused connection is an ordinary retry
+    return settings.replace(backend="openai", max_attempts=20, max_deliveries=5, retry_base_ms=10, retry_max_ms=50)
 
 
 async def test_a_job_that_kills_the_model_server_is_dead_lettered_once_and_never_retried(
@@ -131,7 +163,7 @@ async def test_a_job_that_kills_the_model_server_is_dead_lettered_once_and_never
     assert entry["job"] == job.id and entry["reason"] == "engine_died"
     assert await queue.redis.xlen(queue.keys.stream) == 0 and await queue.redis.zcard(queue.keys.delayed) == 0
     assert "poison-prompt-7f3a" not in caplog.text
-    assert any(getattr(r, "error_digest", None) for r in caplog.records if "killed the model server" in r.message)
+    assert any(getattr(r, "error_digest", None) for r in caplog.records if "model server died" in r.message)
 
 
 async def test_a_connection_dropped_while_the_server_stays_healthy_is_an_ordinary_retry(
@@ -154,11 +186,49 @@ async def test_a_server_that_was_never_reached_is_an_ordinary_retry_not_poison(
     await model_server.close()  # nothing listens: connection refused before any request was sent
     backend = OpenAIBackend(model_server.base_url, window=2)
     job = await submit(queue, chat("hello"))
+
+    async def retried_twice() -> bool:
+        return int(await queue.redis.hget(queue.keys.job(job.id), "attempts") or 0) >= 3
+
     async with running_worker(settings, queue, backend):
-        ended = await terminal(queue, job.id, timeout=20)
+        await eventually(retried_twice, 20, what="two retries")
     await backend.aclose()
 
-    assert ended.dead_lettered and ended.attempts == 3  # every attempt spent, as for any retryable failure
-    assert ended.error is not None and ended.error["type"] == "backend_error"
-    [(_, entry)] = await queue.redis.xrange(queue.keys.dlq)
-    assert entry["reason"] == "max_attempts"
+    record = await queue.redis.hgetall(queue.keys.job(job.id))
+    assert record.get("dead_lettered") != "1" and "strikes" not in record
+    assert json.loads(record["last_error"])["type"] == "backend_error"
+    assert await queue.redis.xlen(queue.keys.dlq) == 0
+
+
+async def test_a_job_that_shared_the_dying_server_is_retried_and_the_one_that_kills_it_again_is_dead_lettered(
+    settings: Settings, queue: Queue, model_server: ModelServer
+) -> None:
+    """Two jobs at the server when it dies: either may be the cause, so each gets a strike and is retried (after a
+    backoff that outlasts the server's restart, as ECS replaces a task). The bystander then succeeds; the culprit
+    kills the restarted server too, and its second strike dead-letters it."""
+    backend = OpenAIBackend(model_server.base_url, window=2)
+    bystander = await submit(queue, chat(SLOW))
+    culprit = await submit(queue, chat(POISON))
+
+    async def restart_after_each_death() -> None:
+        seen = 0
+        while True:
+            if model_server.deaths > seen:
+                seen = model_server.deaths
+                await asyncio.sleep(1.5)  # past the worker's health probes: the server is dead to them
+                await model_server.start()
+            await asyncio.sleep(0.02)
+
+    restarter = asyncio.create_task(restart_after_each_death())
+    try:
+        async with running_worker(settings.replace(retry_base_ms=300, retry_max_ms=800), queue, backend):
+            first, second = await terminal(queue, bystander.id, timeout=30), await terminal(queue, culprit.id, 30)
+    finally:
+        restarter.cancel()
+        await backend.aclose()
+
+    assert first.status.value == "succeeded" and not first.dead_lettered and first.attempts >= 2
+    assert await queue.redis.hget(queue.keys.job(bystander.id), "strikes") == "1"
+    assert second.dead_lettered and second.error is not None and second.error["type"] == "engine_died"
+    assert model_server.prompts.count(POISON) == 2 and model_server.deaths == 2
+    assert [fields["reason"] for _, fields in await queue.redis.xrange(queue.keys.dlq)] == ["engine_died"]
