@@ -364,6 +364,11 @@ class Worker(Pulling):
             log.error("the model server died during attempt %d (%s; %s)", attempt, _code(error),
                       "shared with other jobs" if shared else "the only job at it",
                       extra={"error_digest": digest(error.message)})
+            # a worker whose model server died takes no more work: it writes what it holds and exits non-zero,
+            # so its task is replaced (an engine that stays dead would otherwise fail every job it is handed)
+            if self.failure is None:
+                self.failure = "the model server died"
+            self.stop()
             return Settle("poison", error=error.to_error("engine_died"), strikes=2 if shared else 1)
         if isinstance(error, RetryableError):
             self.metrics.backend_error("retryable")

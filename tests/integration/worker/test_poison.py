@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gpu_worker.backends.openai import OpenAIBackend
+from gpu_worker.worker import Worker
 from inferq.queue import Queue
 from inferq.settings import Settings
 
@@ -152,10 +153,12 @@ async def test_a_job_that_kills_the_model_server_is_dead_lettered_once_and_never
     backend = OpenAIBackend(model_server.base_url, window=2)
     job = await submit(queue, chat(POISON))
     with caplog.at_level(logging.DEBUG):
-        async with running_worker(settings, queue, backend):
-            ended = await terminal(queue, job.id, timeout=20)
+        worker = Worker(settings, queue, backend)
+        await asyncio.wait_for(worker.run(), 30)  # it stops on its own: its model server is dead
+        ended = await terminal(queue, job.id, timeout=1)
     await backend.aclose()
 
+    assert worker.failure == "the model server died"  # python -m gpu_worker exits 1: the task is replaced
     assert ended.status.value == "failed" and ended.dead_lettered and ended.attempts == 1
     assert ended.error is not None and ended.error["type"] == "engine_died"
     assert model_server.prompts == [POISON]  # one delivery, one call: no other worker was handed it
@@ -220,9 +223,13 @@ async def test_a_job_that_shared_the_dying_server_is_retried_and_the_one_that_ki
             await asyncio.sleep(0.02)
 
     restarter = asyncio.create_task(restart_after_each_death())
+    workers = 0
     try:
-        async with running_worker(settings.replace(retry_base_ms=300, retry_max_ms=800), queue, backend):
-            first, second = await terminal(queue, bystander.id, timeout=30), await terminal(queue, culprit.id, 30)
+        while not (await queue.get(bystander.id)).status.terminal or not (await queue.get(culprit.id)).status.terminal:
+            workers += 1  # each worker stops when its model server dies; the next one is its task's replacement
+            worker = Worker(settings.replace(retry_base_ms=300, retry_max_ms=800), queue, backend)
+            await asyncio.wait_for(worker.run_until_idle(), 30)
+        first, second = await terminal(queue, bystander.id, 1), await terminal(queue, culprit.id, 1)
     finally:
         restarter.cancel()
         await backend.aclose()
@@ -230,5 +237,5 @@ async def test_a_job_that_shared_the_dying_server_is_retried_and_the_one_that_ki
     assert first.status.value == "succeeded" and not first.dead_lettered and first.attempts >= 2
     assert await queue.redis.hget(queue.keys.job(bystander.id), "strikes") == "1"
     assert second.dead_lettered and second.error is not None and second.error["type"] == "engine_died"
-    assert model_server.prompts.count(POISON) == 2 and model_server.deaths == 2
+    assert model_server.prompts.count(POISON) == 2 and model_server.deaths == 2 and workers >= 2
     assert [fields["reason"] for _, fields in await queue.redis.xrange(queue.keys.dlq)] == ["engine_died"]
