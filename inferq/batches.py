@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from .engine_body import BodyError, check_body
 from .jobs import ENDPOINTS, Job, JobStatus
 from .queue import Queue
 from .settings import window_seconds
@@ -175,6 +176,10 @@ def parse_line(raw: bytes, endpoint: str, line: int) -> tuple[dict[str, Any] | N
         return None, LineError("mismatched_endpoint", f"url must be the batch's endpoint {endpoint}", line)
     if not isinstance(request.get("body"), dict):
         return None, LineError("invalid_body", "body must be a JSON object", line)
+    try:
+        check_body(request["body"], endpoint)  # what the engine cannot take, as the gateway's submit refuses it
+    except BodyError as exc:
+        return None, LineError("invalid_body", str(exc), line)
     return request, None
 
 

@@ -12,10 +12,10 @@ from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from inferq.engine_body import BodyError, check_body
 from inferq.jobs import Job, JobRequest, Priority
 from inferq.registry import ALIAS_RE
 
-from .engine_body import BodyError, check_body
 from .errors import ApiError
 from .models import (
     ALLOW_PRIVATE,

@@ -1,4 +1,5 @@
-"""Checks of a job's ``body`` (the OpenAI request the model server receives) against what the engine accepts.
+"""Checks of a job's ``body`` (the OpenAI request the model server receives) against what the engine accepts: the
+gateway's submit and a batch's input lines (:mod:`inferq.batches`) run them.
 
 A field that a model server cannot take should be a 422 at the gateway that names it, never a request that
 reaches vLLM: a malformed ``guided_json``, ``guided_regex`` or ``response_format`` schema has crashed some vLLM
@@ -20,7 +21,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from inferq import fastjson
+from . import fastjson
 
 MAX_N = 16
 """Choices per request (``n``, ``best_of``): each is a sequence the engine runs."""
