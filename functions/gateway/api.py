@@ -18,6 +18,7 @@ from typing import Annotated, Any
 from fastapi import BackgroundTasks, FastAPI, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
+from starlette.types import Receive, Scope, Send
 
 from inferq import __version__
 from inferq.queue import Queue
@@ -25,7 +26,7 @@ from inferq.registry import Registry, queue_of_job
 from inferq.registry import load as load_registry
 from inferq.settings import Settings
 
-from . import batches, catalog, console, errors, events, files, openapi, routes
+from . import errors, openapi, routes
 from .auth import KeyStore, StaticKeys, key_store
 from .claims import Claims
 from .clients import QueueProvider
@@ -171,10 +172,12 @@ def create_app(
     queue: Queue | None = None,
     waker: Waker | None = None,
     keys: KeyStore | Mapping[str, str] | None = None,
+    defer_routes: bool = False,
 ) -> FastAPI:
     """The gateway app. ``settings`` default to the environment (a bad value raises ``SettingsError`` naming the
     variable); ``queue`` (a connected :class:`Queue`), ``waker`` (an async callable) and ``keys`` (a key store or
-    ``{key: tenant}``) replace what the settings would build. No client is opened here."""
+    ``{key: tenant}``) replace what the settings would build. No client is opened here. ``defer_routes``: the
+    routes other than the job routes are built on the first request that needs them (:class:`GatewayApp`)."""
     settings = settings or Settings.from_env()
     registry = load_registry(settings)  # a bad file stops the gateway here, naming INFERQ_MODELS
     telemetry = Telemetry(level=settings.log_level)
@@ -192,7 +195,7 @@ def create_app(
         yield
         await gw.aclose()  # uvicorn's shutdown; Mangum runs with lifespan="off" and the sandbox just ends
 
-    app = HotApp(
+    app = GatewayApp(
         lifespan=lifespan,
         title="inferq",
         version=__version__,
@@ -206,11 +209,52 @@ def create_app(
     errors.install(app)
     routes.routes(gw, app.router)
     app.serve_hot(submit_serve(gw), get_serve(gw))
-    console.install(gw, app.router)
-    for module in (files, batches, events, catalog):  # Files/Uploads, Batches, the feed, /v1/models: own modules
-        module.routes(gw, app.router)
     app.add_middleware(Edge, max_body_bytes=settings.max_body_bytes, telemetry=telemetry,
                        max_upload_bytes=settings.max_upload_bytes)
-
     openapi.install(app)
+    document = app.openapi
+
+    def openapi_of_every_route() -> dict[str, Any]:
+        app.complete_routes()
+        return document()
+
+    app.openapi = openapi_of_every_route  # type: ignore[method-assign]
+    app.defer_routes(partial(_other_routes, gw, app))
+    if not defer_routes:
+        app.complete_routes()
     return app
+
+
+def _other_routes(gw: Gateway, app: FastAPI) -> None:
+    """Every route but the job routes: the console, Files/Uploads, Batches, the feed, /v1/models (own modules,
+    imported here: a Lambda sandbox whose first request is a submit or a get never imports them)."""
+    from . import batches, catalog, console, events, files
+
+    console.install(gw, app.router)
+    for module in (files, batches, events, catalog):
+        module.routes(gw, app.router)
+
+
+class GatewayApp(HotApp):
+    """The gateway's app: :class:`HotApp`, whose routes other than the job routes may be added on the first request
+    that needs them (:func:`create_app`'s ``defer_routes``: the Lambda, where a cold start pays for every route
+    built). The job routes come first in the router either way, so what a request matches does not change."""
+
+    _pending_routes: Callable[[], None] | None = None
+
+    def defer_routes(self, install: Callable[[], None]) -> None:
+        self._pending_routes = install
+
+    def complete_routes(self) -> None:
+        """Add the deferred routes now (the first request that is not a hot submit or get; the OpenAPI document;
+        SnapStart's before-snapshot hook, so that restored sandboxes have them all)."""
+        install, self._pending_routes = self._pending_routes, None
+        if install is not None:
+            install()
+            self.openapi_schema = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._pending_routes is not None and (
+                scope["type"] != "http" or self._hot_route(scope["method"], scope["path"]) is None):
+            self.complete_routes()
+        await super().__call__(scope, receive, send)

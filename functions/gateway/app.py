@@ -32,7 +32,7 @@ class GatewayHandler(Mangum):
             self.app.state.telemetry.flush()  # type: ignore[attr-defined]
 
 
-app = create_app()
+app = create_app(defer_routes=True)  # routes other than submit/get: built on the first request needing them
 app.state.telemetry.adopt_package_loggers()
 handler = GatewayHandler(app, lifespan="off")
 snapstart.register(app)  # SnapStart's hooks, where the Lambda runtime has them (snapstart.py)

@@ -61,6 +61,7 @@ def reseed() -> None:
 
 
 def before_snapshot(app: Any) -> None:
+    app.complete_routes()  # the snapshot holds every route: a restored sandbox builds none on its first request
     drop_connections(app)
     app.state.telemetry.flush()  # nothing counted is left in the snapshot to be flushed by every copy
 

@@ -123,7 +123,9 @@ def test_the_hooks_close_the_open_connection_and_the_next_request_reconnects(
     connected = _stats(sync_redis, "clients", "connected_clients")
     received = _stats(sync_redis, "stats", "total_connections_received")
 
+    routes_before = len(gateway.app.routes)
     runtime.snapshot()
+    assert len(gateway.app.routes) > routes_before  # the snapshot holds every route, deferred ones included
     assert _until(lambda: _stats(sync_redis, "clients", "connected_clients") < connected), \
         "the gateway's Redis connection is still open after the before-snapshot hook"
     runtime.restore()
