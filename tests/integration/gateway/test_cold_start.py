@@ -33,6 +33,16 @@ event["rawPath"] = event["requestContext"]["http"]["path"] = f"/v1/jobs/{job}"
 seen["get_status"] = m.handler(event, Context())["statusCode"]
 seen["after_submit_and_get"] = [name for name in DEFERRED if name in sys.modules]
 seen["routes_grew_on_hot_requests"] = len(m.app.routes) != routes_at_import
+from fastapi.routing import APIRoute
+seen["api_routes_after_hot"] = sum(isinstance(r, APIRoute) for r in m.app.routes)
+event = load_event("apiGatewayProxyV2GetJob.json")  # a get the hot path declines: its route is built and answers
+event["rawPath"] = event["requestContext"]["http"]["path"] = f"/v1/jobs/{job}"
+event["rawQueryString"] = "wait=abc"
+event["queryStringParameters"] = {"wait": "abc"}
+reply = m.handler(event, Context())
+seen["declined_status"] = reply["statusCode"]
+seen["declined_error"] = json.loads(reply["body"])["error"]["type"]
+seen["api_routes_after_declined"] = sum(isinstance(r, APIRoute) for r in m.app.routes)
 event = load_event("apiGatewayProxyV2GetJob.json")
 event["rawPath"] = event["requestContext"]["http"]["path"] = "/v1/models"
 event["rawQueryString"] = ""
@@ -57,7 +67,8 @@ def test_a_new_sandbox_builds_the_other_routes_only_when_a_request_needs_them(se
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["after_import"] == [] and seen["after_submit_and_get"] == []
     assert seen["submit_status"] == 202 and seen["get_status"] == 200
-    assert not seen["routes_grew_on_hot_requests"]
+    assert not seen["routes_grew_on_hot_requests"] and seen["api_routes_after_hot"] == 0  # no FastAPI route built
+    assert seen["declined_status"] == 422 and seen["api_routes_after_declined"] > 0
     assert seen["models_status"] == 200 and seen["models"]["object"] == "list"
     assert set(seen["after_models"]) == {"functions.gateway.files", "functions.gateway.batches",
                                          "functions.gateway.console", "functions.gateway.events",
