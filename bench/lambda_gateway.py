@@ -243,8 +243,8 @@ def render(section: dict[str, Any]) -> str:
         f"{g['first_request_ms']:.0f}; {g['cold_ms_min_max'][0]:.0f}-{g['cold_ms_min_max'][1]:.0f}) vs floor "
         f"{f['cold_ms']:.0f} ms = {section['cold_ratio_to_floor']:.2f}x (pairs "
         f"{section['cold_ratio_pairs_min_max'][0]:.2f}-{section['cold_ratio_pairs_min_max'][1]:.2f}); CPU "
-        f"{g['cold_cpu_ms']:.0f} vs {f['cold_cpu_ms']:.0f} ms = {section['cold_cpu_ratio_to_floor']:.2f}x; whole process "
-        f"{g['process_ms']:.0f} vs {f['process_ms']:.0f} ms",
+        f"{g['cold_cpu_ms']:.0f} vs {f['cold_cpu_ms']:.0f} ms = {section['cold_cpu_ratio_to_floor']:.2f}x; whole "
+        f"process {g['process_ms']:.0f} vs {f['process_ms']:.0f} ms",
         f"warm submit: {gs['wall_ms_p50']:.2f} ms wall (p99 {gs['wall_ms_p99']:.2f}), CPU {gs['cpu_ms_p50']:.2f}; "
         f"billed {gs['billed_ms_p50']} ms (p99 {gs['billed_ms_p99']}, {gs['billed_at_goal_share']:.0%} at 1 ms)",
         f"warm get: {gg['wall_ms_p50']:.2f} ms wall (p99 {gg['wall_ms_p99']:.2f}), CPU {gg['cpu_ms_p50']:.2f}; "
