@@ -45,6 +45,7 @@ class WebhookPost:
             transport=GuardedTransport(settings.webhook_allow_private, connections),
             timeout=deadline_s,
             follow_redirects=False,  # a redirect could lead anywhere, past the guard
+            trust_env=False,  # no proxy, .netrc or CA setting of httpx's from the environment (the transport's own)
             headers={"User-Agent": "inferq-webhooks"},
         )
         self._warned_unsigned = False

@@ -1,16 +1,20 @@
 """Webhook delivery under load and against hostile receivers: each webhook once with several consumers and a slow
 receiver; one deadline per POST (a dripping receiver); the answer read only in part (a huge one); internal
-addresses refused after resolving; the connection goes to the address that was checked, TLS to the name."""
+addresses refused after resolving; the connection goes to the address that was checked, TLS to the name; a
+receiver's private CA trusted through SSL_CERT_FILE / SSL_CERT_DIR, and proxy variables never used."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
 import http.server
+import ipaddress
 import json
 import logging
+import shutil
 import socket
 import ssl
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -367,3 +371,87 @@ async def test_tls_goes_to_the_checked_address_but_names_and_verifies_the_host(
     async with httpx.AsyncClient(transport=GuardedTransport(True, ssl_context=other_client_tls)) as client:
         report = await deliver_webhooks(queue, settings, client=client)
     assert (report.delivered, report.failed) == (0, 1) and other.requests == []
+
+
+def private_ca(directory: Path) -> tuple[Path, ssl.SSLContext]:
+    """A company CA made here (its certificate in ``ca.pem``) and a receiver's TLS context for ``127.0.0.1`` and
+    ``localhost`` with a certificate that CA signed: no system store trusts it."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, leaf_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "inferq test company CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                     crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    leaf = (
+        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name).public_key(leaf_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                    x509.DNSName("localhost")]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    ca_path, chain_path, key_path = directory / "ca.pem", directory / "leaf.pem", directory / "leaf-key.pem"
+    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    chain_path.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(leaf_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                serialization.NoEncryption()))
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(chain_path, key_path)
+    return ca_path, server
+
+
+async def test_a_receiver_with_a_private_ca_is_reached_through_ssl_cert_file_and_never_through_a_proxy(
+    settings: Settings, queue: Queue, hooks: list[Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Deliveries verify receivers against the system's CA store as OpenSSL finds it: a receiver whose certificate
+    a company CA signed fails until ``SSL_CERT_FILE`` names that CA (``SSL_CERT_DIR`` likewise). Proxy variables
+    are not used: a proxy would resolve and connect past the address guard."""
+    from inferq_webhooks import guarded_http
+
+    for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    ca_path, server_tls = private_ca(tmp_path)
+    receiver = HookServer(tls=server_tls)
+    proxy = RawServer(lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
+    hooks += [receiver, proxy]
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, proxy.url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    url = f"https://127.0.0.1:{receiver.port}/hook"
+
+    guarded_http._verifying_context.cache_clear()
+    await ended_with_webhooks(queue, url, 1)
+    report = await deliver_webhooks(queue, settings)  # the system's store knows no such CA
+    assert (report.delivered, report.failed) == (0, 1) and receiver.requests == []
+
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca_path))
+    guarded_http._verifying_context.cache_clear()  # read once per process, as a process starts
+    [through_file] = await ended_with_webhooks(queue, url, 1)
+    report = await deliver_webhooks(queue, settings)
+    assert report.delivered >= 1 and through_file in receiver.job_ids()  # (>=: the first one's retry may be due)
+    assert not proxy.done.is_set()  # nothing went to the proxy
+
+    (tmp_path / "certs").mkdir()
+    subject_hash = subprocess.run(["openssl", "x509", "-hash", "-noout", "-in", str(ca_path)], check=True,
+                                  capture_output=True, text=True).stdout.strip()
+    shutil.copy(ca_path, tmp_path / "certs" / f"{subject_hash}.0")  # a c_rehash'd directory, as SSL_CERT_DIR wants
+    monkeypatch.delenv("SSL_CERT_FILE")
+    monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path / "certs"))
+    guarded_http._verifying_context.cache_clear()
+    [through_dir] = await ended_with_webhooks(queue, url, 1)
+    report = await deliver_webhooks(queue, settings)
+    assert report.delivered >= 1 and through_dir in receiver.job_ids() and not proxy.done.is_set()
+    guarded_http._verifying_context.cache_clear()
