@@ -25,7 +25,7 @@ from inferq.registry import Registry, queue_of_job
 from inferq.registry import load as load_registry
 from inferq.settings import Settings
 
-from . import batches, catalog, console, errors, events, files, openapi, routes
+from . import batches, catalog, console, errors, events, files, openapi, routes, webhooks
 from .auth import KeyStore, StaticKeys, key_store
 from .claims import Claims
 from .clients import QueueProvider
@@ -207,7 +207,7 @@ def create_app(
     routes.routes(gw, app.router)
     app.serve_hot(submit_serve(gw), get_serve(gw))
     console.install(gw, app.router)
-    for module in (files, batches, events, catalog):  # Files/Uploads, Batches, the feed, /v1/models: own modules
+    for module in (files, batches, events, catalog, webhooks):  # Files/Uploads, Batches, the feed, /v1/models, secrets
         module.routes(gw, app.router)
     app.add_middleware(Edge, max_body_bytes=settings.max_body_bytes, telemetry=telemetry,
                        max_upload_bytes=settings.max_upload_bytes)
