@@ -180,3 +180,20 @@ async def test_concurrent_first_reads_and_rotations_agree(
     secrets = [r.json()["secret"] for r in answers]
     assert len(set(secrets)) == 4 and firsts[0]["secret"] not in secrets
     assert (await _secret(gateway, auth_a))["secret"] in secrets
+
+
+async def test_the_python_client_reads_and_rotates_the_secret(
+    make_app: AppFactory, tenants: dict[str, dict[str, str]]
+) -> None:
+    from inferq.client import AsyncClient
+
+    name, auth = next(iter(tenants.items()))
+    key = auth["Authorization"].removeprefix("Bearer ")
+    app = make_app(keys={key: name})
+    async with AsyncClient("http://gateway", key, transport=httpx.ASGITransport(app=app)) as client:
+        first = await client.webhook_secret()
+        assert first["secret"].startswith("whsec_") and await client.webhook_secret() == first
+        rotated = await client.rotate_webhook_secret(keep_previous_s=60)
+        assert rotated["previous"]["secret"] == first["secret"] and rotated["secret"] != first["secret"]
+        assert rotated["previous"]["expires_at"] <= time.time() + 60
+    await app.state.gateway.aclose()
