@@ -45,7 +45,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import ConnectionPool
 from redis.client import EMPTY_RESPONSE, NEVER_DECODE
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import DataError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 try:  # redis-py 5.1 and later; with an older one connect() keeps redis-py's client
@@ -58,6 +58,10 @@ AVAILABLE = AsyncAfterConnectionReleasedEvent is not None and all(
 """Whether the installed redis-py has the pool this builds on."""
 
 T = TypeVar("T")
+
+UNENCODABLE: tuple[type[Exception], ...] = (DataError, UnicodeEncodeError)
+"""What a command raises, before anything of it is written, for an argument that cannot be encoded (a lone
+surrogate in a str; a type Redis has no form for: redis-py's ``DataError``)."""
 
 
 class LeanConnectionPool(ConnectionPool):
