@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import http.server
-import ipaddress
 import json
 import logging
 import shutil
@@ -32,6 +31,7 @@ from inferq.settings import Settings
 from inferq_webhooks import sender as webhooks
 from inferq_webhooks.guarded_http import GuardedTransport
 from inferq_webhooks.sender import LEASE_MS, WebhookSender, deliver_webhooks
+from tests.support.tls import private_ca
 
 from .support import chat, eventually, submit
 
@@ -371,45 +371,6 @@ async def test_tls_goes_to_the_checked_address_but_names_and_verifies_the_host(
     async with httpx.AsyncClient(transport=GuardedTransport(True, ssl_context=other_client_tls)) as client:
         report = await deliver_webhooks(queue, settings, client=client)
     assert (report.delivered, report.failed) == (0, 1) and other.requests == []
-
-
-def private_ca(directory: Path) -> tuple[Path, ssl.SSLContext]:
-    """A company CA made here (its certificate in ``ca.pem``) and a receiver's TLS context for ``127.0.0.1`` and
-    ``localhost`` with a certificate that CA signed: no system store trusts it."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key, leaf_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "inferq test company CA")])
-    ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                     data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                     crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    leaf = (
-        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
-        .issuer_name(ca_name).public_key(leaf_key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                    x509.DNSName("localhost")]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    ca_path, chain_path, key_path = directory / "ca.pem", directory / "leaf.pem", directory / "leaf-key.pem"
-    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    chain_path.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(leaf_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                serialization.NoEncryption()))
-    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server.load_cert_chain(chain_path, key_path)
-    return ca_path, server
 
 
 async def test_a_receiver_with_a_private_ca_is_reached_through_ssl_cert_file_and_never_through_a_proxy(
