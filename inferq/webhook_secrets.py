@@ -63,13 +63,17 @@ def _parse(reply: list[Any]) -> TenantSecret:
 
 async def tenant_secret(queue: Queue, tenant: str) -> TenantSecret:
     """The tenant's secret, made now if it has none (atomic: every caller gets the same one)."""
-    reply = await queue.scripts("webhooksecret", [tenant_webhook_secret(tenant)],
-                                ["ensure", new_secret(), repr(time.time()), 0])
-    return _parse(reply)
+    return await _call(queue, tenant, "ensure", 0)
 
 
 async def rotate_secret(queue: Queue, tenant: str, keep_previous_s: int = KEEP_PREVIOUS_S) -> TenantSecret:
     """A new secret for the tenant; the one it replaces keeps signing for ``keep_previous_s`` seconds."""
-    reply = await queue.scripts("webhooksecret", [tenant_webhook_secret(tenant)],
-                                ["rotate", new_secret(), repr(time.time()), int(keep_previous_s)])
+    return await _call(queue, tenant, "rotate", int(keep_previous_s))
+
+
+async def _call(queue: Queue, tenant: str, mode: str, keep_previous_s: int) -> TenantSecret:
+    # replicated: with INFERQ_REDIS_WAIT_REPLICAS, a secret answered to a tenant survives a failover (or the call
+    # fails, 503, and is safe to make again)
+    call = ("webhooksecret", [tenant_webhook_secret(tenant)], [mode, new_secret(), repr(time.time()), keep_previous_s])
+    [reply] = await queue._write([call], replicated=True)
     return _parse(reply)
