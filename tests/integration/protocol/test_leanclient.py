@@ -605,3 +605,49 @@ async def test_in_a_shared_write_an_argument_that_cannot_be_encoded_fails_its_ca
     assert await pipelined(client, [("HGET", "h0", "a")]) == ["0"]
     assert _in_use(client) == 0
     await client.aclose()
+
+
+BAD_ARGUMENTS: list[Any] = ["\udfff", "ok\ud83d", {"k": 1}, [1, 2], object(), None]
+
+
+async def test_any_mix_of_callers_with_unencodable_arguments_fails_exactly_those(server: ValkeyProcess) -> None:
+    """Random mixes (hypothesis, derandomized) of good and bad callers sharing writes: every good caller gets its
+    own reply, every bad one an error, and the connection stays in step for the next mix."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    client = connect(Settings(redis_url=server.url, redis_timeout_s=5.0))
+    sha = await client.script_load("return ARGV[1]")
+    for i in range(8):
+        await client.hset(f"h{i}", mapping={"a": str(i)})
+    loop = asyncio.get_running_loop()
+    mixes = st.lists(st.tuples(st.integers(0, 7), st.sampled_from(["hget", "evalsha", "hmget"]),
+                               st.one_of(st.none(), st.integers(0, len(BAD_ARGUMENTS) - 1))), min_size=2, max_size=12)
+
+    async def run(mix: list[tuple[int, str, int | None]]) -> None:
+        calls = []
+        for i, kind, bad in mix:
+            arg = "a" if bad is None else BAD_ARGUMENTS[bad]
+            if kind == "hget":
+                calls.append(client.hget(f"h{i}", arg))
+            elif kind == "hmget":
+                calls.append(client.hmget(f"h{i}", [arg]))
+            else:
+                calls.append(client.evalsha(sha, 0, str(i) if bad is None else arg))
+        replies = await asyncio.gather(*calls, return_exceptions=True)
+        for (i, kind, bad), reply in zip(mix, replies, strict=True):
+            if bad is not None:
+                assert isinstance(reply, (redis.exceptions.DataError, UnicodeEncodeError)), reply
+            else:
+                assert reply == ([str(i)] if kind == "hmget" else str(i)), (mix, reply)
+        assert _in_use(client) == 0
+
+    @settings(max_examples=40, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(mixes)
+    def check(mix: list[tuple[int, str, int | None]]) -> None:
+        # hypothesis drives a sync function: each example runs on this test's loop, in a helper thread's wait
+        asyncio.run_coroutine_threadsafe(run(mix), loop).result(timeout=30)
+
+    await asyncio.to_thread(check)
+    await client.aclose()
