@@ -61,19 +61,20 @@ def _parse(reply: list[Any]) -> TenantSecret:
                         float(previous_expires_at) if previous_expires_at else None)
 
 
-async def tenant_secret(queue: Queue, tenant: str) -> TenantSecret:
-    """The tenant's secret, made now if it has none (atomic: every caller gets the same one)."""
-    return await _call(queue, tenant, "ensure", 0)
+async def tenant_secret(queue: Queue, tenant: str, *, replicated: bool = True) -> TenantSecret:
+    """The tenant's secret, made now if it has none (atomic: every caller gets the same one). ``replicated=False``
+    for a sender signing a delivery: a secret it makes that a failover then loses was never shown to anyone."""
+    return await _call(queue, tenant, "ensure", 0, replicated=replicated)
 
 
 async def rotate_secret(queue: Queue, tenant: str, keep_previous_s: int = KEEP_PREVIOUS_S) -> TenantSecret:
     """A new secret for the tenant; the one it replaces keeps signing for ``keep_previous_s`` seconds."""
-    return await _call(queue, tenant, "rotate", int(keep_previous_s))
+    return await _call(queue, tenant, "rotate", int(keep_previous_s), replicated=True)
 
 
-async def _call(queue: Queue, tenant: str, mode: str, keep_previous_s: int) -> TenantSecret:
+async def _call(queue: Queue, tenant: str, mode: str, keep_previous_s: int, *, replicated: bool) -> TenantSecret:
     # replicated: with INFERQ_REDIS_WAIT_REPLICAS, a secret answered to a tenant survives a failover (or the call
     # fails, 503, and is safe to make again)
     call = ("webhooksecret", [tenant_webhook_secret(tenant)], [mode, new_secret(), repr(time.time()), keep_previous_s])
-    [reply] = await queue._write([call], replicated=True)
+    [reply] = await queue._write([call], replicated=replicated)
     return _parse(reply)

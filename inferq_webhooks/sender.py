@@ -212,7 +212,8 @@ class WebhookSender:
             log.warning("webhook given up after %.0f s", age_s, extra={"webhook_job": job_id})
             return True
         body = json.dumps(self._present(job), separators=(",", ":"), ensure_ascii=False).encode()
-        secret = await tenant_secret(self.queue, job.tenant)  # read per delivery: a rotation signs the next one
+        # read per attempt, so a rotation signs the next one
+        secret = await tenant_secret(self.queue, job.tenant, replicated=False)
         outcome = await self._post.post(webhook_id(job_id, entry_id), job_id, job.webhook_url, body,
                                         secret.signing())
         if outcome is Outcome.DELIVERED:
