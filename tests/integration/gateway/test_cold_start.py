@@ -18,7 +18,7 @@ CHILD = r"""
 import json, sys
 from tests.conftest import load_event
 DEFERRED = ["functions.gateway.files", "functions.gateway.batches", "functions.gateway.console",
-            "functions.gateway.events", "functions.gateway.catalog"]
+            "functions.gateway.events", "functions.gateway.catalog", "functions.gateway.webhooks"]
 seen = {}
 import functions.gateway.app as m
 class Context:
@@ -72,6 +72,6 @@ def test_a_new_sandbox_builds_the_other_routes_only_when_a_request_needs_them(se
     assert seen["models_status"] == 200 and seen["models"]["object"] == "list"
     assert set(seen["after_models"]) == {"functions.gateway.files", "functions.gateway.batches",
                                          "functions.gateway.console", "functions.gateway.events",
-                                         "functions.gateway.catalog"}
+                                         "functions.gateway.catalog", "functions.gateway.webhooks"}
     assert seen["routes_grew"]
     assert {"/v1/jobs", "/v1/files", "/v1/batches", "/v1/models"} <= set(seen["openapi_paths"])
