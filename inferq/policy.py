@@ -50,7 +50,8 @@ class ScalePolicy:
     cooldown_s: float = 120.0
     zero_after_s: float = 300.0
     boot_s: float = 120.0
-    """How long a new worker takes to serve (INFERQ_SCALE_BOOT_S): the horizon of boot-aware scale-in."""
+    """How long a new worker takes to serve (INFERQ_SCALE_BOOT_S): the horizon of boot-aware scale-in; 0 turns the
+    arrival forecast off (the cooldown and the idle window alone decide scale-in)."""
     gather_s: float = 30.0
     """How long a few jobs at zero may wait for company before a worker is started (INFERQ_SCALE_GATHER_S)."""
 
@@ -225,13 +226,13 @@ def _gathering(policy: ScalePolicy, demand: Demand, current: int) -> bool:
 def _expect_work_within_a_boot(policy: ScalePolicy, demand: Demand, state: ScaleState) -> bool:
     """Whether a worker stopped now would likely be asked for again before a new one could boot: at least one
     arrival expected within ``boot_s``. Unknown (no arrival counter) counts as yes, as before the forecast."""
-    return demand.enqueued is None or state.rate * policy.boot_s >= 1.0
+    return demand.enqueued is None or policy.boot_s <= 0 or state.rate * policy.boot_s >= 1.0
 
 
 def _expected_workers(policy: ScalePolicy, demand: Demand, state: ScaleState) -> int | None:
     """Workers the arrivals alone keep busy (Little's law: arrivals per second times the seconds each job holds a
     slot, over the jobs one worker carries); None without a forecast or a measured job time."""
-    if demand.enqueued is None or demand.job_s is None:
+    if demand.enqueued is None or demand.job_s is None or policy.boot_s <= 0:
         return None
     return math.ceil(state.rate * demand.job_s / policy.target_per_worker)
 
@@ -305,7 +306,7 @@ def _decide(policy: ScalePolicy, demand: Demand, state: ScaleState, now: float) 
     if calm_for < policy.cooldown_s:
         # boot-aware: within the calm window only the workers the arrival forecast may ask for again stay
         expected = _expected_workers(policy, demand, state)
-        early = max(min(peak, expected), need, busy) if expected is not None else current
+        early = max(min(current, expected), need, busy) if expected is not None else current
         if early < current:
             return changed_to(early, Action.SCALE_DOWN,
                               f"scale_down: backlog {demand.backlog}, {demand.busy_workers} busy, arrivals "
