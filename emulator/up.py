@@ -159,6 +159,7 @@ class Supervisor:
         self.agents = await start_fleets(
             self.ecs, self.registry, self.sink, worker_env, stop_timeout_s=self.stop_timeout_s,
             metrics_port_base=metrics_base, log_protection=self.settings.log_level == "DEBUG",
+            boot_s=self.settings.emulator_boot_s,
         )
         self.agent = self.agents[0]
         await self._wait_ready()

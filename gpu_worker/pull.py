@@ -143,6 +143,11 @@ class Pulling:
                     await self._release(delivery)
                 self._count_skipped(skipped)
                 break
+            if self._surplus and got:
+                for delivery in got:  # read as the worker turned surplus: back to the workers that pull
+                    await self._release(delivery)
+                self._count_skipped(skipped)
+                continue
             self._start(got, skipped)
             if until_idle and not got and not skipped and not self._in_flight and await self._idle():
                 return
