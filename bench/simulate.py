@@ -15,12 +15,15 @@ Strategies:
   asks for ``ceil(backlog / 5)`` replicas, with its 10% tolerance, its scale-up rate limit (double or +4 per
   15 s) and a 300 s scale-down stabilisation window; back to zero 300 s after the last active poll.
 - **inferq**: ``inferq.policy.decide`` itself, with the default settings (target = window, cooldown 120 s,
-  zero after 300 s, boot 120 s, gather 30 s), evaluated every 60 s (the EventBridge schedule alone) and every
+  zero after 300 s, boot 120 s, no gathering), evaluated every 60 s (the EventBridge schedule alone) and every
   10 s (the scaler's evaluations within its one-minute invocation); both with the gateway's wake-up call when
   the fleet is at zero. It sees what the real scaler reads (the oldest waiting job's age, the queue's arrival
   counter, the workers' mean run time) and records a drain target that the workers obey.
 - **inferq, job counts only**: the same ``decide`` fed the job counts alone, without a drain target: the policy
   as it was before issue 41 (no gathering, no arrival forecast, every worker pulls).
+- **inferq, gather 30 s**: the default policy with ``INFERQ_SCALE_GATHER_S=30``: a few jobs at an empty fleet
+  wait up to 30 s for company before a worker boots (off by default: the wake-on-enqueue contract starts a
+  worker for the first job at once).
 - **inferq, warm pool**: the default policy with ``WARM_POOL`` stopped instances that boot in
   ``WARM_BOOT_S`` (infra/gpu-cluster.yaml's warm pool) before the cold ``boot_s``.
 
@@ -55,6 +58,9 @@ HEADROOM = 2
 its ceiling only while it uses it, and a higher one wins back the work lost while GPU instances boot. The rows
 with ``max = peak`` show the same rules under the always-on fleet's own ceiling."""
 
+GATHER_S = 30.0
+"""INFERQ_SCALE_GATHER_S of the gathering row."""
+
 WARM_POOL = 4
 """Stopped instances in the GPU fleet's Auto Scaling warm pool (infra/gpu-cluster.yaml, GpuWarmPoolSize)."""
 WARM_BOOT_S = 75.0
@@ -66,7 +72,7 @@ the image is already on its disk and the weights on its volume, so what remains 
 def _policy(sc: Scenario, ceiling: int) -> ScalePolicy:
     """The settings' defaults (inferq/settings.py), ceiling and the scenario's window and boot aside."""
     return ScalePolicy(min=0, max=ceiling, target_per_worker=sc.window, cooldown_s=120.0, zero_after_s=300.0,
-                       boot_s=sc.boot_s, gather_s=30.0)
+                       boot_s=sc.boot_s, gather_s=0.0)
 
 
 def _run(trace: Trace, sc: Scenario, strategies: list[tuple[str, Callable[[], Controller], str]],
@@ -95,6 +101,9 @@ def simulate(sc: Scenario) -> tuple[Trace, int, list[tuple[str, dict[str, Any], 
                                                        observe_all=False,
                                                        label="inferq policy, job counts only (before)"),
          f"max {top}"),
+        ("inferq_10s_gather", lambda: InferqPolicy(replace(_policy(sc, top), gather_s=GATHER_S), every_s=10.0,
+                                                    label=f"inferq policy, every 10 s + wake, gather {GATHER_S:.0f} s"),
+         f"max {top}"),
         ("keda_like_peak_max", lambda: KedaLike(max_replicas=peak), f"max {peak}"),
         ("inferq_10s_peak_max", lambda: InferqPolicy(_policy(sc, peak), every_s=10.0), f"max {peak}"),
     ]
@@ -120,6 +129,8 @@ def simulate_traces(sc: Scenario) -> dict[str, dict[str, Any]]:
             ("always_on", lambda: AlwaysOn(peak), ""),  # noqa: B023 - called at once, inside this iteration
             ("keda_like", lambda: KedaLike(max_replicas=top), f"max {top}"),  # noqa: B023
             ("inferq_10s", lambda: InferqPolicy(_policy(sc, top), every_s=10.0), f"max {top}"),  # noqa: B023
+            ("inferq_10s_gather", lambda: InferqPolicy(replace(_policy(sc, top), gather_s=GATHER_S),  # noqa: B023
+                                                       every_s=10.0), f"max {top}"),
         ])
         results = {key: result for key, result, _ in rows}
         always, keda = results["always_on"]["gpu_minutes"], results["keda_like"]["gpu_minutes"]
@@ -133,6 +144,7 @@ def simulate_traces(sc: Scenario) -> dict[str, dict[str, Any]]:
 COMPARISONS = {
     "inferq_60s": "keda_like",
     "inferq_10s": "keda_like",
+    "inferq_10s_gather": "keda_like",
     "inferq_10s_peak_max": "keda_like_peak_max",
 }
 """Each policy row and the KEDA-like row it is held against. The targets (issue 41): at most 25% of always-on's
@@ -174,7 +186,7 @@ def traces_table(traces: dict[str, dict[str, Any]]) -> str:
     for name, t in traces.items():
         for key, r in t["results"].items():
             label = {"always_on": f"always-on ({t['peak_fleet']})", "keda_like": "KEDA-like",
-                     "inferq_10s": "inferq (defaults, 10 s)"}[key]
+                     "inferq_10s": "inferq (defaults, 10 s)", "inferq_10s_gather": f"inferq, gather {GATHER_S:.0f} s"}[key]
             lines.append(f"{name:15} {t['jobs']:6d} {label:34} {r['gpu_minutes']:8.0f} {r['pct_of_always_on']:5.1f}% "
                          f"{r['p95_wait_s']:8.1f}s {r['vs_keda_pct']:+7.1f}%")
     return "\n".join(lines)

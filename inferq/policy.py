@@ -52,7 +52,7 @@ class ScalePolicy:
     boot_s: float = 120.0
     """How long a new worker takes to serve (INFERQ_SCALE_BOOT_S): the horizon of boot-aware scale-in; 0 turns the
     arrival forecast off (the cooldown and the idle window alone decide scale-in)."""
-    gather_s: float = 30.0
+    gather_s: float = 0.0
     """How long a few jobs at zero may wait for company before a worker is started (INFERQ_SCALE_GATHER_S)."""
 
     def __post_init__(self) -> None:
