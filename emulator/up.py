@@ -32,7 +32,7 @@ from .procs import Child, LogSink
 from .valkey import ValkeyProcess, free_port
 
 EMULATOR_SCALER_INTERVAL_S = "2"
-EMULATOR_SCALE_DEFAULTS = {"INFERQ_SCALE_GATHER_S": "0", "INFERQ_SCALE_BOOT_S": "0"}
+EMULATOR_SCALE_DEFAULTS = {"INFERQ_SCALE_BOOT_S": "0"}
 DEFAULT_VALKEY_PORT = 6380
 DEFAULT_FILES_BUCKET = "inferq-files"
 READY_TIMEOUT_S = 60.0
@@ -307,8 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     env = dict(os.environ)
     env.setdefault("INFERQ_SCALER_INTERVAL_S", EMULATOR_SCALER_INTERVAL_S)
-    # workers here start in about a second: no gathering of lone jobs and no boot forecast unless asked for
-    # (`make bench`'s real-loop scenario sets both, with the agent's emulated boot)
+    # workers here start in about a second: no boot forecast unless asked for (`make bench`'s real-loop scenario
+    # sets it, with the agent's emulated boot, INFERQ_EMULATOR_BOOT_S)
     for name, value in EMULATOR_SCALE_DEFAULTS.items():
         env.setdefault(name, value)
     settings = load_or_exit(env)

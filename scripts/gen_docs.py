@@ -125,8 +125,9 @@ SETTING_DOCS: dict[str, str] = {
     "`enqueued` counter, averaged over about this long) expects work for it within a boot time, and sizes what "
     "it keeps by the workers' measured run time. 0: no forecast (`inferq up` sets 0).",
     "scale_gather_s": "A few jobs (fewer than one worker's target) arriving at an empty fleet wait up to this long, "
-    "by the oldest one's age, for company before a worker is started: one boot then serves them all. 0: a worker "
-    "is started at once (`inferq up` sets 0).",
+    "by the oldest one's age, for company before a worker is started: one boot then serves them all (the latency "
+    "budget spent where it is cheap). 0 (the default): the first job gets a worker at once, as wake-on-enqueue "
+    "promises; docs/benchmarks.md shows what 30 s saves.",
     "emulator_boot_s": "`inferq up` only: how long the emulator's ECS agent keeps a new task starting (counted as "
     "pending) before its worker process starts, to emulate a GPU instance's boot.",
     "scaler_interval_s": "The emulator's period between scaler calls (`inferq up` sets 2). In AWS the schedule fires "
