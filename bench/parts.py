@@ -28,6 +28,7 @@ class Parts(Plumbing):
         quick = self.args.quick
         parts: list[tuple[str, str, str]] = [("C", "bench.gateway", "gateway"), ("D", "bench.worker", "worker"),
                                              ("K", "bench.core", "core"), ("E", "bench.simulate", "elasticity"),
+                                             ("R", "bench.sim_realloop", "realloop"),
                                              ("V", "bench.efficiency", "efficiency")]
         for key, module_name, section in parts:
             if key not in self.only:
