@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import random
@@ -148,7 +149,7 @@ async def measure(sc: LoopScenario, trace: Trace, log_dir: Path) -> dict[str, An
         done.set()
         await sampler
         r.close()
-    worker_s = sum((b[0] - a[0]) * a[1] for a, b in zip(samples, samples[1:], strict=False))
+    worker_s = sum((b[0] - a[0]) * a[1] for a, b in itertools.pairwise(samples))
     waits = sorted(j["started_at"] - j["created_at"] for j in jobs if j.get("started_at"))
     return {"worker_s": round(worker_s, 1), "p95_wait_s": round(percentile(waits, 95), 2),
             "p50_wait_s": round(percentile(waits, 50), 2), "jobs": len(waits),

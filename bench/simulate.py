@@ -186,9 +186,10 @@ def traces_table(traces: dict[str, dict[str, Any]]) -> str:
     for name, t in traces.items():
         for key, r in t["results"].items():
             label = {"always_on": f"always-on ({t['peak_fleet']})", "keda_like": "KEDA-like",
-                     "inferq_10s": "inferq (defaults, 10 s)", "inferq_10s_gather": f"inferq, gather {GATHER_S:.0f} s"}[key]
-            lines.append(f"{name:15} {t['jobs']:6d} {label:34} {r['gpu_minutes']:8.0f} {r['pct_of_always_on']:5.1f}% "
-                         f"{r['p95_wait_s']:8.1f}s {r['vs_keda_pct']:+7.1f}%")
+                     "inferq_10s": "inferq (defaults, 10 s)",
+                     "inferq_10s_gather": f"inferq, gather {GATHER_S:.0f} s"}[key]
+            lines.append(f"{name:15} {t['jobs']:6d} {label:34} {r['gpu_minutes']:8.0f} "
+                         f"{r['pct_of_always_on']:5.1f}% {r['p95_wait_s']:8.1f}s {r['vs_keda_pct']:+7.1f}%")
     return "\n".join(lines)
 
 

@@ -15,10 +15,32 @@ timing rules on top:
   until the queue has been idle for ``zero_after_s`` (and ``cooldown_s`` has passed since the last change);
   then the count goes straight to zero.
 
-Every scale-down comes at least ``cooldown_s`` after the previous change (the one exception: a count above
-``max``, after the ceiling was lowered, comes down at once), and between two scale-downs the count only rises. So
-under load that swings between two levels there are at most ``2 * (T / cooldown_s + 1) + 2`` changes in ``T``
-seconds (tests/unit/test_policy.py checks this and the other properties).
+What it spends GPU-minutes on, and why the default does more than count jobs (issue 41; docs/benchmarks.md has
+the figures): a GPU worker costs from the request to its stop, boot included, so the waste is in idle workers
+kept for work that does not come, in boots for work that a kept worker would have done, and in workers kept busy
+by a thin spread of jobs. Three rules, each off unless the caller gives what it needs:
+
+- **Drain target** (:attr:`Decision.target`): the workers the backlog needs now. The workers obey it (newest
+  drain first, gpu_worker/pull.py): a surplus one takes no new job, so it turns idle and unprotected under load,
+  and new work packs onto the others. The desired count itself keeps every rule below (never below busy
+  workers), so ECS stops a drained worker only once it is idle.
+- **Boot-aware scale-in** (``boot_s`` > 0, with the queue's arrival counter and the workers' measured run time):
+  a worker that would be needed again within a boot time stays, the others go now rather than after the calm
+  window. "Needed" is Little's law on the forecast: arrivals per second (smoothed over about a boot) times the
+  seconds a job holds a slot, over the jobs per worker: the work the arrivals bring, not their count. The last
+  worker goes as soon as it is idle when under one arrival is expected within a boot (a night's trickle: a boot
+  per job costs less than a GPU kept up between them); otherwise the idle window holds, as before.
+- **Gathering** (``gather_s`` > 0, with the oldest waiting job's age): at an empty fleet, fewer than a worker's
+  load of jobs waits up to ``gather_s`` for company, so one boot serves them all. Off by default: wake-on-enqueue
+  promises the first job a worker at once.
+
+Without those inputs (``Demand`` built from job counts alone), the rules below are the whole policy.
+
+Every scale-down comes at least ``cooldown_s`` after the previous change (the exceptions: a count above
+``max``, after the ceiling was lowered, comes down at once; and the boot-aware scale-in above), and between two
+scale-downs the count only rises. So under load that swings between two levels there are at most
+``2 * (T / cooldown_s + 1) + 2`` changes in ``T`` seconds (tests/unit/test_policy.py checks this and the other
+properties, for the job-count policy).
 """
 
 from __future__ import annotations

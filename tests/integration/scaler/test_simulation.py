@@ -16,8 +16,8 @@ def test_the_quick_simulation_reports_every_strategy_and_plots(tmp_path: Path) -
     assert (tmp_path / "elasticity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "elasticity.json").read_text())["results"] == section["results"]
     results = section["results"]
-    assert set(results) == {"always_on", "keda_like", "inferq_60s", "inferq_10s", "inferq_10s_jobs_only", "inferq_10s_gather",
-                            "keda_like_peak_max", "inferq_10s_peak_max", "inferq_10s_warm_pool"}
+    assert set(results) == {"always_on", "keda_like", "inferq_60s", "inferq_10s", "inferq_10s_jobs_only",
+                            "inferq_10s_gather", "keda_like_peak_max", "inferq_10s_peak_max", "inferq_10s_warm_pool"}
     jobs = section["scenario"]["jobs"]
     for r in results.values():
         assert r["jobs"] == jobs  # every job served, by every strategy
