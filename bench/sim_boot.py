@@ -43,12 +43,6 @@ from inferq.settings import Settings
 
 from .stack import ROOT
 
-PATTERNS = {
-    "model_load_s": re.compile(r"Model loading took .*?([\d.]+) ?s(?:econds)?"),
-    "engine_init_s": re.compile(r"init engine .*? took ([\d.]+) ?s(?:econds)?"),
-}
-LOG_TIME = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d)")
-
 
 def _vllm_ready() -> bool:
     from tests.support import vllm_server
@@ -56,22 +50,33 @@ def _vllm_ready() -> bool:
     return bool(vllm_server._venv_is_complete(vllm_server.venv_dir()))
 
 
-def _first_log_time(log: Path, year: int) -> float | None:
+MARKS = (
+    ("api_server_up", re.compile(r"version \d")),  # the API server process started and imported vLLM
+    ("engine_started", re.compile(r"Initializing a V1 LLM engine")),  # the engine core process started
+    ("weights_loaded", re.compile(r"Loading weights took")),  # model built and its weights loaded
+    ("engine_ready", re.compile(r"init engine .*took")),  # profiling, KV cache, warm-up
+)
+"""vLLM's own log lines that end each phase (their times have a one-second resolution)."""
+LOG_TIME = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d)")
+
+
+def _vllm_split(log: Path, t0_wall: float, health_s: float) -> dict[str, float | None]:
+    """Seconds of each phase: process start and imports, engine process start, model load, engine warm-up, and
+    the API server until ``/health`` answers."""
+    year = datetime.now().year
+    marks: dict[str, float] = {}
     for line in log.read_text(errors="replace").splitlines():
-        found = LOG_TIME.search(line)
-        if found:
-            return datetime.strptime(f"{year}-{found[1]}", "%Y-%m-%d %H:%M:%S").timestamp()
-    return None
-
-
-def _vllm_split(log: Path, t0_wall: float) -> dict[str, float | None]:
-    text = log.read_text(errors="replace")
+        for name, pattern in MARKS:
+            found = LOG_TIME.search(line)
+            if name not in marks and found and pattern.search(line):
+                marks[name] = datetime.strptime(f"{year}-{found[1]}", "%Y-%m-%d %H:%M:%S").timestamp() - t0_wall
     out: dict[str, float | None] = {}
-    for name, pattern in PATTERNS.items():
-        found = pattern.findall(text)
-        out[name] = float(found[-1]) if found else None
-    first = _first_log_time(log, datetime.now().year)
-    out["process_start_s"] = round(first - t0_wall, 1) if first is not None else None
+    previous: float | None = 0.0
+    for name, _ in MARKS:
+        at = marks.get(name)
+        out[f"{name}_s"] = round(at - previous, 1) if at is not None and previous is not None else None
+        previous = at
+    out["health_after_engine_s"] = round(health_s - previous, 1) if previous is not None else None
     return out
 
 
@@ -134,7 +139,7 @@ async def _one(mode: str, valkey: ValkeyProcess, model_dir: Path, work: Path) ->
     await queue.close()
     return {"mode": mode, "health_s": round(health_at, 2), "first_job_s": round(first_job, 2),
             "worker_part_s": round(first_job - (worker_started - t0 if mode == "after_health" else health_at), 2),
-            **_vllm_split(log, t0_wall)}
+            **_vllm_split(log, t0_wall, health_at)}
 
 
 async def measure() -> list[dict[str, Any]]:
@@ -165,15 +170,16 @@ def run(report: dict[str, Any], quick: bool = False) -> dict[str, Any]:
 def render(section: dict[str, Any]) -> str:
     if "skipped" in section:
         return f"worker boot: skipped, {section['skipped']}"
-    lines = ["worker boot, vLLM CPU + tiny Llama (task start -> first job taken):",
-             f"{'order':14} {'proc start':>10} {'model load':>10} {'engine init':>11} {'/health':>8} "
-             f"{'worker':>7} {'first job':>9}"]
+    lines = ["worker boot, vLLM CPU + tiny Llama (task start -> first job taken; phases from vLLM's log, 1 s "
+             "resolution):",
+             f"{'order':13} {'imports':>8} {'engine proc':>11} {'model load':>10} {'warm-up':>8} {'->/health':>9} "
+             f"{'/health':>8} {'worker':>7} {'first job':>9}"]
     for r in section["runs"]:
         def f(v: float | None) -> str:
             return "-" if v is None else f"{v:.1f}s"
-        lines.append(f"{r['mode']:14} {f(r['process_start_s']):>10} {f(r['model_load_s']):>10} "
-                     f"{f(r['engine_init_s']):>11} {f(r['health_s']):>8} {f(r['worker_part_s']):>7} "
-                     f"{f(r['first_job_s']):>9}")
+        lines.append(f"{r['mode']:13} {f(r['api_server_up_s']):>8} {f(r['engine_started_s']):>11} "
+                     f"{f(r['weights_loaded_s']):>10} {f(r['engine_ready_s']):>8} {f(r['health_after_engine_s']):>9} "
+                     f"{f(r['health_s']):>8} {f(r['worker_part_s']):>7} {f(r['first_job_s']):>9}")
     return "\n".join(lines)
 
 
