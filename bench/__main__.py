@@ -47,7 +47,7 @@ from . import scale
 from .runner import Bench
 from .stack import ROOT
 
-ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E", "R", "T", "B", "V", "M")
+ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E", "B", "V", "M", "R", "T")
 
 
 def _env_pair(text: str) -> tuple[str, str]:
