@@ -25,7 +25,7 @@ Strategies:
   wait up to 30 s for company before a worker boots (off by default: the wake-on-enqueue contract starts a
   worker for the first job at once).
 - **inferq, warm pool**: the default policy with ``WARM_POOL`` stopped instances that boot in
-  ``WARM_BOOT_S`` (infra/gpu-cluster.yaml's warm pool) before the cold ``boot_s``.
+  ``WARM_BOOT_S`` (infra/gpu.yaml's warm pool) before the cold ``boot_s``.
 
 Besides the seeded bursty day (the reference, kept as it is) every trace of :data:`bench.sim_fleet.TRACES` gets
 a row per strategy in a second table: a business-hours day, a sparse trickle and a spike storm.
@@ -61,12 +61,12 @@ with ``max = peak`` show the same rules under the always-on fleet's own ceiling.
 GATHER_S = 30.0
 """INFERQ_SCALE_GATHER_S of the gathering row."""
 
-WARM_POOL = 4
-"""Stopped instances in the GPU fleet's Auto Scaling warm pool (infra/gpu-cluster.yaml, GpuWarmPoolSize)."""
+WARM_POOL = 2
+"""Stopped instances in the GPU fleet's Auto Scaling warm pool (infra/gpu.yaml's WarmPoolSize default)."""
 WARM_BOOT_S = 75.0
 """Boot of a worker on a warm-pool instance: the instance starts from stopped (~30 s), the ECS agent registers,
 the image is already on its disk and the weights on its volume, so what remains is the model load and warm-up
-(see docs/benchmarks.md, "worker boot"). The cold tier is the scenario's ``boot_s``."""
+(docs/benchmarks.md, "Boot (T)"). The cold tier is the scenario's ``boot_s``."""
 
 
 def _policy(sc: Scenario, ceiling: int) -> ScalePolicy:
