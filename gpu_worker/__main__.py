@@ -6,10 +6,10 @@ With a model registry (``INFERQ_MODELS``) it serves the model ``INFERQ_MODEL`` n
 A task of the worker that died (a fault that is not Redis's to wait out, a bug) stops it: it releases its jobs,
 deregisters and exits 1, so ECS replaces it.
 
-Boot: with the ``openai`` backend the worker starts beside its model server (the task's containers start
-together) and imports, connects to Redis and opens its clients while the server loads the model; it takes its
-first job once the server's ``/health`` answers (anything but a 5xx), polled every 0.2 s (no health-check interval in the way). Its
-heartbeat, which the scaler counts as a live worker, starts only then: the readiness signal.
+Boot: with the ``openai`` backend the worker may start beside its model server and import, connect to Redis and
+open its clients while the server loads the model; it takes its first job once the server's ``/health`` answers
+(anything but a 5xx), polled every 0.2 s (no health-check interval in the way). Its heartbeat, which the scaler
+counts as a live worker, starts only then: the readiness signal.
 """
 
 from __future__ import annotations

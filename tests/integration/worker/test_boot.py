@@ -24,7 +24,7 @@ class Health:
         health = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            def do_GET(self) -> None:
                 health.seen += 1
                 status = 503 if health.seen <= health.loading else health.then
                 self.send_response(status)
