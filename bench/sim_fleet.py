@@ -6,8 +6,8 @@ nothing of theirs.
 What the fleet copies from the real code (gpu_worker/pull.py, gpu_worker/protection.py, the ECS service):
 - a worker takes up to ``window`` jobs and pulls the oldest waiting job as soon as it has a free slot; idle
   workers are served in turn, as Redis serves blocked ``XREADGROUP`` clients;
-- a worker beyond the scaler's drain target (``target``: the oldest ``target`` live workers pull, the newer ones
-  do not) takes no new job, finishes what it holds and then holds no scale-in protection;
+- a worker beyond the scaler's drain target (``target``: the oldest ``target`` running workers pull, the newer
+  ones do not) takes no new job, finishes what it holds and then holds no scale-in protection;
 - ECS stops a surplus task only when it is unprotected (nothing in flight), tasks still starting first;
 - a new worker costs GPU time from the moment it is asked for and serves after its boot: ``warm_boot_s`` for the
   first ``warm_pool`` workers started at once (instances from the Auto Scaling warm pool), ``boot_s`` beyond."""
@@ -263,11 +263,10 @@ class Sim:
             w.stopped_at = now
 
     def pulling(self, now: float) -> list[Worker]:
-        """The ready workers that take new jobs: all of them, or the oldest ``target`` of the live ones."""
-        alive = self.alive()
-        if self.target is not None:
-            alive = alive[: self.target]  # self.workers is in start order: the newest drain first
-        return [w for w in alive if w.ready(now)]
+        """The ready workers that take new jobs: all of them, or the oldest ``target`` of them (a booting task has
+        no heartbeat yet, so the real workers rank only among the running ones)."""
+        ready = [w for w in self.alive() if w.ready(now)]
+        return ready if self.target is None else ready[: self.target]  # in start order: the newest drain first
 
     def dispatch(self, now: float) -> None:
         while self.waiting:
