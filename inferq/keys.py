@@ -107,6 +107,12 @@ class Keys:
         return self.prefix + "scale"
 
     @property
+    def fleet(self) -> str:
+        """Hash worker id -> ``"<started ms> <attempts run> <their backend seconds>"``: the order the drain target
+        follows (newest drain first) and the run time the scaler sizes by."""
+        return self.prefix + "fleet"
+
+    @property
     def wake(self) -> str:
         """``SET NX EX`` guard that rate-limits wake-on-enqueue calls to the scaler."""
         return self.prefix + "wake"
