@@ -126,6 +126,10 @@ SETTING_DOCS: dict[str, str] = {
     "ecs_cluster": "The ECS cluster of the GPU service (required by the scaler).",
     "ecs_service": "The ECS service the scaler sizes (required by the scaler).",
     # webhooks
+    "redis_auth": "The cache credentials themselves: the JSON of an auth secret (`{\"username\", \"token\"}`) or a bare "
+    "token. The stack has ECS inject it into the worker container alone, so the task role (which the vLLM container "
+    "shares) needs no access to the secret; fixed for the process's life (a rotation reaches tasks started after "
+    "it). `INFERQ_REDIS_AUTH_SECRET`, where set, is used instead.",
     "webhook_secret": "Key of the webhook signatures; unset, webhooks go out unsigned (logged once).",
     "webhook_max_age_s": "How long after the terminal state a failing webhook delivery is retried before it is "
     "given up.",

@@ -8,6 +8,7 @@ dead-letters them; the scaler's handler observes the queue and sizes the service
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -40,26 +41,38 @@ DANGEROUS = [
 ]
 
 
+ADMIN_PASSWORD = uuid.uuid4().hex
+
+
 def passwords() -> dict[str, str]:
     return {role: uuid.uuid4().hex for role in acl.ROLES}
 
 
 @pytest.fixture(scope="module")
 def role_valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ValkeyProcess, dict[str, str]]]:
-    """A Valkey with one user per role, created from inferq.acl's rules; the default user stays for the test's own
-    setup and checks (in AWS it is disabled)."""
+    """A Valkey with one user per role, created from inferq.acl's rules, and the default user disabled as in AWS
+    (a client that does not authenticate as its role gets nowhere); the test's own setup and checks use an
+    ``admin`` user."""
     server = ValkeyProcess(tmp_path_factory.mktemp("valkey-acl")).start()
     secrets = passwords()
     admin = redis.Redis(host=server.host, port=server.port, decode_responses=True)
     for role, password in secrets.items():
         admin.execute_command("ACL", "SETUSER", role, *acl.access_string(role).split(), f">{password}")
+    admin.execute_command("ACL", "SETUSER", "admin", "on", f">{ADMIN_PASSWORD}", "~*", "&*", "+@all")
+    admin.execute_command("ACL", "SETUSER", "default", "off")
     admin.close()
     yield server, secrets
     server.stop()
 
 
 def role_settings(role_valkey: tuple[ValkeyProcess, dict[str, str]], role: str, queue: str) -> Settings:
+    """A role's settings as the stack gives them: the worker its credentials in INFERQ_REDIS_AUTH (an ECS secret
+    of its container), the functions theirs from their own secret (here: in the URL, as the secret's reader
+    would hand them to redis-py)."""
     server, secrets = role_valkey
+    if role == "worker":
+        auth = json.dumps({"username": role, "token": secrets[role]})
+        return Settings(redis_url=server.url, redis_auth=auth, queue=queue, retry_base_ms=0)
     return Settings(redis_url=f"redis://{role}:{secrets[role]}@{server.host}:{server.port}/0", queue=queue,
                     retry_base_ms=0)
 
@@ -67,7 +80,8 @@ def role_settings(role_valkey: tuple[ValkeyProcess, dict[str, str]], role: str, 
 @pytest.fixture
 def admin(role_valkey: tuple[ValkeyProcess, dict[str, str]]) -> Iterator[redis.Redis]:
     server, _ = role_valkey
-    client = redis.Redis(host=server.host, port=server.port, decode_responses=True)
+    client = redis.Redis(host=server.host, port=server.port, username="admin", password=ADMIN_PASSWORD,
+                         decode_responses=True)
     client.execute_command("ACL", "LOG", "RESET")
     yield client
     print("refused:", sorted(set(refusals(client))))  # shown with a failure
