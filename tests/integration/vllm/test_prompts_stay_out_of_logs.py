@@ -45,7 +45,8 @@ READY_S = float(os.environ.get("INFERQ_VLLM_READY_TIMEOUT", "240"))
 
 def task_containers(**overrides: str) -> dict[str, dict[str, Any]]:
     gpu = load(NESTED["gpu"])
-    resolver = Resolver(gpu, overrides={"RedisUrl": "redis://unused:6379/0", **overrides})
+    image = "vllm/vllm-openai@sha256:" + "0" * 64  # a required parameter; the image itself is not run here
+    resolver = Resolver(gpu, overrides={"RedisUrl": "redis://unused:6379/0", "VllmImage": image, **overrides})
     containers = gpu["Resources"]["TaskDefinition"]["Properties"]["ContainerDefinitions"]
     return {c["Name"]: resolver.value(c) for c in containers}
 
