@@ -204,3 +204,49 @@ def test_the_vpc_in_use_has_flow_logs(nested: dict[str, dict[str, Any]]) -> None
     assert flow["LogGroupName"] == {"Ref": "FlowLogGroup"}
     writes = [s["Resource"] for owner, s in role_statements(network) if owner == "FlowLogRole"]
     assert writes == [{"Fn::GetAtt": ["FlowLogGroup", "Arn"]}]
+
+
+LOCKS = {"gateway": "functions/gateway", "scaler": "functions/scaler", "worker": "gpu_worker"}
+
+
+def locked(path: Any) -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, hashes) of a lock file written by ``make lock``."""
+    text = re.sub(r"\\\n\s*", " ", path.read_text())
+    found = {}
+    for line in text.splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line)
+        if match:
+            name = re.sub(r"[-_.]+", "-", match.group(1)).lower()
+            found[name] = (match.group(2), re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
+    return found
+
+
+@pytest.mark.parametrize("owner", LOCKS)
+def test_every_locked_package_is_pinned_with_hashes_and_satisfies_the_requirements(owner: str) -> None:
+    from packaging.requirements import Requirement
+
+    from .cfn import ROOT
+
+    lock = locked(ROOT / LOCKS[owner] / "requirements.lock")
+    assert lock and all(hashes for _, hashes in lock.values()), owner
+    if owner == "worker":
+        import tomllib
+
+        project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+        wanted = [*project["dependencies"], *project["optional-dependencies"]["worker"]]
+    else:
+        lines = (ROOT / LOCKS[owner] / "requirements.txt").read_text().splitlines()
+        wanted = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+    for spec in map(Requirement, wanted):
+        name = re.sub(r"[-_.]+", "-", spec.name).lower()
+        assert name in lock, (owner, name)
+        assert spec.specifier.contains(lock[name][0], prereleases=True), (owner, spec, lock[name][0])
+
+
+def test_builds_install_from_the_locks_and_check_the_hashes() -> None:
+    from .cfn import ROOT
+
+    make = (ROOT / "mk" / "sam.mk").read_text()
+    assert "--require-hashes --no-deps -r functions/$(1)/requirements.lock" in make
+    dockerfile = re.sub(r"\s+", " ", (ROOT / "gpu_worker" / "Dockerfile").read_text().replace("\\\n", " "))
+    assert "--require-hashes --no-deps -r gpu_worker/requirements.lock" in dockerfile
