@@ -27,8 +27,16 @@ from inferq import acl
 from inferq.keys import Keys
 from inferq.queue import Queue
 from inferq.settings import Settings
-from tests.integration.scaler.test_handler import CLUSTER, SERVICE, LambdaContext, desired_count, scheduled
-from tests.integration.scaler.test_handler import aws_env, ecs, scaler_env  # noqa: F401  (fixtures)
+from tests.integration.scaler.test_handler import (  # noqa: F401  (fixtures)
+    CLUSTER,
+    SERVICE,
+    LambdaContext,
+    aws_env,
+    desired_count,
+    ecs,
+    scaler_env,
+    scheduled,
+)
 
 from .cfn import NESTED, Resolver, load
 
@@ -122,8 +130,10 @@ def test_every_cache_user_of_the_template_has_its_roles_rules() -> None:
         resolver = Resolver(cache, overrides={"Mode": mode})
         for role in acl.ROLES:
             template = resources[f"{role.capitalize()}AuthSecret"]["Properties"]["GenerateSecretString"]
-            name = re.search(r'"username": "([^"]+)"', resolver.value(template["SecretStringTemplate"])).group(1)
+            name = json.loads(resolver.value(template["SecretStringTemplate"]))["username"]
             assert name.startswith(f"inferq-{role}-"), (mode, role, name)
+            user = resources[f"MemoryDb{role.capitalize()}User" if mode == "memorydb" else f"{role.capitalize()}User"]
+            assert resolver.value(user["Properties"]["UserName"]) == name, (mode, role)
 
 
 def test_no_role_may_send_an_administrative_or_dangerous_command() -> None:

@@ -117,7 +117,8 @@ def test_the_alarm_topic_is_encrypted_with_a_key_cloudwatch_may_use(nested: dict
     assert resources["AlarmTopic"]["Properties"]["KmsMasterKeyId"] == {"Ref": "AlarmKey"}
     key = resources["AlarmKey"]["Properties"]
     assert key["EnableKeyRotation"] is True
-    cloudwatch = [s for s in key["KeyPolicy"]["Statement"] if s["Principal"].get("Service") == "cloudwatch.amazonaws.com"]
+    statements = key["KeyPolicy"]["Statement"]
+    cloudwatch = [s for s in statements if s["Principal"].get("Service") == "cloudwatch.amazonaws.com"]
     assert len(cloudwatch) == 1 and cloudwatch[0]["Effect"] == "Allow"
     assert {"kms:Decrypt", "kms:GenerateDataKey*"} <= set(cloudwatch[0]["Action"])
     publish = resources["AlarmTopicPolicy"]["Properties"]["PolicyDocument"]["Statement"][0]
