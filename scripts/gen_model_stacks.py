@@ -164,7 +164,7 @@ def gpu_template(registry: Registry, document: dict[str, Any]) -> dict[str, Any]
         + gpu["Description"]
     )
     outputs = gpu["Outputs"]
-    for name in ("ServiceName", "ServiceArn", "AutoScalingGroupName", "CapacityProviderName"):
+    for name in ("ServiceName", "ServiceArn", "AutoScalingGroupName", "CapacityProviderName", "TaskDefinitionArn"):
         outputs.pop(name)
     for model in registry.models:
         suffix = logical_id(model)
@@ -185,6 +185,8 @@ def gpu_template(registry: Registry, document: dict[str, Any]) -> dict[str, Any]
         resources.update(copies)
         outputs[f"Service{suffix}Name"] = {"Value": {"Fn::GetAtt": [names["Service"], "Name"]}}
         outputs[f"Service{suffix}Arn"] = {"Value": {"Ref": names["Service"]}}
+        outputs[f"TaskDefinition{suffix}Arn"] = {"Value": {"Ref": names["TaskDefinition"]}}
+        outputs[f"CapacityProvider{suffix}Name"] = {"Value": {"Ref": names["CapacityProvider"]}}
     providers = [{"Ref": "CapacityProvider" + logical_id(m)} for m in registry.models]
     associations = resources["ClusterCapacityProviders"]["Properties"]
     associations["CapacityProviders"] = providers
@@ -271,9 +273,17 @@ def root_template(registry: Registry, gpu: dict[str, Any], out: Path) -> dict[st
     scaler = resources["ScalerFunction"]["Properties"]
     scaler["Environment"]["Variables"].pop("INFERQ_ECS_SERVICE")  # each model names its service
     services = [{"Fn::GetAtt": ["Gpu", f"Outputs.Service{logical_id(m)}Arn"]} for m in registry.models]
+    task_definitions = [{"Fn::GetAtt": ["Gpu", f"Outputs.TaskDefinition{logical_id(m)}Arn"]} for m in registry.models]
+    providers = [{"Fn::GetAtt": ["Gpu", f"Outputs.CapacityProvider{logical_id(m)}Name"]} for m in registry.models]
     for statement in scaler["Policies"][0]["Statement"]:
-        if isinstance(statement, dict) and "ecs:UpdateService" in statement.get("Action", []):
+        actions = statement.get("Action", []) if isinstance(statement, dict) else []
+        if any(action.startswith("ecs:") for action in ([actions] if isinstance(actions, str) else actions)):
             statement["Resource"] = services
+            condition = statement.get("Condition", {})
+            if "ecs:task-definition" in condition.get("ArnEqualsIfExists", {}):
+                condition["ArnEqualsIfExists"]["ecs:task-definition"] = task_definitions
+            if "ecs:capacity-provider" in condition.get("StringEqualsIfExists", {}):
+                condition["StringEqualsIfExists"]["ecs:capacity-provider"] = providers
     for model in registry.models:
         resources.update(_alarms(model))
 

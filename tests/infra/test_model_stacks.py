@@ -274,10 +274,18 @@ def test_the_scaler_may_update_exactly_the_models_services(root: dict[str, Any],
     role = root["Resources"]["ScalerFunction"]["Properties"]["Role"]["Fn::GetAtt"][0]
     ecs = [s for owner, s in role_statements(root) if owner == role
            and any(a.startswith("ecs:") for a in as_list(s["Action"]))]
-    assert len(ecs) == 1
-    assert sorted(as_list(ecs[0]["Action"])) == ["ecs:DescribeServices", "ecs:UpdateService"]
-    outputs = [r["Fn::GetAtt"] for r in ecs[0]["Resource"]]
-    assert outputs == [["Gpu", f"Outputs.Service{s}Arn"] for s in MODELS]
+    assert sorted(a for s in ecs for a in as_list(s["Action"])) == ["ecs:DescribeServices", "ecs:UpdateService"]
+    for statement in ecs:
+        outputs = [r["Fn::GetAtt"] for r in statement["Resource"]]
+        assert outputs == [["Gpu", f"Outputs.Service{s}Arn"] for s in MODELS]
+    # the count and nothing else, on any of the models' task definitions and capacity providers
+    update = next(s for s in ecs if as_list(s["Action"]) == ["ecs:UpdateService"])["Condition"]
+    assert update["ArnEqualsIfExists"]["ecs:task-definition"] == [
+        {"Fn::GetAtt": ["Gpu", f"Outputs.TaskDefinition{s}Arn"]} for s in MODELS]
+    assert update["StringEqualsIfExists"]["ecs:capacity-provider"] == [
+        {"Fn::GetAtt": ["Gpu", f"Outputs.CapacityProvider{s}Name"]} for s in MODELS]
+    for suffix in MODELS:
+        assert gpu["Outputs"][f"TaskDefinition{suffix}Arn"]["Value"] == {"Ref": f"TaskDefinition{suffix}"}
     for suffix in MODELS:  # each output is the ARN of that model's service
         assert gpu["Outputs"][f"Service{suffix}Arn"]["Value"] == {"Ref": f"Service{suffix}"}
     assert root["Resources"]["Gpu"]["Properties"]["TemplateURL"] == "infra/models.generated.yaml"
