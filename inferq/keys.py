@@ -139,3 +139,9 @@ class Keys:
     def upload(self, upload_id: str) -> str:
         """Hash: an open Uploads API upload (expires with it)."""
         return f"{self.prefix}upload:{upload_id}"
+
+
+def tenant_webhook_secret(tenant: str) -> str:
+    """Hash: a tenant's webhook signing secret (and the one it replaced, while that stays valid). Not a queue's key:
+    one secret signs the tenant's webhooks from every queue (model) of the deployment; the tenant is its hash tag."""
+    return f"inferq:tenant:{{{tenant}}}:webhook-secret"

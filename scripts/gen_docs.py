@@ -130,7 +130,9 @@ SETTING_DOCS: dict[str, str] = {
     "ecs_cluster": "The ECS cluster of the GPU service (required by the scaler).",
     "ecs_service": "The ECS service the scaler sizes (required by the scaler).",
     # webhooks
-    "webhook_secret": "Key of the webhook signatures; unset, webhooks go out unsigned (logged once).",
+    "webhook_secret": "The deployment's own webhook signing key, for single-tenant setups: when set, every delivery "
+    "carries a signature with it beside the one with the tenant's own secret (docs/api.md, \"Webhooks\"). Give it to "
+    "no tenant of a shared deployment.",
     "webhook_max_age_s": "How long after the terminal state a failing webhook delivery is retried before it is "
     "given up.",
     "webhook_allow_private": "Allow `webhook_url`s that name loopback, private, link-local, unique-local, multicast "
