@@ -43,7 +43,7 @@ LAYER_DIR = "infra/registry"
 LAYER_FILE = "inferq/models.json"
 LAMBDA_REGISTRY = f"/opt/{LAYER_FILE}"  # a layer's files land under /opt
 WORKER_REGISTRY = "/tmp/inferq-models.json"
-SIDECAR_URL = "http://localhost:8000"
+SIDECAR_URL = "http://127.0.0.1:8000"  # vLLM listens on loopback only
 FLEET = ("LaunchTemplate", "AutoScalingGroup", "CapacityProvider", "TaskDefinition", "Service")
 
 
@@ -77,6 +77,11 @@ def _argument(value: Any) -> Any:
     return str(value)
 
 
+LOG_FLAGS = ("--no-enable-log-requests", "--no-enable-log-outputs", "--max-log-len", "0",
+             "--disable-uvicorn-access-log")
+"""vLLM's logging flags of the single-model task (infra/gpu.yaml), on every model's server too."""
+
+
 def vllm_command(model: Model) -> list[Any]:
     """``vllm serve`` for one model: ``args.model`` (default: the served name) is what it loads, every other arg
     ``key: value`` becomes ``--key value`` (``true``: the bare flag; ``false``/null: left out; a list: each value;
@@ -88,7 +93,7 @@ def vllm_command(model: Model) -> list[Any]:
     if gpus > 1:
         args.setdefault("tensor_parallel_size", gpus)  # one task spans the instance's GPUs
     command: list[Any] = ["serve", str(args.pop("model", model.served_model)), "--served-model-name",
-                          model.served_model, "--host", "0.0.0.0", "--port", "8000"]
+                          model.served_model, "--host", "127.0.0.1", "--port", "8000"]
     for key, value in args.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -96,7 +101,8 @@ def vllm_command(model: Model) -> list[Any]:
         elif value is not False and value is not None:
             values = value if isinstance(value, list) else [value]
             command += [flag, *(_argument(v) for v in values)]
-    return command
+    # Last, so no registry argument turns them off: prompts and outputs stay out of the logs (infra/gpu.yaml).
+    return [*command, *LOG_FLAGS]
 
 
 # --- infra/gpu.yaml, one fleet per model ---

@@ -181,6 +181,10 @@ def test_the_vllm_sidecar_runs_the_registry_args_and_a_mock_model_gets_no_gpu(gp
     assert command[command.index("--override-generation-config") + 1] == '{"temperature":0.5}'
     assert command[command.index("--allowed-origins") + 1:][:2] == ["a", "b"]
     assert command[command.index("--gpu-memory-utilization") + 1] == "0.90"  # the stack's default
+    # loopback, and the single-model task's logging flags last, where no registry argument can override them
+    assert command[command.index("--host") + 1] == "127.0.0.1"
+    assert command[-5:] == ["--no-enable-log-requests", "--no-enable-log-outputs", "--max-log-len", "0",
+                            "--disable-uvicorn-access-log"]
     assert chat["vllm"]["ResourceRequirements"] == [{"Type": "GPU", "Value": "1"}]
     assert chat["vllm"]["MemoryReservation"] == 15000
     assert chat["worker"]["DependsOn"] == [{"ContainerName": "vllm", "Condition": "HEALTHY"}]
@@ -218,7 +222,7 @@ def test_every_worker_and_both_functions_read_the_deployed_registry(generated: P
         assert json.loads(containers(gpu, suffix)["worker"]["Command"][-1]) == {"models": [entries[name]]}
         Settings.from_env(env)
     # the sidecar-served model is, to its worker, an OpenAI-compatible server on localhost
-    assert entries["chat"]["backend"] == {"kind": "openai", "base_url": "http://localhost:8000", "served_model": "chat"}
+    assert entries["chat"]["backend"] == {"kind": "openai", "base_url": "http://127.0.0.1:8000", "served_model": "chat"}
     assert entries["embed.small"]["backend"] == {"kind": "mock"}
     # SAM names the layer version ModelRegistry<hash of its content>: a changed registry is a new version
     (layer,) = [k for k, r in root["Resources"].items() if r["Type"] == "AWS::Lambda::LayerVersion"]
