@@ -21,7 +21,7 @@ from tests.support.s3 import MotoS3, in_process_bucket
 from tests.support.s3 import s3 as s3_server  # noqa: F401  (the moto server fixture, used by name)
 
 from .conftest import AppFactory
-from .support import CHAT, A, B
+from .support import A, B
 from .test_jobs import dead_letter, submit
 from .test_submit import assert_envelope
 
