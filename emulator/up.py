@@ -138,16 +138,17 @@ class Supervisor:
         for name in ("INFERQ_SCALER_FUNCTION", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_ECS"):
             child_env.pop(name, None)
         self.child_env = child_env
-        # S3 first: the gateway listens only once the files bucket it is configured with exists, so no client ever
-        # reaches a gateway whose Files or Batches would answer 503 for want of a bucket
-        await asyncio.to_thread(self.ecs.start)
-        await asyncio.to_thread(create_bucket, self.ecs.endpoint, child_env["INFERQ_FILES_BUCKET"])
+        # the gateway imports while moto starts, and listens only once the files bucket exists (emulator.gateway: the
+        # app factory waits for it, and uvicorn opens its port after loading the app), so no client ever reaches a
+        # gateway whose Files or Batches would answer 503 for want of a bucket
         await self._spawn("gateway", [
-            sys.executable, "-m", "uvicorn", "functions.gateway.app:app", "--host", self.args.host,
-            "--port", str(self.args.port), "--timeout-graceful-shutdown", "5", "--no-server-header",
-            "--no-access-log",  # the gateway logs every request itself, as JSON
+            sys.executable, "-m", "uvicorn", "emulator.gateway:app_when_bucket_exists", "--factory",
+            "--host", self.args.host, "--port", str(self.args.port), "--timeout-graceful-shutdown", "5",
+            "--no-server-header", "--no-access-log",  # the gateway logs every request itself, as JSON
             "--http", GATEWAY_HTTP_PROTOCOL,
         ])
+        await asyncio.to_thread(self.ecs.start)
+        await asyncio.to_thread(create_bucket, self.ecs.endpoint, child_env["INFERQ_FILES_BUCKET"])
         # EMF metrics are for CloudWatch: a JSON blob every tick would drown the log (POWERTOOLS_METRICS_DISABLED=false
         # brings them back)
         scaler_env = {"POWERTOOLS_METRICS_DISABLED": self.env.get("POWERTOOLS_METRICS_DISABLED", "true")}
