@@ -31,7 +31,7 @@ def test_a_cursor_reveals_neither_its_position_nor_whether_it_moved() -> None:
     rng = random.Random(11)
     names = ["default", "m-chat"]
     quiet = {"default": "1764400000123-0", "m-chat": None}
-    busy = {"default": "1764400999999-4095", "m-chat": "1764400999999-12"}
+    busy: dict[str, str | None] = {"default": "1764400999999-4095", "m-chat": "1764400999999-12"}
     cursors = [feed.seal(KEY, "t", quiet) for _ in range(50)] + [feed.seal(KEY, "t", busy) for _ in range(50)]
     cursors += [feed.seal(KEY, "t", positions(rng, names)) for _ in range(50)]
     assert len(set(cursors)) == len(cursors)  # a fresh nonce each time
