@@ -9,6 +9,7 @@ the client names, into the file as one S3 multipart upload (a part of memory at 
 
 import asyncio
 import re
+import secrets
 import time
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -284,9 +285,10 @@ def routes(gw: Any, router: APIRouter) -> None:
         return JSONResponse({"id": part_id, "object": "upload.part", "created_at": int(time.time()),
                              "upload_id": upload_id})
 
-    async def move_upload(upload_id: str, from_: str, to: str) -> None:
-        """Move the upload's status (moveupload.lua): 404 when it has expired, 409 when it is not ``from_``."""
-        reply = await gw.call(gw.queue.scripts("moveupload", [gw.queue.keys.upload(upload_id)], [from_, to]))
+    async def move_upload(upload_id: str, from_: str, to: str, token: str) -> None:
+        """Move the upload's status (moveupload.lua) for the request holding ``token``: 404 when it has expired, 409
+        when it is not ``from_`` (another request moved it)."""
+        reply = await gw.call(gw.queue.scripts("moveupload", [gw.queue.keys.upload(upload_id)], [from_, to, token]))
         if int(reply[0]) == -1:
             raise ApiError(404, "no such upload")
         if int(reply[0]) != 1:
@@ -307,7 +309,8 @@ def routes(gw: Any, router: APIRouter) -> None:
             raise ApiError(422, f"the parts hold {sum(int(s or 0) for s in sizes)} bytes, not the "
                                 f"{record['bytes']} the upload was opened with")
         await check_file_quota(gw, tenant, new_files=1)  # its parts count already: they are its bytes
-        await move_upload(upload_id, "pending", "completing")  # one complete at a time, and no part added meanwhile
+        token = secrets.token_hex(8)
+        await move_upload(upload_id, "pending", "completing", token)  # one complete at a time, no part added meanwhile
         record = await upload_record(tenant, upload_id)  # with every part recorded before the move, to delete them
         store = file_store(gw)
         file_id = new_file_id()
@@ -329,9 +332,10 @@ def routes(gw: Any, router: APIRouter) -> None:
             await _kept_within_quota(tenant, file_id, completing=upload_id)
         except BaseException:
             # the upload stays open: the client may delete files and complete again, or cancel
-            await gw.call(gw.queue.scripts("moveupload", [gw.queue.keys.upload(upload_id)], ["completing", "pending"]))
+            await gw.call(gw.queue.scripts("moveupload", [gw.queue.keys.upload(upload_id)],
+                                           ["completing", "pending", token]))
             raise
-        await move_upload(upload_id, "completing", "completed")
+        await move_upload(upload_id, "completing", "completed", token)
         await in_s3(store.delete_parts, tenant, upload_id, [k[5:] for k in record if k.startswith("part:")])
         record["status"] = "completed"
         return JSONResponse(_upload_api(record, info.to_api()))
@@ -342,7 +346,8 @@ def routes(gw: Any, router: APIRouter) -> None:
         record = await upload_record(tenant, upload_id)
         if record["status"] != "pending":
             raise ApiError(409, f"the upload is {record['status']}", type_="upload_not_pending")
-        await move_upload(upload_id, "pending", "cancelled")  # first: no part is added after the parts are read
+        # first: no part is added after the parts are read
+        await move_upload(upload_id, "pending", "cancelled", secrets.token_hex(8))
         record = await upload_record(tenant, upload_id)
         parts = [k[5:] for k in record if k.startswith("part:")]
         await in_s3(file_store(gw).delete_parts, tenant, upload_id, parts)

@@ -181,6 +181,30 @@ async def test_uploads_completing_together_cannot_pass_the_file_quota_together(
     assert len(stored) == sum(a.status_code == 200 for a in answers) <= 1
 
 
+async def test_one_upload_completed_twice_at_once_makes_one_file(
+    s3: Any, make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient]
+) -> None:
+    client = open_files(make_app, open_client)
+    upload_id = await open_upload(client, 3)
+    part = (await add_part(client, upload_id, b"{}\n")).json()["id"]
+    answers = await asyncio.gather(*(client.post(f"/v1/uploads/{upload_id}/complete", headers=A,
+                                                 json={"part_ids": [part]}) for _ in range(4)))
+    assert sorted(a.status_code for a in answers) == [200, 409, 409, 409]
+    assert len((await client.get("/v1/files", headers=A)).json()["data"]) == 1
+    assert s3.list_objects_v2(Bucket=BUCKET, Prefix="uploads/").get("KeyCount") == 0
+
+
+async def test_an_upload_move_is_won_once_and_a_resent_copy_answers_the_same(queue: Queue) -> None:
+    key = queue.keys.upload("upload_x")
+    await queue.redis.hset(key, mapping={"status": "pending", "tenant": "t"})
+    await queue.redis.expire(key, 100)
+    first = await queue.scripts("moveupload", [key], ["pending", "completing", "request-1"])
+    resent = await queue.scripts("moveupload", [key], ["pending", "completing", "request-1"])
+    other = await queue.scripts("moveupload", [key], ["pending", "completing", "request-2"])
+    assert (int(first[0]), int(resent[0]), int(other[0])) == (1, 1, 0) and other[1] == "completing"
+    assert 0 < await queue.redis.ttl(key) <= 100
+
+
 async def test_the_bytes_quota_counts_files_and_open_uploads_parts(
     s3: Any, make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient]
 ) -> None:
@@ -220,7 +244,7 @@ async def test_upload_parts_are_bounded_and_never_write_an_expired_record(
     # a part request that read the record just before it expired writes into nothing
     reply = await queue.scripts("addpart", [key], ["part:part_x", 1, 10])
     assert int(reply[0]) == -1 and not await queue.redis.exists(key)
-    assert int((await queue.scripts("moveupload", [key], ["pending", "completed"]))[0]) == -1
+    assert int((await queue.scripts("moveupload", [key], ["pending", "completed", "token"]))[0]) == -1
     assert not await queue.redis.exists(key)
     assert_envelope(await add_part(client, upload_id, b"d"), 404)
     assert_envelope(await client.post(f"/v1/uploads/{upload_id}/cancel", headers=A), 404)
