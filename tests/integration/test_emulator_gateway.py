@@ -39,7 +39,7 @@ def test_the_gateway_opens_its_port_only_once_the_bucket_exists(s3_server: MotoS
     env = {**os.environ, "INFERQ_REDIS_URL": valkey.url, "INFERQ_API_KEYS": "t:key-emulator-gateway-01",
            "INFERQ_FILES_BUCKET": BUCKET, "INFERQ_QUEUE": f"upgw{port}", "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "emulator.gateway:app_when_bucket_exists", "--factory",
+        [sys.executable, "-m", "emulator.gateway", "uvicorn", "functions.gateway.app:app",
          "--host", "127.0.0.1", "--port", str(port), "--no-access-log"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
