@@ -139,8 +139,11 @@ class Supervisor:
         for name in ("INFERQ_SCALER_FUNCTION", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_ECS"):
             child_env.pop(name, None)
         self.child_env = child_env
+        # the gateway imports while moto starts, and uvicorn starts (and listens) only once the files bucket exists
+        # (emulator.gateway), so no client ever reaches a gateway whose Files or Batches would answer 503 for want of a
+        # bucket
         await self._spawn("gateway", [
-            sys.executable, "-m", "uvicorn", "functions.gateway.app:app", "--host", self.args.host,
+            sys.executable, "-m", "emulator.gateway", "uvicorn", "functions.gateway.app:app", "--host", self.args.host,
             "--port", str(self.args.port), "--timeout-graceful-shutdown", "5", "--no-server-header",
             "--no-access-log",  # the gateway logs every request itself, as JSON
             "--http", GATEWAY_HTTP_PROTOCOL,

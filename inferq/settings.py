@@ -260,6 +260,7 @@ class Settings:
     batch_completion_windows: tuple[str, ...] = _setting(("24h",), _windows)
     batch_max_lines: int = _setting(50000, _int(1))
     tenant_max_files: int = _setting(0, _int(0))
+    tenant_max_file_bytes: int = _setting(0, _int(0))
     tenant_max_batches: int = _setting(0, _int(0))
     worker_id: str | None = _setting(None, _optional_str)
     models: str | None = field(
