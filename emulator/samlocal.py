@@ -184,6 +184,7 @@ def patch_built_template(path: Path, architecture: str) -> None:
         for scope in (variables, function_globals.get("Environment", {}).get("Variables", {})):
             for variable in [k for k, v in scope.items() if leaves_out(v)]:
                 del scope[variable]
+    path.write_text(yaml.safe_dump(template, sort_keys=False))
 
 
 def leaves_out(value: Any) -> bool:
@@ -192,7 +193,6 @@ def leaves_out(value: Any) -> bool:
     template leaves it out, as a deployment with the parameters' defaults does."""
     branches = value.get("Fn::If") if isinstance(value, dict) else None
     return isinstance(branches, list) and len(branches) == 3 and branches[2] == {"Ref": "AWS::NoValue"}
-    path.write_text(yaml.safe_dump(template, sort_keys=False))
 
 
 def lambda_architecture() -> tuple[str, str]:
@@ -331,6 +331,10 @@ class SamLocal:
             "pid": os.getpid(),
         }
         self._start_api(template, env_file)
+        assert self.api is not None and self.emulator is not None
+        self.state["children"] = {"sam local start-api": self.api.pid, "inferq up": self.emulator.pid}
+        if self.docker.private:
+            self.state["private_engine"] = str(self.docker.private.state)
         (self.data_dir / STATE_FILE).write_text(json.dumps(self.state, indent=2) + "\n")
         if self.args.scaler == "lambda":
             threading.Thread(target=self._scaler_loop, name="scaler", daemon=True).start()
