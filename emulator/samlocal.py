@@ -49,6 +49,9 @@ STATE_FILE = "sam-local.json"
 FUNCTIONS = ("GatewayFunction", "ScalerFunction")
 WAKE_EVENT = {"source": "inferq.sam-local", "detail-type": "manual invoke"}
 """Not EventBridge's scheduled event: the scaler evaluates once and returns (a scheduled one loops for a minute)."""
+LOCAL_SCALER_TIMEOUT_S = 10
+"""The local scaler's timeout (AWS: 60 s). Every invocation, a wake-up too, drives the batches until its time is
+nearly over, so a `sam local invoke` lasts about its timeout; 10 s keeps a manual invoke short."""
 MOTO_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_REGION": "us-east-1",
@@ -80,6 +83,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--service-host",
                         help="address Valkey and moto listen on (default: the container host's address on Linux, "
                         "127.0.0.1 on Docker Desktop)")
+    parser.add_argument("--skip-base-image", action="store_true", default=sys.platform != "linux",
+                        help="use the public.ecr.aws/lambda/python:3.13 image the engine has (pulled) instead of "
+                        "building one with emulator/sam-base-image.sh (the default off Linux)")
     parser.add_argument("--warm-containers", choices=["EAGER", "LAZY"],
                         help="keep function containers between requests (sam's --warm-containers)")
     parser.add_argument("--scaler", choices=["emulator", "lambda", "none"], default="emulator",
@@ -169,8 +175,9 @@ class Docker:
 
 
 def patch_built_template(path: Path, architecture: str) -> None:
-    """What only the local copy says: this machine's architecture, and ``AWS_ENDPOINT_URL`` declared on every
-    function (``sam local`` sets only variables the template declares; empty unless the env-vars file gives it)."""
+    """What only the local copy says: this machine's architecture, ``AWS_ENDPOINT_URL`` declared on every function
+    (``sam local`` sets only variables the template declares; empty unless the env-vars file gives it), and a short
+    scaler timeout (LOCAL_SCALER_TIMEOUT_S)."""
     template = yaml.safe_load(path.read_text())
     function_globals = template.get("Globals", {}).get("Function", {})
     if "Architectures" in function_globals:
@@ -179,6 +186,8 @@ def patch_built_template(path: Path, architecture: str) -> None:
         properties = template["Resources"][name]["Properties"]
         if "Architectures" in properties:
             properties["Architectures"] = [architecture]
+        if name == "ScalerFunction":
+            properties["Timeout"] = LOCAL_SCALER_TIMEOUT_S
         variables = properties.setdefault("Environment", {}).setdefault("Variables", {})
         variables.setdefault("AWS_ENDPOINT_URL", "")
         for scope in (variables, function_globals.get("Environment", {}).get("Variables", {})):
@@ -204,8 +213,33 @@ def lambda_architecture() -> tuple[str, str]:
     return "x86_64", "manylinux2014_x86_64"
 
 
+BUILD_INPUTS = ("template.yaml", "infra", "mk/sam.mk", "inferq", "inferq_webhooks", "functions")
+
+
+def build_key(architecture: str) -> str:
+    """A hash of everything `sam build` reads (and of how this module patches its output)."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{architecture}\n".encode())
+    digest.update(Path(__file__).read_bytes())
+    for name in BUILD_INPUTS:
+        path = ROOT / name
+        files = [path] if path.is_file() else sorted(
+            p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+        )
+        for file in files:
+            digest.update(str(file.relative_to(ROOT)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
+
+
 def sam_build(build_dir: Path) -> Path:
+    """`sam build` into ``build_dir``, or nothing when the last build there had the same inputs."""
     architecture, pip_platform = lambda_architecture()
+    key = build_key(architecture)
+    stamp = build_dir / ".inferq-build-key"
+    if stamp.exists() and stamp.read_text() == key and (build_dir / "template.yaml").exists():
+        say(f"sam build: {build_dir} is current")
+        return build_dir / "template.yaml"
     env = {**os.environ, "LAMBDA_PLATFORM": pip_platform, "SAM_CLI_TELEMETRY": "0"}
     started = time.monotonic()
     result = subprocess.run(
@@ -216,6 +250,7 @@ def sam_build(build_dir: Path) -> Path:
         raise RuntimeError(f"sam build exited {result.returncode}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
     template = build_dir / "template.yaml"
     patch_built_template(template, architecture)
+    stamp.write_text(key)
     say(f"sam build ({architecture}) in {time.monotonic() - started:.0f}s: {template}")
     return template
 
@@ -307,11 +342,12 @@ class SamLocal:
         (self.data_dir / STATE_FILE).unlink(missing_ok=True)
         self.docker.start()
         self._check_stop()
-        base = subprocess.run([str(BASE_IMAGE_SCRIPT)], env={**self.docker.env, "SAM_VENV": str(SAM.parents[1])},
-                              capture_output=True, text=True, check=False)
-        if base.returncode != 0:
-            raise RuntimeError(f"emulator/sam-base-image.sh exited {base.returncode}:\n{base.stderr[-3000:]}")
-        say(f"base image {base.stdout.strip()} ready")
+        if not self.args.skip_base_image:
+            base = subprocess.run([str(BASE_IMAGE_SCRIPT)], env={**self.docker.env, "SAM_VENV": str(SAM.parents[1])},
+                                  capture_output=True, text=True, check=False)
+            if base.returncode != 0:
+                raise RuntimeError(f"emulator/sam-base-image.sh exited {base.returncode}:\n{base.stderr[-3000:]}")
+            say(f"base image {base.stdout.strip()} ready")
         self._check_stop()
         template = sam_build(self.data_dir / "sam" / "build")
         self._check_stop()
@@ -389,7 +425,10 @@ class SamLocal:
             self._check_stop()
             time.sleep(0.3)
         # one request through a Lambda container, the whole chain: container -> Valkey and moto's S3
-        status = http_status(f"{self.state['api']}/readyz", timeout=60)
+        first = time.monotonic()
+        status = http_status(f"{self.state['api']}/readyz", timeout=120)
+        say(f"first request through the Lambda (GET /readyz {status}, cold: sam builds its image on the base the "
+            f"first time): {time.monotonic() - first:.1f}s")
         if status != 200:
             raise RuntimeError(f"GET /readyz through the Lambda answered {status}: the container does not reach "
                                f"Valkey or moto at {self.docker.container_host} (see emulator/README.md, networking)")
@@ -414,9 +453,11 @@ class SamLocal:
 
     def _stop(self) -> None:
         say("stopping")
+        started = time.monotonic()
         for name, process in (("sam local start-api", self.api), ("inferq up", self.emulator)):
             if process is None or process.poll() is not None:
                 continue
+            say(f"stopping {name} ({time.monotonic() - started:.1f}s)")
             process.send_signal(signal.SIGTERM)  # sam removes its containers; inferq up drains its workers
             try:
                 process.wait(timeout=60)
@@ -428,8 +469,9 @@ class SamLocal:
         with contextlib.suppress(Exception):
             self._remove_sam_containers()
         (self.data_dir / STATE_FILE).unlink(missing_ok=True)
+        say(f"stopping the engine ({time.monotonic() - started:.1f}s)")
         self.docker.stop()
-        say("stopped")
+        say(f"stopped ({time.monotonic() - started:.1f}s)")
 
     def _remove_sam_containers(self) -> None:
         """Containers sam left (it removes its own on SIGTERM; a killed sam does not): those of our images."""
