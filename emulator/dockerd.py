@@ -149,7 +149,9 @@ class Engine:
             network = ["--bridge=none", "--userland-proxy=false"]
         log = (self.state / "engine.log").open("ab")
         self.processes.append(
-            subprocess.Popen([containerd, "--config", str(self.state / "containerd.toml")], stdout=log, stderr=log)
+            # a session of their own: a Ctrl-C at the terminal reaches whoever started them, which stops them in order
+            subprocess.Popen([containerd, "--config", str(self.state / "containerd.toml")], stdout=log, stderr=log,
+                             start_new_session=True)
         )
         self._wait_for(self.state / "containerd.sock", timeout)
         self.processes.append(
@@ -170,6 +172,7 @@ class Engine:
                 ],
                 stdout=log,
                 stderr=log,
+                start_new_session=True,
             )
         )
         deadline = time.monotonic() + timeout

@@ -168,7 +168,8 @@ class Docker:
     def stop(self) -> None:
         if self.private:
             self.private.stop()
-            say("private dockerd stopped, its bridge and state removed")
+            took = ", ".join(f"{k} {v:.1f}s" for k, v in self.private.timings.items())
+            say(f"private dockerd stopped, its bridge and state removed ({took})")
 
 
 # ---------------------------------------------------------------------------------------------------- the build

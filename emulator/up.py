@@ -178,7 +178,8 @@ class Supervisor:
         host = self.args.service_host
         port = self.args.valkey_port or free_port(host)
         self.valkey = ValkeyProcess(
-            self.data_dir / "valkey", host=host, port=port, appendfsync="everysec", log_file=self.data_dir / "valkey.log"
+            self.data_dir / "valkey", host=host, port=port, appendfsync="everysec",
+            log_file=self.data_dir / "valkey.log",
         )
         self.redis_url = self.valkey.url
         self._valkey_start()
