@@ -14,7 +14,8 @@
 # the image is also tagged inferq-local/lambda-python:3.13-<arch>-<hash>, and SAM's tag is moved only when it differs. A re-import removes SAM's own
 # `...-rapid-<arch>` image built on the old one (SAM would keep using it otherwise).
 #
-# Needs root (debootstrap, chroot), debootstrap, python3 with pip, and a Docker engine (DOCKER_HOST is honoured).
+# Needs root (debootstrap, chroot), debootstrap, a Python with pip ($PYTHON, default python3), and a Docker engine
+# (DOCKER_HOST is honoured).
 # SAM_VENV: the aws-sam-cli venv (default .tools/sam, `make sam-tools`). DEBIAN_MIRROR overrides the mirror;
 # DOCKER is the CLI to use; SAM_BASE_ARCH (x86_64 or arm64, default this machine's) the image's architecture.
 set -euo pipefail
@@ -63,7 +64,7 @@ build_rootfs() {  # DIR: trixie's python3 with the Lambda runtime's layout in DI
     ln -s python3.13 "$1"/var/lang/bin/python3
     ln -s python3.13 "$1"/var/lang/bin/python
     # The runtime's own packages, as Lambda-platform wheels for CPython 3.13, installed by this machine's pip.
-    PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --no-compile \
+    PIP_ROOT_USER_ACTION=ignore "${PYTHON:-python3}" -m pip install --quiet --disable-pip-version-check --no-compile \
         --target "$1"/var/runtime --platform "$platform" --implementation cp --python-version 3.13 \
         --only-binary=:all: "awslambdaric==$awslambdaric_version" "boto3==$boto3_version" >&2
     rm -rf "$1"/var/runtime/bin

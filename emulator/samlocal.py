@@ -344,8 +344,10 @@ class SamLocal:
         self.docker.start()
         self._check_stop()
         if not self.args.skip_base_image:
-            base = subprocess.run([str(BASE_IMAGE_SCRIPT)], env={**self.docker.env, "SAM_VENV": str(SAM.parents[1])},
-                                  capture_output=True, text=True, check=False)
+            # pip of this Python (it has one: it installed the project) fetches the runtime's wheels
+            script_env = {**self.docker.env, "SAM_VENV": str(SAM.parents[1]), "PYTHON": sys.executable}
+            base = subprocess.run([str(BASE_IMAGE_SCRIPT)], env=script_env, capture_output=True, text=True,
+                                  check=False)
             if base.returncode != 0:
                 raise RuntimeError(f"emulator/sam-base-image.sh exited {base.returncode}:\n{base.stderr[-3000:]}")
             say(f"base image {base.stdout.strip()} ready")
