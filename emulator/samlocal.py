@@ -507,8 +507,8 @@ def invoke(args: argparse.Namespace) -> int:
     state = json.loads(state_file.read_text())
     function = args.command[1] if len(args.command) > 1 else "ScalerFunction"
     env = sam_env({**os.environ, "DOCKER_HOST": state["docker_host"]})
-    return subprocess.run(invoke_command(state, function, *args.command[2:]), cwd=args.data_dir, env=env,
-                          check=False).returncode
+    # in the caller's directory: an --event path is relative to it
+    return subprocess.run(invoke_command(state, function, *args.command[2:]), env=env, check=False).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
