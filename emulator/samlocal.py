@@ -523,6 +523,11 @@ def main(argv: list[str] | None = None) -> int:
         print("sam-local: no Docker engine: install Docker (Debian: apt-get install docker.io debootstrap), or give "
               "--docker-host", file=sys.stderr)
         return 1
+    if not args.skip_base_image and which("debootstrap") is None:
+        print("sam-local: the Lambda base image is built with debootstrap: install it (Debian: apt-get install "
+              "debootstrap), or pull public.ecr.aws/lambda/python:3.13-<arch> and pass --skip-base-image",
+              file=sys.stderr)
+        return 1
     return SamLocal(args).run()
 
 
