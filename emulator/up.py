@@ -32,6 +32,7 @@ from .procs import Child, LogSink
 from .valkey import ValkeyProcess, free_port
 
 EMULATOR_SCALER_INTERVAL_S = "2"
+EMULATOR_SCALE_DEFAULTS = {"INFERQ_SCALE_BOOT_S": "0"}
 DEFAULT_VALKEY_PORT = 6380
 DEFAULT_FILES_BUCKET = "inferq-files"
 READY_TIMEOUT_S = 60.0
@@ -167,6 +168,7 @@ class Supervisor:
         self.agents = await start_fleets(
             self.ecs, self.registry, self.sink, worker_env, stop_timeout_s=self.stop_timeout_s,
             metrics_port_base=metrics_base, log_protection=self.settings.log_level == "DEBUG",
+            boot_s=self.settings.emulator_boot_s,
         )
         self.agent = self.agents[0]
         await self._wait_ready()
@@ -335,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     env = dict(os.environ)
     env.setdefault("INFERQ_SCALER_INTERVAL_S", EMULATOR_SCALER_INTERVAL_S)
+    # workers here start in about a second: no boot forecast unless asked for (`make bench`'s real-loop scenario
+    # sets it, with the agent's emulated boot, INFERQ_EMULATOR_BOOT_S)
+    for name, value in EMULATOR_SCALE_DEFAULTS.items():
+        env.setdefault(name, value)
     settings = load_or_exit(env)
     if settings.models:  # the children may run elsewhere in the tree: give them the file's absolute path
         env["INFERQ_MODELS"] = str(Path(settings.models).resolve())

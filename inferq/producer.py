@@ -21,6 +21,7 @@ from .jobs import (
     new_job_id,
     record_of,
 )
+from .leanclient import UNENCODABLE
 from .queue_core import QueueCore, chunks, new_token, now_ms
 from .scripting import Code
 from .waiters import SharedWaiters
@@ -153,7 +154,8 @@ class Producer(QueueCore):
         now = now or now_ms()
         job_id = new_job_id() + self.id_suffix
         if self._submits is None:
-            self._submits = Batcher(self._accept, overlap=True)
+            # a submit whose arguments cannot be encoded fails alone, not the others of its turn
+            self._submits = Batcher(self._accept, overlap=True, split_on=UNENCODABLE)
         # a wait for it here need not read it first (SharedWaiters.expect); a ttl_s job is read (it may expire)
         waiters = self._waiters if request.ttl_s is None else None
         if waiters is not None:
