@@ -19,6 +19,12 @@ Scenarios (``--only`` takes a comma-separated subset):
       when present)
 - K   core ceiling (bench.core)
 - E   elasticity simulation (bench.simulate, when present)
+- R   the simulator against the real loop (bench.sim_realloop): a short bursty trace on `inferq up` with an
+      emulated GPU boot (real scaler, moto ECS, the emulator's agent, mock service times) beside the
+      simulator's prediction for the same trace: worker-seconds and p95 wait, and whether they agree
+- T   a worker's boot with vLLM CPU and the tiny model (bench.sim_boot): task start -> first job, split into
+      process start and imports, the engine's start and model load, warm-up, /health and the worker's part;
+      the worker after /health (as the ECS task runs) and beside the server (skipped without the vllm venv)
 - B   one OpenAI batch of 10,000 lines (--quick: 1,000), mock 0 ms, 2 workers, window 32, through the Files and
       Batches API of `inferq up` (bench.batch): wall time create -> completed, lines/s, the gateway's peak RSS
 - V   efficiency against the real vLLM on CPU (bench.efficiency): output tokens/s straight to the server at its
@@ -44,7 +50,7 @@ from . import scale
 from .runner import Bench
 from .stack import ROOT
 
-ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E", "B", "V", "M", "GL")
+ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E", "B", "V", "M", "GL", "R", "T")
 
 
 def _env_pair(text: str) -> tuple[str, str]:

@@ -29,6 +29,8 @@ class Parts(Plumbing):
         parts: list[tuple[str, str, str]] = [("GL", "bench.lambda_gateway", "lambda_gateway"),
                                              ("C", "bench.gateway", "gateway"), ("D", "bench.worker", "worker"),
                                              ("K", "bench.core", "core"), ("E", "bench.simulate", "elasticity"),
+                                             ("R", "bench.sim_realloop", "realloop"),
+                                             ("T", "bench.sim_boot", "boot"),
                                              ("V", "bench.efficiency", "efficiency")]
         for key, module_name, section in parts:
             if key not in self.only:

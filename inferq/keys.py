@@ -107,6 +107,18 @@ class Keys:
         return self.prefix + "scale"
 
     @property
+    def fleet(self) -> str:
+        """Hash worker id -> ``"<started ms> <attempts run> <their backend seconds>"``: the order the drain target
+        follows (newest drain first) and the run time the scaler sizes by."""
+        return self.prefix + "fleet"
+
+    @property
+    def feed_key(self) -> str:
+        """The deployment's secret that seals the results feed's cursors (:mod:`inferq.feed`); the primary queue's
+        only. Written once (``SET NX``), never expires."""
+        return self.prefix + "feed:key"
+
+    @property
     def wake(self) -> str:
         """``SET NX EX`` guard that rate-limits wake-on-enqueue calls to the scaler."""
         return self.prefix + "wake"
