@@ -52,7 +52,7 @@ DIRECT_COMMANDS: dict[str, tuple[str, ...]] = {
     # Takes jobs (its consumer group), renews and reclaims leases, heartbeats, delivers webhooks, finishes jobs
     # through the scripts.
     "worker": (
-        *_WEBHOOKS, "hdel", "hgetall", "hset", "xautoclaim", "zrangebyscore",
+        *_WEBHOOKS, "hdel", "hgetall", "hkeys", "hset", "xautoclaim", "zrangebyscore",
     ),
 }
 
