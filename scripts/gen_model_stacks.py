@@ -44,7 +44,8 @@ LAYER_FILE = "inferq/models.json"
 LAMBDA_REGISTRY = f"/opt/{LAYER_FILE}"  # a layer's files land under /opt
 WORKER_REGISTRY = "/tmp/inferq-models.json"
 SIDECAR_URL = "http://127.0.0.1:8000"  # vLLM listens on loopback only
-FLEET = ("LaunchTemplate", "AutoScalingGroup", "CapacityProvider", "TaskDefinition", "Service")
+FLEET = ("LaunchTemplate", "AutoScalingGroup", "WarmPool", "CapacityProvider", "TaskDefinition", "Service")
+GROUP_NAME = "${AWS::StackName}-gpu"  # infra/gpu.yaml's Auto Scaling group; each model's is GROUP_NAME-<model>
 
 
 # --- the registry as deployed ---
@@ -184,6 +185,15 @@ def gpu_template(registry: Registry, document: dict[str, Any]) -> dict[str, Any]
         maximum: Any = {"Ref": "MaxInstances"} if model.scale_max is None else str(model.scale_max)
         group["MaxSize"] = maximum
         group["Tags"][0]["Value"] = {"Fn::Sub": f"${{AWS::StackName}}-{model.name}"}
+        # each group its own name: the warm pool's launch hook call (user data) and the instance role name it
+        group_name = f"{GROUP_NAME}-{model.name}"
+        group["AutoScalingGroupName"] = {"Fn::Sub": group_name}
+        user_data = template_data["UserData"]["Fn::Base64"]
+        text = user_data["Fn::Sub"].replace(f"--auto-scaling-group-name {GROUP_NAME} ",
+                                            f"--auto-scaling-group-name {group_name} ")
+        if model.sidecar:  # the warm pool pre-downloads what this model's engine loads
+            text = text.replace("${ModelId}", str((model.backend.get("args") or {}).get("model", model.served_model)))
+        user_data["Fn::Sub"] = text
         scaling = copies[names["CapacityProvider"]]["Properties"]["AutoScalingGroupProvider"]["ManagedScaling"]
         scaling["MaximumScalingStepSize"] = maximum if model.scale_max is None else max(1, model.scale_max)
         _task(copies[names["TaskDefinition"]], model, document)
@@ -193,6 +203,11 @@ def gpu_template(registry: Registry, document: dict[str, Any]) -> dict[str, Any]
         outputs[f"Service{suffix}Arn"] = {"Value": {"Ref": names["Service"]}}
         outputs[f"TaskDefinition{suffix}Arn"] = {"Value": {"Ref": names["TaskDefinition"]}}
         outputs[f"CapacityProvider{suffix}Name"] = {"Value": {"Ref": names["CapacityProvider"]}}
+    lifecycle = next(p for p in resources["InstanceRole"]["Properties"]["Policies"]
+                     if p["PolicyName"] == "warm-pool-lifecycle")
+    lifecycle["PolicyDocument"]["Statement"][0]["Resource"] = [
+        {"Fn::Sub": "arn:${AWS::Partition}:autoscaling:${AWS::Region}:${AWS::AccountId}:autoScalingGroup:*:"
+                    f"autoScalingGroupName/{GROUP_NAME}-{m.name}"} for m in registry.models]
     providers = [{"Ref": "CapacityProvider" + logical_id(m)} for m in registry.models]
     associations = resources["ClusterCapacityProviders"]["Properties"]
     associations["CapacityProviders"] = providers
