@@ -230,7 +230,7 @@ async def test_lines_unfinished_at_the_window_end_are_batch_expired_with_their_j
     errors = file_lines(store, "tenant-a", batch.error_file_id)
     assert len(errors) == 3 and {e["error"]["code"] for e in errors} == {"batch_expired"}
     jobs = await queue.redis.hgetall(queue.keys.batch_lines(batch_id))
-    for line in errors + [done]:
+    for line in [*errors, done]:
         n = line["custom_id"][1:]
         assert line["job_id"] == jobs[n] and line["id"] == "batch_req_" + jobs[n].removeprefix("job_")
 
