@@ -16,8 +16,11 @@ class Writer(Protocol):
     def abort(self) -> None: ...
 
 
-class FileSource(Protocol):
+class LineSource(Protocol):
     def chunks(self, tenant: str, file_id: str, start: int = 0) -> Iterator[bytes]: ...
+
+
+class FileSource(LineSource, Protocol):
     def head(self, tenant: str, file_id: str) -> Any: ...
     def writer(self, tenant: str, file_id: str, filename: str, purpose: str) -> Writer: ...
     def claimed(self, key: str) -> bytes: ...
@@ -26,7 +29,7 @@ class FileSource(Protocol):
     def discard_uploads(self, tenant: str, file_id: str) -> int: ...
 
 
-def read_lines(store: FileSource, tenant: str, file_id: str, start: int, count: int, *, max_line: int | None = None,
+def read_lines(store: LineSource, tenant: str, file_id: str, start: int, count: int, *, max_line: int | None = None,
                max_bytes: int | None = None) -> list[Line]:
     """Up to ``count`` lines of the file from byte ``start``, and no more once they hold ``max_bytes`` (the line that
     crosses it is the last); a line over ``max_line`` bytes comes without its data. The stream is closed after."""
