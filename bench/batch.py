@@ -183,7 +183,8 @@ def measure_file(path: Path) -> dict[str, Any]:
 
     from inferq import batch_driver, claimcheck
     from inferq.batch_io import custom_id_of, read_lines
-    from inferq.batches import Validator, error_line, parse_line, scan_lines, validate
+    from inferq.batch_lines import Validator, parse_line, scan_lines, validate
+    from inferq.batches import error_line
     from inferq.settings import Settings
 
     settings = Settings()

@@ -23,10 +23,8 @@ batch ends ``failed`` with an ``errors`` entry that says where it stopped.
   holds every result however long the batch takes; all ended -> ``finalizing``. Past the completion window ->
   ``finalizing`` (expired).
 - ``cancelling``: cancel the jobs not ended yet (once), wait for the running ones (at most ``CANCEL_GRACE_S``).
-- ``finalizing``: read the input again beside the jobs, line by line, and stream the output and error files to S3
-  as multipart uploads, under file ids chosen once (kept in the batch record): a driver killed anywhere in here
-  is followed by one that aborts the dead one's open uploads and writes the same two files again, so the batch
-  ends once, with one output and one error file and no orphan object.
+- ``finalizing``: read the input again beside the jobs and write the output and error files
+  (:mod:`inferq.batch_output`, crash-safe: the batch ends once, with one file of each and no orphan object).
 
 Memory: validation holds one read chunk (256 KiB), one line (at most ``INFERQ_MAX_BODY_BYTES``: a longer line is
 counted, not kept) and a 12-byte digest per custom_id (about 5 MB for 50,000 lines); expansion and finalisation
@@ -41,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import dataclasses
 import json
 import logging
 import secrets
@@ -51,22 +48,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import claimcheck
-from .batch_io import FileSource, Writer, custom_id_of, read_lines
-from .batch_models import NO_JOB, UNROUTED, LineRouter, is_job, unrouted_line
-from .batches import (
-    NOT_RUN,
-    Batch,
-    Batches,
-    BatchStatus,
-    Validator,
-    error_line,
-    new_file_id,
-    output_line,
-    parse_line,
-    scan_lines,
-    validate,
-)
-from .jobs import Job, JobRequest, Priority
+from .batch_io import FileSource, read_lines
+from .batch_lines import Validator, parse_line, validate
+from .batch_models import NO_JOB, UNROUTED, LineRouter, is_job
+from .batch_output import CHUNK_BYTES, BatchOutput
+from .batches import Batch, Batches, BatchStatus
+from .jobs import JobRequest, Priority
 from .queue import JobNotFound, JobTerminal, Queue, QueueError, QueueFull
 from .registry import Registry
 from .settings import Settings
@@ -75,14 +62,11 @@ log = logging.getLogger(__name__)
 
 CHUNK_LINES = 500
 """Lines enqueued per round trip."""
-CHUNK_BYTES = 8 * 1024 * 1024
-"""Input bytes held at once while expanding or finalising (a chunk ends at the line that crosses it)."""
 PASS_WORK_S = 3.0
 """How long one pass keeps enqueueing chunks of one batch before it moves on."""
 IN_FLIGHT_LINES = 10_000
 """Lines of one batch enqueued and not yet passed by its scan: what one pass rereads to keep their outcomes."""
 SCAN_SLICE = 2000
-FINALIZE_LINES = 200
 LOCK_MS = 20_000
 """A driver that dies holding a batch delays it this long at most; a live one renews it every chunk."""
 CANCEL_GRACE_S = 600
@@ -125,6 +109,7 @@ class BatchDriver:
         self.keys = queue.keys
         self.on_step: Callable[[str, str], None] | None = None
         """Called at each boundary of finalisation with (batch id, step name): the kill-at-every-step test's hook."""
+        self.output = BatchOutput(queue, self.lines, store, settings, self._step, self._renew)
         self._start = 0
         self._deadline = float("inf")
 
@@ -465,53 +450,16 @@ class BatchDriver:
 
     # ------------------------------------------------------------------ finalizing
 
-    async def _file_ids(self, batch: Batch) -> tuple[str, str]:
-        """The ids of the batch's output and error files, chosen by the first finalisation and kept in its record,
-        so every later try writes the same two objects."""
-        key = self.keys.batch(batch.id)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hsetnx(key, "final_output_id", new_file_id())
-        pipe.hsetnx(key, "final_error_id", new_file_id())
-        pipe.hmget(key, "final_output_id", "final_error_id")
-        *_, (output_id, error_id) = await pipe.execute()
-        return str(output_id), str(error_id)
-
     async def _finalize(self, batch: Batch, report: PassReport) -> None:
         end = BatchStatus(batch.end or BatchStatus.COMPLETED.value)
         if end is BatchStatus.EXPIRED and not batch.cancel_sent:
             await self._cancel_unfinished(batch)
-        output_id, error_id = await self._file_ids(batch)
-        self._step(batch.id, "ids")
-        for file_id in (output_id, error_id):  # what a killed try left open
-            await asyncio.to_thread(self.store.discard_uploads, batch.tenant, file_id)
-        self._step(batch.id, "discarded")
-        output = await asyncio.to_thread(
-            self.store.writer, batch.tenant, output_id, f"{batch.id}_output.jsonl", "batch_output")
-        errors = await asyncio.to_thread(
-            self.store.writer, batch.tenant, error_id, f"{batch.id}_error.jsonl", "batch_output")
-        self._step(batch.id, "opened")
-        try:
-            if end is BatchStatus.FAILED:
-                completed, failed = 0, await self._write_refused(batch, errors)
-            else:
-                completed, failed = await self._write_files(batch, end, output, errors)
-            self._step(batch.id, "written")
-            await self._close(output, completed, batch.tenant, output_id)
-            self._step(batch.id, "output_closed")
-            await self._close(errors, failed, batch.tenant, error_id)
-            self._step(batch.id, "errors_closed")
-        except BaseException:
-            for writer in (output, errors):
-                try:
-                    await asyncio.to_thread(writer.abort)
-                except Exception:  # noqa: S110 - the next try discards it; the lifecycle rule after that
-                    pass
-            raise
+        files = await self.output.write(batch, end)
         fields: dict[str, Any] = {f"{end.value}_at": int(time.time()),
-                                  "output_file_id": output_id if completed else "",
-                                  "error_file_id": error_id if failed else ""}
+                                  "output_file_id": files.output_id if files.completed else "",
+                                  "error_file_id": files.error_id if files.failed else ""}
         if end is not BatchStatus.FAILED:
-            fields.update(completed=completed, failed=failed)
+            fields.update(completed=files.completed, failed=files.failed)
         await self.batches.move(batch.id, (BatchStatus.FINALIZING,), end, **fields)
         self._step(batch.id, "moved")
         await self._retire(batch.id)
@@ -523,97 +471,6 @@ class BatchDriver:
         pipe.expire(self.keys.batch(batch_id), self.settings.result_ttl_s)
         pipe.expire(self.keys.batch_lines(batch_id), self.settings.result_ttl_s)
         await pipe.execute()
-
-    async def _read_back(self, job: Job) -> Job:
-        """A claimed result read back from S3 (docs/api.md, "Large payloads"): output lines hold every body inline,
-        as OpenAI's do. An S3 fault ends this pass's files like any other; the next pass starts them over."""
-        claim = claimcheck.claim_of_result(job.result, job.tenant, job.id)
-        assert claim is not None and job.result is not None
-        data = await asyncio.to_thread(self.store.claimed, claim.key)
-        if not claimcheck.verify(claim, data):
-            raise ValueError(f"the stored result of {job.id} does not match its reference")
-        return dataclasses.replace(job, result={"status_code": job.result.get("status_code", 200),
-                                                "body": json.loads(data)})
-
-    async def _close(self, writer: Writer, lines: int, tenant: str, file_id: str) -> None:
-        """Complete a file that has lines; an empty one is not kept (OpenAI leaves its id null), nor what an
-        earlier try may have completed under its id."""
-        if lines:
-            await asyncio.to_thread(writer.close)
-            return
-        await asyncio.to_thread(writer.abort)
-        await asyncio.to_thread(self.store.delete, tenant, file_id)
-
-    async def _write_files(self, batch: Batch, end: BatchStatus, output: Writer, errors: Writer) -> tuple[int, int]:
-        completed = failed = 0
-        line = 0
-        offset = 0
-        while True:
-            lines = await asyncio.to_thread(
-                read_lines, self.store, batch.tenant, batch.input_file_id, offset, FINALIZE_LINES,
-                max_line=self.settings.max_body_bytes, max_bytes=CHUNK_BYTES)
-            if not lines:
-                break
-            ids = await self.redis.hmget(self.keys.batch_lines(batch.id), list(range(line, line + len(lines))))
-            records = await self.lines.job_fields(ids, None)
-            good = bytearray()
-            bad = bytearray()
-            for item, job_id, record in zip(lines, ids, records, strict=True):
-                custom_id = custom_id_of(item.data)
-                job = Job.from_hash(record) if record and "status" in record else None
-                if job is not None and claimcheck.claim_of_result(job.result, job.tenant, job.id) is not None:
-                    job = await self._read_back(job)
-                if job_id == UNROUTED:
-                    is_error, entry = True, unrouted_line(custom_id, item.data)
-                elif job_id is not None and not is_job(job_id):
-                    code = job_id[len(NO_JOB):]
-                    is_error, entry = True, error_line(custom_id, code, NOT_RUN.get(code, code))
-                else:
-                    is_error, entry = output_line(custom_id, job, end, job_id)
-                target = bad if is_error else good
-                target += json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
-                if is_error:
-                    failed += 1
-                else:
-                    completed += 1
-            if good:
-                await asyncio.to_thread(output.write, bytes(good))
-            if bad:
-                await asyncio.to_thread(errors.write, bytes(bad))
-            line += len(lines)
-            offset = lines[-1].end
-            await self._renew()
-            self._step(batch.id, "chunk")
-        return completed, failed
-
-    async def _write_refused(self, batch: Batch, errors: Writer) -> int:
-        """The error file of a batch that failed validation: every line, with its own error or ``batch_failed``
-        (valid, not run), so each line of the file is accounted for; how many lines."""
-        validator = Validator(batch.endpoint, self.settings.batch_max_lines)
-        code, message = "batch_failed", "This request was not executed: the input file has invalid lines."
-
-        def write() -> int:
-            count = 0
-            pending = bytearray()
-            for line in scan_lines(self.store.chunks(batch.tenant, batch.input_file_id), 0,
-                                   self.settings.max_body_bytes):
-                error = validator.check(line)
-                if error is not None:
-                    entry = error_line(custom_id_of(line.data), error.code, f"line {line.number}: {error.message}")
-                elif line.data is None:
-                    entry = error_line(None, "request_too_large", f"line {line.number}: {NOT_RUN['request_too_large']}")
-                else:
-                    entry = error_line(custom_id_of(line.data), code, message)
-                pending += json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
-                count += 1
-                if len(pending) >= CHUNK_BYTES:
-                    errors.write(bytes(pending))
-                    pending.clear()
-            if pending:
-                errors.write(bytes(pending))
-            return count
-
-        return await asyncio.to_thread(write)
 
 
 __all__ = ["BatchDriver", "FileSource", "PassReport", "QueueError"]

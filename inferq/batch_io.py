@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from .batches import Line, scan_lines
+from .batch_lines import Line, scan_lines
 
 
 class Writer(Protocol):

@@ -1,4 +1,4 @@
-"""The batch input reader and the per-line checks (inferq.batches): lines as the driver sees them, whatever the
+"""The batch input reader and the per-line checks (inferq.batch_lines): lines as the driver sees them, whatever the
 file's line endings, BOM, blank lines or line lengths, in bounded memory."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterator
 
 from inferq.batch_io import custom_id_of
-from inferq.batches import scan_lines, validate
+from inferq.batch_lines import scan_lines, validate
 
 
 def chunked(data: bytes, size: int) -> Iterator[bytes]:
