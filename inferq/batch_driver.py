@@ -7,7 +7,7 @@ at a time) and its own deadline: a batch whose step fails or hangs (its input fi
 delays no other. A failed step is retried on later passes with backoff; after :data:`MAX_FAULTS` in a row the
 batch ends ``failed`` with an ``errors`` entry that says where it stopped.
 
-- ``validating``: read the input file once, streaming (:class:`inferq.batches.Validator`), stopping at the first
+- ``validating``: read the input file once, streaming (:class:`inferq.batch_lines.Validator`), stopping at the first
   line past ``INFERQ_BATCH_MAX_LINES``; -> ``in_progress`` with the request count, or, when lines are invalid,
   -> ``finalizing`` heading for ``failed``: the batch fails as OpenAI's does, with ``errors``, and its error file
   names the fate of every line (its own error, or ``batch_failed`` for a valid line not run).
