@@ -240,8 +240,9 @@ class Killed(BaseException):
 
 
 def bucket_state(store: FileStore) -> tuple[list[str], list[str]]:
-    keys = [o["Key"] for o in store.client.list_objects_v2(Bucket=BUCKET, Prefix="files/").get("Contents", [])]
-    uploads = [u["Key"] for u in store.client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])]
+    bucket = store.bucket
+    keys = [o["Key"] for o in store.client.list_objects_v2(Bucket=bucket, Prefix="files/").get("Contents", [])]
+    uploads = [u["Key"] for u in store.client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
     return sorted(keys), uploads
 
 
@@ -292,3 +293,78 @@ async def test_finalisation_killed_at_any_step_ends_the_batch_once_with_one_file
     assert sorted(x["custom_id"] for x in output) == [f"c{i}" for i in range(5)]
     assert [x["custom_id"] for x in errors] == ["c5"] and errors[0]["error"]["code"] == "model_error"
     assert not await queue.redis.zscore(queue.keys.batches_active, batch_id)
+
+
+KILL_CHILD = """
+import asyncio, os, sys
+from functions.storage import FileStore
+from inferq.batch_driver import BatchDriver, PassReport
+from inferq.queue import Queue
+from inferq.settings import Settings
+
+redis_url, queue_name, bucket, batch_id, step = sys.argv[1:]
+
+def die(batch, name):
+    if name == step:
+        os._exit(9)  # as a SIGKILL: no finally, no abort, the lease left held
+
+async def main():
+    queue = Queue.connect(Settings(redis_url=redis_url, queue=queue_name))
+    driver = BatchDriver(queue, FileStore(bucket), queue.settings)
+    driver.on_step = die
+    await driver.run_once()
+
+asyncio.run(main())
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("step", ["discarded", "chunk", "output_closed", "moved"])
+async def test_a_driver_process_killed_while_finalising_is_finished_once_by_the_next(
+    valkey: Any, queue_name: str, step: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+    import uuid
+
+    from tests.support.s3 import MotoS3
+
+    server = MotoS3(monkeypatch)  # a server: the killed process and this one share the bucket
+    bucket = f"kill-{uuid.uuid4().hex[:12]}"  # moto's buckets outlive its server within this process
+    try:
+        server.client().create_bucket(Bucket=bucket)
+        store = FileStore(bucket)
+        queue = Queue.connect(Settings(redis_url=valkey.url, queue=queue_name))
+        await queue.ensure_groups()
+        try:
+            batch_id = await new_batch(queue, store, jsonl([request_line(i) for i in range(1200)]))
+            driver = BatchDriver(queue, store, queue.settings)
+            while (await batch_of(queue, batch_id)).next_line < 1200:
+                await driver.run_once()
+                await work_off(queue)
+            child = await asyncio_run_child([sys.executable, "-c", KILL_CHILD, valkey.url, queue_name, bucket,
+                                             batch_id, step])
+            assert child == 9, "the child died at the step"
+            if step == "chunk":
+                assert bucket_state(store)[1], "it died with its uploads open"
+            assert (await batch_of(queue, batch_id)).status is not BatchStatus.COMPLETED or step == "moved"
+            await queue.redis.delete(queue.keys.batch_lock(batch_id))  # its lease runs out
+            await driver.run_once()
+            await driver.run_once()
+            batch = await batch_of(queue, batch_id)
+            assert batch.status is BatchStatus.COMPLETED and (batch.completed, batch.failed) == (1200, 0)
+            keys, uploads = bucket_state(store)
+            assert keys == sorted([store.file_key("tenant-a", batch.input_file_id),
+                                   store.file_key("tenant-a", batch.output_file_id)]) and uploads == []
+            output = file_lines(store, "tenant-a", batch.output_file_id)
+            assert sorted(x["custom_id"] for x in output) == sorted(f"c{i}" for i in range(1200))
+        finally:
+            await queue.close()
+    finally:
+        server.stop()
+
+
+async def asyncio_run_child(argv: list[str]) -> int:
+    import asyncio
+
+    process = await asyncio.create_subprocess_exec(*argv)
+    return await process.wait()
