@@ -182,7 +182,7 @@ def measure_file(path: Path) -> dict[str, Any]:
     import resource
 
     from inferq import batch_driver, claimcheck
-    from inferq.batch_io import custom_id_of, read_lines
+    from inferq.batch_io import line_custom_id, read_lines
     from inferq.batch_lines import Validator, parse_line, scan_lines, validate
     from inferq.batches import error_line
     from inferq.settings import Settings
@@ -204,7 +204,7 @@ def measure_file(path: Path) -> dict[str, Any]:
         again = Validator("/v1/chat/completions", settings.batch_max_lines)
         for line in scan_lines(store.chunks("t", "f"), 0, settings.max_body_bytes):
             error = again.check(line)
-            entry = error_line(custom_id_of(line.data), error.code if error else "batch_failed",
+            entry = error_line(line_custom_id(line), error.code if error else "batch_failed",
                                error.message if error else "not run")
             json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode()  # written to nowhere
             lines += 1

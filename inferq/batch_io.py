@@ -4,6 +4,7 @@ the emulator; this package imports no AWS library) and the line reader it uses o
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -47,6 +48,25 @@ def read_lines(store: LineSource, tenant: str, file_id: str, start: int, count: 
         if close is not None:
             close()
     return found
+
+
+_LEADING_CUSTOM_ID = re.compile(rb'^(?:\xef\xbb\xbf)?\s*\{\s*"custom_id"\s*:\s*("(?:[^"\\]|\\.){1,4096}?")')
+"""A custom_id as the line's first key: it can be read from the head of a line too long to keep."""
+
+
+def line_custom_id(line: Line) -> str | None:
+    """The line's custom_id; for a line too long to have been kept, the one its head starts with, if any."""
+    if line.data is not None:
+        return custom_id_of(line.data)
+    found = _LEADING_CUSTOM_ID.match(line.head)
+    if found is None:
+        return None
+    try:
+        value = json.loads(found.group(1))
+        value.encode()
+    except (ValueError, UnicodeEncodeError):
+        return None
+    return value if isinstance(value, str) and 1 <= len(value) <= 512 else None
 
 
 def custom_id_of(raw: bytes | None) -> str | None:

@@ -72,6 +72,11 @@ class Line:
     size: int
     number: int
     """1-based, counted from where the read started (blank lines included)."""
+    head: bytes = b""
+    """The first :data:`HEAD_BYTES` of a line too long to keep (where its custom_id usually is)."""
+
+
+HEAD_BYTES = 1024
 
 
 def scan_lines(chunks: Iterable[bytes], start: int = 0, max_line: int | None = None) -> Iterator[Line]:
@@ -83,6 +88,7 @@ def scan_lines(chunks: Iterable[bytes], start: int = 0, max_line: int | None = N
     buf = bytearray()
     size = 0
     over = False
+    head = b""
     for chunk in chunks:
         view = memoryview(chunk)
         pos, n = 0, len(chunk)
@@ -92,6 +98,7 @@ def scan_lines(chunks: Iterable[bytes], start: int = 0, max_line: int | None = N
             size += stop - pos
             if not over:
                 if max_line is not None and size > max_line:
+                    head = bytes(buf[:HEAD_BYTES]) + bytes(view[pos:pos + max(0, HEAD_BYTES - len(buf))])
                     over, buf = True, bytearray()
                 else:
                     buf += view[pos:stop]
@@ -100,11 +107,11 @@ def scan_lines(chunks: Iterable[bytes], start: int = 0, max_line: int | None = N
             number += 1
             offset += size + 1
             if over or buf.strip():
-                yield Line(offset, None if over else bytes(buf), size, number)
+                yield Line(offset, None if over else bytes(buf), size, number, head if over else b"")
             buf, size, over = bytearray(), 0, False
             pos = nl + 1
     if over or buf.strip():
-        yield Line(offset + size, None if over else bytes(buf), size, number + 1)
+        yield Line(offset + size, None if over else bytes(buf), size, number + 1, head if over else b"")
 
 
 class Validator:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import claimcheck
-from .batch_io import FileSource, Writer, custom_id_of, read_lines
+from .batch_io import FileSource, Writer, line_custom_id, read_lines
 from .batch_lines import Validator, scan_lines
 from .batch_models import NO_JOB, UNROUTED, LineRouter, is_job, unrouted_line
 from .batches import NOT_RUN, Batch, BatchStatus, error_line, new_file_id, output_line
@@ -130,7 +130,7 @@ class BatchOutput:
             good = bytearray()
             bad = bytearray()
             for item, job_id, record in zip(lines, ids, records, strict=True):
-                custom_id = custom_id_of(item.data)
+                custom_id = line_custom_id(item)
                 job = Job.from_hash(record) if record and "status" in record else None
                 if job is not None and claimcheck.claim_of_result(job.result, job.tenant, job.id) is not None:
                     job = await self._read_back(job)
@@ -170,11 +170,12 @@ class BatchOutput:
                                    self.settings.max_body_bytes):
                 error = validator.check(line)
                 if error is not None:
-                    entry = error_line(custom_id_of(line.data), error.code, f"line {line.number}: {error.message}")
+                    entry = error_line(line_custom_id(line), error.code, f"line {line.number}: {error.message}")
                 elif line.data is None:
-                    entry = error_line(None, "request_too_large", f"line {line.number}: {NOT_RUN['request_too_large']}")
+                    entry = error_line(line_custom_id(line), "request_too_large",
+                                       f"line {line.number}: {NOT_RUN['request_too_large']}")
                 else:
-                    entry = error_line(custom_id_of(line.data), code, message)
+                    entry = error_line(line_custom_id(line), code, message)
                 pending += json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
                 count += 1
                 if len(pending) >= CHUNK_BYTES:

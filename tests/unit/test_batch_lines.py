@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from inferq.batch_io import custom_id_of
+from inferq.batch_io import custom_id_of, line_custom_id
 from inferq.batch_lines import scan_lines, validate
 
 
@@ -37,6 +37,10 @@ def test_a_line_longer_than_the_limit_is_counted_not_kept() -> None:
     lines = list(scan_lines(chunked(data, 4096), max_line=10_000))
     assert [x.data is None for x in lines] == [False, True, False]
     assert lines[1].size == len(huge) and lines[1].end == len(request("a")) + 1 + len(huge) + 1
+    assert [line_custom_id(x) for x in lines] == ["a", "h", "b"], "a long line's custom_id is read from its head"
+    buried = json.dumps({"body": {"custom_id": "inner"}, "pad": "x" * 20_000, "custom_id": "late"}).encode()
+    [line] = scan_lines([buried], max_line=10_000)
+    assert line.data is None and line_custom_id(line) is None, "only a custom_id that comes first is read"
 
 
 def test_validation_reports_each_kind_of_bad_line_and_stops_past_the_line_limit() -> None:

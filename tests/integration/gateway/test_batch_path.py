@@ -112,7 +112,7 @@ IDS = st.sampled_from(["a", "b", "c", "d", "e", "f", "g"])  # few: duplicates ar
 RUNNABLE = st.one_of(  # lines that pass validation: each runs, or fails alone
     st.integers(0, 10**6).map(lambda n: Drawn(_dumps(request(f"u{n}")), f"u{n}")),
     st.integers(0, 10**6).map(lambda n: Drawn(_dumps(request(f"u{n}", mock={"fatal": True})), f"u{n}")),
-    st.integers(0, 10**6).map(lambda n: Drawn(_dumps(request(f"u{n}", "x" * (MAX_BODY + 10))), None)),
+    st.integers(0, 10**6).map(lambda n: Drawn(_dumps(request(f"u{n}", "x" * (MAX_BODY + 10))), f"u{n}")),
     st.integers(0, 10**6).map(lambda n: Drawn(_dumps(request(f"u{n}", "y" * 1500)), f"u{n}")),
     st.sampled_from([b"", b"   "]).map(lambda b: Drawn(b, None, blank=True)),
 )
@@ -122,8 +122,9 @@ LINES = st.one_of(
     IDS.map(lambda c: Drawn(_dumps({**request(c), "url": "/v1/embeddings"}), c)),
     IDS.map(lambda c: Drawn(_dumps({**request(c), "method": "GET"}), c)),
     IDS.map(lambda c: Drawn(_dumps({**request(c), "body": "text"}), c)),
+    IDS.map(lambda c: Drawn(_dumps({"body": {"custom_id": "no", "pad": "x" * MAX_BODY}, "custom_id": c}), None)),
     IDS.map(lambda c: Drawn(_dumps(request(c)).replace(b'"hi"', b'"\\ud800 lone"'), c)),  # a lone surrogate
-    IDS.map(lambda c: Drawn(_dumps(request(c, "x" * (MAX_BODY + 10))), None)),  # over the body limit
+    IDS.map(lambda c: Drawn(_dumps(request(c, "x" * (MAX_BODY + 10))), c)),  # over the body limit
     IDS.map(lambda c: Drawn(_dumps(request(c, "y" * 1500)), c)),  # over the inline limit: claim-checked
     st.binary(min_size=1, max_size=40).map(lambda b: Drawn(b"\xff" + b.replace(b"\n", b""), None)),  # not UTF-8
     st.just(Drawn(b"[1, 2]", None)),

@@ -164,7 +164,7 @@ async def test_lines_obey_the_body_limit_and_the_claim_check_of_a_submit(make_qu
     batch = await batch_of(queue, batch_id)
     assert batch.status is BatchStatus.COMPLETED and (batch.completed, batch.failed) == (3, 1)
     [too_large] = file_lines(store, "tenant-a", batch.error_file_id)
-    assert too_large["custom_id"] is None and too_large["error"]["code"] == "request_too_large"
+    assert too_large["custom_id"] == "c1" and too_large["error"]["code"] == "request_too_large"
     assert sorted(x["custom_id"] for x in file_lines(store, "tenant-a", batch.output_file_id)) == ["c0", "c2", "c3"]
 
 
