@@ -206,6 +206,8 @@ class BatchDriver:
         await self.batches.move(batch_id, tuple(s for s in BatchStatus if not s.terminal), BatchStatus.FAILED,
                                 failed_at=int(time.time()), errors=json.dumps([error]))
         await self._retire(batch_id)
+        if batch.status is BatchStatus.FINALIZING:  # what its tries wrote is no file of the batch's now
+            await self.output.discard(batch)
 
     async def _renew(self) -> None:
         """Extend this driver's lease on its batch (between chunks of a long step)."""

@@ -64,6 +64,17 @@ class BatchOutput:
         *_, (output_id, error_id) = await pipe.execute()
         return str(output_id), str(error_id)
 
+    async def discard(self, batch: Batch) -> None:
+        """Remove what finalising tries of a batch that then failed left (best effort: the bucket's lifecycle
+        rule aborts open uploads after a day)."""
+        for file_id in await self.redis.hmget(self.keys.batch(batch.id), "final_output_id", "final_error_id"):
+            if file_id:
+                try:
+                    await asyncio.to_thread(self.store.discard_uploads, batch.tenant, file_id)
+                    await asyncio.to_thread(self.store.delete, batch.tenant, file_id)
+                except Exception:  # noqa: S110 - S3 is what failed the batch, most likely
+                    pass
+
     async def write(self, batch: Batch, end: BatchStatus) -> Written:
         """Both files, complete (an empty one not kept); the batch is not moved."""
         output_id, error_id = await self.file_ids(batch)

@@ -368,3 +368,29 @@ async def asyncio_run_child(argv: list[str]) -> int:
 
     process = await asyncio.create_subprocess_exec(*argv)
     return await process.wait()
+
+
+async def test_a_finalisation_that_keeps_failing_fails_the_batch_and_leaves_no_file(
+    make_queue: Any, store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from functions.storage import MultipartWriter
+
+    queue = await make_queue()
+    batch_id = await new_batch(queue, store, jsonl([request_line(i) for i in range(3)]))
+    driver = BatchDriver(queue, store, queue.settings)
+    await driver.run_once()
+    await driver.run_once()
+    await work_off(queue)
+    real_close = MultipartWriter.close
+
+    def close_then_fail(self: MultipartWriter) -> int:
+        real_close(self)  # the object is there: a try that dies right after completing it
+        raise ConnectionError("S3 went away")
+
+    monkeypatch.setattr(MultipartWriter, "close", close_then_fail)
+    for _ in range(batch_driver.MAX_FAULTS):
+        await driver.run_once()
+    batch = await batch_of(queue, batch_id)
+    assert batch.status is BatchStatus.FAILED and batch.errors[0]["code"] == "batch_processing_error"
+    assert "finalizing" in batch.errors[0]["message"]
+    assert bucket_state(store) == ([store.file_key("tenant-a", batch.input_file_id)], [])
