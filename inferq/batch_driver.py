@@ -73,7 +73,7 @@ CANCEL_GRACE_S = 600
 """How long a cancelling batch waits for its running lines to end (OpenAI allows up to 10 minutes)."""
 ACTIVE_PER_PASS = 100
 """Batches looked at per pass; the window rotates, so every active batch gets its turn."""
-CONCURRENCY = 4
+CONCURRENCY = 8
 """Batches stepped at once: one slow batch (a large file, a slow S3) holds one of these, never the others."""
 STEP_MAX_S = 50.0
 """The longest one step of one batch may take (less when the invocation has less left); past it the step counts
