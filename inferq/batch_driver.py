@@ -341,6 +341,7 @@ class BatchDriver:
                     ids[i] = job.id
         except QueueFull:
             return 0
+        await self._keep(batch, [j for j in ids if is_job(j)])
         pairs: list[Any] = []
         for i, job_id in enumerate(ids):
             pairs += [batch.next_line + i, job_id]
@@ -349,6 +350,22 @@ class BatchDriver:
         await self.queue.scripts("advancebatch", [self.keys.batch(batch.id), self.keys.batch_lines(batch.id)],
                                  [batch.next_line, end, lines[-1].end, *pairs])
         return len(lines)
+
+    def _keep_until(self, batch: Batch) -> int:
+        """Until when a line's job record is kept: the batch's window, the cancel grace, then the result TTL."""
+        return int(batch.times.get("expires_at") or time.time()) + CANCEL_GRACE_S + self.settings.result_ttl_s
+
+    async def _keep(self, batch: Batch, job_ids: list[str]) -> None:
+        """Keep the jobs' records until the batch has written its output: the terminal transition honours
+        ``keep_until`` over the result TTL. ``NX``: a record that has ended already keeps the expiry it has (the
+        scan extends it); one that expired meanwhile, which the ``HSET`` made anew, does not stay for ever."""
+        until = self._keep_until(batch)
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            key = self.lines.queue_of(job_id).keys.job(job_id)
+            pipe.hset(key, "keep_until", until)
+            pipe.expireat(key, until, nx=True)
+        await pipe.execute()
 
     def _parse(self, batch: Batch, raw: bytes | None) -> tuple[dict[str, Any] | None, str]:
         """The request of a line, or the ``!<code>`` marker of a line that becomes no job
@@ -384,7 +401,7 @@ class BatchDriver:
         end = min(upto, start + IN_FLIGHT_LINES)
         if end <= start:
             return start
-        keep_until = int(batch.times.get("expires_at") or time.time()) + CANCEL_GRACE_S + self.settings.result_ttl_s
+        keep_until = self._keep_until(batch)
         completed = failed = 0
         line = start
         contiguous = True

@@ -201,8 +201,8 @@ async def test_every_result_reaches_the_output_file_though_job_records_expire_fi
     first = [d for d in deliveries if d.job.metadata["custom_id"] != "c0"]  # line 0 runs on: no finalisation yet
     await queue.finish_many([(d, JobStatus.SUCCEEDED, {"status_code": 200, "body": {"n": d.job.metadata["custom_id"]}},
                               None) for d in first])
-    await driver.run_once()  # sees them ended: keeps their records for the batch's life
-    await asyncio.sleep(2.5)  # past INFERQ_RESULT_TTL_S
+    assert await queue.redis.ttl(queue.keys.job(first[0].job.id)) > 86400, "kept for the batch's life"
+    await asyncio.sleep(2.5)  # past INFERQ_RESULT_TTL_S, with no driver pass in between
     [last] = [d for d in deliveries if d.job.metadata["custom_id"] == "c0"]
     await queue.finish_many([(last, JobStatus.SUCCEEDED, {"status_code": 200, "body": {"n": "c0"}}, None)])
     await driver.run_once()
