@@ -6,16 +6,25 @@ Scenarios (``--only`` takes a comma-separated subset):
 - S1  throughput: no-op jobs (mock 0 ms) by concurrent clients, fleet fixed at 1 and 2 workers
 - S2  latency, the reference: 80 jobs, mock 5 ms, 4 closed loops, 1 worker, window 4
 - S3  latency under load: 2,000 jobs, mock 5 ms, 32 closed loops, 1 worker, window 32
-- G   the gateway alone: submits/s into one uvicorn process, no workers
+- G   the gateway alone: submits/s into one uvicorn process, no workers (reported; not a target: the deployed
+      gateway is the Lambda, GL)
 - M   several models against one (bench.models): S3's shape on one queue with 2 workers x window 16, and split
       over two models of a registry, 1 worker x window 16 each; jobs/s, p95 and two over one
 - W   throughput vs window: S3's shape at windows 1, 4, 8, 32 (1 run each)
 - L   the default log level (INFO, as make up runs) against WARNING: S3's shape, two stacks, runs alternated
+- GL  the gateway as Lambda runs it (bench.lambda_gateway): cold start (fresh interpreter, import + first submit
+      through the handler) and warm submit/get per invocation in billed ms, beside a minimal FastAPI + Mangum app
 - C   cold start: gateway module import (bench.gateway when present) and worker process start -> first job taken
 - D   worker drain, the core path without HTTP: pre-loaded jobs, 1 and 2 worker processes (bench.worker too,
       when present)
 - K   core ceiling (bench.core)
 - E   elasticity simulation (bench.simulate, when present)
+- R   the simulator against the real loop (bench.sim_realloop): a short bursty trace on `inferq up` with an
+      emulated GPU boot (real scaler, moto ECS, the emulator's agent, mock service times) beside the
+      simulator's prediction for the same trace: worker-seconds and p95 wait, and whether they agree
+- T   a worker's boot with vLLM CPU and the tiny model (bench.sim_boot): task start -> first job, split into
+      process start and imports, the engine's start and model load, warm-up, /health and the worker's part;
+      the worker after /health (as the ECS task runs) and beside the server (skipped without the vllm venv)
 - B   one OpenAI batch of 10,000 lines (--quick: 1,000), mock 0 ms, 2 workers, window 32, through the Files and
       Batches API of `inferq up` (bench.batch): wall time create -> completed, lines/s, the gateway's peak RSS;
       then the batch driver on large input files (200 MB / 50,000 lines, one 200 MB line, 1,000,000 lines,
@@ -43,7 +52,7 @@ from . import scale
 from .runner import Bench
 from .stack import ROOT
 
-ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E", "B", "V", "M")
+ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E", "B", "V", "M", "GL", "R", "T")
 
 
 def _env_pair(text: str) -> tuple[str, str]:

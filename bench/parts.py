@@ -1,5 +1,5 @@
 """The scenarios run by other modules: B (an OpenAI batch, bench.batch) and the parts with a ``run`` function of
-their own (bench.gateway, bench.worker, bench.core, bench.simulate, bench.efficiency)."""
+their own (bench.lambda_gateway, bench.gateway, bench.worker, bench.core, bench.simulate, bench.efficiency)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,11 @@ class Parts(Plumbing):
     def others(self) -> None:
         """The other engineers' parts, by their ``run`` functions, when they exist."""
         quick = self.args.quick
-        parts: list[tuple[str, str, str]] = [("C", "bench.gateway", "gateway"), ("D", "bench.worker", "worker"),
+        parts: list[tuple[str, str, str]] = [("GL", "bench.lambda_gateway", "lambda_gateway"),
+                                             ("C", "bench.gateway", "gateway"), ("D", "bench.worker", "worker"),
                                              ("K", "bench.core", "core"), ("E", "bench.simulate", "elasticity"),
+                                             ("R", "bench.sim_realloop", "realloop"),
+                                             ("T", "bench.sim_boot", "boot"),
                                              ("V", "bench.efficiency", "efficiency")]
         for key, module_name, section in parts:
             if key not in self.only:
@@ -67,6 +70,9 @@ class Parts(Plumbing):
                     if by_window:
                         self.report["throughput_vs_window"]["bench.worker: mock 5 ms, no HTTP"] = {
                             w: {"median": v, "min": v, "max": v} for w, v in by_window.items() if v is not None}
+                if hasattr(module, "target"):  # a part that states its own goal (bench.lambda_gateway)
+                    goal = module.target(self.report[f"part_{section}"])
+                    row.update(target=goal["text"], verdict=report.verdict(goal))
                 self.report["extra_rows"].append(row)
             except Exception as exc:
                 self.fail(f"{module_name}.run raised {type(exc).__name__}: {exc}")

@@ -1,6 +1,16 @@
 """The elasticity simulation's world (:mod:`bench.simulate`): the seeded day of jobs and the discrete-event
-fleet that serves it, with boot time, windows and scale-in protection. Strategies drive it through
-:class:`bench.sim_strategies.Controller`."""
+fleet that serves it, with boot time, windows, scale-in protection and the drain target. Strategies
+(:mod:`bench.sim_strategies`) drive it through :class:`Controller`, defined here so that this module imports
+nothing of theirs.
+
+What the fleet copies from the real code (gpu_worker/pull.py, gpu_worker/protection.py, the ECS service):
+- a worker takes up to ``window`` jobs and pulls the oldest waiting job as soon as it has a free slot; idle
+  workers are served in turn, as Redis serves blocked ``XREADGROUP`` clients;
+- a worker beyond the scaler's drain target (``target``: the oldest ``target`` running workers pull, the newer
+  ones do not) takes no new job, finishes what it holds and then holds no scale-in protection;
+- ECS stops a surplus task only when it is unprotected (nothing in flight), tasks still starting first;
+- a new worker costs GPU time from the moment it is asked for and serves after its boot: ``warm_boot_s`` for the
+  first ``warm_pool`` workers started at once (instances from the Auto Scaling warm pool), ``boot_s`` beyond."""
 
 from __future__ import annotations
 
@@ -9,10 +19,7 @@ import math
 import random
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .sim_strategies import Controller
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,8 @@ class Scenario:
     service_sigma: float = 0.6
     window: int = 8  # jobs one worker runs at once (INFERQ_WINDOW)
     boot_s: float = 120.0  # GPU instance + container + model load
+    warm_pool: int = 0  # stopped instances kept ready (an Auto Scaling warm pool): they boot in warm_boot_s
+    warm_boot_s: float = 120.0
 
     def quick(self) -> Scenario:
         """Six hours (08:00-14:00 squeezed into the clock) with three bursts: the same shapes, a quarter of the work."""
@@ -68,6 +77,67 @@ def make_trace(sc: Scenario) -> Trace:
     return Trace(times, service, sorted(bursts))
 
 
+def _poisson(rng: random.Random, rate_at: Any, top: float, start: float, end: float) -> list[float]:
+    """Arrivals of a Poisson process whose rate ``rate_at(t)`` never exceeds ``top``, by thinning."""
+    times, t = [], start
+    while True:
+        t += rng.expovariate(top)
+        if t >= end:
+            return times
+        if rng.random() < rate_at(t) / top:
+            times.append(t)
+
+
+def _services(rng: random.Random, sc: Scenario, n: int) -> list[float]:
+    mu = math.log(sc.service_mean_s) - sc.service_sigma**2 / 2
+    return [rng.lognormvariate(mu, sc.service_sigma) for _ in range(n)]
+
+
+def business_hours_trace(sc: Scenario) -> Trace:
+    """A working day: next to nothing at night, a ramp from 08:00, a lunch dip, a fall after 18:00; no batches."""
+    rng = random.Random(sc.seed + 1)
+
+    def rate(t: float) -> float:
+        hour = 24.0 * t / sc.day_s
+        if hour < 7.5 or hour > 19.0:
+            return 0.0005
+        shape = math.sin(math.pi * (hour - 7.5) / 11.5) ** 2
+        lunch = 0.6 if 12.0 <= hour < 13.0 else 1.0
+        return 0.0005 + 0.35 * shape * lunch
+
+    times = _poisson(rng, rate, 0.36, 0.0, sc.day_s)
+    return Trace(times, _services(rng, sc, len(times)), [])
+
+
+def trickle_trace(sc: Scenario, every_s: float = 240.0) -> Trace:
+    """A sparse trickle: one job every few minutes (Poisson, mean gap ``every_s``), all day."""
+    rng = random.Random(sc.seed + 2)
+    times = _poisson(rng, lambda _t: 1.0 / every_s, 1.0 / every_s, 0.0, sc.day_s)
+    return Trace(times, _services(rng, sc, len(times)), [])
+
+
+def spike_storm_trace(sc: Scenario, spikes: int = 40) -> Trace:
+    """A spike storm: a trickle, and ``spikes`` short storms of 20-300 jobs within 5-30 s at random times."""
+    rng = random.Random(sc.seed + 3)
+    times = _poisson(rng, lambda _t: 0.01, 0.01, 0.0, sc.day_s)
+    bursts = []
+    for _ in range(spikes):
+        start, count, spread = rng.uniform(0.0, sc.day_s * 0.95), rng.randint(20, 300), rng.uniform(5.0, 30.0)
+        bursts.append((start, count))
+        times.extend(start + rng.uniform(0.0, spread) for _ in range(count))
+    times.sort()
+    return Trace(times, _services(rng, sc, len(times)), sorted(bursts))
+
+
+TRACES = {
+    "bursty_day": make_trace,
+    "business_hours": business_hours_trace,
+    "trickle": trickle_trace,
+    "spike_storm": spike_storm_trace,
+}
+"""Every trace the simulation reports: the seeded bursty day (the reference, unchanged) and three shapes beside it."""
+
+
 def peak_fleet(trace: Trace, sc: Scenario, span_s: float = 600.0) -> int:
     """Workers whose throughput serves the busiest ``span_s`` of the day: capacity planning for the peak."""
     arrivals, best, lo = trace.arrivals, 0, 0
@@ -80,6 +150,21 @@ def peak_fleet(trace: Trace, sc: Scenario, span_s: float = 600.0) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- the fleet
+
+
+class Controller:
+    """What drives the fleet: told of the start, of each arrival and of its own ticks (``Sim.at(t, TICK, tag)``)."""
+
+    name = "controller"
+
+    def start(self, sim: Sim) -> None:
+        pass
+
+    def on_arrival(self, sim: Sim, now: float) -> None:
+        pass
+
+    def on_tick(self, sim: Sim, now: float, tag: Any) -> None:
+        pass
 
 
 @dataclass
@@ -100,6 +185,9 @@ class Observed:
     pending: int
     busy_workers: int
     desired: int
+    oldest_wait_s: float = 0.0
+    enqueued: int = 0
+    job_s: float | None = None  # the mean service time of the jobs done so far (the workers' run-time metric)
 
 
 ARRIVE, DONE, READY, TICK = 0, 1, 2, 3
@@ -112,6 +200,7 @@ class Sim:
     trace: Trace
     sc: Scenario
     desired: int = 0
+    target: int | None = None  # the drain target: None, every worker pulls
     workers: list[Worker] = field(default_factory=list)
     waiting: deque[int] = field(default_factory=deque)
     waits: list[float] = field(default_factory=list)
@@ -119,6 +208,9 @@ class Sim:
     events: list[tuple[float, int, int, Any]] = field(default_factory=list)
     seq: int = 0
     series: list[tuple[float, int, int, int, int]] = field(default_factory=list)  # t, lag, pending, alive, ready
+    enqueued: int = 0
+    served_s: float = 0.0
+    served: int = 0
 
     def at(self, t: float, kind: int, payload: Any = None) -> None:
         self.seq += 1
@@ -134,7 +226,14 @@ class Sim:
             pending=sum(w.in_flight for w in ready),
             busy_workers=sum(1 for w in ready if w.in_flight > 0),
             desired=self.desired,
+            oldest_wait_s=now - self.trace.arrivals[self.waiting[0]] if self.waiting else 0.0,
+            enqueued=self.enqueued,
+            job_s=self.served_s / self.served if self.served else None,
         )
+
+    def set_target(self, target: int | None, now: float) -> None:
+        """The drain target the scaler records: the oldest ``target`` live workers pull, the others drain."""
+        self.target = target
 
     def set_desired(self, n: int, now: float) -> None:
         if n == self.desired:
@@ -143,8 +242,9 @@ class Sim:
         self.desired = n
         alive = self.alive()
         if len(alive) < n:
-            for _ in range(n - len(alive)):
-                w = Worker(asked_at=now, ready_at=now + self.sc.boot_s)
+            for i in range(n - len(alive)):
+                warm = len(alive) + i < self.sc.warm_pool
+                w = Worker(asked_at=now, ready_at=now + (self.sc.warm_boot_s if warm else self.sc.boot_s))
                 self.workers.append(w)
                 self.at(w.ready_at, READY, w)
             return
@@ -162,9 +262,15 @@ class Sim:
         if w.in_flight == 0 and len(self.alive()) > self.desired:
             w.stopped_at = now
 
+    def pulling(self, now: float) -> list[Worker]:
+        """The ready workers that take new jobs: all of them, or the oldest ``target`` of them (a booting task has
+        no heartbeat yet, so the real workers rank only among the running ones)."""
+        ready = [w for w in self.alive() if w.ready(now)]
+        return ready if self.target is None else ready[: self.target]  # in start order: the newest drain first
+
     def dispatch(self, now: float) -> None:
         while self.waiting:
-            free = [w for w in self.workers if w.ready(now) and w.in_flight < self.sc.window]
+            free = [w for w in self.pulling(now) if w.in_flight < self.sc.window]
             if not free:
                 return
             w = min(free, key=lambda w: w.last_served)
@@ -172,7 +278,7 @@ class Sim:
             self.waits.append(now - self.trace.arrivals[job])
             w.in_flight += 1
             w.last_served = now
-            self.at(now + self.trace.service[job], DONE, w)
+            self.at(now + self.trace.service[job], DONE, (w, job))
 
     def run(self, controller: Controller) -> dict[str, Any]:
         for i, t in enumerate(self.trace.arrivals):
@@ -192,10 +298,14 @@ class Sim:
                 next_sample += 60.0
             if kind == ARRIVE:
                 self.waiting.append(payload)
+                self.enqueued += 1
                 controller.on_arrival(self, t)
             elif kind == DONE:
-                payload.in_flight -= 1
-                self._maybe_stop(payload, t)
+                worker, job = payload
+                worker.in_flight -= 1
+                self.served += 1
+                self.served_s += self.trace.service[job]
+                self._maybe_stop(worker, t)
             elif kind == TICK:
                 controller.on_tick(self, t, payload)
             self.dispatch(t)

@@ -9,20 +9,9 @@ from typing import Any
 
 from inferq.policy import Demand, ScalePolicy, ScaleState, decide
 
-from .sim_fleet import TICK, Sim, Worker
+from .sim_fleet import TICK, Controller, Sim, Worker
 
-
-class Controller:
-    name = "controller"
-
-    def start(self, sim: Sim) -> None:
-        pass
-
-    def on_arrival(self, sim: Sim, now: float) -> None:
-        pass
-
-    def on_tick(self, sim: Sim, now: float, tag: Any) -> None:
-        pass
+__all__ = ["AlwaysOn", "Controller", "InferqPolicy", "KedaLike"]
 
 
 class AlwaysOn(Controller):
@@ -39,12 +28,12 @@ class InferqPolicy(Controller):
     """The real ``decide`` on a fixed cadence, plus the gateway's wake-up call (rate-limited) at zero."""
 
     def __init__(self, policy: ScalePolicy, every_s: float, wake: bool = True, wake_gap_s: float = 10.0,
-                 wake_latency_s: float = 1.0) -> None:
-        self.policy, self.every_s, self.wake = policy, every_s, wake
+                 wake_latency_s: float = 1.0, observe_all: bool = True, label: str = "") -> None:
+        self.policy, self.every_s, self.wake, self.observe_all = policy, every_s, wake, observe_all
         self.wake_gap_s, self.wake_latency_s = wake_gap_s, wake_latency_s
         self.state = ScaleState()
         self.last_wake = -math.inf
-        self.name = f"inferq policy, every {every_s:.0f} s" + (" + wake" if wake else "")
+        self.name = label or f"inferq policy, every {every_s:.0f} s" + (" + wake" if wake else "")
 
     def start(self, sim: Sim) -> None:
         sim.at(0.0, TICK, "schedule")
@@ -56,10 +45,16 @@ class InferqPolicy(Controller):
 
     def on_tick(self, sim: Sim, now: float, tag: Any) -> None:
         o = sim.observe(now)
-        demand = Demand(lag=o.lag, pending=o.pending, busy_workers=o.busy_workers)
+        if self.observe_all:  # what the scaler reads: the oldest job's age, the arrival counter, the run time
+            demand = Demand(lag=o.lag, pending=o.pending, busy_workers=o.busy_workers, oldest_wait_s=o.oldest_wait_s,
+                            enqueued=o.enqueued, job_s=o.job_s)
+        else:  # the job counts alone: the policy as it was before gathering, the forecast and the drain target
+            demand = Demand(lag=o.lag, pending=o.pending, busy_workers=o.busy_workers)
         decision = decide(self.policy, demand, self.state.adopt(sim.desired, now), now)
         self.state = decision.state
         sim.set_desired(decision.desired, now)
+        if self.observe_all:
+            sim.set_target(decision.target, now)
         if tag == "schedule":
             sim.at(now + self.every_s, TICK, "schedule")
 

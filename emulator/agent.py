@@ -10,7 +10,10 @@ What it copies from ECS, because the worker and the scaler depend on it:
   tasks keep failing within seconds of starting (a crash loop: bad image, bad setting) do replacements slow
   down, with a growing delay, as ECS throttles such restarts;
 - the service's ``runningCount`` is the number of live tasks not being stopped, written into moto, so
-  ``DescribeServices`` tells the scaler the truth.
+  ``DescribeServices`` tells the scaler the truth;
+- a GPU instance's boot, when ``boot_s`` (``INFERQ_EMULATOR_BOOT_S``) is set: a new task stays starting (the
+  service's ``pendingCount``) that long before its worker process starts. A task still starting is the first
+  one scale-in cancels, as ECS stops tasks that are not running yet first.
 """
 
 from __future__ import annotations
@@ -76,8 +79,11 @@ class EcsAgent:
         worker_argv: Sequence[str] | None = None,
         log_protection: bool = False,
         worker_prefix: str = "worker",
+        boot_s: float = 0.0,
     ) -> None:
         self.ecs = ecs
+        self.boot_s = boot_s
+        self._booting: list[asyncio.Task[Any]] = []
         self.worker_prefix = worker_prefix
         """Worker ids are ``<prefix>-<n>``: one agent per model's service names its workers after the model."""
         self.sink = sink
@@ -125,6 +131,8 @@ class EcsAgent:
         """Stop every task (protection or not, as deleting the service does) and wait for them all."""
         self._closing = True
         self.ecs.on_desired_change = None
+        for boot in self._booting:
+            boot.cancel()
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -154,16 +162,33 @@ class EcsAgent:
             return
         desired = self.ecs.desired_count()
         live = self.live()
-        if len(live) < desired:
+        self._booting = [b for b in self._booting if not b.done()]
+        starting = len(live) + len(self._booting)
+        if starting < desired:
             wait = self._not_before - time.monotonic()
             if wait > 0:
                 asyncio.get_running_loop().call_later(wait, self.kick)
+            elif self.boot_s > 0:
+                for _ in range(desired - starting):
+                    self._booting.append(asyncio.create_task(self._boot_then_launch()))
             else:
                 for _ in range(desired - len(live)):
                     await self._launch()
-        elif len(live) > desired:
-            self._scale_in(live, len(live) - desired)
+        elif starting > desired:
+            cancel = min(starting - desired, len(self._booting))
+            for boot in self._booting[len(self._booting) - cancel:]:  # tasks still starting go first
+                boot.cancel()
+            self._booting = self._booting[: len(self._booting) - cancel]
+            if len(live) > desired:
+                self._scale_in(live, len(live) - desired)
         self._publish()
+
+    async def _boot_then_launch(self) -> None:
+        """An emulated GPU instance's boot: the task is pending for ``boot_s``, then its worker starts."""
+        await asyncio.sleep(self.boot_s)
+        if not self._closing:
+            await self._launch()
+        self.kick()
 
     def _scale_in(self, live: list[Task], surplus: int) -> None:
         now = time.time()
@@ -181,7 +206,8 @@ class EcsAgent:
                 asyncio.get_running_loop().call_later(max(0.0, min(expiries) - now) + 0.05, self.kick)
 
     def _publish(self) -> None:
-        self.ecs.set_counts(running=len(self.live()), pending=0)
+        booting = sum(1 for b in self._booting if not b.done())
+        self.ecs.set_counts(running=len(self.live()), pending=booting)
 
     async def _launch(self) -> Task:
         self.started += 1
@@ -274,19 +300,19 @@ class EcsAgent:
 
 async def start_fleets(
     ecs: MotoEcs, registry: Registry | None, sink: LogSink, env: Mapping[str, str], *, stop_timeout_s: float,
-    metrics_port_base: int, log_protection: bool,
+    metrics_port_base: int, log_protection: bool, boot_s: float = 0.0,
 ) -> list[EcsAgent]:
     """One agent for the one service, or, with a model registry, one per model's service: its workers get that
     model's entry (``INFERQ_MODEL``), its service name, and metrics ports of their own."""
     if registry is None:
         return [await EcsAgent(ecs, sink, env, stop_timeout_s=stop_timeout_s, metrics_port_base=metrics_port_base,
-                               log_protection=log_protection).start()]
+                               log_protection=log_protection, boot_s=boot_s).start()]
     agents = []
     for i, model in enumerate(registry.models):
         fleet_env = {**env, "INFERQ_MODEL": model.name, "INFERQ_ECS_SERVICE": model.service}
         agents.append(await EcsAgent(
             ecs.fleet(model.service), sink, fleet_env, stop_timeout_s=stop_timeout_s,
             metrics_port_base=metrics_port_base + 100 * i if metrics_port_base else 0,
-            log_protection=log_protection, worker_prefix=model.queue,
+            log_protection=log_protection, worker_prefix=model.queue, boot_s=boot_s,
         ).start())
     return agents

@@ -5,15 +5,24 @@ release the rest, exit 0. A second signal skips the rest of the drain. A bad set
 With a model registry (``INFERQ_MODELS``) it serves the model ``INFERQ_MODEL`` names, with that entry's settings.
 A task of the worker that died (a fault that is not Redis's to wait out, a bug) stops it: it releases its jobs,
 deregisters and exits 1, so ECS replaces it.
+
+Boot: with the ``openai`` backend the worker may start beside its model server and import, connect to Redis and
+open its clients while the server loads the model; it takes its first job once the server's ``/health`` answers
+(anything but a 5xx), polled every 0.2 s (no health-check interval in the way). Its heartbeat, which the scaler
+counts as a live worker, starts only then: the readiness signal.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
 import sys
+import time
+
+import httpx
 
 from inferq.queue import Queue
 from inferq.registry import Model, served_model
@@ -45,8 +54,16 @@ async def serve(settings: Settings, model: Model | None = None) -> int:
         settings, queue, backend, metrics=metrics, protection=TaskProtection.from_environment(settings)
     )
     loop = asyncio.get_running_loop()
+    stopped = asyncio.Event()
+
+    def stop() -> None:
+        stopped.set()
+        worker.stop()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, worker.stop)
+        loop.add_signal_handler(signum, stop)
+    if settings.backend == "openai":
+        await _model_server_ready(settings, queue, stopped)
     gc.freeze()  # what start-up made lives as long as the process: the cyclic collector stops walking it per cycle
     try:
         await worker.run()
@@ -54,6 +71,23 @@ async def serve(settings: Settings, model: Model | None = None) -> int:
         await backend.aclose()
         await queue.close()
     return 1 if worker.failure else 0
+
+
+async def _model_server_ready(settings: Settings, queue: Queue, stopped: asyncio.Event) -> None:
+    """Wait for the model server's ``/health`` (a stop request ends the wait), connecting to Redis meanwhile."""
+    began = time.monotonic()
+    connect = asyncio.create_task(queue.redis.ping())
+    async with httpx.AsyncClient(base_url=settings.openai_base_url.rstrip("/"), timeout=2.0) as client:
+        while not stopped.is_set():
+            with contextlib.suppress(httpx.HTTPError):
+                # up: 200 from vLLM; a server with no /health (404) is up too, only a 5xx says still loading
+                if (await client.get("/health")).status_code < 500:
+                    break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stopped.wait(), 0.2)
+    with contextlib.suppress(Exception):  # Redis's faults are the worker's to wait out, in its own loops
+        await connect
+    log.info("model server ready after %.1f s", time.monotonic() - began)
 
 
 def main() -> int:

@@ -8,6 +8,13 @@
   :meth:`Pulling._reclaim`), and starts one task per job.
 - The maintenance task heartbeats, promotes due retries (each into its own lane), expires jobs past their
   ``ttl_s``, and now and then prunes what dead workers left behind.
+- Drain when surplus: with each heartbeat the worker records itself in ``inferq:{Q}:fleet`` (start time, attempts
+  run and their backend seconds: the run time the scaler sizes by) and reads the scaler's drain target
+  (``target`` in ``inferq:{Q}:scale``). The live workers in start order, oldest first: the first ``target`` pull;
+  the others are surplus: they take no new job, finish what they hold and, idle, drop their ECS scale-in
+  protection, so a lower desired count takes effect while work keeps coming (new work packs onto the workers
+  that pull). A surplus worker that the target takes back pulls again at once: no boot lost. No target, or one
+  older than :data:`TARGET_STALE_S` (no scaler is running), and every worker pulls.
 """
 
 from __future__ import annotations
@@ -43,6 +50,27 @@ MAINTENANCE_S = 0.5
 HEARTBEAT_S = 1.0
 PRUNE_EVERY_S = 300.0
 GONE_AFTER_S = 3600.0
+TARGET_STALE_S = 600.0
+"""A drain target older than this is ignored: the scaler that wrote it is gone, and a fleet that nobody sizes must
+not keep workers idle."""
+
+
+def surplus(fleet: dict[str, str], beats: dict[str, str], me: str, target: int | None, now_ms: float,
+            stale_ms: float) -> bool:
+    """Whether worker ``me`` is beyond the drain target: the live workers (a fresh heartbeat, or ``me``) in start
+    order, oldest first, ties by id; the first ``target`` of them pull. Every worker computes the same order from
+    the same hashes, so they agree on who drains without talking to each other."""
+    if target is None:
+        return False
+    order = []
+    for worker, record in fleet.items():
+        beat = beats.get(worker)
+        fresh = beat is not None and now_ms - int(beat.split(" ", 1)[0]) <= stale_ms
+        if worker == me or fresh:
+            order.append((int(record.split(" ", 1)[0]), worker))
+    order.sort()
+    rank = next((i for i, (_, worker) in enumerate(order) if worker == me), len(order))
+    return rank >= target
 
 
 class Pulling:
@@ -63,6 +91,10 @@ class Pulling:
     _slot_freed: asyncio.Event
     _stopping: asyncio.Event
     _finishes: Batcher[tuple[Delivery, JobStatus, Any, Any], Outcome]
+    # drain when surplus (set up on first use, so the worker's constructor needs nothing of it)
+    _surplus: bool = False
+    _started_ms: int | None = None
+    _resumed: asyncio.Event | None = None
 
     if TYPE_CHECKING:  # the worker's, used here
 
@@ -86,6 +118,9 @@ class Pulling:
         # run-until-idle checks for idleness after each empty read: keep those reads short
         block_ms = min(self.block_ms, 100) if until_idle else self.block_ms
         while not self._stopping.is_set():
+            if self._surplus:  # beyond the drain target: take nothing new until it takes this worker back
+                await _first(self._resumed_event().wait(), self._stopping.wait())
+                continue
             free = self._free_slots()
             if free <= 0:
                 self._slot_freed.clear()
@@ -108,6 +143,11 @@ class Pulling:
                     await self._release(delivery)
                 self._count_skipped(skipped)
                 break
+            if self._surplus and got:
+                for delivery in got:  # read as the worker turned surplus: back to the workers that pull
+                    await self._release(delivery)
+                self._count_skipped(skipped)
+                continue
             self._start(got, skipped)
             if until_idle and not got and not skipped and not self._in_flight and await self._idle():
                 return
@@ -185,6 +225,57 @@ class Pulling:
         if self.protection:
             self.protection.set_busy(bool(self._in_flight))
 
+    # ------------------------------------------------------------------ drain when surplus
+
+    def _resumed_event(self) -> asyncio.Event:
+        if self._resumed is None:
+            self._resumed = asyncio.Event()
+        return self._resumed
+
+    def _run_totals(self) -> tuple[int, float]:
+        """Attempts run and their backend seconds, from the worker's own run-time histogram."""
+        labels = {"queue": self.settings.queue}
+        count = self.metrics.registry.get_sample_value("inferq_worker_run_seconds_count", labels) or 0.0
+        total = self.metrics.registry.get_sample_value("inferq_worker_run_seconds_sum", labels) or 0.0
+        return int(count), float(total)
+
+    async def _check_fleet(self) -> None:
+        """Record this worker in the fleet hash and follow the scaler's drain target (module docstring)."""
+        now_ms = time.time() * 1000
+        if self._started_ms is None:
+            self._started_ms = int(now_ms)
+        runs, run_s = self._run_totals()
+        keys = self.queue.keys
+        async with self.queue.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(keys.fleet, self.id, f"{self._started_ms} {runs} {run_s:.3f}")
+            pipe.hgetall(keys.fleet)
+            pipe.hgetall(keys.workers)
+            pipe.hmget(keys.scale, ["target", "at"])
+            _, fleet, beats, (raw_target, raw_at) = await pipe.execute()
+        target: int | None = None
+        try:
+            if raw_target not in (None, "") and now_ms / 1000 - float(raw_at or 0) <= TARGET_STALE_S:
+                target = max(int(raw_target), 0)
+        except ValueError:
+            target = None  # a damaged field: every worker pulls
+        stale_ms = max(3 * self.settings.claim_idle_ms, 15000)
+        self._set_surplus(surplus(fleet, beats, self.id, target, now_ms, stale_ms))
+
+    def _set_surplus(self, value: bool) -> None:
+        if value == self._surplus:
+            return
+        self._surplus = value
+        resumed = self._resumed_event()
+        if value:
+            resumed.clear()
+            log.info("beyond the scaler's drain target: taking no new jobs, finishing %d", len(self._in_flight))
+        else:
+            resumed.set()
+            log.info("within the scaler's drain target again: pulling")
+
+    async def _leave_fleet(self) -> None:
+        await self.queue.redis.hdel(self.queue.keys.fleet, self.id)
+
     # ------------------------------------------------------------------ maintenance
 
     async def _maintain(self, stop: asyncio.Event) -> None:
@@ -199,6 +290,7 @@ class Pulling:
             try:
                 if time.monotonic() - last_beat >= HEARTBEAT_S:
                     await self.queue.heartbeat(self.id, len(self._in_flight))
+                    await self._check_fleet()
                     last_beat = time.monotonic()
                 for _ in range(10):
                     if await self.queue.promote(limit=100) < 100:
@@ -222,6 +314,10 @@ class Pulling:
         stale = [w for w, beat in beats.items() if now_ms - int(beat.split(" ", 1)[0]) > gone_after_s * 1000]
         if stale:
             await redis.hdel(self.queue.keys.workers, *stale)
+        records = await redis.hkeys(self.queue.keys.fleet)
+        gone = [w for w in records if w != self.id and (w in stale or w not in beats)]
+        if gone:
+            await redis.hdel(self.queue.keys.fleet, *gone)
         for stream, group in (*((s, GROUP) for s in self.queue.keys.lane_streams), (self.queue.keys.events,
                                                                                    WEBHOOK_GROUP)):
             try:

@@ -239,6 +239,7 @@ class Worker(Pulling):
     async def _close(self) -> None:
         try:
             await asyncio.wait_for(self.queue.forget_worker(self.id), 5.0)
+            await asyncio.wait_for(self._leave_fleet(), 5.0)
         except Exception as exc:  # on the way out: the heartbeat goes stale and is pruned
             log.warning("could not deregister: %r", exc)
         if self.webhooks:

@@ -207,6 +207,10 @@ def output_line(custom_id: str | None, job: Job | None, end: BatchStatus,
 # ---------------------------------------------------------------------- the record in Redis
 
 
+IndexEntries = list[tuple[str, float]]
+"""(batch id, creation ms) pairs of a tenant's index, as ``Batches.list`` reads them."""
+
+
 class Batches:
     """Batch records of one queue: what the HTTP routes read and write. The driver moves them along."""
 
@@ -273,27 +277,63 @@ class Batches:
         return batch
 
     async def list(self, tenant: str, *, after: str | None, limit: int) -> tuple[list[Batch], bool]:
-        """The tenant's batches, newest first, from after the batch ``after``."""
+        """The tenant's batches, newest first, from after the batch ``after``; whether more follow.
+
+        The order is (creation ms, id), both descending: batches created in the same millisecond come in id order,
+        so a page boundary between them loses or repeats none. An ``after`` whose record has since expired still
+        has its index entry (kept until :meth:`_horizon_ms`), so the next page continues from its place; an
+        ``after`` the index does not hold raises BatchNotFound (the gateway's 422), never an empty last page."""
         key = self.keys.batches_of(tenant)
-        upper: str = "+inf"
+        horizon = self._horizon_ms()
+        position: tuple[float, str] | None = None
         if after:
             score = await self.redis.zscore(key, after)
             if score is None:
-                return [], False
-            upper = f"({int(score)}"
+                raise BatchNotFound(after)
+            position = (float(score), after)
         found: list[Batch] = []
         while len(found) <= limit:
-            ids = await self.redis.zrevrangebyscore(key, upper, "-inf", start=0, num=limit + 1 - len(found),
-                                                    withscores=True)
-            if not ids:
+            want = limit + 1 - len(found)
+            entries: IndexEntries = await self._below(key, position, want)
+            if not entries:
                 break
-            batches = [await self.get(batch_id, tenant) for batch_id, _ in ids]
-            gone = [batch_id for (batch_id, _), batch in zip(ids, batches, strict=True) if batch is None]
-            if gone:  # records past their retention: forget them here too
-                await self.redis.zrem(key, *gone)
-            found += [b for b in batches if b is not None]
-            upper = f"({int(ids[-1][1])}"
+            pipe = self.redis.pipeline(transaction=False)
+            for batch_id, _ in entries:
+                pipe.hgetall(self.keys.batch(batch_id))
+            records = await pipe.execute()
+            # records past their retention are skipped; their index entries stay until the horizon, so an `after`
+            # naming one still finds its place, and go after it
+            stale = [batch_id for (batch_id, score), record in zip(entries, records, strict=True)
+                     if (not record or "status" not in record) and score < horizon]
+            if stale:
+                await self.redis.zrem(key, *stale)
+            found += [b for b in (Batch.from_hash(r) for r in records if r and "status" in r) if b.tenant == tenant]
+            position = (entries[-1][1], entries[-1][0])
+            if len(entries) < want:
+                break
         return found[:limit], len(found) > limit
+
+    def _horizon_ms(self) -> int:
+        """Creation time (ms) before which a batch whose record is gone is forgotten by the index too: its record
+        has surely expired by then (the longest completion window, then the result TTL, and a day's margin for a
+        driver that was down), so no client can still hold it as a fresh ``after``."""
+        windows = [window_seconds(w) or 0 for w in self.queue.settings.batch_completion_windows]
+        keep_s = max(windows, default=0) + self.queue.settings.result_ttl_s + 86400
+        return int(time.time() * 1000) - keep_s * 1000
+
+    async def _below(self, key: str, position: tuple[float, str] | None, count: int) -> IndexEntries:
+        """Up to ``count`` index entries after ``position`` (score, id) in (score, id) descending order."""
+        if position is None:
+            top: IndexEntries = await self.redis.zrevrangebyscore(key, "+inf", "-inf", start=0, num=count,
+                                                                              withscores=True)
+            return top
+        score, member = position
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrevrangebyscore(key, score, score, withscores=True)  # the same millisecond: few entries
+        pipe.zrevrangebyscore(key, f"({int(score)}", "-inf", start=0, num=count, withscores=True)
+        same, older = await pipe.execute()
+        below: IndexEntries = [(m, s) for m, s in same if m < member] + older
+        return below[:count]
 
     async def move(self, batch_id: str, from_: tuple[BatchStatus, ...], to: BatchStatus, **fields: Any) -> bool:
         """Move the batch's status if it is one of ``from_`` (movebatch.lua); whether it is now ``to``."""

@@ -20,11 +20,16 @@ R = TypeVar("R")
 
 class Batcher(Generic[T, R]):
     def __init__(
-        self, flush: Callable[[list[T]], Awaitable[Sequence[R]]], *, max_batch: int = 1000, overlap: bool = False
+        self, flush: Callable[[list[T]], Awaitable[Sequence[R]]], *, max_batch: int = 1000, overlap: bool = False,
+        split_on: tuple[type[Exception], ...] = (),
     ) -> None:
         self._flush = flush
         self._max_batch = max_batch
         self._overlap = overlap
+        self._split_on = split_on
+        """Errors that one item can cause for its whole flush (an argument that cannot be encoded): after one, each
+        item is flushed alone, so the error reaches the submitters that caused it only. Only for a ``flush`` that
+        is safe to run again for the same items (every inferq script is, G9)."""
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._task: asyncio.Task[None] | None = None
         self._flushing: set[asyncio.Task[None]] = set()  # overlap: the flushes in flight (a task needs a reference)
@@ -80,6 +85,10 @@ class Batcher(Generic[T, R]):
             try:
                 results = await self._flush([item for item, _ in part])
             except Exception as exc:  # handed to each submitter, who decides whether to try again
+                if len(part) > 1 and isinstance(exc, self._split_on):
+                    for one in part:  # one submitter's item spoiled the flush: each alone, so only its own fails
+                        await self._write([one])
+                    continue
                 for _, future in part:
                     if not future.done():
                         future.set_exception(exc)

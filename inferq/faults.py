@@ -101,8 +101,16 @@ _JITTER = random.Random()
 ``Backoff`` for every settle and model call, and ``random.Random()`` seeds itself from ``os.urandom`` (a system
 call, ~3% of a worker's CPU in S3's profile). Processes still draw different waits: each seeds its own, and a
 forked child seeds it again (as the ``random`` module does for its own)."""
+
+
+def reseed_jitter() -> None:
+    """A fresh seed for the jitter source, from ``os.urandom``: after a fork, or a Lambda SnapStart restore (every
+    copy of a snapshot would otherwise draw the same waits)."""
+    _JITTER.seed()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_JITTER.seed)
+    os.register_at_fork(after_in_child=reseed_jitter)
 
 
 class Backoff:

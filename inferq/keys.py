@@ -107,6 +107,18 @@ class Keys:
         return self.prefix + "scale"
 
     @property
+    def fleet(self) -> str:
+        """Hash worker id -> ``"<started ms> <attempts run> <their backend seconds>"``: the order the drain target
+        follows (newest drain first) and the run time the scaler sizes by."""
+        return self.prefix + "fleet"
+
+    @property
+    def feed_key(self) -> str:
+        """The deployment's secret that seals the results feed's cursors (:mod:`inferq.feed`); the primary queue's
+        only. Written once (``SET NX``), never expires."""
+        return self.prefix + "feed:key"
+
+    @property
     def wake(self) -> str:
         """``SET NX EX`` guard that rate-limits wake-on-enqueue calls to the scaler."""
         return self.prefix + "wake"
@@ -139,3 +151,9 @@ class Keys:
     def upload(self, upload_id: str) -> str:
         """Hash: an open Uploads API upload (expires with it)."""
         return f"{self.prefix}upload:{upload_id}"
+
+
+def tenant_webhook_secret(tenant: str) -> str:
+    """Hash: a tenant's webhook signing secret (and the one it replaced, while that stays valid). Not a queue's key:
+    one secret signs the tenant's webhooks from every queue (model) of the deployment; the tenant is its hash tag."""
+    return f"inferq:tenant:{{{tenant}}}:webhook-secret"

@@ -23,7 +23,8 @@ share writes: the ones sent in one turn of the event loop go out in one write on
 is handed its own reply (:meth:`LeanRedis._joined`, what ioredis calls auto-pipelining). Under S3's load the
 gateway wrote about five commands a write this way, where redis-py writes each on a connection of its own: a
 system call and a read event on both sides saved per command. Each keeps a single command's semantics (its own
-error, the one resend, a cancelled caller leaving the connection in step).
+error, an argument that cannot be encoded failing its caller alone, the one resend, a cancelled caller leaving the
+connection in step).
 
 Pipelines pay more: a worker's start, a script call and the record's read in one redis-py pipeline, cost 396 k
 instructions (251 k through :meth:`LeanRedis.pipelined`) against 61 k for the same two commands written at once
@@ -44,7 +45,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import ConnectionPool
 from redis.client import EMPTY_RESPONSE, NEVER_DECODE
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import DataError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 try:  # redis-py 5.1 and later; with an older one connect() keeps redis-py's client
@@ -57,6 +58,10 @@ AVAILABLE = AsyncAfterConnectionReleasedEvent is not None and all(
 """Whether the installed redis-py has the pool this builds on."""
 
 T = TypeVar("T")
+
+UNENCODABLE: tuple[type[Exception], ...] = (DataError, UnicodeEncodeError)
+"""What a command raises, before anything of it is written, for an argument that cannot be encoded (a lone
+surrogate in a str; a type Redis has no form for: redis-py's ``DataError``)."""
 
 
 class LeanConnectionPool(ConnectionPool):
@@ -168,11 +173,12 @@ class LeanRedis(Redis):
         of that turn, then writes them all at once on one connection and hands each its reply; the others wait
         for theirs. With nothing else in flight (no load, a Lambda's one request) a command is written at once.
 
-        A single command's semantics are kept for each: its own error reply raised to it alone; a connection error
-        or timeout resends the batch once (every joined command is safe to resend), then is raised to all; a
-        ``READONLY`` reply (a demoted primary) drops the connection and sends that command again alone, with a
-        single command's own resend. A caller cancelled while waiting has its reply dropped and leaves the rest
-        served; a first caller cancelled before its batch is answered hands the others' commands to a task that
+        A single command's semantics are kept for each: its own error reply, or an argument that cannot be encoded,
+        raised to it alone (the others are written and answered); a connection error or timeout resends the batch
+        once (every joined command is safe to resend), then is raised to all; a ``READONLY`` reply (a demoted
+        primary) drops the connection and sends that command again alone, with a single command's own resend. A
+        caller cancelled while waiting has its reply dropped and leaves the rest served; a first caller cancelled
+        before its batch is answered hands the others' commands to a task that
         sends them again."""
         batch = self._joining
         if batch is not None:
@@ -207,7 +213,7 @@ class LeanRedis(Redis):
         answered ``READONLY`` (a demoted primary: the connection is dropped) is sent again alone, with the single
         command's own resend, the refused ones side by side; what that resend meets is that command's alone."""
         try:
-            replies = await self._on_a_connection(_many([entry.command for entry in batch], drop_on_retried=True))
+            replies = await self._on_a_connection(_many([entry.command for entry in batch], shared=True))
         except Exception as error:  # not a cancellation: the caller hands the others over (_joined)
             for entry in batch:
                 _answer(entry, error)
@@ -313,22 +319,28 @@ def _one(command: tuple[Any, ...]) -> Callable[[Any], Awaitable[Any]]:
     return send_and_read
 
 
-def _many(commands: Sequence[tuple[Any, ...]], *, drop_on_retried: bool = False
+def _many(commands: Sequence[tuple[Any, ...]], *, shared: bool = False
           ) -> Callable[[Any], Awaitable[list[Any]]]:
-    """Write ``commands`` at once and read every reply, an error reply in its command's place; with
-    ``drop_on_retried``, an error reply the single command's ``Retry`` would resend on (``READONLY``: the
-    connection's ``retry_on_error``) is a :class:`_Resend` and drops the connection once all are read, as the
-    ``Retry`` drops it."""
+    """Write ``commands`` at once and read every reply, an error reply in its command's place. With ``shared`` (the
+    commands are several callers', :meth:`LeanRedis._joined`), each is kept a single command: one that cannot be
+    encoded is not written and has its encoding error in its place (:func:`_pack`), and an error reply the single
+    command's ``Retry`` would resend on (``READONLY``: the connection's ``retry_on_error``) is a :class:`_Resend`
+    and drops the connection once all are read, as the ``Retry`` drops it."""
 
     async def send_and_read(conn: Any) -> list[Any]:
-        await conn.send_packed_command(conn.pack_commands(commands))
+        unsendable, packed = _pack(conn, commands, alone=shared)
         replies: list[Any] = []
-        for _ in commands:  # every reply read before anything is raised: the connection stays in step
+        if packed:
+            await conn.send_packed_command(packed)
+        for i in range(len(commands)):  # every reply read before anything is raised: the connection stays in step
+            if i in unsendable:
+                replies.append(unsendable[i])
+                continue
             try:
                 replies.append(await conn.read_response())
             except ResponseError as error:
                 replies.append(error)
-        if drop_on_retried and any(isinstance(reply, ResponseError) for reply in replies):
+        if shared and any(isinstance(reply, ResponseError) for reply in replies):
             retried = tuple(kind for kind in conn.retry_on_error or () if issubclass(kind, ResponseError))
             if retried and any(isinstance(reply, retried) for reply in replies):
                 replies = [_Resend(reply) if isinstance(reply, retried) else reply for reply in replies]
@@ -336,6 +348,27 @@ def _many(commands: Sequence[tuple[Any, ...]], *, drop_on_retried: bool = False
         return replies
 
     return send_and_read
+
+
+def _pack(conn: Any, commands: Sequence[tuple[Any, ...]], *, alone: bool) -> tuple[dict[int, Exception], list[bytes]]:
+    """The bytes of ``commands``, and the error of each command that cannot be encoded (a lone surrogate in a str,
+    an argument of a type Redis has no form for). Such a command is never written. With ``alone`` (a shared write:
+    its commands are different callers'), it is left out and its error is that caller's reply alone, while the
+    others are written; otherwise (one caller's pipeline) the error is raised before anything is written, as
+    redis-py's pipeline raises it. Each command is packed on its own only when packing them together failed."""
+    try:
+        return {}, conn.pack_commands(commands)
+    except Exception:
+        if not alone:
+            raise
+    unsendable: dict[int, Exception] = {}
+    for i, command in enumerate(commands):
+        try:
+            conn.pack_command(*command)
+        except Exception as error:
+            unsendable[i] = error
+    sendable = [command for i, command in enumerate(commands) if i not in unsendable]
+    return unsendable, conn.pack_commands(sendable) if sendable else []
 
 
 async def pipelined(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:

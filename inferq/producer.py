@@ -21,6 +21,7 @@ from .jobs import (
     new_job_id,
     record_of,
 )
+from .leanclient import UNENCODABLE
 from .queue_core import QueueCore, chunks, new_token, now_ms
 from .scripting import Code
 from .waiters import SharedWaiters
@@ -153,7 +154,8 @@ class Producer(QueueCore):
         now = now or now_ms()
         job_id = new_job_id() + self.id_suffix
         if self._submits is None:
-            self._submits = Batcher(self._accept, overlap=True)
+            # a submit whose arguments cannot be encoded fails alone, not the others of its turn
+            self._submits = Batcher(self._accept, overlap=True, split_on=UNENCODABLE)
         # a wait for it here need not read it first (SharedWaiters.expect); a ttl_s job is read (it may expire)
         waiters = self._waiters if request.ttl_s is None else None
         if waiters is not None:
@@ -320,12 +322,19 @@ class Producer(QueueCore):
         return job
 
     async def redrive(self, tenant: str, job_id: str, *, now: int | None = None) -> Job:
+        """Queue a dead-lettered job again. Raises JobNotFound, NotDeadLettered, or QueueFull / TenantQuotaFull
+        under the same limits as :meth:`enqueue`."""
         keys = [*self.keys.lane_streams, self.keys.stats, self.keys.dlq, self.keys.tenants, self.keys.job(job_id),
                 self.keys.done(job_id)]
-        [reply] = await self._write([("redrive", keys, [tenant, now or now_ms(), new_token()])], replicated=True)
+        args = [tenant, now or now_ms(), new_token(), self.settings.max_queue_depth, self.settings.tenant_max_depth]
+        [reply] = await self._write([("redrive", keys, args)], replicated=True)
         code = int(reply[0])
         if code == Code.NOT_FOUND:
             raise JobNotFound(job_id)
+        if code == Code.TENANT_FULL:  # the same limits as a submit: a redrive cannot sidestep them
+            raise TenantQuotaFull(int(reply[1]))
+        if code == Code.QUEUE_FULL:
+            raise QueueFull(int(reply[1]))
         if code == Code.NOT_DEAD_LETTERED:
             raise NotDeadLettered(f"job {job_id} is not dead-lettered (status {reply[1]})")
         job = await self.get(job_id, tenant)

@@ -225,6 +225,9 @@ class Settings:
     scale_target_per_worker: int | None = _setting(None, _int(1))
     scale_down_cooldown_s: int = _setting(120, _int(0))
     scale_to_zero_after_s: int = _setting(300, _int(0))
+    scale_boot_s: float = _setting(120.0, _float(0.0))
+    scale_gather_s: float = _setting(0.0, _float(0.0))
+    emulator_boot_s: float = _setting(0.0, _float(0.0))
     scaler_interval_s: float = _setting(60.0, _float(0.1))
     scaler_function: str | None = _setting(None, _optional_str)
     scaler_wake_url: str | None = _setting(None, _optional_str)
@@ -257,6 +260,7 @@ class Settings:
     batch_completion_windows: tuple[str, ...] = _setting(("24h",), _windows)
     batch_max_lines: int = _setting(50000, _int(1))
     tenant_max_files: int = _setting(0, _int(0))
+    tenant_max_file_bytes: int = _setting(0, _int(0))
     tenant_max_batches: int = _setting(0, _int(0))
     worker_id: str | None = _setting(None, _optional_str)
     models: str | None = field(

@@ -10,6 +10,7 @@ imports that one and carries no HTTP client.
 from __future__ import annotations
 
 import functools
+import os
 import ssl
 import typing
 from collections.abc import Iterable
@@ -63,11 +64,23 @@ class GuardedNetwork(httpcore.AsyncNetworkBackend):
         await self._network.sleep(seconds)
 
 
+CA_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR")
+
+
 @functools.cache
 def _verifying_context() -> ssl.SSLContext:
-    """One certificate-verifying TLS context per process: loading the CA bundle takes tens of milliseconds, and the
-    scaler builds a sender every tick."""
-    return httpx.create_ssl_context(trust_env=False)
+    """One certificate-verifying TLS context per process (loading a CA store takes tens of milliseconds, and the
+    scaler builds a sender every tick): the system's CA store, as OpenSSL finds it, so ``SSL_CERT_FILE`` and
+    ``SSL_CERT_DIR`` name a company's CA exactly as they do for curl or Python itself. Only where the system has no
+    store at all (and neither variable is set) does it fall back to the CA list certifi bundles (httpx's)."""
+    context = ssl.create_default_context()
+    if not any(os.environ.get(name) for name in CA_VARIABLES) and not context.cert_store_stats()["x509_ca"]:
+        paths = ssl.get_default_verify_paths()
+        if not (paths.capath and os.path.isdir(paths.capath) and os.listdir(paths.capath)):
+            import certifi
+
+            context.load_verify_locations(certifi.where())
+    return context
 
 
 class GuardedTransport(httpx.AsyncHTTPTransport):
@@ -78,7 +91,8 @@ class GuardedTransport(httpx.AsyncHTTPTransport):
         self, allow_private: bool, max_connections: int = MAX_CONNECTIONS, ssl_context: ssl.SSLContext | None = None
     ) -> None:
         ssl_context = ssl_context or _verifying_context()
-        # no proxy from the environment: it would do the resolving
+        # no proxy from the environment (HTTPS_PROXY, ALL_PROXY, ...): the proxy would do the resolving and connect
+        # wherever the host leads, past the guard
         super().__init__(verify=ssl_context, trust_env=False)
         self._pool = httpcore.AsyncConnectionPool(
             ssl_context=ssl_context,

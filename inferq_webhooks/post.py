@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from enum import Enum
 
 import httpx
 
 from inferq import netguard
 from inferq.settings import Settings
-from inferq.webhook_signing import sign, signing_key
+from inferq.webhook_signing import signature_header, signing_key
 
 from .guarded_http import GuardedTransport, read_capped
 
@@ -33,33 +34,33 @@ class Outcome(Enum):
 
 
 class WebhookPost:
-    """Sends webhooks for one sender: its HTTP client (guarded, no redirects) and its signing key."""
+    """Sends webhooks for one sender: its HTTP client (guarded, no redirects) and the deployment's signing key, if
+    any (``INFERQ_WEBHOOK_SECRET``), which signs beside each tenant's own."""
 
     def __init__(self, settings: Settings, *, client: httpx.AsyncClient | None = None,
                  deadline_s: float = POST_DEADLINE_S, connections: int = 16) -> None:
         self.settings = settings
         self.post_deadline_s = deadline_s
-        self._key = signing_key(settings.webhook_secret) if settings.webhook_secret else None
+        self._shared_key = signing_key(settings.webhook_secret) if settings.webhook_secret else None
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(
             transport=GuardedTransport(settings.webhook_allow_private, connections),
             timeout=deadline_s,
             follow_redirects=False,  # a redirect could lead anywhere, past the guard
+            trust_env=False,  # no proxy, .netrc or CA setting of httpx's from the environment (the transport's own)
             headers={"User-Agent": "inferq-webhooks"},
         )
-        self._warned_unsigned = False
 
-    def _headers(self, msg_id: str, body: bytes) -> dict[str, str]:
+    def _headers(self, msg_id: str, body: bytes, secrets: Sequence[str]) -> dict[str, str]:
         timestamp = int(time.time())
-        headers = {"Content-Type": "application/json", "webhook-id": msg_id, "webhook-timestamp": str(timestamp)}
-        if self._key is not None:
-            headers["webhook-signature"] = sign(self._key, msg_id, timestamp, body)
-        elif not self._warned_unsigned:
-            self._warned_unsigned = True
-            log.warning("webhooks: INFERQ_WEBHOOK_SECRET is not set, deliveries are unsigned")
-        return headers
+        keys: list[str | bytes] = [*secrets]
+        if self._shared_key is not None:
+            keys.append(self._shared_key)
+        return {"Content-Type": "application/json", "webhook-id": msg_id, "webhook-timestamp": str(timestamp),
+                "webhook-signature": signature_header(keys, msg_id, timestamp, body)}
 
-    async def post(self, msg_id: str, job_id: str, url: str, body: bytes) -> Outcome:
+    async def post(self, msg_id: str, job_id: str, url: str, body: bytes, secrets: Sequence[str]) -> Outcome:
+        """One POST of ``body``, signed with each of ``secrets`` (the tenant's valid ones) and the shared key."""
         where = {"webhook_job": job_id}
         try:
             target = httpx.URL(url)
@@ -69,9 +70,10 @@ class WebhookPost:
         if target.scheme != "https" and not (target.scheme == "http" and self.settings.webhook_allow_private):
             log.warning("webhook refused: %s is not https", target.scheme, extra=where)
             return Outcome.REFUSED
+        headers = self._headers(msg_id, body, secrets)
         try:
             async with asyncio.timeout(self.post_deadline_s):
-                async with self._client.stream("POST", target, content=body, headers=self._headers(msg_id, body)) as r:
+                async with self._client.stream("POST", target, content=body, headers=headers) as r:
                     await read_capped(r, MAX_RESPONSE_BYTES)
                     status = r.status_code
         except netguard.BlockedAddress as exc:

@@ -38,8 +38,9 @@ address it checked (:mod:`inferq_webhooks.guarded_http`, with :mod:`inferq.netgu
 permanent failure: abandoned at once (and counted as ``webhooks_refused`` too).
 ``INFERQ_WEBHOOK_ALLOW_PRIVATE=true`` turns the guard off (and allows plain http).
 
-Signed per Standard Webhooks (:mod:`inferq.webhook_signing`): ``webhook-id`` is ``<job id>_<events entry id>``, the
-same for every attempt of one delivery.
+Signed per Standard Webhooks (:mod:`inferq.webhook_signing`) with the job's tenant's own secret
+(:mod:`inferq.webhook_secrets`; both while a rotation overlaps) and ``INFERQ_WEBHOOK_SECRET`` when set:
+``webhook-id`` is ``<job id>_<events entry id>``, the same for every attempt of one delivery.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from inferq.keys import WEBHOOK_GROUP
 from inferq.queue import Queue
 from inferq.retry import backoff
 from inferq.settings import Settings
+from inferq.webhook_secrets import tenant_secret
 from inferq.webhook_signing import webhook_id
 
 from .post import POST_DEADLINE_S, Outcome, WebhookPost
@@ -210,7 +212,10 @@ class WebhookSender:
             log.warning("webhook given up after %.0f s", age_s, extra={"webhook_job": job_id})
             return True
         body = json.dumps(self._present(job), separators=(",", ":"), ensure_ascii=False).encode()
-        outcome = await self._post.post(webhook_id(job_id, entry_id), job_id, job.webhook_url, body)
+        # read per attempt, so a rotation signs the next one
+        secret = await tenant_secret(self.queue, job.tenant, replicated=False)
+        outcome = await self._post.post(webhook_id(job_id, entry_id), job_id, job.webhook_url, body,
+                                        secret.signing())
         if outcome is Outcome.DELIVERED:
             report.delivered += 1
         elif outcome is Outcome.REFUSED:

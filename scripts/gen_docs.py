@@ -105,8 +105,14 @@ SETTING_DOCS: dict[str, str] = {
     "OpenAI's; `90s`, `30m` style values let tests and operators expire batches sooner).",
     "batch_max_lines": "Most requests in one batch input file (more: the batch fails validation).",
     "tenant_max_files": "Files one tenant may keep stored (uploads, and the output and error files of its batches); "
-    "at the bound `POST /v1/files` and `POST /v1/uploads` answer 429 `quota_exceeded` until it deletes some. "
-    "Checked before each upload, so uploads racing each other can pass it together. 0: no limit.",
+    "at the bound `POST /v1/files`, `POST /v1/uploads` and `POST /v1/uploads/{id}/complete` answer 429 "
+    "`quota_exceeded` until it deletes some. Checked before a file is written and again once it is (a file that "
+    "took the tenant past the bound is removed and refused), so uploads racing each other cannot pass it together. "
+    "0: no limit.",
+    "tenant_max_file_bytes": "Bytes one tenant may keep stored: its files plus the parts of its open uploads (a "
+    "part counts from the moment it is added). A file, a part, an upload opened or completed past the bound is "
+    "429 `quota_exceeded`, checked before and after the write as for `INFERQ_TENANT_MAX_FILES`. Each check lists "
+    "the tenant's objects (one S3 LIST per 1,000). 0: no limit.",
     "tenant_max_batches": "Batches of one tenant not yet ended (validating, in progress, finalizing, cancelling); at "
     "the bound `POST /v1/batches` answers 429 `quota_exceeded` with `Retry-After`. Checked before each create, so "
     "creates racing each other can pass it together. 0: no limit.",
@@ -118,7 +124,18 @@ SETTING_DOCS: dict[str, str] = {
     "scale_down_cooldown_s": "Calm time (demand asking for fewer workers without a break) before the scaler scales "
     "down; between two scale-downs the count only rises.",
     "scale_to_zero_after_s": "Idle time (nothing lagging, pending, delayed or in flight) before the last worker "
-    "goes.",
+    "goes. With the boot forecast (`INFERQ_SCALE_BOOT_S` > 0) it is the longest such wait: a worker that no job is "
+    "expected to need within a boot time goes as soon as it is idle.",
+    "scale_boot_s": "How long a new GPU worker takes from the scaler's request to its first job (instance, image, "
+    "model load). The scaler's boot-aware scale-in keeps a worker only when the arrival forecast (the queue's "
+    "`enqueued` counter, averaged over about this long) expects work for it within a boot time, and sizes what "
+    "it keeps by the workers' measured run time. 0: no forecast (`inferq up` sets 0).",
+    "scale_gather_s": "A few jobs (fewer than one worker's target) arriving at an empty fleet wait up to this long, "
+    "by the oldest one's age, for company before a worker is started: one boot then serves them all (the latency "
+    "budget spent where it is cheap). 0 (the default): the first job gets a worker at once, as wake-on-enqueue "
+    "promises; docs/benchmarks.md shows what 30 s saves.",
+    "emulator_boot_s": "`inferq up` only: how long the emulator's ECS agent keeps a new task starting (counted as "
+    "pending) before its worker process starts, to emulate a GPU instance's boot.",
     "scaler_interval_s": "The emulator's period between scaler calls (`inferq up` sets 2). In AWS the schedule fires "
     "every minute and one invocation evaluates every 5 s until near its end.",
     "scaler_function": "The scaler Lambda the gateway invokes asynchronously to wake the fleet from zero (AWS).",
@@ -126,7 +143,9 @@ SETTING_DOCS: dict[str, str] = {
     "ecs_cluster": "The ECS cluster of the GPU service (required by the scaler).",
     "ecs_service": "The ECS service the scaler sizes (required by the scaler).",
     # webhooks
-    "webhook_secret": "Key of the webhook signatures; unset, webhooks go out unsigned (logged once).",
+    "webhook_secret": "The deployment's own webhook signing key, for single-tenant setups: when set, every delivery "
+    "carries a signature with it beside the one with the tenant's own secret (docs/api.md, \"Webhooks\"). Give it to "
+    "no tenant of a shared deployment.",
     "webhook_max_age_s": "How long after the terminal state a failing webhook delivery is retried before it is "
     "given up.",
     "webhook_allow_private": "Allow `webhook_url`s that name loopback, private, link-local, unique-local, multicast "

@@ -16,8 +16,10 @@ from functools import partial
 from typing import Annotated, Any
 
 from fastapi import BackgroundTasks, FastAPI, Request, Security
+from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
+from starlette.types import Receive, Scope, Send
 
 from inferq import __version__
 from inferq.queue import Queue
@@ -25,13 +27,13 @@ from inferq.registry import Registry, queue_of_job
 from inferq.registry import load as load_registry
 from inferq.settings import Settings
 
-from . import batches, catalog, console, errors, events, files, openapi, routes
+from . import errors, openapi, routes
 from .auth import KeyStore, StaticKeys, key_store
 from .claims import Claims
 from .clients import QueueProvider
 from .edge import Edge
 from .errors import ApiError
-from .hotpath import HotApp, get_serve, submit_serve
+from .hotpath import HotApp, HotRoute, Serve, get_serve, submit_serve
 from .telemetry import Telemetry
 from .wake import HttpWaker, LambdaWaker, WakeOnEnqueue, Waker
 
@@ -171,10 +173,12 @@ def create_app(
     queue: Queue | None = None,
     waker: Waker | None = None,
     keys: KeyStore | Mapping[str, str] | None = None,
+    defer_routes: bool = False,
 ) -> FastAPI:
     """The gateway app. ``settings`` default to the environment (a bad value raises ``SettingsError`` naming the
     variable); ``queue`` (a connected :class:`Queue`), ``waker`` (an async callable) and ``keys`` (a key store or
-    ``{key: tenant}``) replace what the settings would build. No client is opened here."""
+    ``{key: tenant}``) replace what the settings would build. No client is opened here. ``defer_routes``: the
+    routes other than the job routes are built on the first request that needs them (:class:`GatewayApp`)."""
     settings = settings or Settings.from_env()
     registry = load_registry(settings)  # a bad file stops the gateway here, naming INFERQ_MODELS
     telemetry = Telemetry(level=settings.log_level)
@@ -192,7 +196,7 @@ def create_app(
         yield
         await gw.aclose()  # uvicorn's shutdown; Mangum runs with lifespan="off" and the sandbox just ends
 
-    app = HotApp(
+    app = GatewayApp(
         lifespan=lifespan,
         title="inferq",
         version=__version__,
@@ -204,13 +208,95 @@ def create_app(
     app.state.gateway = gw
     app.state.telemetry = telemetry
     errors.install(app)
-    routes.routes(gw, app.router)
-    app.serve_hot(submit_serve(gw), get_serve(gw))
-    console.install(gw, app.router)
-    for module in (files, batches, events, catalog):  # Files/Uploads, Batches, the feed, /v1/models: own modules
-        module.routes(gw, app.router)
+    app.serve_hot_deferred(submit_serve(gw), get_serve(gw))
     app.add_middleware(Edge, max_body_bytes=settings.max_body_bytes, telemetry=telemetry,
                        max_upload_bytes=settings.max_upload_bytes)
-
     openapi.install(app)
+    document = app.openapi
+
+    def openapi_of_every_route() -> dict[str, Any]:
+        app.complete_routes()
+        return document()
+
+    app.openapi = openapi_of_every_route  # type: ignore[method-assign]
+    app.defer_routes(partial(_all_routes, gw, app))
+    if not defer_routes:
+        app.complete_routes()
     return app
+
+
+def _all_routes(gw: Gateway, app: FastAPI) -> None:
+    """The job routes first (the hot path's submit and get among them), then the console, Files/Uploads, Batches,
+    the feed and /v1/models (own modules, imported here: a Lambda sandbox that only submits and gets never imports
+    them, nor builds a FastAPI route)."""
+    from . import batches, catalog, console, events, files, webhooks
+
+    routes.routes(gw, app.router)
+    console.install(gw, app.router)
+    for module in (files, batches, events, catalog, webhooks):  # Files/Uploads, Batches, the feed, /v1/models, secrets
+        module.routes(gw, app.router)
+
+
+class _RouteToBuild:
+    """The hot path's fallback route (a request it declines) while the routes are not built: builds them all, then
+    answers as the real route does."""
+
+    def __init__(self, app: "GatewayApp", name: str) -> None:
+        self.app = app
+        self.name = name
+
+    def _real(self) -> APIRoute:
+        self.app.complete_routes()
+        return next(r for r in self.app.router.routes if isinstance(r, APIRoute) and r.name == self.name)
+
+    def matches(self, scope: Scope) -> Any:
+        return self._real().matches(scope)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._real().handle(scope, receive, send)
+
+
+class GatewayApp(HotApp):
+    """The gateway's app: :class:`HotApp`, whose routes may be built on the first request that needs them
+    (:func:`create_app`'s ``defer_routes``: the Lambda, where a cold start pays for every route it builds, about a
+    third of the module's import). Until then a hot submit or get is served by the hot path alone; any other request,
+    or one the hot path would not take, builds them all first. Built, they are exactly what an eager app has."""
+
+    _pending_routes: Callable[[], None] | None = None
+
+    def serve_hot_deferred(self, submit: Serve, get: Serve) -> None:
+        """Like :meth:`serve_hot`, before the routes exist: their stand-ins build them when first needed."""
+        self._hot_submit = HotRoute(_RouteToBuild(self, "submit_job"), submit)  # type: ignore[arg-type]
+        self._hot_get = HotRoute(_RouteToBuild(self, "get_job"), get)  # type: ignore[arg-type]
+
+    def defer_routes(self, install: Callable[[], None]) -> None:
+        self._pending_routes = install
+
+    def complete_routes(self) -> None:
+        """Build the routes now (the first request that needs them; the OpenAPI document; SnapStart's
+        before-snapshot hook, so that restored sandboxes have them all) and hand the hot path the real ones."""
+        install, self._pending_routes = self._pending_routes, None
+        if install is None:
+            return
+        install()
+        self.openapi_schema = None
+        if self._hot_submit is not None and self._hot_get is not None:
+            self.serve_hot(self._hot_submit.serve, self._hot_get.serve)
+            if not super()._routed_as_hot():  # the check the hot stack makes when built, made now that it can be
+                self.hot_paths = False
+
+    def _routed_as_hot(self) -> bool:
+        if self._pending_routes is not None:
+            return True  # checked by complete_routes once they exist
+        return super()._routed_as_hot()
+
+    def _takes_hot_path(self, scope: Scope) -> bool:
+        """What :meth:`HotApp.__call__` decides, asked before it: whether this request needs no route built."""
+        return (self.hot_paths and scope["type"] == "http" and not self.root_path and not scope.get("root_path")
+                and self._hot_route(scope["method"], scope["path"]) is not None and "fastapi.telemetry" not in scope
+                and not self._telemetry_enabled())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._pending_routes is not None and not self._takes_hot_path(scope):
+            self.complete_routes()
+        await super().__call__(scope, receive, send)

@@ -2,7 +2,9 @@
 
 Settings are read at import, so a bad variable (or no API keys at all) fails the Lambda init with a message
 naming it. Redis and boto3 clients are created on first use. The handler is Mangum, plus one EMF flush of the
-invocation's metrics (see ``telemetry.py``).
+invocation's metrics (see ``telemetry.py``). With SnapStart (template.yaml), the import runs once per published
+version and new sandboxes start from its snapshot; ``snapstart.py``'s hooks drop connections and reseed randomness
+around it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 from mangum import Mangum
 
+from . import snapstart
 from .api import create_app
 
 __all__ = ["GatewayHandler", "app", "create_app", "handler"]
@@ -29,7 +32,8 @@ class GatewayHandler(Mangum):
             self.app.state.telemetry.flush()  # type: ignore[attr-defined]
 
 
-app = create_app()
+app = create_app(defer_routes=True)  # routes other than submit/get: built on the first request needing them
 app.state.telemetry.adopt_package_loggers()
 handler = GatewayHandler(app, lifespan="off")
+snapstart.register(app)  # SnapStart's hooks, where the Lambda runtime has them (snapstart.py)
 gc.freeze()  # what the import made lives as long as the process: the cyclic collector stops walking it per cycle

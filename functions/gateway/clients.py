@@ -12,6 +12,7 @@ With a model registry the provider holds one :class:`Queue` per model, all on th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from inferq.connection import connect
 from inferq.queue import Queue
@@ -63,3 +64,14 @@ class QueueProvider:
         if queues and self._injected is None and self._loop is asyncio.get_running_loop():
             await next(iter(queues.values())).close()  # one client under them all
         self._loop = None
+
+    def close_now(self, timeout_s: float = 2.0) -> None:
+        """Close the clients from outside any request (SnapStart's hooks: before the snapshot, after a restore),
+        on the loop they belong to when it can still run one; forget them in any case, so the next request
+        connects anew. Never raises: a connection a restore broke may fail its close."""
+        loop = self._loop
+        if self._queues and self._injected is None and loop is not None and not loop.is_closed() \
+                and not loop.is_running():
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(asyncio.wait_for(self.aclose(), timeout_s))
+        self._queues, self._loop = {}, None

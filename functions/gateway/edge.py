@@ -47,6 +47,12 @@ class RequestIds:
 
 
 _request_ids = RequestIds()
+
+
+def reseed_request_ids() -> None:
+    """A fresh prefix for this process's request ids (a Lambda SnapStart restore: functions.gateway.snapstart)."""
+    _request_ids.reseed()
+
 _BODYLESS = frozenset({"GET", "HEAD", "OPTIONS"})
 SUBMIT_PATH = "/v1/jobs"
 UPLOAD_PATH_RE = re.compile(r"^/v1/(?:files|uploads/[^/]+/(?:parts|complete))$")  # complete: up to 10,000 part ids

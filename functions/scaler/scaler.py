@@ -97,6 +97,8 @@ class Tick:
     applied: bool = False
     errors: list[str] = field(default_factory=list)
     webhooks: dict[str, int] = field(default_factory=dict)
+    enqueued: int | None = None
+    job_s: float | None = None
 
     @property
     def desired(self) -> int | None:
@@ -156,6 +158,7 @@ class Scaler:
         try:
             tick.observation = await asyncio.wait_for(self.queue.observe(now=int(now * 1000)), self._redis_wait_s)
             state_fields = await asyncio.wait_for(self.queue.scale_state(), self._redis_wait_s)
+            tick.enqueued, tick.job_s = await asyncio.wait_for(fleet_figures(self.queue), self._redis_wait_s)
         except Exception as exc:
             _recoverable_or_raise(exc)
             tick.errors.append("redis")
@@ -180,7 +183,8 @@ class Scaler:
         # The service's own desired count is the capacity: it includes tasks still starting, and it is what is in
         # force if someone else changed it.
         state = ScaleState.from_fields(state_fields).adopt(counts.desired, now)
-        decision = decide(self.policy, Demand.from_observation(observation), state, now)
+        demand = Demand.from_observation(observation, now_ms=int(now * 1000), enqueued=tick.enqueued, job_s=tick.job_s)
+        decision = decide(self.policy, demand, state, now)
         tick.decision = decision
         log_extra = {
             "desired": decision.desired, "previous": counts.desired, "running": counts.running,
@@ -202,6 +206,7 @@ class Scaler:
         try:
             await asyncio.wait_for(
                 self.queue.record_decision(decision.desired, decision.reason, at=now, action=decision.action.value,
+                                           target="" if decision.target is None else decision.target,
                                            **decision.state.to_fields()),
                 self._redis_wait_s,
             )
@@ -280,6 +285,28 @@ class Scaler:
         for name, value in tick.webhooks.items():
             m.add_metric(name=f"Webhooks{name.capitalize()}", unit=MetricUnit.Count, value=value)
         m.flush_metrics()
+
+
+async def fleet_figures(queue: Queue) -> tuple[int | None, float | None]:
+    """The queue's arrival counter (``enqueued`` in the stats hash) and the live workers' measured backend seconds
+    per attempt (``inferq:{Q}:fleet``, written with each heartbeat; None before any worker ran a job)."""
+    keys = queue.keys
+    async with queue.redis.pipeline(transaction=False) as pipe:
+        pipe.hget(keys.stats, "enqueued")
+        pipe.hgetall(keys.fleet)
+        pipe.hgetall(keys.workers)
+        raw_enqueued, fleet, beats = await pipe.execute()
+    runs, seconds = 0, 0.0
+    for worker, record in fleet.items():
+        parts = record.split(" ")
+        if worker not in beats or len(parts) != 3:
+            continue
+        try:
+            runs, seconds = runs + int(parts[1]), seconds + float(parts[2])
+        except ValueError:
+            continue
+    enqueued = int(raw_enqueued) if raw_enqueued not in (None, "") else 0
+    return enqueued, (seconds / runs if runs else None)
 
 
 def _recoverable_or_raise(exc: Exception) -> None:

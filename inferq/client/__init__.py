@@ -9,7 +9,8 @@ What every caller of the API writes again otherwise, done once:
 - ``wait`` long-polls ``GET /v1/jobs/{id}?wait=`` in slices of at most 20 s until the job ends or the deadline.
 - Answers are typed: :class:`Job` (the job object) with :class:`~inferq.jobs.JobStatus`, and one exception class
   per error ``type`` of the envelope, each carrying the HTTP status and the envelope itself.
-- :func:`verify_webhook` checks a delivery's Standard Webhooks signature.
+- :func:`verify_webhook` checks a delivery's Standard Webhooks signature with the tenant's secret (or both during a
+  rotation), which ``Client.webhook_secret()`` reads and ``Client.rotate_webhook_secret()`` replaces.
 
 The typed answers live in :mod:`inferq.answers` and the webhook check in :mod:`inferq.webhook_signing`; all are
 importable from here. The blocking client is in :mod:`.blocking`, the asyncio one in :mod:`.aio`; each keeps only

@@ -97,6 +97,12 @@ class AsyncClient:
     async def redrive(self, job_id: str) -> Job:
         return await self._run(calls.redrive(job_id))
 
+    async def webhook_secret(self) -> dict[str, Any]:
+        return await self._run(calls.webhook_secret())
+
+    async def rotate_webhook_secret(self, keep_previous_s: int | None = None) -> dict[str, Any]:
+        return await self._run(calls.rotate_webhook_secret(keep_previous_s))
+
     async def scale(self) -> dict[str, Any]:
         return await self._run(calls.scale())
 

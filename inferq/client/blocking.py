@@ -113,6 +113,16 @@ class Client:
         """Queue a dead-lettered job again with its attempts reset."""
         return self._run(calls.redrive(job_id))
 
+    def webhook_secret(self) -> dict[str, Any]:
+        """The tenant's webhook signing secret (``secret``, ``whsec_…``) and, during a rotation's overlap, the one
+        it replaced (``previous``: ``secret``, ``expires_at``); made on first use."""
+        return self._run(calls.webhook_secret())
+
+    def rotate_webhook_secret(self, keep_previous_s: int | None = None) -> dict[str, Any]:
+        """Replace the tenant's webhook signing secret; the old one keeps signing for ``keep_previous_s`` seconds
+        (the gateway's default: a day). Not retried: a second rotation would end the old secret's overlap."""
+        return self._run(calls.rotate_webhook_secret(keep_previous_s))
+
     def scale(self) -> dict[str, Any]:
         """The scaler's view: lag, pending, unfinished, dlq, workers, desired, decision."""
         return self._run(calls.scale())

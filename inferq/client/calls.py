@@ -185,6 +185,15 @@ def history(limit: int | None) -> Flow[list[dict[str, Any]]]:
     return list(data["data"])
 
 
+def webhook_secret() -> Flow[dict[str, Any]]:
+    return one(Call("GET", "/v1/webhooks/secret", _json))
+
+
+def rotate_webhook_secret(keep_previous_s: int | None) -> Flow[dict[str, Any]]:
+    body = {"keep_previous_s": keep_previous_s} if keep_previous_s is not None else None
+    return one(Call("POST", "/v1/webhooks/secret/rotate", _json, json=body))
+
+
 def events_page(params: dict[str, Any]) -> Flow[Any]:
     """One page of the results feed, long-polling ``params["wait"]`` seconds."""
     return one(Call("GET", "/v1/events", _json, params=params, extra_timeout=params["wait"]))

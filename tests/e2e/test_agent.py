@@ -171,3 +171,34 @@ async def test_a_crash_loop_slows_replacements_down() -> None:
     finally:
         await agent.shutdown()
         ecs.stop()
+
+
+async def test_an_emulated_boot_keeps_a_task_pending_and_a_scale_in_cancels_it_first() -> None:
+    """INFERQ_EMULATOR_BOOT_S: a new task is pending (the service's pendingCount) for the boot, then its process
+    starts; a scale-in during the boot cancels a task still starting before it stops a running one."""
+    log = io.StringIO()
+    ecs = MotoEcs(Names("agent-boot", "agent-boot-workers"), stop_timeout_s=1)
+    await asyncio.to_thread(ecs.start)
+    agent = await EcsAgent(ecs, LogSink(log), {"PYTHONUNBUFFERED": "1"}, stop_timeout_s=1.0, boot_s=1.5,
+                           worker_argv=[sys.executable, "-c", TASK]).start()
+    harness = Harness(ecs, agent, log)
+    try:
+        await harness.set_desired(1)
+        await asyncio.sleep(0.5)
+        assert not harness.live()  # still booting
+        service = await harness.service()
+        assert (service["runningCount"], service["pendingCount"]) == (0, 1)
+        await harness.until(lambda: set(harness.live()) == {"worker-1"}, timeout=10)
+        service = await harness.service()
+        assert (service["runningCount"], service["pendingCount"]) == (1, 0)
+
+        await harness.set_desired(2)
+        await asyncio.sleep(0.3)
+        await harness.set_desired(1)  # while worker-2 boots: its boot is cancelled, worker-1 keeps running
+        await asyncio.sleep(2.0)
+        assert set(harness.live()) == {"worker-1"}
+        assert "started worker-2" not in log.getvalue()
+        assert (await harness.service())["pendingCount"] == 0
+    finally:
+        await agent.shutdown()
+        ecs.stop()

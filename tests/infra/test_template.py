@@ -141,7 +141,7 @@ def test_gateway_serves_every_route_of_a_throttled_http_api(translated: dict[str
     paths = resources["HttpApi"]["Properties"]["Body"]["paths"]
     assert list(paths) == ["/$default"]
     integration = paths["/$default"]["x-amazon-apigateway-any-method"]["x-amazon-apigateway-integration"]
-    assert "${GatewayFunction.Arn}" in integration["uri"]["Fn::Sub"]
+    assert "${GatewayFunctionAliaslive}" in integration["uri"]["Fn::Sub"]  # the published alias (SnapStart)
     assert integration["payloadFormatVersion"] == "2.0"
     stage = next(r["Properties"] for r in resources.values() if r["Type"] == "AWS::ApiGatewayV2::Stage")
     assert stage["DefaultRouteSettings"] == {

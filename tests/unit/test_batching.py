@@ -69,3 +69,29 @@ async def test_a_failed_flush_fails_each_of_its_submitters_and_a_cancelled_one_l
     with pytest.raises(asyncio.CancelledError):
         await dropped
     await batcher.wait_idle()
+
+
+async def test_an_error_one_item_causes_fails_only_its_submitter_when_the_batcher_splits_on_it() -> None:
+    """With ``split_on``, a flush that one item spoils (an argument that cannot be encoded) is flushed again item by
+    item: that item's submitter gets the error, the others their answers. Other errors still reach everyone."""
+    flushed: list[list[str]] = []
+
+    async def flush(items: list[str]) -> list[str]:
+        flushed.append(items)
+        if "down" in items:
+            raise ConnectionError("the server is gone")
+        for item in items:
+            item.encode()  # a lone surrogate cannot be
+        return [item.upper() for item in items]
+
+    for overlap in (False, True):
+        flushed.clear()
+        batcher: Batcher[str, str] = Batcher(flush, overlap=overlap, split_on=(UnicodeEncodeError,))
+        answers = await asyncio.gather(*(batcher.submit(i) for i in ("a", "\ud800", "b")), return_exceptions=True)
+        assert answers[0] == "A" and answers[2] == "B" and isinstance(answers[1], UnicodeEncodeError)
+        assert flushed == [["a", "\ud800", "b"], ["a"], ["\ud800"], ["b"]]
+        answers = await asyncio.gather(*(batcher.submit(i) for i in ("a", "down")), return_exceptions=True)
+        assert all(isinstance(a, ConnectionError) for a in answers)
+    plain: Batcher[str, str] = Batcher(flush)  # without split_on, as before: the flush's error is everyone's
+    answers = await asyncio.gather(*(plain.submit(i) for i in ("a", "\ud800")), return_exceptions=True)
+    assert all(isinstance(a, UnicodeEncodeError) for a in answers)

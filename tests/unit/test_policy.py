@@ -309,3 +309,106 @@ def test_demand_from_an_observation() -> None:
                     decided_at=None)
     assert Demand.from_observation(o) == Demand(lag=5, pending=2, delayed=1, busy_workers=1)
     assert Demand.from_observation(o).backlog == o.backlog == 8
+
+
+# ---------------------------------------------------------------------------------------------- issue 41: cost
+
+
+def test_a_lone_job_at_zero_is_gathered_for_gather_s_then_gets_a_worker() -> None:
+    policy = ScalePolicy(gather_s=30)
+    young, old = Demand(lag=2, oldest_wait_s=12.0), Demand(lag=2, oldest_wait_s=30.0)
+    held = decide(policy, young, ScaleState(), NOW)
+    assert (held.desired, held.action, held.target) == (0, Action.HOLD, 0)
+    assert "gathering" in held.reason
+    assert decide(policy, old, held.state, NOW + 18).desired == 1
+
+
+def test_gathering_never_holds_a_full_worker_load_a_busy_fleet_or_a_min() -> None:
+    policy = ScalePolicy(gather_s=30, target_per_worker=8)
+    assert decide(policy, Demand(lag=8, oldest_wait_s=0.0), ScaleState(), NOW).desired == 1
+    assert decide(policy, Demand(lag=1, oldest_wait_s=0.0), ScaleState(desired=1, changed_at=NOW - 9), NOW).desired == 1
+    assert decide(replace(policy, min=1), Demand(lag=1, oldest_wait_s=0.0), ScaleState(), NOW).desired == 1
+    assert decide(replace(policy, gather_s=0), Demand(lag=1, oldest_wait_s=0.0), ScaleState(), NOW).desired == 1
+
+
+def _quiet(rate: float, idle_since: float | None = None) -> ScaleState:
+    """One worker up for 10 minutes, the arrival forecast at ``rate`` per second."""
+    return ScaleState(desired=1, changed_at=NOW - 600, idle_since=idle_since, enqueued=100, rate_at=NOW - 10,
+                      rate=rate)
+
+
+def test_boot_aware_to_zero_a_worker_not_needed_within_a_boot_goes_at_once() -> None:
+    """One job every ~4 minutes and a 120 s boot: keeping the worker idle costs more than booting a new one."""
+    policy = ScalePolicy(boot_s=120, zero_after_s=300, cooldown_s=120)
+    d = decide(policy, Demand(enqueued=100, job_s=20.0), _quiet(1 / 240), NOW)
+    assert (d.desired, d.action) == (0, Action.SCALE_TO_ZERO)
+    assert "within a 120s boot" in d.reason
+
+
+def test_boot_aware_to_zero_a_worker_needed_again_within_a_boot_stays_for_the_idle_window() -> None:
+    """A job every ~20 s: the worker would be asked for again before a new one booted, so it stays."""
+    policy = ScalePolicy(boot_s=120, zero_after_s=300, cooldown_s=120)
+    kept = decide(policy, Demand(enqueued=100, job_s=20.0), _quiet(1 / 20, idle_since=NOW - 200), NOW)
+    assert kept.desired == 1
+    gone = decide(policy, Demand(enqueued=100, job_s=20.0), _quiet(1 / 20, idle_since=NOW - 300), NOW)
+    assert gone.desired == 0  # the idle window still bounds it
+
+
+def test_boot_aware_scale_in_keeps_the_workers_the_arrivals_need_and_lets_the_rest_go_early() -> None:
+    """After a burst, 8 workers, the backlog wants 1: arrivals of 1 job/s at 20 s each keep 20 slots busy (3 workers
+    of 8): those 3 stay through the calm window, the 5 others go now instead of 120 s later."""
+    policy = ScalePolicy(max=10, target_per_worker=8, boot_s=120, cooldown_s=120)
+    state = ScaleState(desired=8, changed_at=NOW - 30, enqueued=1000, rate_at=NOW - 10, rate=1.0)
+    d = decide(policy, Demand(pending=5, busy_workers=1, enqueued=1010, job_s=20.0), state, NOW)
+    assert (d.desired, d.action) == (3, Action.SCALE_DOWN)
+    unknown = decide(policy, Demand(pending=5, busy_workers=1), state, NOW)  # no forecast: the calm window holds
+    assert (unknown.desired, unknown.action) == (8, Action.HOLD)
+
+
+def test_the_busy_floor_still_holds_under_boot_aware_scale_in() -> None:
+    policy = ScalePolicy(max=10, target_per_worker=8, boot_s=120, cooldown_s=120)
+    state = ScaleState(desired=8, changed_at=NOW - 30, enqueued=1000, rate_at=NOW - 10, rate=0.0)
+    d = decide(policy, Demand(pending=6, busy_workers=6, enqueued=1000, job_s=20.0), state, NOW)
+    assert d.desired == 6 and d.target == 1  # six still finish their jobs; only one takes new ones
+
+
+def test_work_based_forecast_scales_with_the_measured_job_time() -> None:
+    """The same arrivals with jobs twice as long keep twice the workers: sizing by work, not by job counts."""
+    policy = ScalePolicy(max=20, target_per_worker=8, boot_s=120, cooldown_s=120)
+    state = ScaleState(desired=12, changed_at=NOW - 30, enqueued=1000, rate_at=NOW - 10, rate=1.6)
+    short = decide(policy, Demand(lag=1, enqueued=1016, job_s=10.0), state, NOW)
+    long = decide(policy, Demand(lag=1, enqueued=1016, job_s=20.0), state, NOW)
+    assert (short.desired, long.desired) == (2, 4)
+
+
+def test_the_drain_target_is_what_the_backlog_needs_and_never_above_desired() -> None:
+    policy = ScalePolicy(max=10, target_per_worker=8, cooldown_s=120)
+    state = ScaleState(desired=6, changed_at=NOW - 30)
+    d = decide(policy, Demand(pending=20, busy_workers=6), state, NOW)  # 20 jobs spread thin over 6 workers
+    assert (d.desired, d.target) == (6, 3)  # three workers take new jobs; the other three drain
+    up = decide(policy, Demand(lag=100), state, NOW)
+    assert up.target == up.desired == 10
+    idle = decide(policy, Demand(), ScaleState(desired=1, changed_at=NOW - 10), NOW)
+    assert (idle.desired, idle.target) == (1, 1)  # the warm worker takes the next job
+
+
+def test_the_arrival_rate_follows_the_enqueued_counter() -> None:
+    policy = ScalePolicy(boot_s=120)
+    first = decide(policy, Demand(enqueued=50), ScaleState(), NOW).state
+    assert (first.enqueued, first.rate_at, first.rate) == (50, NOW, 0.0)
+    later = decide(policy, Demand(enqueued=50 + 120), first, NOW + 120).state
+    assert later.rate == pytest.approx(1.0 * (1 - math.exp(-1)))
+    reset = decide(policy, Demand(enqueued=3), later, NOW + 130).state
+    assert (reset.enqueued, reset.rate) == (3, later.rate)  # a counter that went back restarts the count only
+
+
+def test_the_new_memory_round_trips_through_the_scale_hash() -> None:
+    state = ScaleState(desired=2, changed_at=NOW, enqueued=77, rate_at=NOW - 1, rate=0.25)
+    fields = {"desired": "2", **state.to_fields()}
+    assert ScaleState.from_fields(fields) == state
+
+
+def test_policy_from_settings_carries_boot_and_gather() -> None:
+    s = Settings(scale_boot_s=75.0, scale_gather_s=10.0)
+    policy = ScalePolicy.from_settings(s)
+    assert (policy.boot_s, policy.gather_s) == (75.0, 10.0)

@@ -71,3 +71,33 @@ def test_a_whsec_secret_that_is_not_base64_stops_the_process_naming_the_variable
 
 def test_the_webhook_id_names_the_job_and_its_terminal_event() -> None:
     assert webhook_id("job_abc", "1764400000123-0") == "job_abc_1764400000123-0"
+
+
+def test_a_header_with_several_keys_verifies_under_each_and_a_receiver_may_hold_several() -> None:
+    """During a rotation the sender signs with both secrets, space-separated; the reference library accepts the
+    delivery under either, and ``verify_webhook`` takes both at once (a receiver mid-switch)."""
+    import time
+
+    from inferq.webhook_secrets import new_secret
+    from inferq.webhook_signing import signature_header, verify_webhook
+
+    old, new, stranger = new_secret(), new_secret(), new_secret()
+    now = int(time.time())
+    body = b'{"id":"job_x","status":"succeeded"}'
+    header = signature_header([new, old], "job_x_1-0", now, body)
+    assert header.count(" ") == 1 and all(part.startswith("v1,") for part in header.split(" "))
+    for secret in (old, new):
+        assert Webhook(secret).verify(body, headers("job_x_1-0", now, header))["id"] == "job_x"
+    with pytest.raises(WebhookVerificationError):
+        Webhook(stranger).verify(body, headers("job_x_1-0", now, header))
+    assert verify_webhook([stranger, new], headers("job_x_1-0", now, header), body)["status"] == "succeeded"
+    assert not verify([stranger], headers("job_x_1-0", now, header), body)
+    assert signature_header([new, new], "job_x_1-0", now, body).count("v1,") == 1  # one key, one signature
+
+
+def test_a_hostile_signature_header_is_refused_not_raised() -> None:
+    now = SPEC_TIMESTAMP + 1
+    for signature in ("v1,\u00e9\u00e9", "v1,\ud800", "", " ", "v2,abc"):
+        assert not verify(SPEC_SECRET, headers(SPEC_ID, SPEC_TIMESTAMP, signature), SPEC_BODY, now=now)
+    signed_text = sign(SPEC_SECRET, SPEC_ID, SPEC_TIMESTAMP, b"not json")  # authentic, but no job object
+    assert not verify(SPEC_SECRET, headers(SPEC_ID, SPEC_TIMESTAMP, signed_text), b"not json", now=now)

@@ -573,3 +573,81 @@ async def test_a_protocol_error_in_a_buffered_reply_drops_the_connection(valkey:
         await client.connection_pool.release(conn)
     assert await client.ping() is True
     await client.aclose()
+
+
+async def test_in_a_shared_write_an_argument_that_cannot_be_encoded_fails_its_caller_alone(
+        server: ValkeyProcess) -> None:
+    """A lone surrogate (not UTF-8) or an argument of a type Redis has no form for fails the caller that sent it,
+    before anything of it is written; the callers whose commands share its write are answered, on a connection that
+    stays in step. A pipeline of one caller fails whole before anything is written, as redis-py's does."""
+    client = connect(Settings(redis_url=server.url, redis_timeout_s=5.0))
+    sha = await client.script_load("return ARGV[1]")
+    for i in range(6):
+        await client.hset(f"h{i}", mapping={"a": str(i)})
+    assert await asyncio.gather(client.ping(), client.ping()) == [True, True]  # two connections open
+    bad_arguments: list[Any] = ["\ud800", {"a": 1}, object()]
+    for bad in bad_arguments:
+        for position in (1, 3, 5):  # the caller that writes the batch (1), and callers that joined it
+            calls: list[Any] = [client.hget(f"h{i}", "a") for i in range(6)]
+            calls[position].close()
+            calls[position] = (client.hget(f"h{position}", bad) if position != 3
+                               else client.evalsha(sha, 0, bad))
+            replies = await asyncio.gather(*calls, return_exceptions=True)
+            assert [r for i, r in enumerate(replies) if i != position] == [str(i) for i in range(6) if i != position]
+            assert isinstance(replies[position], (redis.exceptions.DataError, UnicodeEncodeError)), replies[position]
+            assert _connections(client) == 2 and _in_use(client) == 0  # the first alone, the rest in one write
+    every_bad = await asyncio.gather(client.hget("h0", "a"), *(client.hget("h1", bad) for bad in bad_arguments),
+                                     return_exceptions=True)
+    assert every_bad[0] == "0" and all(isinstance(r, Exception) for r in every_bad[1:])
+    assert await asyncio.gather(*(client.hget(f"h{i}", "a") for i in range(6))) == [str(i) for i in range(6)]
+    with pytest.raises((redis.exceptions.DataError, UnicodeEncodeError)):
+        await pipelined(client, [("HGET", "h0", "a"), ("HGET", "h1", "\ud800")])
+    assert await pipelined(client, [("HGET", "h0", "a")]) == ["0"]
+    assert _in_use(client) == 0
+    await client.aclose()
+
+
+BAD_ARGUMENTS: list[Any] = ["\udfff", "ok\ud83d", {"k": 1}, [1, 2], object(), None]
+
+
+async def test_any_mix_of_callers_with_unencodable_arguments_fails_exactly_those(server: ValkeyProcess) -> None:
+    """Random mixes (hypothesis, derandomized) of good and bad callers sharing writes: every good caller gets its
+    own reply, every bad one an error, and the connection stays in step for the next mix."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    client = connect(Settings(redis_url=server.url, redis_timeout_s=5.0))
+    sha = await client.script_load("return ARGV[1]")
+    for i in range(8):
+        await client.hset(f"h{i}", mapping={"a": str(i)})
+    loop = asyncio.get_running_loop()
+    mixes = st.lists(st.tuples(st.integers(0, 7), st.sampled_from(["hget", "evalsha", "hmget"]),
+                               st.one_of(st.none(), st.integers(0, len(BAD_ARGUMENTS) - 1))), min_size=2, max_size=12)
+
+    async def run(mix: list[tuple[int, str, int | None]]) -> None:
+        calls = []
+        for i, kind, bad in mix:
+            arg = "a" if bad is None else BAD_ARGUMENTS[bad]
+            if kind == "hget":
+                calls.append(client.hget(f"h{i}", arg))
+            elif kind == "hmget":
+                calls.append(client.hmget(f"h{i}", [arg]))
+            else:
+                calls.append(client.evalsha(sha, 0, str(i) if bad is None else arg))
+        replies = await asyncio.gather(*calls, return_exceptions=True)
+        for (i, kind, bad), reply in zip(mix, replies, strict=True):
+            if bad is not None:
+                assert isinstance(reply, (redis.exceptions.DataError, UnicodeEncodeError)), reply
+            else:
+                assert reply == ([str(i)] if kind == "hmget" else str(i)), (mix, reply)
+        assert _in_use(client) == 0
+
+    @settings(max_examples=40, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(mixes)
+    def check(mix: list[tuple[int, str, int | None]]) -> None:
+        # hypothesis drives a sync function: each example runs on this test's loop, in a helper thread's wait
+        asyncio.run_coroutine_threadsafe(run(mix), loop).result(timeout=30)
+
+    await asyncio.to_thread(check)
+    await client.aclose()

@@ -15,6 +15,7 @@ from inferq.keys import GROUP
 from inferq.queue import Delivery, Lease, Outcome, Queue, QueueFull, TenantQuotaFull, now_ms
 from inferq.scripting import NAMES, all_scripts
 from inferq.settings import Settings
+from inferq.webhook_secrets import rotate_secret, tenant_secret
 from tests.integration.protocol.resend import DelayingProxy, Resending, difference, snapshot, without_refusals
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
@@ -77,6 +78,12 @@ async def test_every_script_on_each_of_its_paths_answers_the_same_and_changes_no
     await q.observe()                                                               # observe (read only)
     skipped, count = await q.skip_webhookless_events(None)                          # skipevents: no count yet
     assert not skipped and await q.skip_webhookless_events(count) == (True, count)  # skipevents: skipped
+    tenant = f"t-{q.keys.queue}"  # the secret is the tenant's, across queues: one of this test's own
+    made = await tenant_secret(q, tenant)                                           # webhooksecret: made
+    assert await tenant_secret(q, tenant) == made                                   # webhooksecret: kept
+    rotated = await rotate_secret(q, tenant)                                        # webhooksecret: rotated
+    assert rotated.previous == made.secret and rotated.secret != made.secret
+    assert (await rotate_secret(q, tenant, 0)).previous is None                    # webhooksecret: none kept
     assert set(q.scripts.checked) == set(NAMES)
     stats = await q.stats()
     assert stats["unfinished"] == 0 and stats["enqueued"] == 8 and stats["duplicate_results"] == 1

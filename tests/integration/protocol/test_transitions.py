@@ -9,6 +9,7 @@ import dataclasses
 import json
 
 import pytest
+import redis.exceptions
 from redis.asyncio import Redis
 
 from inferq.jobs import JobRequest, JobStatus, Priority
@@ -46,7 +47,7 @@ async def live_entries(q: Queue, job_id: str) -> list[str]:
 def test_every_script_declares_its_keys_and_loads() -> None:
     names = {s.name for s in all_scripts()}
     assert names == {"enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive",
-                     "expire", "observe", "requeue", "skipevents"}
+                     "expire", "observe", "requeue", "skipevents", "webhooksecret"}
     assert load("enqueue").min_keys == 3 and load("enqueue").max_keys is None
     assert load("renew").max_keys is None
 
@@ -178,6 +179,24 @@ async def test_the_submits_of_one_turn_are_one_enqueue_call_each_accepted_or_ref
         assert stored is not None and stored.status is JobStatus.QUEUED and stored.entry == job.entry
         assert int(stored.created_at * 1000) == int(job.created_at * 1000)
         assert await live_entries(q, job.id) == [job.entry]
+
+
+async def test_a_submit_whose_arguments_cannot_be_encoded_fails_alone_and_the_others_of_its_turn_are_accepted(
+    q: Queue,
+) -> None:
+    """Submits of one turn share one script call; one that carries what Redis cannot be sent (a lone surrogate, as
+    ``json.loads`` makes of ``"\\ud800"``) fails that submitter only: the others are accepted as if alone."""
+    bad = [req(webhook_url="https://hooks.example/\ud800"), req(metadata={"k": "v"}, idempotency_key="\udc00")]
+    for spoiler in bad:
+        submits = [req(), req(), spoiler, req(idempotency_key="fine"), req()]
+        answers = await asyncio.gather(*(q.enqueue("t", r) for r in submits), return_exceptions=True)
+        assert isinstance(answers[2], (UnicodeEncodeError, redis.exceptions.DataError)), answers[2]
+        for answer in answers[:2] + answers[3:]:
+            assert isinstance(answer, tuple), answer
+            stored = await q.get(answer[0].id)
+            assert stored is not None and stored.status is JobStatus.QUEUED
+    stats = await q.stats()
+    assert stats["unfinished"] == 7 and stats["enqueued"] == 7  # 4 + 4, less the replay of "fine"
 
 
 async def test_a_refused_batch_gives_back_every_count_it_took(q: Queue) -> None:

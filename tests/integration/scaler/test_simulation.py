@@ -16,8 +16,8 @@ def test_the_quick_simulation_reports_every_strategy_and_plots(tmp_path: Path) -
     assert (tmp_path / "elasticity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "elasticity.json").read_text())["results"] == section["results"]
     results = section["results"]
-    assert set(results) == {"always_on", "keda_like", "inferq_60s", "inferq_10s", "keda_like_peak_max",
-                            "inferq_10s_peak_max"}
+    assert set(results) == {"always_on", "keda_like", "inferq_60s", "inferq_10s", "inferq_10s_jobs_only",
+                            "inferq_10s_gather", "keda_like_peak_max", "inferq_10s_peak_max", "inferq_10s_warm_pool"}
     jobs = section["scenario"]["jobs"]
     for r in results.values():
         assert r["jobs"] == jobs  # every job served, by every strategy
@@ -25,6 +25,42 @@ def test_the_quick_simulation_reports_every_strategy_and_plots(tmp_path: Path) -
     assert results["always_on"]["scale_changes"] == 0
     assert results["inferq_10s"]["gpu_minutes"] < 0.5 * results["always_on"]["gpu_minutes"]
     assert set(section["targets"]) == set(simulate.COMPARISONS)
+    assert set(section["traces"]) == {"bursty_day", "business_hours", "trickle", "spike_storm"}
+    for trace in section["traces"].values():
+        assert {r["jobs"] for r in trace["results"].values()} == {trace["jobs"]}
+
+
+def test_the_seeded_day_meets_the_issue_41_targets() -> None:
+    """The reference day (seed 20240601, 120 s boot): the default policy at <= 25% of always-on's GPU-minutes at a
+    p95 no worse than always-on's, and >= 20% fewer than KEDA-like at a p95 no worse than KEDA-like's."""
+    _, _, rows = simulate.simulate(sim_fleet.Scenario())
+    results = {key: result for key, result, _ in rows}
+    assert results["always_on"]["jobs"] == 10860
+    assert simulate.targets(results, "inferq_10s", "keda_like")["met"]
+    # the drain target and forecast are what moved it: the job-count policy alone uses more
+    assert results["inferq_10s"]["gpu_minutes"] < results["inferq_10s_jobs_only"]["gpu_minutes"]
+
+
+def test_a_surplus_worker_stops_pulling_and_stops_once_empty() -> None:
+    """The sim's drain target: with target 1, the newer worker takes nothing new and ECS stops it once empty."""
+    sc = sim_fleet.Scenario(seed=1, day_s=600.0, base_night_per_s=1e-9, base_day_per_s=1e-9, bursts=0)
+    trace = sim_fleet.Trace(arrivals=[float(t) for t in range(0, 300, 5)], service=[20.0] * 60, bursts=[])
+
+    class TwoThenOne(sim_strategies.Controller):
+        def start(self, sim: sim_fleet.Sim) -> None:
+            sim.workers = [sim_fleet.Worker(asked_at=0.0, ready_at=0.0) for _ in range(2)]
+            sim.desired = 2
+            sim.at(60.0, sim_fleet.TICK, "drain")
+
+        def on_tick(self, sim: sim_fleet.Sim, now: float, tag: object) -> None:
+            sim.set_target(1, now)
+            sim.set_desired(1, now)
+
+    sim = sim_fleet.Sim(trace, sc)
+    result = sim.run(TwoThenOne())
+    assert result["jobs"] == 60
+    newer = sim.workers[1]
+    assert newer.stopped_at is not None and newer.stopped_at <= 60.0 + 20.0 + 1e-9
 
 
 def test_the_simulation_is_deterministic_per_seed() -> None:
@@ -50,6 +86,9 @@ def test_the_policy_row_reacts_to_a_lone_job_at_zero_within_the_wake_latency() -
     """One job on an idle day: the gateway's wake gets it a worker at once (boot time aside)."""
     sc = sim_fleet.Scenario(seed=1, day_s=3600.0, base_night_per_s=1e-9, base_day_per_s=1e-9, bursts=0)
     trace = sim_fleet.Trace(arrivals=[600.0], service=[10.0], bursts=[])
-    result = sim_fleet.Sim(trace, sc).run(sim_strategies.InferqPolicy(ScalePolicy(), every_s=60.0))
+    result = sim_fleet.Sim(trace, sc).run(sim_strategies.InferqPolicy(ScalePolicy(gather_s=0), every_s=60.0))
     assert result["jobs"] == 1
     assert sc.boot_s <= result["max_wait_s"] <= sc.boot_s + 1.0 + 1e-6
+    # gathering: the lone job waits up to gather_s (to the next evaluation after it) for company, then boots
+    gathered = sim_fleet.Sim(trace, sc).run(sim_strategies.InferqPolicy(ScalePolicy(gather_s=30), every_s=10.0))
+    assert sc.boot_s + 30.0 <= gathered["max_wait_s"] <= sc.boot_s + 30.0 + 10.0 + 1e-6

@@ -1,6 +1,7 @@
 """Webhook delivery under load and against hostile receivers: each webhook once with several consumers and a slow
 receiver; one deadline per POST (a dripping receiver); the answer read only in part (a huge one); internal
-addresses refused after resolving; the connection goes to the address that was checked, TLS to the name."""
+addresses refused after resolving; the connection goes to the address that was checked, TLS to the name; a
+receiver's private CA trusted through SSL_CERT_FILE / SSL_CERT_DIR, and proxy variables never used."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import datetime
 import http.server
 import json
 import logging
+import shutil
 import socket
 import ssl
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -28,6 +31,7 @@ from inferq.settings import Settings
 from inferq_webhooks import sender as webhooks
 from inferq_webhooks.guarded_http import GuardedTransport
 from inferq_webhooks.sender import LEASE_MS, WebhookSender, deliver_webhooks
+from tests.support.tls import private_ca
 
 from .support import chat, eventually, submit
 
@@ -367,3 +371,48 @@ async def test_tls_goes_to_the_checked_address_but_names_and_verifies_the_host(
     async with httpx.AsyncClient(transport=GuardedTransport(True, ssl_context=other_client_tls)) as client:
         report = await deliver_webhooks(queue, settings, client=client)
     assert (report.delivered, report.failed) == (0, 1) and other.requests == []
+
+
+async def test_a_receiver_with_a_private_ca_is_reached_through_ssl_cert_file_and_never_through_a_proxy(
+    settings: Settings, queue: Queue, hooks: list[Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Deliveries verify receivers against the system's CA store as OpenSSL finds it: a receiver whose certificate
+    a company CA signed fails until ``SSL_CERT_FILE`` names that CA (``SSL_CERT_DIR`` likewise). Proxy variables
+    are not used: a proxy would resolve and connect past the address guard."""
+    from inferq_webhooks import guarded_http
+
+    for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    ca_path, server_tls = private_ca(tmp_path)
+    receiver = HookServer(tls=server_tls)
+    proxy = RawServer(lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
+    hooks += [receiver, proxy]
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, proxy.url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    url = f"https://127.0.0.1:{receiver.port}/hook"
+
+    guarded_http._verifying_context.cache_clear()
+    await ended_with_webhooks(queue, url, 1)
+    report = await deliver_webhooks(queue, settings)  # the system's store knows no such CA
+    assert (report.delivered, report.failed) == (0, 1) and receiver.requests == []
+
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca_path))
+    guarded_http._verifying_context.cache_clear()  # read once per process, as a process starts
+    [through_file] = await ended_with_webhooks(queue, url, 1)
+    report = await deliver_webhooks(queue, settings)
+    assert report.delivered >= 1 and through_file in receiver.job_ids()  # (>=: the first one's retry may be due)
+    assert not proxy.done.is_set()  # nothing went to the proxy
+
+    (tmp_path / "certs").mkdir()
+    subject_hash = subprocess.run(["openssl", "x509", "-hash", "-noout", "-in", str(ca_path)], check=True,
+                                  capture_output=True, text=True).stdout.strip()
+    shutil.copy(ca_path, tmp_path / "certs" / f"{subject_hash}.0")  # a c_rehash'd directory, as SSL_CERT_DIR wants
+    monkeypatch.delenv("SSL_CERT_FILE")
+    monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path / "certs"))
+    guarded_http._verifying_context.cache_clear()
+    [through_dir] = await ended_with_webhooks(queue, url, 1)
+    report = await deliver_webhooks(queue, settings)
+    assert report.delivered >= 1 and through_dir in receiver.job_ids() and not proxy.done.is_set()
+    guarded_http._verifying_context.cache_clear()
