@@ -368,7 +368,7 @@ def test_a_registry_the_stack_cannot_be_built_from_is_refused_naming_the_field(
 # --- claim checks (files bucket, claims/ prefix) ---
 
 
-def test_gateway_and_workers_may_read_and_write_claim_checks_and_the_batch_driver_read_them(
+def test_gateway_workers_and_the_batch_driver_may_read_and_write_claim_checks(
     translated: dict[str, Any],
 ) -> None:
     gateway = translated["Resources"]["GatewayFunction"]["Properties"]["Role"]["Fn::GetAtt"][0]
@@ -393,7 +393,8 @@ def test_gateway_and_workers_may_read_and_write_claim_checks_and_the_batch_drive
     scaler = translated["Resources"]["ScalerFunction"]["Properties"]["Role"]["Fn::GetAtt"][0]
     scaler_claims = [(s["Action"], s["Resource"]) for owner, s in role_statements(translated)
                      if owner == scaler and "claims/" in json.dumps(s["Resource"])]
-    assert scaler_claims == [("s3:GetObject", {"Fn::Sub": "${FilesBucket.Arn}/claims/*"})]  # batch output, read only
+    # the batch driver claim-checks a line's large body, as a submit does, and reads results back into output files
+    assert scaler_claims == [(["s3:GetObject", "s3:PutObject"], {"Fn::Sub": "${FilesBucket.Arn}/claims/*"})]
 
 
 def test_sam_local_env_names_the_bucket_and_only_variables_the_gateway_declares(translated: dict[str, Any]) -> None:
