@@ -47,6 +47,16 @@ class FileInfo:
         }
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What one tenant stores (the file quotas)."""
+
+    files: int
+    bytes: int
+    parts: dict[str, int]
+    """Upload id -> bytes its parts hold (open, or left behind by one that ended: the caller tells them apart)."""
+
+
 def s3_client() -> Any:
     import boto3
     from botocore.config import Config
@@ -86,6 +96,10 @@ class Bucket:
         if self._client is None:
             self._client = s3_client()
         return self._client
+
+    def ready(self) -> None:
+        """Raise unless the bucket exists and answers (``/readyz``): one HEAD."""
+        self.client.head_bucket(Bucket=self.bucket)
 
 
 class FileStore(Bucket):
@@ -165,6 +179,30 @@ class FileStore(Bucket):
                 break
         return min(counted, up_to)
 
+    def usage(self, tenant: str) -> Usage:
+        """What the tenant stores: its files (count and bytes) and the bytes of each upload's parts, from keys and
+        sizes alone (one LIST per 1,000 objects, no HEAD)."""
+        files = stored = 0
+        for item in self._objects(f"files/{_tenant(tenant)}/"):
+            files += 1
+            stored += int(item["Size"])
+        parts: dict[str, int] = {}
+        prefix = f"uploads/{_tenant(tenant)}/"
+        for item in self._objects(prefix):
+            upload_id = item["Key"][len(prefix):].split("/", 1)[0]
+            parts[upload_id] = parts.get(upload_id, 0) + int(item["Size"])
+        return Usage(files, stored, parts)
+
+    def _objects(self, prefix: str) -> Iterator[dict[str, Any]]:
+        token = None
+        while True:
+            kwargs: dict[str, str] = {"ContinuationToken": token} if token else {}
+            page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=prefix, MaxKeys=1000, **kwargs)
+            yield from page.get("Contents") or []
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+
     def delete(self, tenant: str, file_id: str) -> bool:
         if self.head(tenant, file_id) is None:
             return False
@@ -198,6 +236,21 @@ class FileStore(Bucket):
             return bytes(body.read())
         finally:
             body.close()
+
+    def put_claim(self, key: str, data: bytes) -> None:
+        """Store a claim-checked request body (:mod:`inferq.claimcheck`): a batch line over
+        ``INFERQ_INLINE_MAX_BYTES``, as the gateway stores a large submit."""
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
+
+    def discard_uploads(self, tenant: str, file_id: str) -> int:
+        """Abort every multipart upload still open on the file's key (a writer killed before it completed or
+        aborted); how many."""
+        key = self.file_key(tenant, file_id)
+        page = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=key)
+        uploads = [u for u in page.get("Uploads") or [] if u.get("Key") == key]
+        for upload in uploads:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload["UploadId"])
+        return len(uploads)
 
     # ------------------------------------------------------------------ upload parts
 

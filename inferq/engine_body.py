@@ -1,5 +1,5 @@
 """Checks of a job's ``body`` (the OpenAI request the model server receives) against what the engine accepts: the
-gateway's submit and a batch's input lines (:mod:`inferq.batches`) run them.
+gateway's submit and a batch's input lines (:mod:`inferq.batch_lines`) run them.
 
 A field that a model server cannot take should be a 422 at the gateway that names it, never a request that
 reaches vLLM: a malformed ``guided_json``, ``guided_regex`` or ``response_format`` schema has crashed some vLLM

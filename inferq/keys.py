@@ -121,6 +121,12 @@ class Keys:
         return self.prefix + "fleet"
 
     @property
+    def feed_key(self) -> str:
+        """The deployment's secret that seals the results feed's cursors (:mod:`inferq.feed`); the primary queue's
+        only. Written once (``SET NX``), never expires."""
+        return self.prefix + "feed:key"
+
+    @property
     def wake(self) -> str:
         """``SET NX EX`` guard that rate-limits wake-on-enqueue calls to the scaler."""
         return self.prefix + "wake"

@@ -327,12 +327,19 @@ class Producer(QueueCore):
         return job
 
     async def redrive(self, tenant: str, job_id: str, *, now: int | None = None) -> Job:
+        """Queue a dead-lettered job again. Raises JobNotFound, NotDeadLettered, or QueueFull / TenantQuotaFull
+        under the same limits as :meth:`enqueue`."""
         keys = [*self.keys.lane_streams, self.keys.stats, self.keys.dlq, self.keys.tenants, self.keys.job(job_id),
                 self.keys.done(job_id)]
-        [reply] = await self._write([("redrive", keys, [tenant, now or now_ms(), new_token()])], replicated=True)
+        args = [tenant, now or now_ms(), new_token(), self.settings.max_queue_depth, self.settings.tenant_max_depth]
+        [reply] = await self._write([("redrive", keys, args)], replicated=True)
         code = int(reply[0])
         if code == Code.NOT_FOUND:
             raise JobNotFound(job_id)
+        if code == Code.TENANT_FULL:  # the same limits as a submit: a redrive cannot sidestep them
+            raise TenantQuotaFull(int(reply[1]))
+        if code == Code.QUEUE_FULL:
+            raise QueueFull(int(reply[1]))
         if code == Code.NOT_DEAD_LETTERED:
             raise NotDeadLettered(f"job {job_id} is not dead-lettered (status {reply[1]})")
         job = await self.get(job_id, tenant)

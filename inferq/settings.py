@@ -205,6 +205,8 @@ class Settings:
     redis_url: str = _setting("redis://127.0.0.1:6379/0", _redis_url)
     redis_timeout_s: float = _setting(2.0, _float(0.05))
     redis_auth_secret: str | None = _setting(None, _optional_str)
+    # the credentials themselves (ECS injects them into the worker container alone): never in a repr or a log
+    redis_auth: str | None = field(default=None, repr=False, metadata={"parse": _optional_str})
     redis_max_connections: int = _setting(1000, _int(1))
     queue: str = _setting("default", _queue)
     api_keys: dict[str, str] | None = _setting(None, _api_keys)
@@ -329,6 +331,7 @@ class Settings:
     batch_completion_windows: tuple[str, ...] = _setting(("24h",), _windows)
     batch_max_lines: int = _setting(50000, _int(1))
     tenant_max_files: int = _setting(0, _int(0))
+    tenant_max_file_bytes: int = _setting(0, _int(0))
     tenant_max_batches: int = _setting(0, _int(0))
     worker_id: str | None = _setting(None, _optional_str)
     models: str | None = field(

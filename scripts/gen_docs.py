@@ -36,6 +36,10 @@ SETTING_DOCS: dict[str, str] = {
     "plus 1 s of wall clock, so a frozen server is a prompt 503, never a hang (G8).",
     "redis_auth_secret": "Secrets Manager id of the cache's AUTH token (JSON `{\"username\", \"token\"}` or a bare "
     "string), read when the process first connects.",
+    "redis_auth": "The cache credentials themselves: the JSON of an auth secret (`{\"username\", \"token\"}`) or "
+    "a bare token. The stack has ECS inject it into the worker container alone, so the task role (which the vLLM "
+    "container shares) needs no access to the secret; fixed for the process's life (a rotation reaches tasks "
+    "started after it). `INFERQ_REDIS_AUTH_SECRET`, where set, is used instead.",
     "redis_max_connections": "Connection pool size per process. Under Lambda a long-poll waiter "
     "(`GET /v1/jobs/{id}?wait=`) holds one connection while it waits; a long-lived gateway shares one per queue "
     "among all its waiters.",
@@ -105,8 +109,14 @@ SETTING_DOCS: dict[str, str] = {
     "OpenAI's; `90s`, `30m` style values let tests and operators expire batches sooner).",
     "batch_max_lines": "Most requests in one batch input file (more: the batch fails validation).",
     "tenant_max_files": "Files one tenant may keep stored (uploads, and the output and error files of its batches); "
-    "at the bound `POST /v1/files` and `POST /v1/uploads` answer 429 `quota_exceeded` until it deletes some. "
-    "Checked before each upload, so uploads racing each other can pass it together. 0: no limit.",
+    "at the bound `POST /v1/files`, `POST /v1/uploads` and `POST /v1/uploads/{id}/complete` answer 429 "
+    "`quota_exceeded` until it deletes some. Checked before a file is written and again once it is (a file that "
+    "took the tenant past the bound is removed and refused), so uploads racing each other cannot pass it together. "
+    "0: no limit.",
+    "tenant_max_file_bytes": "Bytes one tenant may keep stored: its files plus the parts of its open uploads (a "
+    "part counts from the moment it is added). A file, a part, an upload opened or completed past the bound is "
+    "429 `quota_exceeded`, checked before and after the write as for `INFERQ_TENANT_MAX_FILES`. Each check lists "
+    "the tenant's objects (one S3 LIST per 1,000). 0: no limit.",
     "tenant_max_batches": "Batches of one tenant not yet ended (validating, in progress, finalizing, cancelling); at "
     "the bound `POST /v1/batches` answers 429 `quota_exceeded` with `Retry-After`. Checked before each create, so "
     "creates racing each other can pass it together. 0: no limit.",

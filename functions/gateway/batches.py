@@ -73,7 +73,11 @@ def routes(gw: Any, router: APIRouter) -> None:
         after: Annotated[str | None, Query(pattern=BATCH_ID_RE.pattern)] = None,
         limit: Annotated[int, Query(ge=1, le=100)] = 20,
     ) -> JSONResponse:
-        batches, has_more = await gw.call(Batches(gw.queue).list(tenant, after=after, limit=limit))
+        try:
+            batches, has_more = await gw.call(Batches(gw.queue).list(tenant, after=after, limit=limit))
+        except BatchNotFound:  # never an empty last page for a cursor that lost its place
+            raise ApiError(422, "after: no such batch of this key's (or it expired long ago); list from the start",
+                           type_="invalid_cursor") from None
         data = [b.to_api() for b in batches]
         return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                              "last_id": data[-1]["id"] if data else None, "has_more": has_more})

@@ -1,7 +1,9 @@
 """``GET /v1/events``: the results feed (docs/api.md), read by :mod:`inferq.feed`.
 
-With a model registry each model's queue has its own events stream: the cursor is one stream cursor per queue, in
-the registry's order, joined by ``.``; a page holds each model's jobs in the order they ended."""
+The cursor is opaque: each queue's stream position (one queue, or one per model with a model registry) sealed for
+the tenant (:func:`inferq.feed.seal`), so it reveals nothing about other tenants and works for its tenant only. With
+a registry a page holds each model's jobs in the order they ended, models in the registry's order; a model the page
+had no room for keeps its position, so a cursor is always accepted back as it was given."""
 
 import asyncio
 import time
@@ -16,6 +18,8 @@ from .errors import ApiError
 from .models import MAX_WAIT_S
 from .openapi import documented
 
+BAD_CURSOR = "after: must be a cursor this endpoint returned to this key"
+
 
 def routes(gw: Any, router: APIRouter) -> None:
     Tenant = Annotated[str, Depends(gw.authenticate)]
@@ -24,23 +28,38 @@ def routes(gw: Any, router: APIRouter) -> None:
                 responses=documented("A page of job objects with its cursor", 400, 401, 413, 422, 503))
     async def events(
         tenant: Tenant,
-        after: Annotated[str | None, Query(max_length=2048, description="The `cursor` of the previous page")] = None,
+        after: Annotated[str | None, Query(max_length=8192, description="The `cursor` of the previous page")] = None,
         limit: Annotated[int, Query(ge=1, le=1000, description="At most this many jobs")] = 100,
         wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait for one")] = 0,
     ) -> JSONResponse:
         queues = gw.all_queues()
-        cursors: list[str | None] = [c for c in after.split(".")] if after is not None else [None] * len(queues)
-        if after is not None and (len(cursors) != len(queues)
-                                  or not all(c is not None and feed.CURSOR_RE.match(c) for c in cursors)):
-            raise ApiError(422, "after: must be a cursor returned by this endpoint")
-        if len(queues) == 1:
-            page = await gw.call(feed.read(queues[0], tenant, after, limit, wait), extra_s=wait)
-            jobs, cursor, has_more = page.jobs, page.cursor, page.has_more
-        else:
-            jobs, cursor, has_more = await gw.call(_merged(queues, tenant, cursors, limit, wait), extra_s=wait)
+        names = [q.keys.queue for q in queues]
+        key = await gw.call(feed.cursor_key(gw.queue))
+        positions: dict[str, str | None] = dict.fromkeys(names)
+        if after is not None:
+            given = feed.unseal(key, tenant, after)
+            if given is None and not feed.CURSOR_RE.match(after.split(".")[0]):
+                # Redis may have lost the key and another gateway made a new one: read it again once
+                key = await gw.call(feed.cursor_key(gw.queue, fresh=True))
+                given = feed.unseal(key, tenant, after)
+            if given is None:
+                given = _legacy(after, names)
+            if given is None:
+                raise ApiError(422, BAD_CURSOR, type_="invalid_cursor")
+            # a queue the registry no longer has is dropped; one added since starts from the retention floor
+            positions.update({name: given[name] for name in names if name in given})
+        jobs, has_more = await gw.call(_read(queues, tenant, positions, limit, wait), extra_s=wait)
         # a claimed result by URL: a page of up to 1,000 jobs must not inline up to 1,000 large results
-        return JSONResponse({"object": "list", "data": [gw.claims.by_url(job) for job in jobs], "cursor": cursor,
-                             "has_more": has_more})
+        return JSONResponse({"object": "list", "data": [gw.claims.by_url(job) for job in jobs],
+                             "cursor": feed.seal(key, tenant, positions), "has_more": has_more})
+
+
+def _legacy(after: str, names: list[str]) -> dict[str, str | None] | None:
+    """A cursor of the releases before cursors were sealed: stream positions joined by ``.``, one per queue."""
+    parts = after.split(".")
+    if len(parts) != len(names) or not all(p == "" or feed.CURSOR_RE.match(p) for p in parts):
+        return None
+    return {name: part or None for name, part in zip(names, parts, strict=True)}
 
 
 POLL_S = 0.25
@@ -48,21 +67,29 @@ POLL_S = 0.25
 so one blocking read cannot watch them all)."""
 
 
-async def _merged(queues: list[Any], tenant: str, cursors: list[str | None], limit: int,
-                  wait_s: float) -> tuple[list[Any], str, bool]:
+async def _read(queues: list[Any], tenant: str, positions: dict[str, str | None], limit: int,
+                wait_s: float) -> tuple[list[Any], bool]:
+    """Up to ``limit`` jobs from the queues in order, moving ``positions`` to where each read stopped (a queue not
+    read keeps its position)."""
+    if len(queues) == 1:
+        name = queues[0].keys.queue
+        page = await feed.read(queues[0], tenant, positions[name], limit, wait_s)
+        positions[name] = page.cursor
+        return page.jobs, page.has_more
     deadline = time.monotonic() + wait_s
     while True:
         jobs: list[Any] = []
         has_more = False
-        for i, queue in enumerate(queues):
+        for queue in queues:
             if len(jobs) == limit:
                 has_more = True
                 break
-            page = await feed.read(queue, tenant, cursors[i], limit - len(jobs))
+            name = queue.keys.queue
+            page = await feed.read(queue, tenant, positions[name], limit - len(jobs))
             jobs.extend(page.jobs)
-            cursors[i] = page.cursor
+            positions[name] = page.cursor
             has_more = has_more or page.has_more
         remaining = deadline - time.monotonic()
         if jobs or has_more or remaining <= 0.01:
-            return jobs, ".".join(c or "" for c in cursors), has_more
+            return jobs, has_more
         await asyncio.sleep(min(POLL_S, remaining))

@@ -9,6 +9,7 @@ the client names, into the file as one S3 multipart upload (a part of memory at 
 
 import asyncio
 import re
+import secrets
 import time
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -18,7 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.datastructures import UploadFile
 
-from inferq.batches import new_file_id, random_id
+from inferq.batches import Batches, new_file_id, random_id
 
 from .errors import ApiError
 from .openapi import documented
@@ -30,6 +31,11 @@ T = TypeVar("T")
 UPLOAD_TTL_S = 3600
 """An upload not completed within an hour expires, as OpenAI's do."""
 QUOTA_EXCEEDED = "quota_exceeded"
+MAX_PARTS = 10000
+"""Most parts one upload holds (as many as ``complete`` may name): with parts of one byte at least, an upload's
+record stays small."""
+OPEN = ("pending", "completing")
+"""Statuses of an upload whose parts are still stored (``completing``: a complete is assembling them)."""
 
 
 def file_store(gw: Any) -> Any:
@@ -56,13 +62,44 @@ async def in_s3(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
                        type_="files_unavailable", headers={"Retry-After": "2"}) from None
 
 
-async def check_file_quota(gw: Any, tenant: str) -> None:
-    """429 when the tenant stores ``INFERQ_TENANT_MAX_FILES`` files already. No ``Retry-After``: time frees
+async def check_file_quota(gw: Any, tenant: str, *, new_files: int = 1, new_bytes: int = 0, written: bool = False,
+                           completing: str | None = None) -> None:
+    """429 when adding ``new_files`` files of ``new_bytes`` bytes would take the tenant past
+    ``INFERQ_TENANT_MAX_FILES`` or ``INFERQ_TENANT_MAX_FILE_BYTES``. ``written``: the check after the write (what is
+    stored already includes it, and may only be at the bound, not past it), so writes racing each other cannot
+    pass the bound together (each sees the other's, and the one past it is removed by its caller). The parts of open
+    uploads count as bytes, but for ``completing``'s, whose bytes are its new file's. No ``Retry-After``: time frees
     nothing, deleting files does."""
-    bound = gw.settings.tenant_max_files
-    if bound and await in_s3(file_store(gw).count_files, tenant, bound) >= bound:
-        raise ApiError(429, f"this key stores {bound} files, its quota (INFERQ_TENANT_MAX_FILES); delete some first",
-                       type_=QUOTA_EXCEEDED)
+    max_files, max_bytes = gw.settings.tenant_max_files, gw.settings.tenant_max_file_bytes
+    if not max_files and not max_bytes:
+        return
+    store = file_store(gw)
+    adding_files, adding_bytes = (0, 0) if written else (new_files, new_bytes)
+    if max_bytes:
+        usage = await in_s3(store.usage, tenant)
+        files = usage.files
+        stored = usage.bytes + await _open_parts_bytes(gw, usage.parts, completing)
+        if stored + adding_bytes > max_bytes:
+            raise ApiError(429, f"this key would store {stored + adding_bytes} bytes, past its quota of {max_bytes} "
+                                "(INFERQ_TENANT_MAX_FILE_BYTES); delete files or cancel uploads first",
+                           type_=QUOTA_EXCEEDED)
+    else:
+        files = await in_s3(store.count_files, tenant, max_files + 1)
+    if max_files and files + adding_files > max_files:
+        raise ApiError(429, f"this key stores {files} files, its quota (INFERQ_TENANT_MAX_FILES) is {max_files}; "
+                            "delete some first", type_=QUOTA_EXCEEDED)
+
+
+async def _open_parts_bytes(gw: Any, parts: dict[str, int], completing: str | None) -> int:
+    """Bytes of the parts of uploads still open (parts an ended upload left behind are the lifecycle rule's)."""
+    ids = [upload_id for upload_id in parts if upload_id != completing]
+    if not ids:
+        return 0
+    pipe = gw.queue.redis.pipeline(transaction=False)
+    for upload_id in ids:
+        pipe.hget(gw.queue.keys.upload(upload_id), "status")
+    statuses = await gw.call(pipe.execute())
+    return sum(parts[i] for i, status in zip(ids, statuses, strict=True) if status in OPEN)
 
 
 def check_file_id(file_id: str) -> str:
@@ -81,6 +118,18 @@ class UploadCreate(BaseModel):
 class UploadComplete(BaseModel):
     part_ids: list[str] = Field(min_length=1, max_length=10000)
     md5: str | None = None
+
+
+def _refused_part(reply: Any, record: dict[str, str]) -> None:
+    """The answer to a part addpart.lua refused (raises)."""
+    code = int(reply[0])
+    if code == -1:
+        raise ApiError(404, "no such upload")
+    if code == 0:
+        raise ApiError(409, f"the upload is {reply[1]}", type_="upload_not_pending")
+    if code == 2:
+        raise ApiError(422, f"the upload holds {MAX_PARTS} parts, the most one may")
+    raise ApiError(422, f"the parts would hold more than the {record['bytes']} bytes the upload was opened with")
 
 
 def _upload_api(record: dict[str, str], file: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -117,16 +166,25 @@ def routes(gw: Any, router: APIRouter) -> None:
     @router.post("/v1/files", summary="Upload a file (multipart: file, purpose=batch)", response_model=None,
                  responses=documented("The file object", 400, 401, 413, 422, 429, 503))
     async def create_file(request: Request, tenant: Tenant) -> JSONResponse:
-        await check_file_quota(gw, tenant)
         upload, fields = await _form_file(request, "file", settings.max_upload_bytes)
         purpose = fields.get("purpose")
         if purpose not in PURPOSES:
             raise ApiError(422, f"purpose: must be one of {', '.join(PURPOSES)}")
+        await check_file_quota(gw, tenant, new_bytes=upload.size or 0)
         store = file_store(gw)
         info = await in_s3(
             store.put, tenant, new_file_id(), upload.file, upload.filename or "upload.jsonl", purpose
         )
+        await _kept_within_quota(tenant, info.id)
         return JSONResponse(info.to_api())
+
+    async def _kept_within_quota(tenant: str, file_id: str, completing: str | None = None) -> None:
+        """The check after a write: a file that took the tenant past a quota is removed again, and refused."""
+        try:
+            await check_file_quota(gw, tenant, written=True, completing=completing)
+        except ApiError:
+            await in_s3(file_store(gw).delete, tenant, file_id)
+            raise
 
     @router.get("/v1/files", summary="List the tenant's files (in id order)", response_model=None,
                 responses=documented("A list of file objects", 400, 401, 413, 422, 503))
@@ -164,9 +222,14 @@ def routes(gw: Any, router: APIRouter) -> None:
                                  headers={"Content-Length": str(info.bytes)})
 
     @router.delete("/v1/files/{file_id}", summary="Delete a file", response_model=None,
-                   responses=documented("Deleted", 400, 401, 404, 413, 422, 503))
+                   responses=documented("Deleted", 400, 401, 404, 409, 413, 422, 503))
     async def delete_file(file_id: str, tenant: Tenant) -> JSONResponse:
-        if not await in_s3(file_store(gw).delete, tenant, check_file_id(file_id)):
+        # a batch not yet ended reads its input file until it ends (finalising reads it again)
+        user = await gw.call(Batches(gw.queue).using_file(tenant, check_file_id(file_id)))
+        if user is not None:
+            raise ApiError(409, f"the file is the input of batch {user}, which has not ended; delete it once the "
+                                "batch ends (or cancel the batch)", type_="file_in_use")
+        if not await in_s3(file_store(gw).delete, tenant, file_id):
             raise ApiError(404, "no such file")
         return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 
@@ -187,12 +250,12 @@ def routes(gw: Any, router: APIRouter) -> None:
             raise ApiError(422, f"purpose: must be one of {', '.join(PURPOSES)}")
         if payload.bytes > settings.max_file_bytes:
             raise ApiError(422, f"bytes: a file holds at most {settings.max_file_bytes} bytes")
-        await check_file_quota(gw, tenant)
+        await check_file_quota(gw, tenant, new_bytes=payload.bytes)
         record = {"id": random_id("upload_"), "tenant": tenant, "filename": payload.filename,
                   "purpose": payload.purpose, "bytes": str(payload.bytes), "created_at": str(int(time.time())),
                   "status": "pending"}
         key = gw.queue.keys.upload(record["id"])
-        pipe = gw.queue.redis.pipeline(transaction=False)
+        pipe = gw.queue.redis.pipeline(transaction=True)  # the record never exists without its TTL
         pipe.hset(key, mapping=record)
         pipe.expire(key, UPLOAD_TTL_S)
         await gw.call(pipe.execute())
@@ -206,15 +269,35 @@ def routes(gw: Any, router: APIRouter) -> None:
             raise ApiError(409, f"the upload is {record['status']}", type_="upload_not_pending")
         upload, _ = await _form_file(request, "data", settings.max_upload_bytes)
         data = await upload.read()
-        stored = sum(int(v) for k, v in record.items() if k.startswith("part:"))
-        if stored + len(data) > int(record["bytes"]):
+        if not data:
+            raise ApiError(422, "data: a part holds at least one byte")
+        parts = [int(v) for k, v in record.items() if k.startswith("part:")]
+        if len(parts) >= MAX_PARTS:
+            raise ApiError(422, f"the upload holds {MAX_PARTS} parts, the most one may")
+        if sum(parts) + len(data) > int(record["bytes"]):
             raise ApiError(422, f"the parts would hold more than the {record['bytes']} bytes the upload was opened "
                                 "with")
+        await check_file_quota(gw, tenant, new_files=0, new_bytes=len(data))
         part_id = random_id("part_")
-        await in_s3(file_store(gw).put_part, tenant, upload_id, part_id, data)
-        await gw.call(gw.queue.redis.hset(gw.queue.keys.upload(upload_id), f"part:{part_id}", len(data)))
+        store = file_store(gw)
+        await in_s3(store.put_part, tenant, upload_id, part_id, data)
+        # recorded in one step with the bounds (parts racing each other) and never into an expired record
+        reply = await gw.call(gw.queue.scripts("addpart", [gw.queue.keys.upload(upload_id)],
+                                               [f"part:{part_id}", len(data), MAX_PARTS]))
+        if int(reply[0]) != 1:
+            await in_s3(store.delete_parts, tenant, upload_id, [part_id])
+            _refused_part(reply, record)
         return JSONResponse({"id": part_id, "object": "upload.part", "created_at": int(time.time()),
                              "upload_id": upload_id})
+
+    async def move_upload(upload_id: str, from_: str, to: str, token: str) -> None:
+        """Move the upload's status (moveupload.lua) for the request holding ``token``: 404 when it has expired, 409
+        when it is not ``from_`` (another request moved it)."""
+        reply = await gw.call(gw.queue.scripts("moveupload", [gw.queue.keys.upload(upload_id)], [from_, to, token]))
+        if int(reply[0]) == -1:
+            raise ApiError(404, "no such upload")
+        if int(reply[0]) != 1:
+            raise ApiError(409, f"the upload is {reply[1]}", type_="upload_not_pending")
 
     @router.post("/v1/uploads/{upload_id}/complete", summary="Assemble the parts into a file", response_model=None,
                  responses=documented("The upload, completed, with its file", 400, 401, 404, 409, 413, 422, 503))
@@ -230,6 +313,10 @@ def routes(gw: Any, router: APIRouter) -> None:
         if sum(int(s or 0) for s in sizes) != int(record["bytes"]):
             raise ApiError(422, f"the parts hold {sum(int(s or 0) for s in sizes)} bytes, not the "
                                 f"{record['bytes']} the upload was opened with")
+        await check_file_quota(gw, tenant, new_files=1)  # its parts count already: they are its bytes
+        token = secrets.token_hex(8)
+        await move_upload(upload_id, "pending", "completing", token)  # one complete at a time, no part added meanwhile
+        record = await upload_record(tenant, upload_id)  # with every part recorded before the move, to delete them
         store = file_store(gw)
         file_id = new_file_id()
 
@@ -243,12 +330,19 @@ def routes(gw: Any, router: APIRouter) -> None:
             except BaseException:
                 writer.abort()
                 raise
-            store.delete_parts(tenant, upload_id, [k[5:] for k in record if k.startswith("part:")])
             return store.head(tenant, file_id)
 
-        info = await in_s3(assemble)
+        try:
+            info = await in_s3(assemble)
+            await _kept_within_quota(tenant, file_id, completing=upload_id)
+        except BaseException:
+            # the upload stays open: the client may delete files and complete again, or cancel
+            await gw.call(gw.queue.scripts("moveupload", [gw.queue.keys.upload(upload_id)],
+                                           ["completing", "pending", token]))
+            raise
+        await move_upload(upload_id, "completing", "completed", token)
+        await in_s3(store.delete_parts, tenant, upload_id, [k[5:] for k in record if k.startswith("part:")])
         record["status"] = "completed"
-        await gw.call(gw.queue.redis.hset(gw.queue.keys.upload(upload_id), "status", "completed"))
         return JSONResponse(_upload_api(record, info.to_api()))
 
     @router.post("/v1/uploads/{upload_id}/cancel", summary="Cancel an upload", response_model=None,
@@ -257,8 +351,9 @@ def routes(gw: Any, router: APIRouter) -> None:
         record = await upload_record(tenant, upload_id)
         if record["status"] != "pending":
             raise ApiError(409, f"the upload is {record['status']}", type_="upload_not_pending")
+        # first: no part is added after the parts are read
+        await move_upload(upload_id, "pending", "cancelled", secrets.token_hex(8))
+        record = await upload_record(tenant, upload_id)
         parts = [k[5:] for k in record if k.startswith("part:")]
         await in_s3(file_store(gw).delete_parts, tenant, upload_id, parts)
-        await gw.call(gw.queue.redis.hset(gw.queue.keys.upload(upload_id), "status", "cancelled"))
-        record["status"] = "cancelled"
         return JSONResponse(_upload_api(record))

@@ -231,7 +231,7 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
         responses={
             202: doc("JobObject", "Queued again", Location="/v1/jobs/{id}"),
             409: doc("ErrorEnvelope", "The job is not dead-lettered"),
-            **errors(400, 401, 404, 413, 422, 503),
+            **errors(400, 401, 404, 413, 422, 429, 503),
         },
     )
     async def redrive_job(request: Request, background: BackgroundTasks, job_id: str, tenant: Tenant) -> JSONResponse:
@@ -277,10 +277,14 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
 
     @router.get(
         "/readyz",
-        summary="Readiness: Redis answers (no auth)",
+        summary="Readiness: Redis, and S3 where a files bucket is set, answer (no auth)",
         response_model=None,
         responses={200: doc("Health", "Ready"), **errors(400, 413, 503)},
     )
     async def readyz() -> JSONResponse:
         await gw.call(gw.queue.ping())
+        if gw.settings.files_bucket:  # every store the gateway needs: a missing bucket is not ready either
+            from .files import file_store, in_s3
+
+            await in_s3(file_store(gw).ready)
         return JSONResponse({"status": "ready"})

@@ -16,11 +16,15 @@
   ARGV[1] tenant
   ARGV[2] now (ms)
   ARGV[3] call token (random, one per call)
+  ARGV[4] the queue's depth limit (INFERQ_MAX_QUEUE_DEPTH; 0 = none)
+  ARGV[5] the tenant's quota (INFERQ_TENANT_MAX_DEPTH; 0 = none)
 
   Returns
     {0, entry}              queued again
     -1 NOT_FOUND            unknown, or another tenant's
     -6 NOT_DEAD_LETTERED    {-6, status}
+    -9 TENANT_FULL          {-9, the tenant's unfinished jobs}: refused as a submit would be, nothing changed
+    -3 QUEUE_FULL           {-3, the queue's unfinished jobs}: likewise
 ]]
 local rcall = redis.call
 local statsKey, dlqKey, tenantsKey, jobKey, doneKey = KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -40,6 +44,21 @@ if again then
 end
 if dead ~= '1' then
   return {CODE_NOT_DEAD_LETTERED, status}
+end
+-- the same limits as a submit (enqueue.lua), the tenant's quota first; a refusal changes nothing, so a resent copy
+-- answers from the counts it finds, as a resent submit does
+local maxDepth, tenantMaxDepth = tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0
+if tenantMaxDepth > 0 then
+  local mine = tonumber(rcall('HGET', tenantsKey, owner) or '0')
+  if mine >= tenantMaxDepth then
+    return {CODE_TENANT_FULL, mine}
+  end
+end
+if maxDepth > 0 then
+  local unfinished = tonumber(rcall('HGET', statsKey, 'unfinished') or '0')
+  if unfinished >= maxDepth then
+    return {CODE_QUEUE_FULL, unfinished}
+  end
 end
 if dlqEntry and dlqEntry ~= '' then
   rcall('XDEL', dlqKey, dlqEntry)

@@ -93,7 +93,7 @@ def test_jsonschema_is_imported_only_for_a_body_with_a_schema() -> None:
 def test_a_batch_input_line_the_engine_cannot_take_is_an_invalid_body_line_error() -> None:
     import json
 
-    from inferq.batches import parse_line
+    from inferq.batch_lines import parse_line
 
     good = {"custom_id": "a", "method": "POST", "url": CHAT, "body": {"model": "m", "messages": [
         {"role": "user", "content": "x"}], "guided_choice": ["y", "n"]}}

@@ -167,6 +167,7 @@ async def test_the_feed_is_the_tenants_terminal_jobs_in_order_with_a_cursor(clie
     start = (await client.get("/v1/events", headers=A)).json()
     assert start["data"] == [] and start["has_more"] is False
     cursor = start["cursor"]
+    cursor_b = (await client.get("/v1/events", headers=B)).json()["cursor"]
     for job_id in [mine[2], theirs, mine[0], mine[4], mine[1], mine[3]]:
         await client.post(f"/v1/jobs/{job_id}/cancel", headers=A if job_id != theirs else B)
     first = (await client.get("/v1/events", headers=A, params={"after": cursor, "limit": 3})).json()
@@ -174,8 +175,9 @@ async def test_the_feed_is_the_tenants_terminal_jobs_in_order_with_a_cursor(clie
     assert all(j["status"] == "cancelled" for j in first["data"])
     rest = (await client.get("/v1/events", headers=A, params={"after": first["cursor"], "limit": 3})).json()
     assert [j["id"] for j in rest["data"]] == [mine[1], mine[3]]
-    other = (await client.get("/v1/events", headers=B, params={"after": cursor})).json()
+    other = (await client.get("/v1/events", headers=B, params={"after": cursor_b})).json()
     assert [j["id"] for j in other["data"]] == [theirs]
+    assert (await client.get("/v1/events", headers=B, params={"after": cursor})).status_code == 422  # A's alone
     bad = await client.get("/v1/events", headers=A, params={"after": "not-a-cursor"})
     assert bad.status_code == 422
 
