@@ -26,14 +26,16 @@ SCRIPTING = ("evalsha", "script|load")
 """Scripts by SHA only, loaded once; never EVAL of arbitrary text, never SCRIPT FLUSH or KILL."""
 
 SCRIPT_COMMANDS = (
-    "del", "expire", "get", "hdel", "hget", "hgetall", "hincrby", "hmget", "hset", "persist", "rpush", "set",
+    "del", "expire", "expireat", "get", "hdel", "hget", "hgetall", "hincrby", "hmget", "hset", "persist", "rpush", "set",
     "xack", "xadd", "xclaim", "xdel", "xlen", "xrange", "zadd", "zcard", "zcount", "zrem", "zscore",
     "time", "zremrangebylex",
 )
 """What inferq/scripts/*.lua call (redis.call): allowed to every role, which all run scripts."""
 
-_BATCHES = ("hgetall", "hset", "zadd", "zintercard", "zrem", "zrevrangebyscore", "zscore")
-"""inferq/batches.py, which the gateway (the Batches API) and the scaler (the batch driver) both run."""
+_BATCHES = ("expireat", "hdel", "hgetall", "hset", "hsetnx", "zadd", "zcard", "zinter", "zintercard", "zrem",
+            "zrevrangebyscore", "zscore")
+"""inferq/batches.py, which the gateway (the Batches API) and the scaler (the batch driver) both run, and the batch
+driver's own reads and writes (inferq/batch_driver.py, batch_output.py)."""
 _WEBHOOKS = ("hincrby", "xack", "xclaim", "xgroup|create", "xgroup|delconsumer", "xinfo|consumers", "xpending",
              "xreadgroup", "hsetnx")
 """inferq_webhooks: the sender's consumer group on the events stream (the scaler and the workers deliver)."""
