@@ -26,8 +26,8 @@ SCRIPTING = ("evalsha", "script|load")
 """Scripts by SHA only, loaded once; never EVAL of arbitrary text, never SCRIPT FLUSH or KILL."""
 
 SCRIPT_COMMANDS = (
-    "del", "expire", "expireat", "get", "hdel", "hget", "hgetall", "hincrby", "hmget", "hset", "persist", "rpush", "set",
-    "xack", "xadd", "xclaim", "xdel", "xlen", "xrange", "zadd", "zcard", "zcount", "zrem", "zscore",
+    "del", "expire", "expireat", "get", "hdel", "hget", "hgetall", "hincrby", "hmget", "hset", "persist", "rpush",
+    "set", "xack", "xadd", "xclaim", "xdel", "xlen", "xrange", "zadd", "zcard", "zcount", "zrem", "zscore",
 )
 """What inferq/scripts/*.lua call (redis.call): allowed to every role, which all run scripts."""
 
