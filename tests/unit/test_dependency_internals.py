@@ -8,6 +8,9 @@ instead of breaking the gateway or the worker at run time. Raise a bound in pypr
   ``_event_dispatcher`` (and the dispatcher's ``_event_listeners_mapping``, a connection's ``_re_auth_token``).
 - Starlette: functions/gateway/hotpath.py hands a route's handler the app's exception handlers in the scope key
   ``starlette.exception_handlers``, as Starlette's exception middleware does.
+- FastAPI: functions/gateway/hotpath.py runs a declined request's route under ``AsyncExitStackMiddleware`` (as
+  FastAPI's app does); functions/gateway/api.py parses ``Authorization`` with ``fastapi.security.utils``.
+- moto (the emulator only): emulator/ecs.py drives ``moto.ecs.models.ecs_backends`` (documented backend models).
 - uvicorn: functions/gateway/serving.py subclasses ``uvicorn.protocols.http.httptools_impl.HttpToolsProtocol`` and
   wraps the transport it is given in ``connection_made``.
 """
@@ -54,7 +57,7 @@ def installed_within(name: str) -> str:
     return f"{name} {version} (pinned {spec} in pyproject.toml, for inferq's use of its internals)"
 
 
-@pytest.mark.parametrize("name", ["redis", "starlette", "uvicorn", "fastapi", "mangum", "httpx",
+@pytest.mark.parametrize("name", ["redis", "starlette", "uvicorn", "fastapi", "mangum", "httpx", "moto",
                                   "aws-lambda-powertools", "orjson", "standardwebhooks"])
 def test_deployed_dependencies_have_an_upper_bound(name: str) -> None:
     spec = pinned(name)
@@ -139,3 +142,28 @@ def test_uvicorn_httptools_protocol_is_subclassable_as_serving_does() -> None:
     assert re.search(r"self\.transport\s*=\s*transport", source), (
         f"{what}: HttpToolsProtocol no longer keeps the transport connection_made gets (serving.py wraps it)")
     assert re.search(r"self\.loop\s*=", source), f"{what}: HttpToolsProtocol no longer has the loop serving.py uses"
+
+
+async def test_fastapi_helpers_the_gateway_imports() -> None:
+    what = installed_within("fastapi")
+    from fastapi.middleware.asyncexitstack import AsyncExitStackMiddleware
+    from fastapi.security.utils import get_authorization_scheme_param
+
+    assert get_authorization_scheme_param("Bearer k3y") == ("Bearer", "k3y"), f"{what}: get_authorization_scheme_param"
+    seen: dict[str, Any] = {}
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.update(scope)
+
+    await AsyncExitStackMiddleware(app)({"type": "http"}, None, None)  # type: ignore[arg-type]
+    assert seen.get("type") == "http", (
+        f"{what}: AsyncExitStackMiddleware no longer runs the app it wraps")
+
+
+def test_moto_ecs_backend_model_the_emulator_drives() -> None:
+    what = installed_within("moto")
+    from moto.ecs.models import ecs_backends
+
+    backend = ecs_backends["123456789012"]["us-east-1"]
+    for method in ("create_cluster", "register_task_definition", "create_service", "run_task", "stop_task"):
+        assert callable(getattr(backend, method, None)), f"{what}: the ECS backend has no {method} (emulator/ecs.py)"
