@@ -75,6 +75,18 @@ def test_wheel_installs_only_inferq_import_names(installed: Installed) -> None:
         assert found.strip() == "False", f"{repo_only} is importable from the installed wheel"
 
 
+def test_wheel_declares_the_client_dependencies_and_the_server_extras(installed: Installed) -> None:
+    meta = json.loads(installed.python(
+        "import importlib.metadata as m, json\n"
+        "md = m.metadata('inferq')\n"
+        "print(json.dumps({'extras': md.get_all('Provides-Extra'), 'requires': md.get_all('Requires-Dist')}))"))
+    assert {"queue", "gateway", "scaler", "worker", "emulator", "vllm", "dev"} <= set(meta["extras"])
+    base = sorted(r.split(">")[0].split("<")[0].split("=")[0].strip() for r in meta["requires"] if "extra ==" not in r)
+    assert base == ["httpx", "rich", "standardwebhooks"], base
+    redis = [r for r in meta["requires"] if r.startswith("redis")]
+    assert redis and all('extra == "queue"' in r for r in redis), redis
+
+
 def test_client_import_loads_no_redis(installed: Installed) -> None:
     loaded = json.loads(installed.python(
         "import sys, json\n"
