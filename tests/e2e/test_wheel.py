@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -18,6 +19,8 @@ from .conftest import ROOT, Emulator
 
 pytestmark = pytest.mark.slow
 
+UNTRACKED = (".git", ".venv", ".tools", ".inferq", ".aws-sam", "build", "dist", "*.egg-info", "__pycache__", "*.pyc",
+             ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis", "out")
 SERVER_ONLY = {"redis", "hiredis", "orjson", "yaml", "fastapi", "starlette", "boto3", "botocore", "mangum", "uvicorn"}
 
 
@@ -47,9 +50,13 @@ class Installed:
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     root = tmp_path_factory.mktemp("wheel")
     dist = root / "dist"
+    # from a copy of the tree as a clone has it: setuptools' build/ of an earlier build in the checkout would leak
+    # stale files into the wheel
+    source = root / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*UNTRACKED))
     # the dev venv has setuptools and wheel (make install): no build isolation, so the build needs no index
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "--wheel-dir", str(dist), str(ROOT)],
+                    "--disable-pip-version-check", "--wheel-dir", str(dist), str(source)],
                    check=True, capture_output=True, timeout=120, cwd=root)
     [wheel] = dist.glob("inferq-*.whl")
     venv.create(root / "venv", with_pip=False)
