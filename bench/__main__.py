@@ -26,7 +26,9 @@ Scenarios (``--only`` takes a comma-separated subset):
       process start and imports, the engine's start and model load, warm-up, /health and the worker's part;
       the worker after /health (as the ECS task runs) and beside the server (skipped without the vllm venv)
 - B   one OpenAI batch of 10,000 lines (--quick: 1,000), mock 0 ms, 2 workers, window 32, through the Files and
-      Batches API of `inferq up` (bench.batch): wall time create -> completed, lines/s, the gateway's peak RSS
+      Batches API of `inferq up` (bench.batch): wall time create -> completed, lines/s, the gateway's peak RSS;
+      then the batch driver on large input files (200 MB / 50,000 lines, one 200 MB line, 1,000,000 lines,
+      duplicate ids; --quick: a tenth of each): peak RSS and time against the scaler Lambda's 256 MB
 - V   efficiency against the real vLLM on CPU (bench.efficiency): output tokens/s straight to the server at its
       best concurrency vs through inferq with static windows and INFERQ_WINDOW=auto
 

@@ -5,6 +5,10 @@ Each run uploads a JSONL file of no-op chat lines (mock 0 ms) with ``POST /v1/fi
 answered once. Reported: the wall time from create to ``completed`` and lines/s over it (median of the runs,
 min-max), the upload's time, and the gateway's peak RSS (``VmHWM``: the most it ever held, the whole stack's life),
 so a batch's size is seen not to grow the gateway's memory. Plain HTTP (httpx), as the ``openai`` client sends it.
+
+With it, no stack: the batch driver's validation and expansion of large input files (:data:`LARGE_FILES`, made on
+the fly in a temporary directory, each measured in a fresh process): peak RSS and time, against the scaler
+Lambda's 256 MB and a step's deadline.
 """
 
 from __future__ import annotations
@@ -115,3 +119,159 @@ async def run_once(st: Stack, data: bytes, count: int, on_progress: Callable[[in
             return {"error": f"{batch['id']}: {problem}"}
         return {"batch": batch["id"], "lines": count, "upload_s": round(t1 - t0, 3), "wall_s": round(wall, 3),
                 "lines_per_s": round(count / wall, 1), "request_counts": batch["request_counts"]}
+
+
+# ---------------------------------------------------------------------- large input files (no stack)
+
+LAMBDA_MEMORY_MB = 256
+"""The scaler Lambda's memory (template.yaml), where the driver validates and expands batches."""
+LAMBDA_CPU_SHARE = 256 / 1769
+"""Lambda gives a function CPU in proportion to its memory: a full vCPU at 1,769 MB."""
+LARGE_FILES = {
+    # name: (what, bytes (about), lines)
+    "50k_lines": ("200 MB, 50,000 lines of 4 KB", 200_000_000, 50_000),
+    "one_line": ("one 200 MB line", 200_000_000, 1),
+    "million_tiny": ("1,000,000 tiny lines (over INFERQ_BATCH_MAX_LINES: refused)", 0, 1_000_000),
+    "duplicates": ("50,000 lines, 2 custom_ids (refused: duplicates; error file written)", 0, 50_000),
+}
+
+
+def write_large_file(kind: str, path: Path, scale: float = 1.0) -> int:
+    """One of :data:`LARGE_FILES` at ``path`` (``scale`` < 1 for a quick run), written a line at a time; its size."""
+    _, size, count = LARGE_FILES[kind]
+    count = max(1, int(count * scale))
+    size = int(size * scale)
+    with path.open("wb") as out:
+        if kind == "one_line":
+            head = b'{"custom_id":"big","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":' \
+                   b'[{"role":"user","content":"'
+            out.write(head)
+            block = b"x" * (1 << 20)
+            for _ in range(size // len(block)):
+                out.write(block)
+            out.write(b'"}]}}\n')
+        else:
+            filler = "x" * (size // count - 120) if size else ""
+            for i in range(count):
+                custom_id = f"c{i % 2}" if kind == "duplicates" else f"c{i}"
+                out.write(json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                                      "body": {"model": "m", "messages": [{"role": "user", "content": filler}]}},
+                                     separators=(",", ":")).encode() + b"\n")
+    return path.stat().st_size
+
+
+class LocalFile:
+    """The store protocol's reading side over one local file (the driver's reads, without S3)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def chunks(self, tenant: str, file_id: str, start: int = 0) -> Any:
+        from functions.storage import READ_CHUNK_BYTES
+
+        with self.path.open("rb") as f:
+            f.seek(start)
+            while chunk := f.read(READ_CHUNK_BYTES):
+                yield chunk
+
+
+def measure_file(path: Path) -> dict[str, Any]:
+    """In this process (a fresh one per file): validate the file as the driver does, then expand it (every chunk
+    read, parsed and encoded as for enqueueing, without Redis) or, refused, write its error file to nowhere; the
+    peak RSS and the time of each."""
+    import resource
+
+    from inferq import batch_driver, claimcheck
+    from inferq.batch_io import line_custom_id, read_lines
+    from inferq.batch_lines import Validator, parse_line, scan_lines, validate
+    from inferq.batches import error_line
+    from inferq.settings import Settings
+
+    settings = Settings()
+    store = LocalFile(path)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    t0 = time.perf_counter()
+    checked = validate(store.chunks("t", "f"), "/v1/chat/completions", settings.batch_max_lines,
+                       settings.max_body_bytes)
+    validate_s = time.perf_counter() - t0
+    after_validate = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    t1 = time.perf_counter()
+    lines = 0
+    if checked.too_many or checked.count == 0:
+        outcome = "refused: " + (checked.errors[-1].code if checked.errors else "empty_file")
+    elif checked.bad:
+        outcome = f"refused: {checked.bad} invalid lines; error file of every line written"
+        again = Validator("/v1/chat/completions", settings.batch_max_lines)
+        for line in scan_lines(store.chunks("t", "f"), 0, settings.max_body_bytes):
+            error = again.check(line)
+            entry = error_line(line_custom_id(line), error.code if error else "batch_failed",
+                               error.message if error else "not run")
+            json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode()  # written to nowhere
+            lines += 1
+    else:
+        outcome = f"{checked.count} request(s) expanded"
+        offset = 0
+        while True:
+            chunk = read_lines(store, "t", "f", offset, batch_driver.CHUNK_LINES, max_line=settings.max_body_bytes,
+                               max_bytes=batch_driver.CHUNK_BYTES)
+            if not chunk:
+                break
+            for line in chunk:
+                if line.data is not None:
+                    request, _ = parse_line(line.data, "/v1/chat/completions", 0)
+                    if request is not None:
+                        claimcheck.encode(request["body"])
+                lines += 1
+            offset = chunk[-1].end
+    second_s = time.perf_counter() - t1
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"outcome": outcome, "validate_s": round(validate_s, 2), "expand_or_error_file_s": round(second_s, 2),
+            "lines_after": lines, "rss_at_start_mb": round(base, 1), "peak_rss_validate_mb": round(after_validate, 1),
+            "peak_rss_mb": round(peak, 1)}
+
+
+def large_files(scale: float = 1.0, on_file: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Each of :data:`LARGE_FILES` generated in a temporary directory and measured in a process of its own."""
+    import subprocess
+    import sys
+    import tempfile
+
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="inferq-bench-batch-") as tmp:
+        for kind, (what, _, _) in LARGE_FILES.items():
+            if on_file is not None:
+                on_file(what)
+            path = Path(tmp) / f"{kind}.jsonl"
+            size = write_large_file(kind, path, scale)
+            run = subprocess.run(
+                [sys.executable, "-c", "import json, sys; from pathlib import Path; from bench.batch import "
+                 "measure_file; print(json.dumps(measure_file(Path(sys.argv[1]))))", str(path)],
+                capture_output=True, text=True, timeout=900, check=False)
+            path.unlink()
+            if run.returncode != 0:
+                results[kind] = {"what": what, "bytes": size, "error": run.stderr[-2000:]}
+                continue
+            figures = json.loads(run.stdout.strip().splitlines()[-1])
+            seconds = figures["validate_s"] + figures["expand_or_error_file_s"]
+            results[kind] = {"what": what, "bytes": size, **figures,
+                             "lambda_s_estimate": round(seconds / LAMBDA_CPU_SHARE, 1)}
+    return results
+
+
+def large_files_row(results: dict[str, Any], step_s: float) -> dict[str, str]:
+    """The report's row: peak RSS and time per file, against the scaler Lambda's memory and a step's deadline."""
+    parts = []
+    for r in results.values():
+        if "error" in r:
+            parts.append(f"{r['what']}: ERROR")
+            continue
+        parts.append(f"{r['what']} ({r['bytes'] / 1e6:.0f} MB): peak RSS {r['peak_rss_mb']:.0f} MB "
+                     f"(start {r['rss_at_start_mb']:.0f}), validate {r['validate_s']:.1f} s + "
+                     f"{r['expand_or_error_file_s']:.1f} s, {r['outcome']}; ~{r['lambda_s_estimate']:.0f} s at "
+                     f"Lambda's {LAMBDA_MEMORY_MB} MB CPU share")
+    worst = max((r.get("peak_rss_mb", 0) for r in results.values()), default=0)
+    return {"what": "B' large batch input files (driver's validation and expansion, no S3)",
+            "setup": f"files made on the fly; the scaler Lambda has {LAMBDA_MEMORY_MB} MB and a step "
+                     f"{step_s:.0f} s at most",
+            "figures": "; ".join(parts) + f". Limit: memory is flat ({worst:.0f} MB peak of {LAMBDA_MEMORY_MB}); "
+                       "time is what bounds a file: validation must fit one step"}

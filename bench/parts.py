@@ -3,6 +3,7 @@ their own (bench.lambda_gateway, bench.gateway, bench.worker, bench.core, bench.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import inspect
@@ -110,6 +111,18 @@ class Parts(Plumbing):
             "figures": f"create -> completed {report.fmt_spread(summary['wall_s'], 1)} s, "
                        f"{report.fmt_spread(summary['lines_per_s'])} lines/s; upload "
                        f"{report.fmt_spread(summary['upload_s'], 2)} s{rss}"})
+
+        from inferq.batch_driver import STEP_MAX_S
+
+        task = self.progress.add_task("B large input files", total=len(batch.LARGE_FILES))
+        large = await asyncio.to_thread(batch.large_files, 0.1 if self.args.quick else 1.0,
+                                        lambda _: self.advance(task, 1))
+        self.progress.update(task, visible=False)
+        for kind, result in large.items():
+            if "error" in result:
+                self.fail(f"B large file {kind}: {result['error'][-300:]}")
+        self.report["batch_large_files"] = large
+        self.report["extra_rows"].append(batch.large_files_row(large, STEP_MAX_S))
 
 
 class _Tee:

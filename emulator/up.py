@@ -36,6 +36,7 @@ EMULATOR_SCALE_DEFAULTS = {"INFERQ_SCALE_BOOT_S": "0"}
 DEFAULT_VALKEY_PORT = 6380
 DEFAULT_FILES_BUCKET = "inferq-files"
 READY_TIMEOUT_S = 60.0
+ENDPOINTS_FILE = "endpoints.json"
 GATEWAY_HTTP_PROTOCOL = "functions.gateway.serving:HttpToolsProtocol"
 """uvicorn's httptools protocol writing each response in one ``send`` (functions/gateway/serving.py)."""
 
@@ -49,6 +50,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--valkey-port", type=int, default=None,
                         help=f"port of the embedded Valkey (default {DEFAULT_VALKEY_PORT}, or a free one when that is "
                         "taken; 0 always picks a free one)")
+    parser.add_argument("--service-host", default="127.0.0.1",
+                        help="address Valkey and moto listen on (default 127.0.0.1); `make sam-local` gives the "
+                        "address its Lambda containers reach this machine at")
+    parser.add_argument("--no-scaler", action="store_true",
+                        help="run no scaler loop: something else sizes the fleet (`sam local invoke ScalerFunction`)")
     return parser.parse_args(argv)
 
 
@@ -72,7 +78,8 @@ class Supervisor:
         self.names = Names(settings.ecs_cluster or "inferq", settings.ecs_service or "inferq-workers")
         self.stop_timeout_s = float(min(settings.drain_s + 5, 120))
         services = [m.service for m in registry.models] if registry else []
-        self.ecs = MotoEcs(self.names, port=free_port(), stop_timeout_s=int(self.stop_timeout_s), services=services)
+        self.ecs = MotoEcs(self.names, host=args.service_host, port=free_port(args.service_host),
+                           stop_timeout_s=int(self.stop_timeout_s), services=services)
         self.wake_port = free_port()
         self.children: dict[str, Child] = {}
         self.child_env: dict[str, str] = {}
@@ -117,6 +124,7 @@ class Supervisor:
     async def _start(self) -> None:
         t0 = time.monotonic()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / ENDPOINTS_FILE).unlink(missing_ok=True)
         keys_env: dict[str, str] = {}
         if self.settings.api_keys is None and self.settings.api_keys_secret is None:
             self.api_key = dev_api_key(self.data_dir)
@@ -131,7 +139,7 @@ class Supervisor:
             "INFERQ_REDIS_URL": self.redis_url,
             "INFERQ_ECS_CLUSTER": self.names.cluster,
             "INFERQ_ECS_SERVICE": self.names.service,
-            "INFERQ_SCALER_WAKE_URL": f"http://127.0.0.1:{self.wake_port}/wake",
+            **({} if self.args.no_scaler else {"INFERQ_SCALER_WAKE_URL": f"http://127.0.0.1:{self.wake_port}/wake"}),
             "INFERQ_FILES_BUCKET": self.settings.files_bucket or DEFAULT_FILES_BUCKET,
             "PYTHONUNBUFFERED": "1",
         }
@@ -153,8 +161,9 @@ class Supervisor:
         # EMF metrics are for CloudWatch: a JSON blob every tick would drown the log (POWERTOOLS_METRICS_DISABLED=false
         # brings them back)
         scaler_env = {"POWERTOOLS_METRICS_DISABLED": self.env.get("POWERTOOLS_METRICS_DISABLED", "true")}
-        await self._spawn("scaler", [sys.executable, "-m", "emulator.scaler", "--wake-port", str(self.wake_port)],
-                          scaler_env)
+        if not self.args.no_scaler:
+            await self._spawn("scaler", [sys.executable, "-m", "emulator.scaler", "--wake-port", str(self.wake_port)],
+                              scaler_env)
         from .agent import start_fleets
 
         worker_env = {k: v for k, v in child_env.items() if k != "INFERQ_SCALER_WAKE_URL"}
@@ -171,9 +180,11 @@ class Supervisor:
         self._background(self._supervise_valkey())
 
     def _start_valkey(self) -> None:
-        port = self.args.valkey_port or free_port()
+        host = self.args.service_host
+        port = self.args.valkey_port or free_port(host)
         self.valkey = ValkeyProcess(
-            self.data_dir / "valkey", port=port, appendfsync="everysec", log_file=self.data_dir / "valkey.log"
+            self.data_dir / "valkey", host=host, port=port, appendfsync="everysec",
+            log_file=self.data_dir / "valkey.log",
         )
         self.redis_url = self.valkey.url
         self._valkey_start()
@@ -217,8 +228,8 @@ class Supervisor:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             # the scaler's wake hook must answer too, or the first submit's wake would be refused
-            if await get_status(self._probe_host(), self.args.port, "/readyz") == 200 and await self._listening(
-                "127.0.0.1", self.wake_port
+            if await get_status(self._probe_host(), self.args.port, "/readyz") == 200 and (
+                self.args.no_scaler or await self._listening("127.0.0.1", self.wake_port)
             ):
                 return
             await asyncio.sleep(0.1)
@@ -239,6 +250,7 @@ class Supervisor:
     def _announce(self, took: float) -> None:
         url = f"http://{self._probe_host()}:{self.args.port}"
         (self.data_dir / "url").write_text(url + "\n")
+        self._write_endpoints(url)
         say = self.sink.say
         say(f"inferq: ready on http://{self.args.host}:{self.args.port}")
         say(f"inferq: started in {took:.1f}s")
@@ -253,6 +265,23 @@ class Supervisor:
         say(f"    -d '{body}'")
         say(f"  .venv/bin/inferq submit 'Hello'{option} --wait --data-dir {self.args.data_dir}")
         say(f"  .venv/bin/inferq status --data-dir {self.args.data_dir}")
+
+    def _write_endpoints(self, url: str) -> None:
+        """``--data-dir/endpoints.json``: where each service of this stack answers, for tools that run the
+        functions elsewhere (``make sam-local`` writes its ``sam local`` environment from it). Removed on stop."""
+        endpoints = {
+            "gateway": url,
+            "redis_url": self.redis_url,
+            "aws_endpoint": self.ecs.endpoint,
+            "ecs_cluster": self.names.cluster,
+            "ecs_service": self.names.service,
+            "files_bucket": self.child_env["INFERQ_FILES_BUCKET"],
+            "api_key_file": str(self.data_dir / "dev-api-key") if self.api_key else None,
+            "scaler": not self.args.no_scaler,
+        }
+        path = self.data_dir / ENDPOINTS_FILE
+        path.with_suffix(".tmp").write_text(json.dumps(endpoints, indent=2) + "\n")
+        path.with_suffix(".tmp").replace(path)
 
     # ------------------------------------------------------------------ Valkey supervision
 
@@ -304,6 +333,7 @@ class Supervisor:
         if self.valkey is not None:
             self.valkey.stop()
         self.ecs.stop()
+        (self.data_dir / ENDPOINTS_FILE).unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,9 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     ports = [("--port", args.host, args.port)]
     if args.valkey_port is None:
         # the fixed default lets `sam local` find the emulator's Valkey; a second stack on this machine still starts
-        args.valkey_port = DEFAULT_VALKEY_PORT if bind_error("127.0.0.1", DEFAULT_VALKEY_PORT) is None else 0
+        args.valkey_port = DEFAULT_VALKEY_PORT if bind_error(args.service_host, DEFAULT_VALKEY_PORT) is None else 0
     if not args.redis_url and args.valkey_port:
-        ports.append(("--valkey-port", "127.0.0.1", args.valkey_port))
+        ports.append(("--valkey-port", args.service_host, args.valkey_port))
     lock = lock_data_dir(args.data_dir)
     if lock is None:
         print(f"inferq up: another inferq up is using {args.data_dir}; stop it or choose another --data-dir",

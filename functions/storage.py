@@ -237,6 +237,21 @@ class FileStore(Bucket):
         finally:
             body.close()
 
+    def put_claim(self, key: str, data: bytes) -> None:
+        """Store a claim-checked request body (:mod:`inferq.claimcheck`): a batch line over
+        ``INFERQ_INLINE_MAX_BYTES``, as the gateway stores a large submit."""
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
+
+    def discard_uploads(self, tenant: str, file_id: str) -> int:
+        """Abort every multipart upload still open on the file's key (a writer killed before it completed or
+        aborted); how many."""
+        key = self.file_key(tenant, file_id)
+        page = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=key)
+        uploads = [u for u in page.get("Uploads") or [] if u.get("Key") == key]
+        for upload in uploads:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload["UploadId"])
+        return len(uploads)
+
     # ------------------------------------------------------------------ upload parts
 
     def put_part(self, tenant: str, upload_id: str, part_id: str, body: bytes) -> None:

@@ -1,22 +1,35 @@
 """The batch driver: moves every active batch one step along, outside any HTTP request (docs/api.md, "Batches").
 
 It runs inside the scaler's invocation, which runs on its schedule whatever the fleet size, so a batch advances
-at zero workers (its lines queue up, and the scaler sees them as lag and starts workers). Each pass, for each
-active batch, under a per-batch lease (one driver at a time):
+at zero workers (its lines queue up, and the scaler sees them as lag and starts workers). Each pass takes the
+active batches in turn (a rotating window of them) and steps several at once, each under its own lease (one driver
+at a time) and its own deadline: a batch whose step fails or hangs (its input file unreadable, S3 down, a bug)
+delays no other. A failed step is retried on later passes with backoff; after :data:`MAX_FAULTS` in a row the
+batch ends ``failed`` with an ``errors`` entry that says where it stopped.
 
-- ``validating``: read the input file once, streaming, and check every line; -> ``failed`` with line errors, or
-  ``in_progress`` with the request count.
-- ``in_progress``: turn the next lines into jobs, a chunk at a time and no more than the queue has room for, in
-  the ``low`` lane (bulk work never delays interactive jobs, and still gets its share of takes), each line in its
-  own model's queue (:mod:`inferq.batch_models`; a line naming no served model fails alone). Each line's job
-  is enqueued with the idempotency key ``<batch id>:<line>``, then ``advancebatch.lua`` records the
-  chunk's jobs and the byte offset after it in one step: a driver that dies in between enqueues the same chunk
-  again and gets the same jobs back, so a crash never makes two jobs for one line. Then scan forward over lines
-  whose jobs have ended; all ended -> ``finalizing``. Past the completion window -> ``finalizing`` (expired).
+- ``validating``: read the input file once, streaming (:class:`inferq.batch_lines.Validator`), stopping at the first
+  line past ``INFERQ_BATCH_MAX_LINES``; -> ``in_progress`` with the request count, or, when lines are invalid,
+  -> ``finalizing`` heading for ``failed``: the batch fails as OpenAI's does, with ``errors``, and its error file
+  names the fate of every line (its own error, or ``batch_failed`` for a valid line not run).
+- ``in_progress``: turn the next lines into jobs, a chunk at a time, in the ``low`` lane, each line in its own
+  model's queue (:mod:`inferq.batch_models`), obeying what a submit obeys: a line over ``INFERQ_MAX_BODY_BYTES``
+  becomes no job and fails alone (``request_too_large``); a body over ``INFERQ_INLINE_MAX_BYTES`` is stored in S3
+  first (the claim check); lines go in no faster than the queue's depth limit (of which batches take at most
+  :data:`QUEUE_SHARE`, so interactive submits always find room) and the tenant's quota allow: a big batch waits,
+  it does not fail. Each line's job is enqueued with the idempotency key ``<batch id>:<line>``, then
+  ``advancebatch.lua`` records the chunk's jobs and the byte offset after it in one step: a driver that dies in
+  between enqueues the same chunk again and gets the same jobs back. Then the lines in flight are scanned: every
+  ended job's record is kept until the batch's own end (``EXPIREAT``, not the result TTL), so the output file
+  holds every result however long the batch takes; all ended -> ``finalizing``. Past the completion window ->
+  ``finalizing`` (expired).
 - ``cancelling``: cancel the jobs not ended yet (once), wait for the running ones (at most ``CANCEL_GRACE_S``).
-- ``finalizing``: read the input again beside the jobs, line by line, and stream the output and error files to S3
-  as multipart uploads (a part of memory at most). A crash here starts the files over; the bucket's lifecycle rule
-  removes the abandoned parts.
+- ``finalizing``: read the input again beside the jobs and write the output and error files
+  (:mod:`inferq.batch_output`, crash-safe: the batch ends once, with one file of each and no orphan object).
+
+Memory: validation holds one read chunk (256 KiB), one line (at most ``INFERQ_MAX_BODY_BYTES``: a longer line is
+counted, not kept) and a 12-byte digest per custom_id (about 5 MB for 50,000 lines); expansion and finalisation
+hold at most :data:`CHUNK_BYTES` of input lines plus, when finalising, their job records (without request bodies)
+and one 8 MiB part per file being written.
 
 File access goes through ``store`` (``functions/storage.py`` in AWS and the emulator): this module imports no AWS
 library. Its blocking calls run in a thread.
@@ -25,34 +38,55 @@ library. Its blocking calls run in a thread.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import contextvars
 import json
+import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import claimcheck
-from .batch_io import FileSource, Writer, custom_id_of, read_lines
-from .batch_models import UNROUTED, LineRouter, unrouted_line
-from .batches import Batch, Batches, BatchStatus, new_file_id, output_line, parse_line, validate
-from .jobs import Job, JobRequest, Priority
+from .batch_io import FileSource, read_lines
+from .batch_lines import Validator, parse_line, validate
+from .batch_models import NO_JOB, UNROUTED, LineRouter, is_job
+from .batch_output import CHUNK_BYTES, BatchOutput
+from .batches import Batch, Batches, BatchStatus
+from .jobs import JobRequest, Priority
 from .queue import JobNotFound, JobTerminal, Queue, QueueError, QueueFull
 from .registry import Registry
 from .settings import Settings
+
+log = logging.getLogger(__name__)
 
 CHUNK_LINES = 500
 """Lines enqueued per round trip."""
 PASS_WORK_S = 3.0
 """How long one pass keeps enqueueing chunks of one batch before it moves on."""
-SCAN_LINES = 2000
-"""Lines whose jobs one pass checks for an end, per batch."""
-FINALIZE_LINES = 1000
+IN_FLIGHT_LINES = 10_000
+"""Lines of one batch enqueued and not yet passed by its scan: what one pass rereads to keep their outcomes."""
+SCAN_SLICE = 2000
 LOCK_MS = 20_000
 """A driver that dies holding a batch delays it this long at most; a live one renews it every chunk."""
 CANCEL_GRACE_S = 600
 """How long a cancelling batch waits for its running lines to end (OpenAI allows up to 10 minutes)."""
 ACTIVE_PER_PASS = 100
+"""Batches looked at per pass; the window rotates, so every active batch gets its turn."""
+CONCURRENCY = 8
+"""Batches stepped at once: one slow batch (a large file, a slow S3) holds one of these, never the others."""
+STEP_MAX_S = 50.0
+"""The longest one step of one batch may take; past it the step counts as a fault, and validation, which runs in a
+thread, stops itself at the same deadline. A step is not cut to what is left of the invocation: one that a Lambda's
+end kills is a crash, which every step survives, and a pass's first steps have the whole invocation (60 s)."""
+MAX_FAULTS = 5
+"""Failed steps in a row after which the batch ends ``failed`` (after about a minute of backoff)."""
+FAULT_BACKOFF_S = 2.0
+QUEUE_SHARE = 0.5
+"""Of a queue's ``INFERQ_MAX_QUEUE_DEPTH``, what batch lines may fill: the rest stays free for submits, so a batch
+never pushes another tenant's ``POST /v1/jobs`` into 429."""
+
+_held: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("batch_lock", default=None)
 
 
 @dataclass
@@ -60,6 +94,7 @@ class PassReport:
     batches: int = 0
     enqueued: int = 0
     finished: list[str] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)
 
 
 class BatchDriver:
@@ -73,7 +108,10 @@ class BatchDriver:
         self.batches = Batches(queue)
         self.redis = queue.redis
         self.keys = queue.keys
-        self._held: tuple[str, str] | None = None  # (lock key, token) of the batch this driver works on
+        self.on_step: Callable[[str, str], None] | None = None
+        """Called at each boundary of finalisation with (batch id, step name): the kill-at-every-step test's hook."""
+        self.output = BatchOutput(queue, self.lines, store, settings, self._step, self._renew)
+        self._start = 0
 
     async def run(self, budget_s: float, interval_s: float = 2.0) -> PassReport:
         """Passes until ``budget_s`` is nearly spent (at least one)."""
@@ -84,54 +122,121 @@ class BatchDriver:
             total.batches += report.batches
             total.enqueued += report.enqueued
             total.finished += report.finished
+            total.faults += report.faults
             if time.monotonic() + interval_s >= deadline:
                 return total
             await asyncio.sleep(interval_s)
 
     async def run_once(self) -> PassReport:
         report = PassReport()
-        for batch_id in await self.redis.zrange(self.keys.batches_active, 0, ACTIVE_PER_PASS - 1):
-            token = secrets.token_hex(8)
-            lock = self.keys.batch_lock(batch_id)
+        count = await self.redis.zcard(self.keys.batches_active)
+        if not count:
+            return report
+        start = self._start % count
+        ids = await self.redis.zrange(self.keys.batches_active, start, start + ACTIVE_PER_PASS - 1)
+        if len(ids) < ACTIVE_PER_PASS and start:
+            ids += await self.redis.zrange(self.keys.batches_active, 0, min(start, ACTIVE_PER_PASS - len(ids)) - 1)
+        self._start = start + len(ids)
+        slots = asyncio.Semaphore(CONCURRENCY)
+
+        async def one(batch_id: str) -> None:
+            async with slots:
+                await self._guarded(batch_id, report)
+
+        await asyncio.gather(*(one(b) for b in dict.fromkeys(ids)))
+        return report
+
+    async def _guarded(self, batch_id: str, report: PassReport) -> None:
+        """One step of one batch under its lease and deadline; whatever goes wrong stays with this batch."""
+        token = secrets.token_hex(8)
+        lock = self.keys.batch_lock(batch_id)
+        try:
+            retry_at = await self.redis.hget(self.keys.batch(batch_id), "retry_at")
+            if retry_at and float(retry_at) > time.time():
+                return  # backing off after a fault
             if not await self.redis.set(lock, token, nx=True, px=LOCK_MS):
-                continue  # another driver has it
-            self._held = (lock, token)
+                return  # another driver has it
+        except Exception:
+            log.exception("batch driver: cannot take batch %s", batch_id)
+            return
+        _held.set((lock, token))
+        report.batches += 1
+        try:
+            async with asyncio.timeout(STEP_MAX_S):
+                await self.step(batch_id, report, deadline=time.monotonic() + STEP_MAX_S)
+        except Exception as exc:  # any fault of this batch's: retried with backoff, then the batch fails alone
+            report.faults.append(batch_id)
+            log.warning("batch driver: step of %s failed (%s)", batch_id, type(exc).__name__, exc_info=True)
             try:
-                report.batches += 1
-                await self.step(batch_id, report)
-            finally:
-                self._held = None
+                await self._fault(batch_id, exc)
+            except Exception:
+                log.exception("batch driver: cannot record the fault of %s", batch_id)
+        finally:
+            _held.set(None)
+            try:
                 if await self.redis.get(lock) == token:
                     await self.redis.delete(lock)
-        return report
+            except Exception:  # noqa: S110 - the lease expires by itself
+                pass
+
+    async def _fault(self, batch_id: str, exc: BaseException) -> None:
+        faults = await self.redis.hincrby(self.keys.batch(batch_id), "faults", 1)
+        if faults < MAX_FAULTS:
+            await self.redis.hset(self.keys.batch(batch_id), "retry_at",
+                                  f"{time.time() + FAULT_BACKOFF_S * 2 ** (faults - 1):.3f}")
+            return
+        batch = await self.batches.get(batch_id)
+        if batch is None or batch.status.terminal:
+            return
+        where = batch.status.value
+        error = {"code": "batch_processing_error",
+                 "message": f"the batch could not be processed ({type(exc).__name__} while {where}, "
+                            f"{faults} attempts); its input file may be gone or unreadable",
+                 "param": None, "line": None}
+        if batch.status in (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING, BatchStatus.FINALIZING):
+            try:
+                await self._cancel_unfinished(batch)
+            except Exception:  # noqa: S110 - its jobs run to their end, harmlessly
+                pass
+        await self.batches.move(batch_id, tuple(s for s in BatchStatus if not s.terminal), BatchStatus.FAILED,
+                                failed_at=int(time.time()), errors=json.dumps([error]))
+        await self._retire(batch_id)
+        if batch.status is BatchStatus.FINALIZING:  # what its tries wrote is no file of the batch's now
+            await self.output.discard(batch)
 
     async def _renew(self) -> None:
         """Extend this driver's lease on its batch (between chunks of a long step)."""
-        if self._held is not None:
-            lock, token = self._held
+        held = _held.get()
+        if held is not None:
+            lock, token = held
             if await self.redis.get(lock) == token:
                 await self.redis.pexpire(lock, LOCK_MS)
 
-    async def step(self, batch_id: str, report: PassReport) -> None:
+    def _step(self, batch_id: str, name: str) -> None:
+        if self.on_step is not None:
+            self.on_step(batch_id, name)
+
+    async def step(self, batch_id: str, report: PassReport, deadline: float | None = None) -> None:
         """One step of one batch; a batch that reaches ``finalizing`` is finalized in the same pass."""
         batch = await self.batches.get(batch_id)
         if batch is None or batch.status.terminal:
             await self.redis.zrem(self.keys.batches_active, batch_id)
             return
         if batch.status is BatchStatus.VALIDATING:
-            await self._validate(batch)
-            return
-        if batch.status is BatchStatus.IN_PROGRESS:
+            await self._validate(batch, deadline)
+        elif batch.status is BatchStatus.IN_PROGRESS:
             await self._progress(batch, report)
         elif batch.status is BatchStatus.CANCELLING:
             await self._cancelling(batch)
         fresh = await self.batches.get(batch_id)
         if fresh is not None and fresh.status is BatchStatus.FINALIZING:
             await self._finalize(fresh, report)
+        if batch.faults:
+            await self.redis.hdel(self.keys.batch(batch_id), "faults", "retry_at")
 
     # ------------------------------------------------------------------ validating
 
-    async def _validate(self, batch: Batch) -> None:
+    async def _validate(self, batch: Batch, deadline: float | None) -> None:
         now = int(time.time())
         info = await asyncio.to_thread(self.store.head, batch.tenant, batch.input_file_id)
         if info is None:
@@ -141,21 +246,26 @@ class BatchDriver:
                                     errors=json.dumps(missing))
             return
 
-        def check() -> tuple[int, list[Any], int]:
+        def check() -> Validator:
             return validate(self.store.chunks(batch.tenant, batch.input_file_id), batch.endpoint,
-                            self.settings.batch_max_lines)
+                            self.settings.batch_max_lines, self.settings.max_body_bytes, deadline)
 
-        count, errors, bad = await asyncio.to_thread(check)
-        if bad:
-            data = [e.to_api() for e in errors]
-            if bad > len(errors):
-                data.append({"code": "more_errors", "message": f"{bad - len(errors)} more lines have errors",
-                             "param": None, "line": None})
+        checked = await asyncio.to_thread(check)
+        if checked.too_many or checked.count == 0:  # refused whole: no line is looked at further
+            errors = [e.to_api() for e in checked.errors if e.code == "too_many_requests"][:1] or [
+                {"code": "empty_file", "message": "the input file has no requests", "param": None, "line": 1}]
             await self.batches.move(batch.id, (BatchStatus.VALIDATING,), BatchStatus.FAILED, failed_at=now,
-                                    errors=json.dumps(data), total=count)
+                                    errors=json.dumps(errors))
+        elif checked.bad:
+            data = [e.to_api() for e in checked.errors]
+            if checked.bad > len(checked.errors):
+                data.append({"code": "more_errors", "message": f"{checked.bad - len(checked.errors)} more lines "
+                             "have errors (the error file lists every line)", "param": None, "line": None})
+            await self.batches.move(batch.id, (BatchStatus.VALIDATING,), BatchStatus.FINALIZING, finalizing_at=now,
+                                    end=BatchStatus.FAILED.value, errors=json.dumps(data), total=checked.count)
         else:
             await self.batches.move(batch.id, (BatchStatus.VALIDATING,), BatchStatus.IN_PROGRESS, in_progress_at=now,
-                                    total=count)
+                                    total=checked.count)
 
     # ------------------------------------------------------------------ in progress
 
@@ -180,38 +290,48 @@ class BatchDriver:
             await self.batches.move(batch.id, (BatchStatus.IN_PROGRESS,), BatchStatus.FINALIZING,
                                     finalizing_at=int(time.time()), end=BatchStatus.COMPLETED.value)
 
-    async def _room(self, queue: Queue) -> int:
-        """How many more jobs ``queue`` takes now (its own ``max_queue_depth``), at most a chunk."""
-        if queue.settings.max_queue_depth <= 0:
-            return CHUNK_LINES
-        unfinished = int(await self.redis.hget(queue.keys.stats, "unfinished") or 0)
-        return max(0, min(CHUNK_LINES, queue.settings.max_queue_depth - unfinished))
+    async def _room(self, queue: Queue, tenant: str) -> int:
+        """How many more of the tenant's batch jobs ``queue`` takes now: its share of the queue's depth limit
+        (:data:`QUEUE_SHARE`) and what the tenant's quota leaves, at most a chunk."""
+        room = CHUNK_LINES
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(queue.keys.stats, "unfinished")
+        pipe.hget(queue.keys.tenants, tenant)
+        unfinished, mine = await pipe.execute()
+        if queue.settings.max_queue_depth > 0:
+            room = min(room, int(queue.settings.max_queue_depth * QUEUE_SHARE) - int(unfinished or 0))
+        if queue.settings.tenant_max_depth > 0:
+            room = min(room, queue.settings.tenant_max_depth - int(mine or 0))
+        return max(0, room)
 
     async def _enqueue_chunk(self, batch: Batch) -> int:
-        rooms = {q.settings.queue: await self._room(q) for q in self.lines.queues()}
-        want = min(sum(rooms.values()), CHUNK_LINES, batch.total - batch.next_line)
+        rooms = {q.settings.queue: await self._room(q, batch.tenant) for q in self.lines.queues()}
+        want = min(sum(rooms.values()), CHUNK_LINES, batch.total - batch.next_line,
+                   IN_FLIGHT_LINES - (batch.next_line - batch.done_line))
         if want <= 0:
-            return 0  # every queue is full: backpressure, not an error; the next pass tries again
+            return 0  # every queue is full, or the tenant's quota: backpressure, not an error; the next pass tries
         lines = await asyncio.to_thread(
-            read_lines, self.store, batch.tenant, batch.input_file_id, batch.next_offset, want
+            read_lines, self.store, batch.tenant, batch.input_file_id, batch.next_offset, want,
+            max_line=self.settings.max_body_bytes, max_bytes=CHUNK_BYTES,
         )
         by_queue: dict[str, tuple[Queue, list[tuple[int, JobRequest]]]] = {}
         ids: list[str] = []
-        for i, (_, raw) in enumerate(lines):
-            request, error = parse_line(raw, batch.endpoint, 0)
-            if request is None:  # validated already; a changed file is the only way here
-                raise ValueError(f"batch {batch.id}: line {batch.next_line + i} no longer parses: {error}")
-            queue = self.lines.queue_for(request["body"])
-            if queue is not None:
-                if rooms[queue.settings.queue] <= 0:
-                    break  # lines go in file order: the chunk ends at the first line whose queue is full
-                rooms[queue.settings.queue] -= 1
-                by_queue.setdefault(queue.settings.queue, (queue, []))[1].append((i, JobRequest(
-                    body=request["body"], url=batch.endpoint,
-                    metadata={"batch_id": batch.id, "custom_id": request["custom_id"]},
-                    idempotency_key=f"{batch.id}:{batch.next_line + i}", priority=Priority.LOW,
-                )))
-            ids.append(UNROUTED)
+        for i, line in enumerate(lines):
+            request, marker = self._parse(batch, line.data)
+            if request is not None:
+                queue = self.lines.queue_for(request["body"])
+                if queue is None:
+                    marker = UNROUTED
+                else:
+                    if rooms[queue.settings.queue] <= 0:
+                        break  # lines go in file order: the chunk ends at the first line whose queue is full
+                    job_request = await self._job_request(batch, batch.next_line + i, request)
+                    if job_request is None:
+                        marker = NO_JOB + "invalid_request"
+                    else:
+                        rooms[queue.settings.queue] -= 1
+                        by_queue.setdefault(queue.settings.queue, (queue, []))[1].append((i, job_request))
+            ids.append(marker)
         if not ids:
             return 0
         try:  # a queue refusing part-way leaves jobs its next try gets back by their idempotency keys
@@ -221,33 +341,93 @@ class BatchDriver:
                     ids[i] = job.id
         except QueueFull:
             return 0
+        await self._keep(batch, [j for j in ids if is_job(j)])
         pairs: list[Any] = []
         for i, job_id in enumerate(ids):
             pairs += [batch.next_line + i, job_id]
         lines = lines[:len(ids)]
         end = batch.next_line + len(lines)
         await self.queue.scripts("advancebatch", [self.keys.batch(batch.id), self.keys.batch_lines(batch.id)],
-                                 [batch.next_line, end, lines[-1][0], *pairs])
+                                 [batch.next_line, end, lines[-1].end, *pairs])
         return len(lines)
 
+    def _keep_until(self, batch: Batch) -> int:
+        """Until when a line's job record is kept: the batch's window, the cancel grace, then the result TTL."""
+        return int(batch.times.get("expires_at") or time.time()) + CANCEL_GRACE_S + self.settings.result_ttl_s
+
+    async def _keep(self, batch: Batch, job_ids: list[str]) -> None:
+        """Keep the jobs' records until the batch has written its output: the terminal transition honours
+        ``keep_until`` over the result TTL. ``NX``: a record that has ended already keeps the expiry it has (the
+        scan extends it); one that expired meanwhile, which the ``HSET`` made anew, does not stay for ever."""
+        until = self._keep_until(batch)
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            key = self.lines.queue_of(job_id).keys.job(job_id)
+            pipe.hset(key, "keep_until", until)
+            pipe.expireat(key, until, nx=True)
+        await pipe.execute()
+
+    def _parse(self, batch: Batch, raw: bytes | None) -> tuple[dict[str, Any] | None, str]:
+        """The request of a line, or the ``!<code>`` marker of a line that becomes no job
+        (:data:`inferq.batches.NOT_RUN`)."""
+        if raw is None:
+            return None, NO_JOB + "request_too_large"
+        request, _ = parse_line(raw, batch.endpoint, 0)
+        if request is None:  # validated already: a file changed under its id is the only way here
+            return None, NO_JOB + "invalid_request"
+        return request, ""
+
+    async def _job_request(self, batch: Batch, number: int, request: dict[str, Any]) -> JobRequest | None:
+        """The job a line becomes, its body claim-checked when large (as a submit's: the record holds a reference,
+        the body is in S3); None when its body cannot be stored."""
+        body = request["body"]
+        try:
+            data = claimcheck.encode(body)
+        except (ValueError, TypeError):
+            return None
+        if len(data) > self.settings.inline_max_bytes:
+            claim = claimcheck.request_claim(batch.tenant, data)
+            await asyncio.to_thread(self.store.put_claim, claim.key, data)
+            body = claimcheck.claimed_body(claim)
+        return JobRequest(
+            body=body, url=batch.endpoint, metadata={"batch_id": batch.id, "custom_id": request["custom_id"]},
+            idempotency_key=f"{batch.id}:{number}", priority=Priority.LOW,
+        )
+
     async def _scan(self, batch: Batch, upto: int) -> int:
-        """Move ``done_line`` over the lines whose jobs have ended, counting them; the new ``done_line``."""
+        """Keep the outcome of every ended line in flight until the batch's own end, and move ``done_line`` over
+        the lines whose jobs have ended, counting them; the new ``done_line``."""
         start = batch.done_line
-        end = min(upto, start + SCAN_LINES)
+        end = min(upto, start + IN_FLIGHT_LINES)
         if end <= start:
             return start
-        ids = await self.redis.hmget(self.keys.batch_lines(batch.id), list(range(start, end)))
-        statuses = await self.lines.job_fields(ids, "status")
+        keep_until = self._keep_until(batch)
         completed = failed = 0
         line = start
-        for job_id, status in zip(ids, statuses, strict=True):
-            if job_id is None or status in ("queued", "running"):
-                break
-            if status == "succeeded":
-                completed += 1
-            else:  # failed, cancelled, expired, or a record past its retention
-                failed += 1
-            line += 1
+        contiguous = True
+        for first in range(start, end, SCAN_SLICE):
+            ids = await self.redis.hmget(self.keys.batch_lines(batch.id), list(range(first, min(end, first +
+                                                                                                   SCAN_SLICE))))
+            statuses = await self.lines.job_fields(ids, "status")
+            pipe = self.redis.pipeline(transaction=False)
+            kept = 0
+            for job_id, status in zip(ids, statuses, strict=True):
+                ended = job_id is not None and (not is_job(job_id) or status not in ("queued", "running"))
+                if ended and is_job(job_id) and status is not None:
+                    # a job record ends with the result TTL; a batch line's outcome must last the batch (GT: a
+                    # record without a TTL, still running, is left alone)
+                    pipe.expireat(self.lines.queue_of(job_id).keys.job(job_id), keep_until, gt=True)
+                    kept += 1
+                if contiguous and ended:
+                    if status == "succeeded":
+                        completed += 1
+                    else:  # failed, cancelled, expired, no job, or a record past its retention
+                        failed += 1
+                    line += 1
+                elif not ended:
+                    contiguous = False
+            if kept:
+                await pipe.execute()
         if line > start:
             await self.redis.hset(self.keys.batch(batch.id), mapping={
                 "done_line": line, "completed": batch.completed + completed, "failed": batch.failed + failed,
@@ -258,10 +438,10 @@ class BatchDriver:
 
     async def _cancel_unfinished(self, batch: Batch) -> None:
         """Cancel every job of the batch not ended yet (queued ones end at once, running ones are asked to)."""
-        for start in range(batch.done_line, batch.next_line, FINALIZE_LINES):
-            end = min(batch.next_line, start + FINALIZE_LINES)
+        for start in range(batch.done_line, batch.next_line, SCAN_SLICE):
+            end = min(batch.next_line, start + SCAN_SLICE)
             ids = await self.redis.hmget(self.keys.batch_lines(batch.id), list(range(start, end)))
-            live = [j for j in ids if j and j != UNROUTED]
+            live = [j for j in ids if j is not None and is_job(j)]
             for group in range(0, len(live), 100):
                 await asyncio.gather(*(self._cancel_job(batch.tenant, j) for j in live[group:group + 100]))
             await self._renew()
@@ -288,86 +468,23 @@ class BatchDriver:
         end = BatchStatus(batch.end or BatchStatus.COMPLETED.value)
         if end is BatchStatus.EXPIRED and not batch.cancel_sent:
             await self._cancel_unfinished(batch)
-        output_id, error_id = new_file_id(), new_file_id()
-        output = await asyncio.to_thread(
-            self.store.writer, batch.tenant, output_id, f"{batch.id}_output.jsonl", "batch_output")
-        errors = await asyncio.to_thread(
-            self.store.writer, batch.tenant, error_id, f"{batch.id}_error.jsonl", "batch_output")
-        try:
-            completed, failed = await self._write_files(batch, end, output, errors)
-            await self._close(output, completed)
-            await self._close(errors, failed)
-        except BaseException:
-            for writer in (output, errors):
-                try:
-                    await asyncio.to_thread(writer.abort)
-                except Exception:  # noqa: S110 - the lifecycle rule removes what an abort could not
-                    pass
-            raise
-        fields: dict[str, Any] = {f"{end.value}_at": int(time.time()), "completed": completed, "failed": failed,
-                                  "output_file_id": output_id if completed else "",
-                                  "error_file_id": error_id if failed else ""}
+        files = await self.output.write(batch, end)
+        fields: dict[str, Any] = {f"{end.value}_at": int(time.time()),
+                                  "output_file_id": files.output_id if files.completed else "",
+                                  "error_file_id": files.error_id if files.failed else ""}
+        if end is not BatchStatus.FAILED:
+            fields.update(completed=files.completed, failed=files.failed)
         await self.batches.move(batch.id, (BatchStatus.FINALIZING,), end, **fields)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.zrem(self.keys.batches_active, batch.id)
-        pipe.expire(self.keys.batch(batch.id), self.settings.result_ttl_s)
-        pipe.expire(self.keys.batch_lines(batch.id), self.settings.result_ttl_s)
-        await pipe.execute()
+        self._step(batch.id, "moved")
+        await self._retire(batch.id)
         report.finished.append(batch.id)
 
-    async def _read_back(self, job: Job) -> Job:
-        """A claimed result read back from S3 (docs/api.md, "Large payloads"): output lines hold every body inline,
-        as OpenAI's do. An S3 fault ends this pass's files like any other; the next pass starts them over."""
-        claim = claimcheck.claim_of_result(job.result, job.tenant, job.id)
-        assert claim is not None and job.result is not None
-        data = await asyncio.to_thread(self.store.claimed, claim.key)
-        if not claimcheck.verify(claim, data):
-            raise ValueError(f"the stored result of {job.id} does not match its reference")
-        return dataclasses.replace(job, result={"status_code": job.result.get("status_code", 200),
-                                                "body": json.loads(data)})
-
-    async def _close(self, writer: Writer, lines: int) -> None:
-        """Complete a file that has lines; an empty one is not kept (OpenAI leaves its id null)."""
-        await asyncio.to_thread(writer.close if lines else writer.abort)
-
-    async def _write_files(self, batch: Batch, end: BatchStatus, output: Writer, errors: Writer) -> tuple[int, int]:
-        completed = failed = 0
-        line = 0
-        offset = 0
-        while True:
-            lines = await asyncio.to_thread(
-                read_lines, self.store, batch.tenant, batch.input_file_id, offset, FINALIZE_LINES)
-            if not lines:
-                break
-            ids = await self.redis.hmget(self.keys.batch_lines(batch.id), list(range(line, line + len(lines))))
-            records = await self.lines.job_fields(ids, None)
-            good = bytearray()
-            bad = bytearray()
-            for (_, raw), job_id, record in zip(lines, ids, records, strict=True):
-                custom_id = custom_id_of(raw)
-                job = Job.from_hash(record) if record and "status" in record else None
-                if job is not None and claimcheck.claim_of_result(job.result, job.tenant, job.id) is not None:
-                    job = await self._read_back(job)
-                if job_id == UNROUTED:
-                    is_error, entry = True, unrouted_line(custom_id, raw)
-                else:
-                    is_error, entry = output_line(custom_id, job, end)
-                target = bad if is_error else good
-                target += json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
-                if is_error:
-                    failed += 1
-                else:
-                    completed += 1
-            if good:
-                await asyncio.to_thread(output.write, bytes(good))
-            if bad:
-                await asyncio.to_thread(errors.write, bytes(bad))
-            line += len(lines)
-            offset = lines[-1][0]
-            await self._renew()
-            if len(lines) < FINALIZE_LINES:
-                break
-        return completed, failed
+    async def _retire(self, batch_id: str) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrem(self.keys.batches_active, batch_id)
+        pipe.expire(self.keys.batch(batch_id), self.settings.result_ttl_s)
+        pipe.expire(self.keys.batch_lines(batch_id), self.settings.result_ttl_s)
+        await pipe.execute()
 
 
 __all__ = ["BatchDriver", "FileSource", "PassReport", "QueueError"]

@@ -13,11 +13,20 @@ import json
 import secrets
 from typing import Any
 
+from .jobs import RECORD_FIELDS_BUT_BODY, record_of
 from .queue import Queue
 from .registry import Registry, queue_of_job
 
-UNROUTED = "!model_not_found"
-"""The batch-lines value of a line whose model no queue serves (no job id starts with ``!``)."""
+NO_JOB = "!"
+"""What the batch-lines value of a line that became no job starts with (no job id does), followed by the error
+code its error file line carries (:data:`inferq.batches.NOT_RUN`)."""
+UNROUTED = NO_JOB + "model_not_found"
+"""The batch-lines value of a line whose model no queue serves."""
+
+
+def is_job(value: str | None) -> bool:
+    """Whether a batch-lines value names a job (not a line that became none, nor a line not reached)."""
+    return bool(value) and not str(value).startswith(NO_JOB)
 MODEL_NOT_FOUND = "model_not_found"
 """OpenAI's error code for a request naming an unknown model; the same type the gateway answers a job with."""
 
@@ -55,10 +64,10 @@ class LineRouter:
         return self._queues.get(name or "", self.primary)
 
     async def job_fields(self, ids: list[str | None], name: str | None) -> list[Any]:
-        """Per line: its job's field ``name`` (None: the whole record), each read in the job's own queue, in one
-        round trip; None for a line without a job."""
+        """Per line: its job's field ``name`` (None: the whole record but its request body, which no output line
+        needs), each read in the job's own queue, in one round trip; None for a line without a job."""
         found: list[Any] = [None] * len(ids)
-        asked = [(i, job_id) for i, job_id in enumerate(ids) if job_id and job_id != UNROUTED]
+        asked = [(i, job_id) for i, job_id in enumerate(ids) if job_id is not None and is_job(job_id)]
         if not asked:
             return found
         pipe = self.primary.redis.pipeline(transaction=False)
@@ -67,21 +76,21 @@ class LineRouter:
             if name:
                 pipe.hget(key, name)
             else:
-                pipe.hgetall(key)
+                pipe.hmget(key, RECORD_FIELDS_BUT_BODY)
         for (i, _), value in zip(asked, await pipe.execute(), strict=True):
-            found[i] = value
+            found[i] = value if name else record_of(RECORD_FIELDS_BUT_BODY, value)
         return found
 
 
-def unrouted_line(custom_id: str | None, raw: bytes) -> dict[str, Any]:
+def unrouted_line(custom_id: str | None, raw: bytes | None) -> dict[str, Any]:
     """The error-file line of a request whose model no queue serves (OpenAI's per-line error shape)."""
     try:
-        requested = json.loads(raw).get("body", {}).get("model")
-    except (ValueError, AttributeError):
+        requested = json.loads(raw or b"").get("body", {}).get("model")
+    except (ValueError, AttributeError, RecursionError):
         requested = None
     if requested is None:
         message = "body.model is required: this deployment serves several models and has no default"
     else:
         message = f"the model {str(requested)[:128]!r} does not exist; GET /v1/models lists them"
     return {"id": "batch_req_" + secrets.token_hex(12), "custom_id": custom_id, "response": None,
-            "error": {"code": MODEL_NOT_FOUND, "message": message}}
+            "error": {"code": MODEL_NOT_FOUND, "message": message}, "job_id": None}

@@ -14,7 +14,6 @@ import base64
 import json
 import secrets
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -41,8 +40,6 @@ class BatchStatus(str, Enum):
 
 TIMES = ("in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
          "cancelling_at", "cancelled_at")
-MAX_ERRORS = 100
-"""Line errors kept in ``errors.data`` of a failed batch (the first ones; the message says how many more)."""
 
 
 def random_id(prefix: str) -> str:
@@ -97,6 +94,10 @@ class Batch:
     done_line: int = 0
     end: str | None = None
     cancel_sent: bool = False
+    faults: int = 0
+    """The driver's failed attempts at this batch's current step in a row (it fails after a few)."""
+    retry_at: float = 0.0
+    """Not before this time (Unix seconds): the backoff after a fault."""
 
     @classmethod
     def from_hash(cls, record: dict[str, str]) -> Batch:
@@ -124,6 +125,8 @@ class Batch:
             done_line=number("done_line"),
             end=record.get("end") or None,
             cancel_sent=record.get("cancel_sent") == "1",
+            faults=number("faults"),
+            retry_at=float(record.get("retry_at") or 0),
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -145,113 +148,35 @@ class Batch:
         }
 
 
-# ---------------------------------------------------------------------- input lines
-
-
-@dataclass(frozen=True)
-class LineError:
-    code: str
-    message: str
-    line: int  # 1-based, as in the file
-
-    def to_api(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message, "param": None, "line": self.line}
-
-
-def parse_line(raw: bytes, endpoint: str, line: int) -> tuple[dict[str, Any] | None, LineError | None]:
-    """One input line -> the request object, or the reason it is refused (custom_id uniqueness is the caller's)."""
-    try:
-        request = json.loads(raw)
-    except ValueError:
-        return None, LineError("invalid_json_line", "this line is not valid JSON", line)
-    if not isinstance(request, dict):
-        return None, LineError("invalid_json_line", "this line is not a JSON object", line)
-    custom_id = request.get("custom_id")
-    if not isinstance(custom_id, str) or not 1 <= len(custom_id) <= 512:
-        return None, LineError("invalid_custom_id", "custom_id must be a string of 1-512 characters", line)
-    if request.get("method") != "POST":
-        return None, LineError("invalid_method", "method must be POST", line)
-    if request.get("url") != endpoint:
-        return None, LineError("mismatched_endpoint", f"url must be the batch's endpoint {endpoint}", line)
-    if not isinstance(request.get("body"), dict):
-        return None, LineError("invalid_body", "body must be a JSON object", line)
-    return request, None
-
-
-def input_lines(chunks: Iterator[bytes], start: int = 0) -> Iterator[tuple[int, bytes]]:
-    """``(offset just past the line, the line)`` for each non-blank line of a byte stream read from ``start``;
-    one line at a time in memory."""
-    offset = start
-    pending = b""
-    for chunk in chunks:
-        pending += chunk
-        if b"\n" not in chunk:
-            continue
-        *complete, pending = pending.split(b"\n")
-        for line in complete:
-            offset += len(line) + 1
-            if line.strip():
-                yield offset, line
-    if pending.strip():
-        yield offset + len(pending), pending
-
-
-def validate(chunks: Iterator[bytes], endpoint: str, max_lines: int) -> tuple[int, list[LineError], int]:
-    """Check a whole input file: ``(request lines, the first MAX_ERRORS errors, how many errors)``. Memory: the
-    set of custom_ids (bounded by ``max_lines``)."""
-    seen: set[str] = set()
-    errors: list[LineError] = []
-    count = 0
-    bad = 0
-    physical = 0
-    offset = 0
-    pending = b""
-
-    def check(raw: bytes, line: int) -> None:
-        nonlocal count, bad
-        if not raw.strip():
-            return
-        count += 1
-        request, error = parse_line(raw, endpoint, line)
-        if error is None and request is not None:
-            if request["custom_id"] in seen:
-                error = LineError("duplicate_custom_id", "custom_id must be unique within the batch", line)
-            else:
-                seen.add(request["custom_id"])
-        if error is None and count > max_lines:
-            error = LineError("too_many_requests", f"a batch holds at most {max_lines} requests", line)
-        if error is not None:
-            bad += 1
-            if len(errors) < MAX_ERRORS:
-                errors.append(error)
-
-    for chunk in chunks:
-        pending += chunk
-        if b"\n" not in chunk:
-            continue
-        *complete, pending = pending.split(b"\n")
-        for raw in complete:
-            physical += 1
-            offset += len(raw) + 1
-            check(raw, physical)
-    if pending:
-        check(pending, physical + 1)
-    if count == 0:
-        errors.append(LineError("empty_file", "the input file has no requests", 1))
-        bad = 1
-    return count, errors, bad
-
-
 # ---------------------------------------------------------------------- output lines
 
 END_CODES = {
     BatchStatus.EXPIRED: ("batch_expired", "This request could not be executed before the completion window expired."),
     BatchStatus.CANCELLED: ("batch_cancelled", "This request was not executed: the batch was cancelled."),
+    BatchStatus.FAILED: ("batch_failed", "This request was not executed: the input file has invalid lines "
+                                         "(the batch's errors)."),
 }
+NOT_RUN = {
+    "model_not_found": "no model of this deployment serves this request's body.model",
+    "request_too_large": "this line is larger than INFERQ_MAX_BODY_BYTES, the limit of one job's request",
+    "invalid_request": "this line could not be turned into a job",
+}
+"""Lines that became no job (``!<code>`` in the batch's lines): their error file code and message."""
 
 
-def output_line(custom_id: str | None, job: Job | None, end: BatchStatus) -> tuple[bool, dict[str, Any]]:
-    """``(is an error line, the line)`` for one request, in OpenAI's output/error file format."""
+def error_line(custom_id: str | None, code: str, message: str, job_id: str | None = None,
+               response: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An error file line in OpenAI's format, with ``job_id``: the job that ran the line (None: none did)."""
+    line_id = request_line_id(job_id) if job_id else "batch_req_" + secrets.token_hex(12)
+    return {"id": line_id, "custom_id": custom_id, "response": response, "error": {"code": code, "message": message},
+            "job_id": job_id}
+
+
+def output_line(custom_id: str | None, job: Job | None, end: BatchStatus,
+                job_id: str | None = None) -> tuple[bool, dict[str, Any]]:
+    """``(is an error line, the line)`` for one request, in OpenAI's output/error file format. ``job_id``: the
+    line's job when its record is gone (past its retention), so the line still names it."""
+    job_id = job.id if job is not None else job_id
     if job is not None and job.status is JobStatus.SUCCEEDED and job.result is not None:
         return False, {
             "id": request_line_id(job.id),
@@ -259,23 +184,24 @@ def output_line(custom_id: str | None, job: Job | None, end: BatchStatus) -> tup
             "response": {"status_code": job.result.get("status_code", 200), "request_id": job.id,
                          "body": job.result.get("body")},
             "error": None,
+            "job_id": job.id,
         }
-    line_id = request_line_id(job.id) if job is not None else "batch_req_" + secrets.token_hex(12)
     if job is not None and job.status is JobStatus.FAILED:
         error = job.error or {}
         response = None
         if job.result is not None:
             response = {"status_code": job.result.get("status_code"), "request_id": job.id,
                         "body": job.result.get("body")}
-        return True, {"id": line_id, "custom_id": custom_id, "response": response,
-                      "error": {"code": error.get("type", "failed"), "message": error.get("message", "")}}
+        return True, error_line(custom_id, error.get("type", "failed"), error.get("message", ""), job.id, response)
     if end in END_CODES:
         code, message = END_CODES[end]
     elif job is not None and job.error:
         code, message = job.error.get("type", job.status.value), job.error.get("message", "")
+    elif job_id is not None and job is None:
+        code, message = "result_expired", "the line's job record was gone before the output file was written"
     else:
         code, message = "not_executed", "This request was not executed."
-    return True, {"id": line_id, "custom_id": custom_id, "response": None, "error": {"code": code, "message": message}}
+    return True, error_line(custom_id, code, message, job_id)
 
 
 # ---------------------------------------------------------------------- the record in Redis
@@ -326,6 +252,20 @@ class Batches:
         count: int = await self.redis.zintercard(2, [self.keys.batches_active, self.keys.batches_of(tenant)],
                                                  limit=up_to)
         return count
+
+    async def using_file(self, tenant: str, file_id: str) -> str | None:
+        """A batch of the tenant, not yet ended, whose input file is ``file_id`` (None: no such batch). Reads the
+        tenant's batches the driver still works on (the active set intersected with the tenant's index)."""
+        active = await self.redis.zinter([self.keys.batches_active, self.keys.batches_of(tenant)])
+        if not active:
+            return None
+        pipe = self.redis.pipeline(transaction=False)
+        for batch_id in active:
+            pipe.hmget(self.keys.batch(batch_id), "input_file_id", "status")
+        for batch_id, (input_file_id, status) in zip(active, await pipe.execute(), strict=True):
+            if input_file_id == file_id and status and not BatchStatus(status).terminal:
+                return str(batch_id)
+        return None
 
     async def get(self, batch_id: str, tenant: str | None = None) -> Batch | None:
         record = await self.redis.hgetall(self.keys.batch(batch_id))

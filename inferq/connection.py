@@ -71,6 +71,9 @@ def _client(settings: Settings, *, cluster: bool | None, socket_timeout: float |
     }
     if settings.redis_auth_secret:
         options["credential_provider"] = provider_for(settings.redis_auth_secret)
+    elif settings.redis_auth:
+        # Given in the environment (an ECS secret of the worker container alone): fixed for the process's life.
+        options["credential_provider"] = static_provider(settings.redis_auth)
     if cluster:
         return RedisCluster.from_url(url, **options)
     options["retry"] = Retry(EqualJitterBackoff(cap=0.5, base=0.05), retries=1)
@@ -93,6 +96,15 @@ def credentials_from_secret(raw: str) -> Credentials:
         username = value.get("username")
         return (str(username), token) if username else (token,)
     return (str(value),)
+
+
+def static_provider(raw: str) -> redis.credentials.UsernamePasswordCredentialProvider:
+    """Credentials given as a secret's value itself (``INFERQ_REDIS_AUTH``), in the shapes
+    :func:`credentials_from_secret` reads."""
+    credentials = credentials_from_secret(raw)
+    if len(credentials) == 2:
+        return redis.credentials.UsernamePasswordCredentialProvider(credentials[0], credentials[1])
+    return redis.credentials.UsernamePasswordCredentialProvider(password=credentials[0])
 
 
 class SecretCredentialProvider(redis.credentials.CredentialProvider):

@@ -188,6 +188,8 @@ class Settings:
     redis_url: str = _setting("redis://127.0.0.1:6379/0", _redis_url)
     redis_timeout_s: float = _setting(2.0, _float(0.05))
     redis_auth_secret: str | None = _setting(None, _optional_str)
+    # the credentials themselves (ECS injects them into the worker container alone): never in a repr or a log
+    redis_auth: str | None = field(default=None, repr=False, metadata={"parse": _optional_str})
     redis_max_connections: int = _setting(1000, _int(1))
     queue: str = _setting("default", _queue)
     api_keys: dict[str, str] | None = _setting(None, _api_keys)

@@ -34,7 +34,7 @@ _sam_find_lambda_python = for p in $(_sam_python_candidates); do \
 	  if "$$p" -c 'import sys; sys.exit("%d.%d" % sys.version_info[:2] != "$(LAMBDA_PYTHON_VERSION)")' \
 	    >/dev/null 2>&1; then echo "$$p"; break; fi; done
 
-.PHONY: build-GatewayFunction build-ScalerFunction sources-GatewayFunction sources-ScalerFunction sam-tools sam-validate sam-build lint-infra lambda-runtime \
+.PHONY: lock build-GatewayFunction build-ScalerFunction sources-GatewayFunction sources-ScalerFunction sam-tools sam-validate sam-build lint-infra lambda-runtime \
 	print-lambda-python
 
 # What each function runs, and nothing else: no CLI, emulator, bench or worker code in either zip, and the webhook
@@ -56,14 +56,16 @@ define _sam_copy_sources
 	for path in $(_sam_not_shipped); do rm -rf "$(ARTIFACTS_DIR)/$$path"; done; \
 	for root in $(_sam_source_roots); do \
 	  if [ -e "$(ARTIFACTS_DIR)/$$root" ]; then \
-	    find "$(ARTIFACTS_DIR)/$$root" \( -name __pycache__ -o -name '*.pyc' -o -name requirements.txt \) \
+	    find "$(ARTIFACTS_DIR)/$$root" \( -name __pycache__ -o -name '*.pyc' -o -name 'requirements.*' \) \
 	      -prune -exec rm -rf {} +; \
 	  fi; \
 	done
 endef
 
-# $(call _sam_lambda_artifact,NAME,PATHS): functions/NAME/requirements.txt + PATHS -> $(ARTIFACTS_DIR).
-# pip runs under the Lambda's Python version when present, so environment markers match the runtime's.
+# $(call _sam_lambda_artifact,NAME,PATHS): functions/NAME/requirements.lock + PATHS -> $(ARTIFACTS_DIR).
+# Every package comes from the lock, pinned, and is checked against its hashes (--require-hashes): a changed or
+# substituted wheel fails the build. pip runs under the Lambda's Python version when present, so environment
+# markers match the runtime's.
 define _sam_lambda_artifact
 	@test -n "$(ARTIFACTS_DIR)" || { echo "sam.mk: ARTIFACTS_DIR is unset; run this through sam build" >&2; exit 2; }
 	@set -e; \
@@ -72,7 +74,7 @@ define _sam_lambda_artifact
 	PIP_ROOT_USER_ACTION=ignore "$$pip_python" -m pip install --quiet --disable-pip-version-check \
 	  --target "$(ARTIFACTS_DIR)" --platform $(LAMBDA_PLATFORM) --implementation cp \
 	  --python-version $(LAMBDA_PYTHON_VERSION) --only-binary=:all: --no-compile --no-warn-conflicts \
-	  -r functions/$(1)/requirements.txt; \
+	  --require-hashes --no-deps -r functions/$(1)/requirements.lock; \
 	rm -rf "$(ARTIFACTS_DIR)/bin"
 	$(call _sam_copy_sources,$(2))
 	@set -e; py="$$($(_sam_find_lambda_python))"; \
@@ -99,6 +101,27 @@ sources-ScalerFunction:
 
 print-lambda-python:
 	@$(_sam_find_lambda_python)
+
+# The lock files, with every package's hashes: functions/*/requirements.lock from each requirements.txt (the
+# Lambda's Python), gpu_worker/requirements.lock from pyproject.toml's worker extra (every Python the image may
+# have, 3.11 on). Run after changing a requirement; nothing installs without them.
+UV_VERSION ?= 0.13.9
+LOCK_VENV ?= .tools/lock
+LOCK_UV := $(LOCK_VENV)/bin/uv
+_sam_uv_compile = UV_NO_CONFIG=1 $(LOCK_UV) pip compile --quiet --universal --generate-hashes \
+	--custom-compile-command "make -f mk/sam.mk lock"
+
+$(LOCK_UV):
+	test -x $(LOCK_VENV)/bin/python || $(SAM_HOST_PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+lock: $(LOCK_UV)
+	$(_sam_uv_compile) --python-version $(LAMBDA_PYTHON_VERSION) functions/gateway/requirements.txt \
+	  -o functions/gateway/requirements.lock
+	$(_sam_uv_compile) --python-version $(LAMBDA_PYTHON_VERSION) functions/scaler/requirements.txt \
+	  -o functions/scaler/requirements.lock
+	$(_sam_uv_compile) --python-version 3.11 --extra worker --no-emit-package inferq pyproject.toml \
+	  -o gpu_worker/requirements.lock
 
 $(SAM_TOOLS_STAMP):
 	test -x $(SAM_VENV)/bin/python || $(SAM_HOST_PYTHON) -m venv $(SAM_VENV)

@@ -36,6 +36,10 @@ SETTING_DOCS: dict[str, str] = {
     "plus 1 s of wall clock, so a frozen server is a prompt 503, never a hang (G8).",
     "redis_auth_secret": "Secrets Manager id of the cache's AUTH token (JSON `{\"username\", \"token\"}` or a bare "
     "string), read when the process first connects.",
+    "redis_auth": "The cache credentials themselves: the JSON of an auth secret (`{\"username\", \"token\"}`) or "
+    "a bare token. The stack has ECS inject it into the worker container alone, so the task role (which the vLLM "
+    "container shares) needs no access to the secret; fixed for the process's life (a rotation reaches tasks "
+    "started after it). `INFERQ_REDIS_AUTH_SECRET`, where set, is used instead.",
     "redis_max_connections": "Connection pool size per process. Under Lambda a long-poll waiter "
     "(`GET /v1/jobs/{id}?wait=`) holds one connection while it waits; a long-lived gateway shares one per queue "
     "among all its waiters.",

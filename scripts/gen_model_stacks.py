@@ -43,8 +43,9 @@ LAYER_DIR = "infra/registry"
 LAYER_FILE = "inferq/models.json"
 LAMBDA_REGISTRY = f"/opt/{LAYER_FILE}"  # a layer's files land under /opt
 WORKER_REGISTRY = "/tmp/inferq-models.json"
-SIDECAR_URL = "http://localhost:8000"
-FLEET = ("LaunchTemplate", "AutoScalingGroup", "CapacityProvider", "TaskDefinition", "Service")
+SIDECAR_URL = "http://127.0.0.1:8000"  # vLLM listens on loopback only
+FLEET = ("LaunchTemplate", "AutoScalingGroup", "WarmPool", "CapacityProvider", "TaskDefinition", "Service")
+GROUP_NAME = "${AWS::StackName}-gpu"  # infra/gpu.yaml's Auto Scaling group; each model's is GROUP_NAME-<model>
 
 
 # --- the registry as deployed ---
@@ -77,6 +78,11 @@ def _argument(value: Any) -> Any:
     return str(value)
 
 
+LOG_FLAGS = ("--no-enable-log-requests", "--no-enable-log-outputs", "--max-log-len", "0",
+             "--disable-uvicorn-access-log")
+"""vLLM's logging flags of the single-model task (infra/gpu.yaml), on every model's server too."""
+
+
 def vllm_command(model: Model) -> list[Any]:
     """``vllm serve`` for one model: ``args.model`` (default: the served name) is what it loads, every other arg
     ``key: value`` becomes ``--key value`` (``true``: the bare flag; ``false``/null: left out; a list: each value;
@@ -88,7 +94,7 @@ def vllm_command(model: Model) -> list[Any]:
     if gpus > 1:
         args.setdefault("tensor_parallel_size", gpus)  # one task spans the instance's GPUs
     command: list[Any] = ["serve", str(args.pop("model", model.served_model)), "--served-model-name",
-                          model.served_model, "--host", "0.0.0.0", "--port", "8000"]
+                          model.served_model, "--host", "127.0.0.1", "--port", "8000"]
     for key, value in args.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -96,7 +102,8 @@ def vllm_command(model: Model) -> list[Any]:
         elif value is not False and value is not None:
             values = value if isinstance(value, list) else [value]
             command += [flag, *(_argument(v) for v in values)]
-    return command
+    # Last, so no registry argument turns them off: prompts and outputs stay out of the logs (infra/gpu.yaml).
+    return [*command, *LOG_FLAGS]
 
 
 # --- infra/gpu.yaml, one fleet per model ---
@@ -164,7 +171,7 @@ def gpu_template(registry: Registry, document: dict[str, Any]) -> dict[str, Any]
         + gpu["Description"]
     )
     outputs = gpu["Outputs"]
-    for name in ("ServiceName", "ServiceArn", "AutoScalingGroupName", "CapacityProviderName"):
+    for name in ("ServiceName", "ServiceArn", "AutoScalingGroupName", "CapacityProviderName", "TaskDefinitionArn"):
         outputs.pop(name)
     for model in registry.models:
         suffix = logical_id(model)
@@ -178,6 +185,15 @@ def gpu_template(registry: Registry, document: dict[str, Any]) -> dict[str, Any]
         maximum: Any = {"Ref": "MaxInstances"} if model.scale_max is None else str(model.scale_max)
         group["MaxSize"] = maximum
         group["Tags"][0]["Value"] = {"Fn::Sub": f"${{AWS::StackName}}-{model.name}"}
+        # each group its own name: the warm pool's launch hook call (user data) and the instance role name it
+        group_name = f"{GROUP_NAME}-{model.name}"
+        group["AutoScalingGroupName"] = {"Fn::Sub": group_name}
+        user_data = template_data["UserData"]["Fn::Base64"]
+        text = user_data["Fn::Sub"].replace(f"--auto-scaling-group-name {GROUP_NAME} ",
+                                            f"--auto-scaling-group-name {group_name} ")
+        if model.sidecar:  # the warm pool pre-downloads what this model's engine loads
+            text = text.replace("${ModelId}", str((model.backend.get("args") or {}).get("model", model.served_model)))
+        user_data["Fn::Sub"] = text
         scaling = copies[names["CapacityProvider"]]["Properties"]["AutoScalingGroupProvider"]["ManagedScaling"]
         scaling["MaximumScalingStepSize"] = maximum if model.scale_max is None else max(1, model.scale_max)
         _task(copies[names["TaskDefinition"]], model, document)
@@ -185,6 +201,13 @@ def gpu_template(registry: Registry, document: dict[str, Any]) -> dict[str, Any]
         resources.update(copies)
         outputs[f"Service{suffix}Name"] = {"Value": {"Fn::GetAtt": [names["Service"], "Name"]}}
         outputs[f"Service{suffix}Arn"] = {"Value": {"Ref": names["Service"]}}
+        outputs[f"TaskDefinition{suffix}Arn"] = {"Value": {"Ref": names["TaskDefinition"]}}
+        outputs[f"CapacityProvider{suffix}Name"] = {"Value": {"Ref": names["CapacityProvider"]}}
+    lifecycle = next(p for p in resources["InstanceRole"]["Properties"]["Policies"]
+                     if p["PolicyName"] == "warm-pool-lifecycle")
+    lifecycle["PolicyDocument"]["Statement"][0]["Resource"] = [
+        {"Fn::Sub": "arn:${AWS::Partition}:autoscaling:${AWS::Region}:${AWS::AccountId}:autoScalingGroup:*:"
+                    f"autoScalingGroupName/{GROUP_NAME}-{m.name}"} for m in registry.models]
     providers = [{"Ref": "CapacityProvider" + logical_id(m)} for m in registry.models]
     associations = resources["ClusterCapacityProviders"]["Properties"]
     associations["CapacityProviders"] = providers
@@ -271,9 +294,17 @@ def root_template(registry: Registry, gpu: dict[str, Any], out: Path) -> dict[st
     scaler = resources["ScalerFunction"]["Properties"]
     scaler["Environment"]["Variables"].pop("INFERQ_ECS_SERVICE")  # each model names its service
     services = [{"Fn::GetAtt": ["Gpu", f"Outputs.Service{logical_id(m)}Arn"]} for m in registry.models]
+    task_definitions = [{"Fn::GetAtt": ["Gpu", f"Outputs.TaskDefinition{logical_id(m)}Arn"]} for m in registry.models]
+    providers = [{"Fn::GetAtt": ["Gpu", f"Outputs.CapacityProvider{logical_id(m)}Name"]} for m in registry.models]
     for statement in scaler["Policies"][0]["Statement"]:
-        if isinstance(statement, dict) and "ecs:UpdateService" in statement.get("Action", []):
+        actions = statement.get("Action", []) if isinstance(statement, dict) else []
+        if any(action.startswith("ecs:") for action in ([actions] if isinstance(actions, str) else actions)):
             statement["Resource"] = services
+            condition = statement.get("Condition", {})
+            if "ecs:task-definition" in condition.get("ArnEqualsIfExists", {}):
+                condition["ArnEqualsIfExists"]["ecs:task-definition"] = task_definitions
+            if "ecs:capacity-provider" in condition.get("StringEqualsIfExists", {}):
+                condition["StringEqualsIfExists"]["ecs:capacity-provider"] = providers
     for model in registry.models:
         resources.update(_alarms(model))
 

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.datastructures import UploadFile
 
-from inferq.batches import new_file_id, random_id
+from inferq.batches import Batches, new_file_id, random_id
 
 from .errors import ApiError
 from .openapi import documented
@@ -222,9 +222,14 @@ def routes(gw: Any, router: APIRouter) -> None:
                                  headers={"Content-Length": str(info.bytes)})
 
     @router.delete("/v1/files/{file_id}", summary="Delete a file", response_model=None,
-                   responses=documented("Deleted", 400, 401, 404, 413, 422, 503))
+                   responses=documented("Deleted", 400, 401, 404, 409, 413, 422, 503))
     async def delete_file(file_id: str, tenant: Tenant) -> JSONResponse:
-        if not await in_s3(file_store(gw).delete, tenant, check_file_id(file_id)):
+        # a batch not yet ended reads its input file until it ends (finalising reads it again)
+        user = await gw.call(Batches(gw.queue).using_file(tenant, check_file_id(file_id)))
+        if user is not None:
+            raise ApiError(409, f"the file is the input of batch {user}, which has not ended; delete it once the "
+                                "batch ends (or cancel the batch)", type_="file_in_use")
+        if not await in_s3(file_store(gw).delete, tenant, file_id):
             raise ApiError(404, "no such file")
         return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 

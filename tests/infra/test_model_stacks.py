@@ -181,6 +181,10 @@ def test_the_vllm_sidecar_runs_the_registry_args_and_a_mock_model_gets_no_gpu(gp
     assert command[command.index("--override-generation-config") + 1] == '{"temperature":0.5}'
     assert command[command.index("--allowed-origins") + 1:][:2] == ["a", "b"]
     assert command[command.index("--gpu-memory-utilization") + 1] == "0.90"  # the stack's default
+    # loopback, and the single-model task's logging flags last, where no registry argument can override them
+    assert command[command.index("--host") + 1] == "127.0.0.1"
+    assert command[-5:] == ["--no-enable-log-requests", "--no-enable-log-outputs", "--max-log-len", "0",
+                            "--disable-uvicorn-access-log"]
     assert chat["vllm"]["ResourceRequirements"] == [{"Type": "GPU", "Value": "1"}]
     assert chat["vllm"]["MemoryReservation"] == 15000
     assert chat["worker"]["DependsOn"] == [{"ContainerName": "vllm", "Condition": "HEALTHY"}]
@@ -218,7 +222,7 @@ def test_every_worker_and_both_functions_read_the_deployed_registry(generated: P
         assert json.loads(containers(gpu, suffix)["worker"]["Command"][-1]) == {"models": [entries[name]]}
         Settings.from_env(env)
     # the sidecar-served model is, to its worker, an OpenAI-compatible server on localhost
-    assert entries["chat"]["backend"] == {"kind": "openai", "base_url": "http://localhost:8000", "served_model": "chat"}
+    assert entries["chat"]["backend"] == {"kind": "openai", "base_url": "http://127.0.0.1:8000", "served_model": "chat"}
     assert entries["embed.small"]["backend"] == {"kind": "mock"}
     # SAM names the layer version ModelRegistry<hash of its content>: a changed registry is a new version
     (layer,) = [k for k, r in root["Resources"].items() if r["Type"] == "AWS::Lambda::LayerVersion"]
@@ -274,10 +278,18 @@ def test_the_scaler_may_update_exactly_the_models_services(root: dict[str, Any],
     role = root["Resources"]["ScalerFunction"]["Properties"]["Role"]["Fn::GetAtt"][0]
     ecs = [s for owner, s in role_statements(root) if owner == role
            and any(a.startswith("ecs:") for a in as_list(s["Action"]))]
-    assert len(ecs) == 1
-    assert sorted(as_list(ecs[0]["Action"])) == ["ecs:DescribeServices", "ecs:UpdateService"]
-    outputs = [r["Fn::GetAtt"] for r in ecs[0]["Resource"]]
-    assert outputs == [["Gpu", f"Outputs.Service{s}Arn"] for s in MODELS]
+    assert sorted(a for s in ecs for a in as_list(s["Action"])) == ["ecs:DescribeServices", "ecs:UpdateService"]
+    for statement in ecs:
+        outputs = [r["Fn::GetAtt"] for r in statement["Resource"]]
+        assert outputs == [["Gpu", f"Outputs.Service{s}Arn"] for s in MODELS]
+    # the count and nothing else, on any of the models' task definitions and capacity providers
+    update = next(s for s in ecs if as_list(s["Action"]) == ["ecs:UpdateService"])["Condition"]
+    assert update["ArnEqualsIfExists"]["ecs:task-definition"] == [
+        {"Fn::GetAtt": ["Gpu", f"Outputs.TaskDefinition{s}Arn"]} for s in MODELS]
+    assert update["StringEqualsIfExists"]["ecs:capacity-provider"] == [
+        {"Fn::GetAtt": ["Gpu", f"Outputs.CapacityProvider{s}Name"]} for s in MODELS]
+    for suffix in MODELS:
+        assert gpu["Outputs"][f"TaskDefinition{suffix}Arn"]["Value"] == {"Ref": f"TaskDefinition{suffix}"}
     for suffix in MODELS:  # each output is the ARN of that model's service
         assert gpu["Outputs"][f"Service{suffix}Arn"]["Value"] == {"Ref": f"Service{suffix}"}
     assert root["Resources"]["Gpu"]["Properties"]["TemplateURL"] == "infra/models.generated.yaml"
@@ -356,7 +368,7 @@ def test_a_registry_the_stack_cannot_be_built_from_is_refused_naming_the_field(
 # --- claim checks (files bucket, claims/ prefix) ---
 
 
-def test_gateway_and_workers_may_read_and_write_claim_checks_and_the_batch_driver_read_them(
+def test_gateway_workers_and_the_batch_driver_may_read_and_write_claim_checks(
     translated: dict[str, Any],
 ) -> None:
     gateway = translated["Resources"]["GatewayFunction"]["Properties"]["Role"]["Fn::GetAtt"][0]
@@ -381,7 +393,8 @@ def test_gateway_and_workers_may_read_and_write_claim_checks_and_the_batch_drive
     scaler = translated["Resources"]["ScalerFunction"]["Properties"]["Role"]["Fn::GetAtt"][0]
     scaler_claims = [(s["Action"], s["Resource"]) for owner, s in role_statements(translated)
                      if owner == scaler and "claims/" in json.dumps(s["Resource"])]
-    assert scaler_claims == [("s3:GetObject", {"Fn::Sub": "${FilesBucket.Arn}/claims/*"})]  # batch output, read only
+    # the batch driver claim-checks a line's large body, as a submit does, and reads results back into output files
+    assert scaler_claims == [(["s3:GetObject", "s3:PutObject"], {"Fn::Sub": "${FilesBucket.Arn}/claims/*"})]
 
 
 def test_sam_local_env_names_the_bucket_and_only_variables_the_gateway_declares(translated: dict[str, Any]) -> None:

@@ -177,14 +177,15 @@ def test_powertools_names_the_service_and_the_inferq_namespace(
     assert env["POWERTOOLS_LOG_LEVEL"] == env["INFERQ_LOG_LEVEL"] == {"Ref": "LogLevel"}
 
 
-@pytest.mark.parametrize("logical_id", FUNCTIONS)
+@pytest.mark.parametrize(("logical_id", "role"), [("GatewayFunction", "Gateway"), ("ScalerFunction", "Scaler")])
 def test_functions_reach_the_stack_cache_with_the_token_left_in_secrets_manager(
-    translated: dict[str, Any], logical_id: str
+    translated: dict[str, Any], logical_id: str, role: str
 ) -> None:
     env = environment(translated, logical_id)
     resolver = Resolver(translated)
     assert resolver.value(env["INFERQ_REDIS_URL"]) == "Cache.Outputs.RedisUrl"
-    assert resolver.value(env["INFERQ_REDIS_AUTH_SECRET"]) == "Cache.Outputs.AuthSecretArn"
+    # each function its own cache user's secret (inferq/acl.py)
+    assert resolver.value(env["INFERQ_REDIS_AUTH_SECRET"]) == f"Cache.Outputs.{role}AuthSecretArn"
     assert env["INFERQ_QUEUE"] == {"Ref": "QueueName"}
     # Given an existing cache, its URL and secret are used instead.
     existing = Resolver(
@@ -249,7 +250,7 @@ def test_gateway_may_invoke_only_the_scaler_and_read_only_its_secrets(translated
     role = role_of(translated, "GatewayFunction")
     assert allowed(translated, role, "lambda:InvokeFunction") == [{"Fn::GetAtt": ["ScalerFunction", "Arn"]}]
     secrets = [Resolver(translated).value(r) for r in allowed(translated, role, "secretsmanager:GetSecretValue")]
-    assert sorted(secrets) == ["ApiKeysSecret", "Cache.Outputs.AuthSecretArn"]
+    assert sorted(secrets) == ["ApiKeysSecret", "Cache.Outputs.GatewayAuthSecretArn"]
     actions = {a for owner, s in role_statements(translated) if owner == role for a in as_list(s["Action"])}
     files = {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListBucket"}
     assert actions == {"lambda:InvokeFunction", "secretsmanager:GetSecretValue"} | files
@@ -379,23 +380,28 @@ def test_network_spans_two_zones_with_the_endpoints_the_stack_calls(nested: dict
 
 def test_cache_is_valkey_with_tls_and_a_token_generated_in_secrets_manager(nested: dict[str, dict[str, Any]]) -> None:
     cache = nested["cache"]["Resources"]
-    token_ref = "{{resolve:secretsmanager:${AuthSecret}:SecretString:token}}"
-    assert cache["AuthSecret"]["Properties"]["GenerateSecretString"]["GenerateStringKey"] == "token"
+    for role in ("Gateway", "Scaler", "Worker"):
+        assert cache[f"{role}AuthSecret"]["Properties"]["GenerateSecretString"]["GenerateStringKey"] == "token"
     group = cache["ReplicationGroup"]["Properties"]
     assert (group["Engine"], group["TransitEncryptionEnabled"], group["AtRestEncryptionEnabled"]) == (
         "valkey",
         True,
         True,
     )
-    assert group["AuthToken"] == {"Fn::Sub": token_ref}
+    # RBAC, not one AUTH token: the role users and a disabled default user
+    assert "AuthToken" not in group
+    assert group["UserGroupIds"] == [{"Ref": "UserGroup"}]
+    assert cache["UserGroup"]["Properties"]["UserIds"] == [
+        {"Ref": "DefaultUser"}, {"Ref": "GatewayUser"}, {"Ref": "ScalerUser"}, {"Ref": "WorkerUser"}
+    ]
     parameters = cache["ParameterGroup"]["Properties"]["Properties"]
     assert parameters["maxmemory-policy"] == "noeviction"
     # the same stream node size as the emulator's Valkey (emulator.valkey.STREAM_NODE_MAX_ENTRIES)
     assert parameters["stream-node-max-entries"] == str(STREAM_NODE_MAX_ENTRIES)
     serverless = cache["ServerlessCache"]["Properties"]
     assert serverless["Engine"] == "valkey"
-    assert cache["DefaultUser"]["Properties"]["AuthenticationMode"]["Passwords"] == [{"Fn::Sub": token_ref}]
     assert cache["DefaultUser"]["Properties"]["UserName"] == "default"
+    assert cache["DefaultUser"]["Properties"]["AccessString"] == "off -@all"
     url = nested["cache"]["Outputs"]["RedisUrl"]["Value"]
     assert Resolver(nested["cache"]).value(url) == (
         "rediss://ReplicationGroup.PrimaryEndPoint.Address:ReplicationGroup.PrimaryEndPoint.Port/0"
@@ -441,8 +447,11 @@ def test_gpu_task_runs_vllm_and_a_worker_that_waits_for_it(nested: dict[str, dic
     ).value(worker["Environment"])
     env = {e["Name"]: e["Value"] for e in env}
     assert env["INFERQ_BACKEND"] == "openai"
-    assert env["INFERQ_OPENAI_BASE_URL"] == "http://localhost:8000"
-    assert env["INFERQ_REDIS_AUTH_SECRET"] == "arn:secret"
+    assert env["INFERQ_OPENAI_BASE_URL"] == "http://127.0.0.1:8000"  # vLLM listens on loopback only
+    # the worker's cache credentials come from ECS into its container alone, not through the task role
+    assert "INFERQ_REDIS_AUTH_SECRET" not in env
+    container = Resolver(nested["gpu"], overrides={"RedisUrl": "r", "RedisAuthSecretArn": "arn:secret"}).value(worker)
+    assert {"Name": "INFERQ_REDIS_AUTH", "ValueFrom": "arn:secret"} in container["Secrets"]
     assert int(env["INFERQ_DRAIN_S"]) < worker["StopTimeout"]
     Settings.from_env(env)
 
@@ -553,7 +562,8 @@ def test_memorydb_is_a_durable_cache_option_behind_the_same_url_and_token(
     assert memorydb.condition("IsMemoryDb")
     assert not memorydb.condition("IsReplicationGroup") and not memorydb.condition("IsServerless")
     assert not Resolver(cache).condition("IsMemoryDb")  # ElastiCache stays the default
-    for name in ("MemoryDbCluster", "MemoryDbUser", "MemoryDbAcl", "MemoryDbSubnetGroup", "MemoryDbParameterGroup"):
+    for name in ("MemoryDbCluster", "MemoryDbGatewayUser", "MemoryDbScalerUser", "MemoryDbWorkerUser", "MemoryDbAcl",
+                 "MemoryDbSubnetGroup", "MemoryDbParameterGroup"):
         assert resources[name]["Condition"] == "IsMemoryDb", name
     cluster = memorydb.value(resources["MemoryDbCluster"]["Properties"])
     assert (cluster["Engine"], cluster["TLSEnabled"], cluster["Port"]) == ("valkey", True, 6379)
@@ -567,13 +577,15 @@ def test_memorydb_is_a_durable_cache_option_behind_the_same_url_and_token(
     assert one_node.value(resources["MemoryDbCluster"]["Properties"]["NumReplicasPerShard"]) == 0
     params = memorydb.value(resources["MemoryDbParameterGroup"]["Properties"])
     assert params["Parameters"] == {"maxmemory-policy": "noeviction"}
-    user = resources["MemoryDbUser"]["Properties"]
-    assert user["AuthenticationMode"] == {"Type": "password", "Passwords": [{"Fn::Sub": TOKEN_REF}]}
-    assert resources["MemoryDbAcl"]["Properties"]["UserNames"] == [{"Ref": "MemoryDbUser"}]
-    # The secret names the ACL user, so clients authenticate as it with the token (MemoryDB reserves "default").
-    template = resources["AuthSecret"]["Properties"]["GenerateSecretString"]["SecretStringTemplate"]
-    assert json.loads(memorydb.value(template)) == {"username": memorydb.value(user["UserName"])}
-    assert json.loads(Resolver(cache).value(template)) == {"username": "default"}
+    users = [f"MemoryDb{role}User" for role in ("Gateway", "Scaler", "Worker")]
+    assert resources["MemoryDbAcl"]["Properties"]["UserNames"] == [{"Ref": name} for name in users]
+    for role, name in zip(("Gateway", "Scaler", "Worker"), users, strict=True):
+        user = resources[name]["Properties"]
+        token = TOKEN_REF.replace("AuthSecret", f"{role}AuthSecret")
+        assert user["AuthenticationMode"] == {"Type": "password", "Passwords": [{"Fn::Sub": token}]}
+        # The secret names the ACL user, so clients authenticate as it with the token (MemoryDB reserves "default").
+        template = resources[f"{role}AuthSecret"]["Properties"]["GenerateSecretString"]["SecretStringTemplate"]
+        assert json.loads(memorydb.value(template)) == {"username": memorydb.value(user["UserName"])}
     url = memorydb.value(cache["Outputs"]["RedisUrl"]["Value"])
     assert url == "rediss://MemoryDbCluster.ClusterEndpoint.Address:6379?cluster=true"
     assert Settings(redis_url=url).redis_url == url

@@ -52,3 +52,16 @@ def test_peak_rss_reads_vmhwm_and_skips_gone_processes() -> None:
     with_gone = batch.peak_rss_mb([os.getpid(), 2**22 + 12345])  # the peak only grows meanwhile
     assert with_gone is not None and with_gone >= mine
     assert batch.peak_rss_mb([2**22 + 12345]) is None
+
+
+def test_the_large_files_figure_measures_each_file_in_a_process_of_its_own() -> None:
+    results = batch.large_files(scale=0.002)
+    assert set(results) == set(batch.LARGE_FILES)
+    assert results["million_tiny"]["outcome"] == "refused: too_many_requests" or \
+        results["million_tiny"]["outcome"].endswith("expanded")  # 2,000 lines at this scale: under the limit
+    assert results["duplicates"]["outcome"].startswith("refused:")
+    assert results["one_line"]["outcome"] == "1 request(s) expanded"
+    for r in results.values():
+        assert r["peak_rss_mb"] >= r["rss_at_start_mb"] > 0 and r["validate_s"] >= 0
+    row = batch.large_files_row(results, 50)
+    assert "peak RSS" in row["figures"] and "256" in row["figures"]

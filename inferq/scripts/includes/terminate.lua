@@ -2,7 +2,8 @@
   Move a job to a terminal status, once. Callers have checked that it is not terminal yet.
   Emits the terminal event (webhooks), wakes long-poll waiters, settles the counters (the queue's and the
   tenant's unfinished jobs, latency_ms_total: the sum of finished_at - created_at over terminal jobs, which the
-  console divides by the terminal counts), starts the result TTL.
+  console divides by the terminal counts), starts the result TTL (or keeps the record until its keep_until, a
+  batch line's: its batch's end).
   extra: flat list of more job fields to set (result, error, dead_lettered, ...).
   known (optional): {tenant, webhook_url, created_at} of the job, when the caller has read them already (one
   command less on the hot path).
@@ -36,6 +37,11 @@ local function terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId
   rcall('XADD', eventsKey, 'MAXLEN', '~', eventsMaxlen, '*', 'job', jobId, 'status', status,
     'tenant', tenant or '', 'webhook', hooked and '1' or '0')
   rcall('EXPIRE', jobKey, resultTtl)
+  -- a batch line's job is kept until its batch has written its output (the batch driver sets keep_until)
+  local keepUntil = rcall('HGET', jobKey, 'keep_until')
+  if keepUntil then
+    rcall('EXPIREAT', jobKey, keepUntil, 'GT')
+  end
   rcall('RPUSH', doneKey, status)
   rcall('EXPIRE', doneKey, 300)
 end

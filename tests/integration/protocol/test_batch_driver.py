@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from functions.storage import FileStore
-from inferq.batch_driver import BatchDriver, PassReport
+from inferq.batch_driver import QUEUE_SHARE, BatchDriver, PassReport
 from inferq.batches import Batches, BatchStatus, new_file_id
-from inferq.jobs import JobStatus
+from inferq.jobs import JobRequest, JobStatus
 from inferq.queue import Queue
 from inferq.scripting import Scripts
 from inferq.settings import Settings
@@ -106,7 +106,7 @@ async def test_a_batch_runs_to_completed_with_its_output_in_file_order(queue: Qu
     assert await queue.redis.ttl(queue.keys.batch(batch_id)) > 0
 
 
-async def test_at_zero_workers_a_full_queue_holds_the_batch_back_instead_of_failing_it(
+async def test_at_zero_workers_a_full_queue_holds_the_batch_back_and_leaves_room_for_submits(
     valkey: Any, queue_name: str, store: FileStore
 ) -> None:
     settings = Settings(redis_url=valkey.url, queue=queue_name, max_queue_depth=30)
@@ -118,9 +118,12 @@ async def test_at_zero_workers_a_full_queue_holds_the_batch_back_instead_of_fail
         for _ in range(3):
             await driver.run_once()
         batch = await Batches(queue).get(batch_id)
-        assert batch is not None and batch.status is BatchStatus.IN_PROGRESS and batch.next_line == 30
+        assert batch is not None and batch.status is BatchStatus.IN_PROGRESS
+        assert batch.next_line == 30 * QUEUE_SHARE, "batches fill their share of the queue's depth, no more"
+        for i in range(int(30 * (1 - QUEUE_SHARE))):  # another tenant's submits still find room: no 429
+            await queue.enqueue("tenant-b", JobRequest(body={"messages": [{"role": "user", "content": str(i)}]}))
         await work_off(queue)
-        for _ in range(4):
+        for _ in range(10):
             await driver.run_once()
             await work_off(queue)
         batch = await Batches(queue).get(batch_id)

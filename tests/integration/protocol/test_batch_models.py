@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from functions.storage import FileStore
-from inferq.batch_driver import BatchDriver
+from inferq.batch_driver import QUEUE_SHARE, BatchDriver
 from inferq.batch_models import UNROUTED
 from inferq.batches import Batches, BatchStatus
 from inferq.jobs import Priority
@@ -97,14 +97,15 @@ async def test_each_line_runs_on_its_own_models_queue_and_an_unknown_model_fails
 async def test_a_full_queue_of_one_model_holds_the_chunk_back_at_its_first_line(
     fleets: dict[str, Queue], registry: Registry, store: FileStore
 ) -> None:
-    chat, embed = fleets["chat"], fleets["embed"]  # embed takes 5 unfinished jobs
+    chat, embed = fleets["chat"], fleets["embed"]  # embed takes 5 unfinished jobs, batch lines half of them
     models = ["embed"] * 8 + ["chat"] * 4
     batch_id = await new_batch(chat, store, jsonl([line(i, m) for i, m in enumerate(models)]))
     driver = BatchDriver(chat, store, chat.settings, registry)
     await driver.run_once()
     await driver.run_once()
     batch = await Batches(chat).get(batch_id)
-    assert batch is not None and batch.next_line == 5, "lines go in file order: the chat lines wait behind embed's"
+    assert batch is not None and batch.next_line == int(5 * QUEUE_SHARE), (
+        "lines go in file order: the chat lines wait behind embed's")
     while batch.status is not BatchStatus.COMPLETED:
         await work_off(embed)
         await work_off(chat)

@@ -1,0 +1,258 @@
+"""The deployed half of issue 40 read from the templates: what a security reviewer checks before the first tenant.
+
+Prompts stay out of the engine's logs and the engine listens on loopback (the real server is started with these
+arguments in tests/integration/vllm/test_prompts_stay_out_of_logs.py); tenants have bounds by default; the
+gateway's concurrency is reserved and unauthenticated calls are refused before it runs; the engine container
+cannot reach the cache token; alarms reach their topic; images are pinned; the scaler can change the count and
+nothing else; plaintext Redis is refused; logs are encrypted; the VPC's traffic is logged.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from inferq.settings import Settings
+
+from .cfn import Resolver, as_list, role_statements
+from .test_template import ATTRIBUTES, _all_templates, environment, function, role_of, worker_container
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def vllm_container(gpu: dict[str, Any]) -> dict[str, Any]:
+    containers = gpu["Resources"]["TaskDefinition"]["Properties"]["ContainerDefinitions"]
+    return next(c for c in containers if c["Name"] == "vllm")
+
+
+def flag(command: list[Any], name: str) -> Any:
+    return command[command.index(name) + 1]
+
+
+# --- 1: prompts never reach logs; vLLM on loopback ---
+
+
+def test_vllm_logs_no_request_no_output_and_listens_on_loopback(nested: dict[str, dict[str, Any]]) -> None:
+    command = vllm_container(nested["gpu"])["Command"]
+    assert flag(command, "--host") == "127.0.0.1"
+    assert "--no-enable-log-requests" in command and "--no-enable-log-outputs" in command
+    assert "--enable-log-requests" not in command and "--enable-log-outputs" not in command
+    assert flag(command, "--max-log-len") == "0"
+    env = {e["Name"]: e["Value"] for e in Resolver(nested["gpu"], overrides={"RedisUrl": "r"}).value(
+        worker_container(nested["gpu"])["Environment"])}
+    assert env["INFERQ_OPENAI_BASE_URL"] == "http://127.0.0.1:8000"
+
+
+def test_compose_runs_vllm_with_the_same_logging_flags(nested: dict[str, dict[str, Any]]) -> None:
+    import yaml
+
+    from .cfn import ROOT
+
+    vllm = yaml.safe_load((ROOT / "emulator" / "compose.yaml").read_text())["services"]["vllm"]
+    command = vllm["command"]
+    task = vllm_container(nested["gpu"])["Command"]
+    for name in ("--no-enable-log-requests", "--no-enable-log-outputs"):
+        assert name in command and name in task
+    assert flag(command, "--max-log-len") == flag(task, "--max-log-len") == "0"
+    assert "ports" not in vllm  # reachable by the worker container only
+    assert vllm["image"].endswith(":v0.32.0}")
+
+
+# --- 3: tenant bounds in the deployed config ---
+
+
+def test_tenant_bounds_are_stack_parameters_with_non_zero_defaults_given_to_the_gateway(
+    translated: dict[str, Any],
+) -> None:
+    env = environment(translated, "GatewayFunction")
+    resolved = Resolver(translated, attributes=ATTRIBUTES).value(env)
+    settings = Settings.from_env(resolved)
+    for parameter, variable, field in (
+        ("TenantMaxDepth", "INFERQ_TENANT_MAX_DEPTH", "tenant_max_depth"),
+        ("TenantMaxFiles", "INFERQ_TENANT_MAX_FILES", "tenant_max_files"),
+        ("TenantMaxBatches", "INFERQ_TENANT_MAX_BATCHES", "tenant_max_batches"),
+    ):
+        assert env[variable] == {"Ref": parameter}
+        declared = translated["Parameters"][parameter]
+        assert declared["Default"] > 0 and declared["MinValue"] >= 1, parameter  # 0 would mean unlimited
+        assert getattr(settings, field) == declared["Default"]
+    assert settings.tenant_max_depth <= translated["Parameters"]["MaxQueueDepth"]["Default"]
+
+
+# --- 5: the edge ---
+
+
+def test_gateway_concurrency_is_reserved_by_a_parameter(translated: dict[str, Any]) -> None:
+    props = function(translated, "GatewayFunction")
+    assert Resolver(translated).value(props["ReservedConcurrentExecutions"]) == "50"
+    unreserved = Resolver(translated, overrides={"GatewayReservedConcurrency": "0"})
+    assert unreserved.value({"x": props["ReservedConcurrentExecutions"]}) == {}
+
+
+# --- 6: the engine container never sees the cache token ---
+
+
+def test_only_the_worker_container_gets_the_cache_credentials(nested: dict[str, dict[str, Any]]) -> None:
+    gpu = nested["gpu"]
+    arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:worker-AbCdEf"
+    resolver = Resolver(gpu, overrides={"RedisUrl": "r", "RedisAuthSecretArn": arn,
+                                        "VllmImage": f"vllm/vllm-openai@{DIGEST}"})
+    worker = resolver.value(worker_container(gpu))
+    assert {"Name": "INFERQ_REDIS_AUTH", "ValueFrom": arn} in worker["Secrets"]
+    vllm = resolver.value(vllm_container(gpu))
+    assert "Secrets" not in vllm  # no Hugging Face token given: nothing at all
+    # the task role (shared by both containers) may read no secret; ECS's execution role reads it at start
+    for owner, statement in role_statements(gpu):
+        if "secretsmanager:GetSecretValue" in as_list(statement["Action"]):
+            assert owner == "TaskExecutionRole", owner
+
+
+# --- 7: alarms that arrive ---
+
+
+def test_the_alarm_topic_is_encrypted_with_a_key_cloudwatch_may_use(nested: dict[str, dict[str, Any]]) -> None:
+    resources = nested["observability"]["Resources"]
+    assert resources["AlarmTopic"]["Properties"]["KmsMasterKeyId"] == {"Ref": "AlarmKey"}
+    key = resources["AlarmKey"]["Properties"]
+    assert key["EnableKeyRotation"] is True
+    statements = key["KeyPolicy"]["Statement"]
+    cloudwatch = [s for s in statements if s["Principal"].get("Service") == "cloudwatch.amazonaws.com"]
+    assert len(cloudwatch) == 1 and cloudwatch[0]["Effect"] == "Allow"
+    assert {"kms:Decrypt", "kms:GenerateDataKey*"} <= set(cloudwatch[0]["Action"])
+    publish = resources["AlarmTopicPolicy"]["Properties"]["PolicyDocument"]["Statement"][0]
+    assert publish["Principal"] == {"Service": "cloudwatch.amazonaws.com"} and publish["Action"] == "sns:Publish"
+    alarms = [r for r in resources.values() if r["Type"] == "AWS::CloudWatch::Alarm"]
+    assert alarms and all(r["Properties"]["AlarmActions"] == [{"Ref": "AlarmTopic"}] for r in alarms)
+
+
+# --- 8: a pinned supply chain ---
+
+
+def test_images_are_pinned_by_digest_and_repository_tags_are_immutable(
+    translated: dict[str, Any], nested: dict[str, dict[str, Any]]
+) -> None:
+    pattern = translated["Parameters"]["VllmImage"]["AllowedPattern"]
+    assert "Default" not in translated["Parameters"]["VllmImage"]  # the operator pins a checked release
+    assert re.fullmatch(pattern, f"vllm/vllm-openai@{DIGEST}")
+    assert not re.fullmatch(pattern, "vllm/vllm-openai:v0.32.0")
+    worker_pattern = translated["Parameters"]["WorkerImage"]["AllowedPattern"]
+    assert re.fullmatch(worker_pattern, "") and re.fullmatch(worker_pattern, f"1.dkr.ecr/inferq@{DIGEST}")
+    assert not re.fullmatch(worker_pattern, "1.dkr.ecr/inferq:latest")
+    gpu = nested["gpu"]
+    assert gpu["Resources"]["WorkerRepository"]["Properties"]["ImageTagMutability"] == "IMMUTABLE"
+    image = worker_container(gpu)["Image"]
+    pinned = Resolver(gpu, overrides={"RedisUrl": "r", "WorkerImageDigest": DIGEST}).value(image)
+    assert pinned == f"WorkerRepository.RepositoryUri@{DIGEST}"
+    assert Resolver(gpu, overrides={"RedisUrl": "r"}).value(image) == "WorkerRepository.RepositoryUri:bootstrap"
+    parameters = translated["Resources"]["Gpu"]["Properties"]["Parameters"]
+    assert parameters["WorkerImageDigest"] == {"Ref": "WorkerImageDigest"}
+    assert parameters["VllmImage"] == {"Ref": "VllmImage"}
+
+
+# --- 9: smaller findings ---
+
+
+def test_the_scaler_may_set_the_count_of_its_service_and_nothing_else(translated: dict[str, Any]) -> None:
+    role = role_of(translated, "ScalerFunction")
+    updates = [s for owner, s in role_statements(translated)
+               if owner == role and "ecs:UpdateService" in as_list(s["Action"])]
+    assert len(updates) == 1 and as_list(updates[0]["Action"]) == ["ecs:UpdateService"]
+    condition = updates[0]["Condition"]
+    assert condition["ArnEquals"] == {"ecs:cluster": {"Fn::GetAtt": ["Gpu", "Outputs.ClusterArn"]}}
+    assert condition["ArnEqualsIfExists"] == {
+        "ecs:task-definition": {"Fn::GetAtt": ["Gpu", "Outputs.TaskDefinitionArn"]}
+    }
+    assert condition["BoolIfExists"] == {"ecs:enable-execute-command": "false"}
+
+
+@pytest.mark.parametrize(("url", "accepted"), [
+    ("", True), ("rediss://cache.example:6379/0", True), ("rediss://c:6379?cluster=true", True),
+    ("redis://cache.example:6379/0", False), ("rediss://user:token@cache:6379/0", False),
+])
+def test_an_existing_cache_must_be_reached_over_tls(translated: dict[str, Any], url: str, accepted: bool) -> None:
+    pattern = translated["Parameters"]["ExistingRedisUrl"]["AllowedPattern"]
+    assert bool(re.fullmatch(pattern, url)) is accepted
+
+
+def test_every_log_group_is_encrypted_with_the_stacks_key(
+    translated: dict[str, Any], nested: dict[str, dict[str, Any]]
+) -> None:
+    groups = 0
+    for name, template in _all_templates(translated, nested).items():
+        for logical_id, resource in template["Resources"].items():
+            if resource["Type"] == "AWS::Logs::LogGroup":
+                groups += 1
+                key = resource["Properties"]["KmsKeyId"]
+                assert key in ({"Fn::GetAtt": ["LogsKey", "Arn"]}, {"Ref": "LogsKmsKeyArn"}), (name, logical_id)
+    assert groups >= 5
+    for stack in ("Gpu", "Network"):
+        assert translated["Resources"][stack]["Properties"]["Parameters"]["LogsKmsKeyArn"] == {
+            "Fn::GetAtt": ["LogsKey", "Arn"]}
+    key = translated["Resources"]["LogsKey"]["Properties"]
+    logs = next(s for s in key["KeyPolicy"]["Statement"] if "Service" in s["Principal"])
+    assert logs["Principal"]["Service"] == {"Fn::Sub": "logs.${AWS::Region}.${AWS::URLSuffix}"}
+    assert "kms:EncryptionContext:aws:logs:arn" in logs["Condition"]["ArnLike"]
+
+
+def test_the_vpc_in_use_has_flow_logs(nested: dict[str, dict[str, Any]]) -> None:
+    network = nested["network"]
+    flow = network["Resources"]["FlowLog"]["Properties"]
+    assert (flow["ResourceType"], flow["TrafficType"]) == ("VPC", "ALL")
+    assert Resolver(network).value(flow["ResourceId"]) == "Vpc"
+    assert Resolver(network, overrides={"ExistingVpcId": "vpc-0123"}).value(flow["ResourceId"]) == "vpc-0123"
+    assert flow["LogGroupName"] == {"Ref": "FlowLogGroup"}
+    writes = [s["Resource"] for owner, s in role_statements(network) if owner == "FlowLogRole"]
+    assert writes == [{"Fn::GetAtt": ["FlowLogGroup", "Arn"]}]
+
+
+LOCKS = {"gateway": "functions/gateway", "scaler": "functions/scaler", "worker": "gpu_worker"}
+
+
+def locked(path: Any) -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, hashes) of a lock file written by ``make lock``."""
+    text = re.sub(r"\\\n\s*", " ", path.read_text())
+    found = {}
+    for line in text.splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line)
+        if match:
+            name = re.sub(r"[-_.]+", "-", match.group(1)).lower()
+            found[name] = (match.group(2), re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
+    return found
+
+
+@pytest.mark.parametrize("owner", LOCKS)
+def test_every_locked_package_is_pinned_with_hashes_and_satisfies_the_requirements(owner: str) -> None:
+    from packaging.requirements import Requirement
+
+    from .cfn import ROOT
+
+    lock = locked(ROOT / LOCKS[owner] / "requirements.lock")
+    assert lock and all(hashes for _, hashes in lock.values()), owner
+    if owner == "worker":
+        import tomllib
+
+        project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+        extras = project["optional-dependencies"]
+        wanted = [*project["dependencies"], *extras["worker"]]
+        for line in list(wanted):  # the extras an extra names (inferq[queue]): theirs too, not inferq itself
+            if Requirement(line).name == "inferq":
+                wanted.remove(line)
+                wanted += [dep for extra in sorted(Requirement(line).extras) for dep in extras[extra]]
+    else:
+        lines = (ROOT / LOCKS[owner] / "requirements.txt").read_text().splitlines()
+        wanted = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+    for spec in map(Requirement, wanted):
+        name = re.sub(r"[-_.]+", "-", spec.name).lower()
+        assert name in lock, (owner, name)
+        assert spec.specifier.contains(lock[name][0], prereleases=True), (owner, spec, lock[name][0])
+
+
+def test_builds_install_from_the_locks_and_check_the_hashes() -> None:
+    from .cfn import ROOT
+
+    make = (ROOT / "mk" / "sam.mk").read_text()
+    assert "--require-hashes --no-deps -r functions/$(1)/requirements.lock" in make
+    dockerfile = re.sub(r"\s+", " ", (ROOT / "gpu_worker" / "Dockerfile").read_text().replace("\\\n", " "))
+    assert "--require-hashes --no-deps -r gpu_worker/requirements.lock" in dockerfile
