@@ -167,3 +167,15 @@ def test_moto_ecs_backend_model_the_emulator_drives() -> None:
     backend = ecs_backends["123456789012"]["us-east-1"]
     for method in ("create_cluster", "register_task_definition", "create_service", "run_task", "stop_task"):
         assert callable(getattr(backend, method, None)), f"{what}: the ECS backend has no {method} (emulator/ecs.py)"
+
+
+@pytest.mark.parametrize("function", ["gateway", "scaler"])
+def test_the_lambda_requirements_are_bounded_as_pyproject_is(function: str) -> None:
+    lines = (ROOT / "functions" / function / "requirements.txt").read_text().splitlines()
+    for line in (line.split("#")[0].strip() for line in lines):
+        if not line:
+            continue
+        requirement = Requirement(line)
+        assert "<" in str(requirement.specifier), f"functions/{function}/requirements.txt: {line} has no upper bound"
+        assert str(requirement.specifier) == pinned(requirement.name), (
+            f"functions/{function}/requirements.txt: {line} differs from pyproject.toml's {pinned(requirement.name)}")
