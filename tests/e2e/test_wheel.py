@@ -77,6 +77,11 @@ def test_wheel_installs_only_inferq_import_names(installed: Installed) -> None:
     assert names, "the wheel installed no files"
     assert all(name.startswith("inferq") for name in names), f"the wheel installs non-inferq import names: {names}"
     assert {"inferq", "inferq_cli", "inferq_webhooks"} <= set(names)
+    data = json.loads(installed.python(
+        "import importlib.metadata as m, json\n"
+        "print(json.dumps(sorted(str(f) for f in m.distribution('inferq').files if f.suffix in ('.lua', '.typed'))))"))
+    assert "inferq/py.typed" in data and "inferq/scripts/enqueue.lua" in data, data  # the protocol's scripts ship
+    assert any(path.startswith("inferq/scripts/includes/") for path in data), data
     for repo_only in ("functions", "gpu_worker", "emulator", "bench"):
         found = installed.python(f"import importlib.util; print(importlib.util.find_spec({repo_only!r}) is not None)")
         assert found.strip() == "False", f"{repo_only} is importable from the installed wheel"
