@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -U pip setuptools wheel
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@# The wheel holds only inferq* packages; the server roles (functions, gpu_worker, emulator) and bench are the
+	@# repository's: its root goes on the venv's path, so `python -m gpu_worker` and uvicorn's subprocesses find them.
+	$(BIN)/python -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "inferq-repo.pth").write_text(str(pathlib.Path.cwd()) + "\n")'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

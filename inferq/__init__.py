@@ -1,12 +1,34 @@
-"""inferq: the queue protocol shared by the gateway, the workers, the scaler and the emulator.
+"""inferq: the queue protocol shared by the gateway, the workers, the scaler and the emulator, and the client.
 
-Nothing here imports an HTTP framework or an AWS SDK: handlers are thin and call into this package.
+Nothing here imports an HTTP framework or an AWS SDK: handlers are thin and call into this package. The names below
+are loaded on first use (PEP 562), so ``import inferq.client`` (the HTTP client a user installs with
+``pip install inferq``) loads no Redis library: the queue and its Redis plumbing come with the server extras.
 """
 
-from .jobs import Job, JobRequest, JobStatus
-from .keys import Keys
-from .queue import Delivery, Lease, Observation, Outcome, Queue
-from .settings import Settings, SettingsError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .jobs import Job, JobRequest, JobStatus
+    from .keys import Keys
+    from .queue import Delivery, Lease, Observation, Outcome, Queue
+    from .settings import Settings, SettingsError
+
+_LAZY = {
+    "Job": "jobs",
+    "JobRequest": "jobs",
+    "JobStatus": "jobs",
+    "Keys": "keys",
+    "Delivery": "queue",
+    "Lease": "queue",
+    "Observation": "queue",
+    "Outcome": "queue",
+    "Queue": "queue",
+    "Settings": "settings",
+    "SettingsError": "settings",
+}
 
 __all__ = [
     "Delivery",
@@ -22,3 +44,16 @@ __all__ = [
     "SettingsError",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'inferq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # once loaded, a plain module attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

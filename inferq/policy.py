@@ -76,6 +76,9 @@ class ScalePolicy:
     arrival forecast off (the cooldown and the idle window alone decide scale-in)."""
     gather_s: float = 0.0
     """How long a few jobs at zero may wait for company before a worker is started (INFERQ_SCALE_GATHER_S)."""
+    drain: bool = True
+    """Whether decisions carry a drain target (INFERQ_SCALE_DRAIN): off where nothing turns the desired count into
+    workers (compose's fixed workers), since a target there would idle workers that no scale-in removes."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.min <= self.max:
@@ -95,6 +98,7 @@ class ScalePolicy:
             zero_after_s=float(settings.scale_to_zero_after_s),
             boot_s=float(settings.scale_boot_s),
             gather_s=float(settings.scale_gather_s),
+            drain=settings.scale_drain,
         )
 
 
@@ -263,6 +267,8 @@ def decide(policy: ScalePolicy, demand: Demand, state: ScaleState, now: float) -
     state = arrival_rate(policy, demand, state, now)
     decision = _decide(policy, demand, state, now)
     current = decision.desired
+    if not policy.drain:
+        return decision
     if current == 0:
         return replace(decision, target=0)
     need = _needed(policy, demand)

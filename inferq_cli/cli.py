@@ -47,8 +47,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "up":
-        from emulator.up import main as up
-
+        try:
+            from emulator.up import main as up
+        except ModuleNotFoundError as exc:
+            if exc.name not in {"emulator", "functions", "gpu_worker"} and not (exc.name or "").startswith("emulator."):
+                raise
+            # the wheel holds the client and the CLI only: the stack's code lives in the repository
+            print("inferq up: the local stack runs from a clone of the inferq repository (`make up` there): this "
+                  "installation has the client and CLI only", file=sys.stderr)
+            return 2
         return up(rest)
     commands: dict[str, Callable[[list[str]], int]] = {
         "submit": submit, "wait": wait, "status": status, "cancel": cancel, "dlq": dlq, "redrive": redrive,

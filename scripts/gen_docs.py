@@ -138,6 +138,9 @@ SETTING_DOCS: dict[str, str] = {
     "by the oldest one's age, for company before a worker is started: one boot then serves them all (the latency "
     "budget spent where it is cheap). 0 (the default): the first job gets a worker at once, as wake-on-enqueue "
     "promises; docs/benchmarks.md shows what 30 s saves.",
+    "scale_drain": "Whether the scaler asks the workers beyond the fleet's need to take no new jobs and drain (the "
+    "drain target, `target` in the scale hash), so scale-in takes effect under load. `false` where nothing turns "
+    "the desired count into workers, as in `emulator/compose.yaml`'s fixed workers.",
     "emulator_boot_s": "`inferq up` only: how long the emulator's ECS agent keeps a new task starting (counted as "
     "pending) before its worker process starts, to emulate a GPU instance's boot.",
     "scaler_interval_s": "The emulator's period between scaler calls (`inferq up` sets 2). In AWS the schedule fires "

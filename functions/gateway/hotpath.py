@@ -23,7 +23,6 @@ from typing import Any, NamedTuple
 from fastapi import FastAPI
 from fastapi.middleware.asyncexitstack import AsyncExitStackMiddleware
 from fastapi.routing import APIRoute
-from starlette._exception_handler import _lookup_exception_handler
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Match
@@ -187,6 +186,14 @@ def _first_match(candidates: list[BaseRoute], method: str, path: str) -> BaseRou
     return None
 
 
+def _class_handler(handlers: dict[Any, Any], exc: Exception) -> Any:
+    """The handler registered for the nearest class of ``exc``'s MRO, as Starlette's exception middleware picks it."""
+    for cls in type(exc).__mro__:
+        if cls in handlers:
+            return handlers[cls]
+    return None
+
+
 async def _serve_hot(scope: Scope, receive: Receive, send: Send) -> None:
     app: HotApp = scope["app"]
     hot: HotRoute = scope["inferq.hot"]
@@ -196,7 +203,7 @@ async def _serve_hot(scope: Scope, receive: Receive, send: Send) -> None:
     except Exception as exc:  # the app's handlers, as the exception middleware would pick them
         classes, statuses = app._hot_handlers
         handler: Any = statuses.get(exc.status_code) if isinstance(exc, HTTPException) else None
-        handler = handler or _lookup_exception_handler(classes, exc)
+        handler = handler or _class_handler(classes, exc)
         if handler is None:
             raise
         response = await handler(Request(scope, receive, send), exc)  # every handler of the app is async

@@ -392,6 +392,19 @@ def test_the_drain_target_is_what_the_backlog_needs_and_never_above_desired() ->
     assert (idle.desired, idle.target) == (1, 1)  # the warm worker takes the next job
 
 
+def test_without_drain_no_target_is_set_and_the_count_is_the_same() -> None:
+    """INFERQ_SCALE_DRAIN=false (compose's fixed workers): the same desired count, and no target, so every worker
+    pulls."""
+    state = ScaleState(desired=6, changed_at=NOW - 30)
+    demand = Demand(pending=20, busy_workers=6)
+    with_drain = decide(ScalePolicy(max=10, cooldown_s=120), demand, state, NOW)
+    without = decide(ScalePolicy(max=10, cooldown_s=120, drain=False), demand, state, NOW)
+    assert (with_drain.desired, with_drain.target) == (6, 3)
+    assert (without.desired, without.target) == (6, None)
+    assert ScalePolicy.from_settings(Settings(scale_drain=False)).drain is False
+    assert ScalePolicy.from_settings(Settings()).drain is True
+
+
 def test_the_arrival_rate_follows_the_enqueued_counter() -> None:
     policy = ScalePolicy(boot_s=120)
     first = decide(policy, Demand(enqueued=50), ScaleState(), NOW).state
