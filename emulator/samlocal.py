@@ -277,6 +277,8 @@ def env_vars(endpoints: dict[str, Any], container_host: str, api_key: str | None
             "INFERQ_API_KEYS": f"dev:{api_key}" if api_key else os.environ.get("INFERQ_API_KEYS", ""),
             # no wake-up: the scaler runs on its own cadence here (`sam local` has no asynchronous invoke)
             "INFERQ_SCALER_FUNCTION": "",
+            # as `inferq up`: every local tenant is an operator (the stack's default names one operator tenant)
+            "INFERQ_ADMIN_TENANTS": os.environ.get("INFERQ_ADMIN_TENANTS", ""),
         },
         "ScalerFunction": {
             **common,

@@ -102,13 +102,15 @@ def _names_used(tree: ast.AST) -> set[str]:
 
 
 def _settings_properties() -> dict[str, set[str]]:
-    """Each property of Settings -> the fields it reads (``target_per_worker`` reads the target and the window)."""
+    """Each property or method of Settings -> the fields it reads (``target_per_worker`` reads the target and the
+    window; ``is_operator(tenant)`` reads ``admin_tenants``)."""
     settings_class = next(
         n for n in parsed("inferq.settings").body if isinstance(n, ast.ClassDef) and n.name == "Settings"
     )
     props = [
         item for item in settings_class.body
-        if isinstance(item, ast.FunctionDef) and any(getattr(d, "id", None) == "property" for d in item.decorator_list)
+        if isinstance(item, ast.FunctionDef) and not item.name.startswith("__")
+        and not any(getattr(d, "id", None) in ("classmethod", "staticmethod") for d in item.decorator_list)
     ]
     names = {item.name for item in props}
     reads = {item.name: _names_used(item) & (FIELDS | names) for item in props}
