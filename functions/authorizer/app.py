@@ -28,7 +28,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from functions.gateway.auth import KeysUnavailable, KeyStore, key_store
+from functions.gateway.auth import KeyStore, KeysUnavailable, key_store
 from inferq.settings import Settings
 
 log = logging.getLogger("inferq.authorizer")
