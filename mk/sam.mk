@@ -34,13 +34,17 @@ _sam_find_lambda_python = for p in $(_sam_python_candidates); do \
 	  if "$$p" -c 'import sys; sys.exit("%d.%d" % sys.version_info[:2] != "$(LAMBDA_PYTHON_VERSION)")' \
 	    >/dev/null 2>&1; then echo "$$p"; break; fi; done
 
-.PHONY: lock build-GatewayFunction build-ScalerFunction sources-GatewayFunction sources-ScalerFunction sam-tools sam-validate sam-build lint-infra lambda-runtime \
+.PHONY: lock build-GatewayFunction build-ScalerFunction build-AuthorizerFunction sources-GatewayFunction \
+	sources-ScalerFunction sources-AuthorizerFunction sam-tools sam-validate sam-build lint-infra lambda-runtime \
 	print-lambda-python
 
 # What each function runs, and nothing else: no CLI, emulator, bench or worker code in either zip, and the webhook
-# sender (inferq_webhooks) only in the scaler's. tests/infra/test_artifacts.py lists what these copy.
+# sender (inferq_webhooks) only in the scaler's; the authorizer has the gateway's key check (auth.py) and nothing
+# else of the gateway. tests/infra/test_artifacts.py lists what these copy.
 GATEWAY_SOURCES := inferq functions/__init__.py functions/storage.py functions/gateway
 SCALER_SOURCES := inferq inferq_webhooks functions/__init__.py functions/storage.py functions/scaler
+AUTHORIZER_SOURCES := inferq functions/__init__.py functions/gateway/__init__.py functions/gateway/auth.py \
+	functions/authorizer
 _sam_source_roots := inferq inferq_webhooks functions
 # inferq.client is the HTTP client for users (httpx): neither function runs it
 _sam_not_shipped := inferq/client
@@ -92,12 +96,18 @@ build-GatewayFunction:
 build-ScalerFunction:
 	$(call _sam_lambda_artifact,scaler,$(SCALER_SOURCES))
 
+build-AuthorizerFunction:
+	$(call _sam_lambda_artifact,authorizer,$(AUTHORIZER_SOURCES))
+
 # Only our own code of each artifact, into ARTIFACTS_DIR: what tests/infra/test_artifacts.py lists.
 sources-GatewayFunction:
 	$(call _sam_copy_sources,$(GATEWAY_SOURCES))
 
 sources-ScalerFunction:
 	$(call _sam_copy_sources,$(SCALER_SOURCES))
+
+sources-AuthorizerFunction:
+	$(call _sam_copy_sources,$(AUTHORIZER_SOURCES))
 
 print-lambda-python:
 	@$(_sam_find_lambda_python)
@@ -120,6 +130,8 @@ lock: $(LOCK_UV)
 	  -o functions/gateway/requirements.lock
 	$(_sam_uv_compile) --python-version $(LAMBDA_PYTHON_VERSION) functions/scaler/requirements.txt \
 	  -o functions/scaler/requirements.lock
+	$(_sam_uv_compile) --python-version $(LAMBDA_PYTHON_VERSION) functions/authorizer/requirements.txt \
+	  -o functions/authorizer/requirements.lock
 	$(_sam_uv_compile) --python-version 3.11 --extra worker --no-emit-package inferq pyproject.toml \
 	  -o gpu_worker/requirements.lock
 

@@ -23,58 +23,14 @@ Manager read; no FastAPI, no Redis (tests/unit/test_authorizer.py holds the line
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Mapping
-from typing import Any
 
-from functions.gateway.auth import KeyStore, KeysUnavailable, key_store
+from functions.gateway.auth import key_store
 from inferq.settings import Settings
 
-log = logging.getLogger("inferq.authorizer")
+from .check import Authorizer
 
-DENY: dict[str, Any] = {"isAuthorized": False}
-
-
-def presented_key(headers: Mapping[str, str] | None) -> str | None:
-    """The API key of a request's headers as the gateway reads it (``functions/gateway/api.py``, ``tenant_from``):
-    the credentials of an ``Authorization: Bearer`` header (scheme in any case), else ``x-api-key``. Payload 2.0
-    gives header names in lower case; a repeated header arrives comma-joined and then matches no key."""
-    lowered = {name.lower(): value for name, value in (headers or {}).items()}
-    authorization = lowered.get("authorization") or ""
-    scheme, _, credentials = authorization.partition(" ")
-    credentials = credentials.strip()
-    if scheme and credentials and scheme.lower() == "bearer":
-        return credentials
-    return lowered.get("x-api-key") or None
-
-
-class Authorizer:
-    """The key check of one sandbox: one key store, and one event loop to run its coroutine on (the store's
-    refresh runs in the loop's default executor, which lives as long as the loop)."""
-
-    def __init__(self, keys: KeyStore) -> None:
-        self.keys = keys
-        self._loop = asyncio.new_event_loop()
-
-    def __call__(self, event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
-        key = presented_key(event.get("headers"))
-        if not key:
-            return DENY
-        try:
-            tenant = self._loop.run_until_complete(self.keys.tenant_for(key))
-        except KeysUnavailable:
-            # the store fails closed; raising makes API Gateway answer 500 rather than a 403 that tells a client with
-            # a good key that its key is wrong
-            log.error("API keys unavailable: request refused (the secret could not be read within its staleness bound)")
-            raise
-        if tenant is None:
-            return DENY
-        return {"isAuthorized": True, "context": {"tenant": tenant}}
-
-    def close(self) -> None:
-        self._loop.close()
-
+__all__ = ["handler"]
 
 settings = Settings.from_env()
 logging.getLogger("inferq").setLevel(settings.log_level)

@@ -20,6 +20,10 @@ TEMPLATE = ROOT / "template.yaml"
 NESTED = {name: ROOT / "infra" / f"{name}.yaml" for name in ("network", "cache", "gpu", "observability")}
 SAM_VENV = ROOT / ".tools" / "sam"
 FUNCTIONS = {"GatewayFunction": "gateway", "ScalerFunction": "scaler"}
+"""The functions that are clients of the queue: in the VPC, with the cache's URL and their own cache user."""
+AUTHORIZER = {"AuthorizerFunction": "authorizer"}
+"""The HTTP API's key check: outside the VPC, no cache, Secrets Manager only."""
+LAMBDAS = {**FUNCTIONS, **AUTHORIZER}
 READ_ONLY_VERBS = ("Get", "Describe", "List", "BatchGet")
 NO_VALUE = object()
 

@@ -1,5 +1,6 @@
 """What each deployable ships of our own code, listed: the gateway zip has no CLI, emulator, bench, worker or
-webhook sender; the scaler zip no gateway, emulator or worker; the worker image no functions/ or emulator/. And
+webhook sender; the scaler zip no gateway, emulator or worker; the authorizer zip only the gateway's key check; the
+worker image no functions/ or emulator/. And
 each ships every repository module its entry point imports (lazily or not), so nothing it runs is left out.
 
 The zips are listed from mk/sam.mk's own copy step (``make sources-<Function>``, what ``sam build`` runs after
@@ -65,7 +66,17 @@ def test_the_scaler_zip_ships_the_protocol_the_webhook_sender_and_the_scaler_onl
     assert missing_modules(ENTRY_POINTS["ScalerFunction"], artifact) == []
 
 
-@pytest.mark.parametrize("function", ["GatewayFunction", "ScalerFunction"])
+def test_the_authorizer_zip_ships_the_key_check_and_nothing_else_of_the_gateway(tmp_path: Path) -> None:
+    artifact = copied("AuthorizerFunction", tmp_path)
+    assert packages(artifact) == {"inferq", "functions", "functions.gateway", "functions.authorizer"}
+    assert sorted(p.name for p in (artifact / "functions").iterdir()) == ["__init__.py", "authorizer", "gateway"]
+    assert sorted(p.name for p in (artifact / "functions" / "gateway").iterdir()) == ["__init__.py", "auth.py"]
+    assert not (artifact / "inferq" / "client").exists()
+    assert not list(artifact.rglob("__pycache__")) and not list(artifact.rglob("requirements.*"))
+    assert missing_modules(ENTRY_POINTS["AuthorizerFunction"], artifact) == []
+
+
+@pytest.mark.parametrize("function", ["GatewayFunction", "ScalerFunction", "AuthorizerFunction"])
 def test_a_second_copy_replaces_the_first(function: str, tmp_path: Path) -> None:
     """sam build reuses an artifacts dir: a package of an earlier layout must not stay behind in it."""
     artifact = tmp_path / function

@@ -2,7 +2,7 @@
 
 A variable set in a template but read by nobody is a setting the operator believes in and the code ignores
 (``JobTimeoutSeconds`` once went to the gateway, which never looks at it, and not to the workers, which do).
-For each process (the two Lambda functions as the SAM transform leaves them, and the worker container of the GPU
+For each process (the Lambda functions as the SAM transform leaves them, and the worker container of the GPU
 task) the variables are collected under every condition of the template, and each one must be either
 
 - ``INFERQ_<FIELD>``, a field of :class:`inferq.settings.Settings` that the code the process runs refers to: the
@@ -23,11 +23,12 @@ import pytest
 
 from inferq.settings import PREFIX, Settings
 
-from .cfn import FUNCTIONS, ROOT, load
+from .cfn import LAMBDAS, ROOT, load
 
 ENTRY_POINTS = {
     "GatewayFunction": "functions.gateway.app",
     "ScalerFunction": "functions.scaler.app",
+    "AuthorizerFunction": "functions.authorizer.app",
     "worker": "gpu_worker.__main__",
 }
 REPOSITORY_PACKAGES = ("inferq", "inferq_webhooks", "functions", "gpu_worker")
@@ -168,7 +169,7 @@ def container_variables(task: dict[str, Any], container: str) -> set[str]:
 def process_variables(translated: dict[str, Any]) -> dict[str, set[str]]:
     gpu = load(ROOT / "infra" / "gpu.yaml")
     return {
-        **{logical_id: function_variables(translated, logical_id) for logical_id in FUNCTIONS},
+        **{logical_id: function_variables(translated, logical_id) for logical_id in LAMBDAS},
         "worker": container_variables(gpu["Resources"]["TaskDefinition"], "worker"),
     }
 
@@ -177,8 +178,8 @@ def unread(process: str, variables: set[str]) -> list[str]:
     """The variables of ``variables`` that ``process`` does not read, each with the reason."""
     read = settings_read_by(ENTRY_POINTS[process])
     requirements = ""
-    if process in FUNCTIONS:
-        requirements = (ROOT / "functions" / FUNCTIONS[process] / "requirements.txt").read_text()
+    if process in LAMBDAS:
+        requirements = (ROOT / "functions" / LAMBDAS[process] / "requirements.txt").read_text()
     problems = []
     for name in sorted(variables):
         if name.startswith(PREFIX):

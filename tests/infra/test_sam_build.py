@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from .cfn import FUNCTIONS, ROOT, TEMPLATE, Resolver, host_platform, lambda_python, load, make, run, sam_env
+from .cfn import FUNCTIONS, LAMBDAS, ROOT, TEMPLATE, Resolver, host_platform, lambda_python, load, make, run, sam_env
 
 pytestmark = pytest.mark.slow
 
@@ -83,9 +83,9 @@ def runtime_python() -> Path:
     return ROOT / ".tools" / "lambda-python3.13" / "bin" / "python"
 
 
-@pytest.mark.parametrize("logical_id", FUNCTIONS)
+@pytest.mark.parametrize("logical_id", LAMBDAS)
 def test_artifact_holds_inferq_its_function_and_its_packages_but_no_boto3(built: Path, logical_id: str) -> None:
-    name = FUNCTIONS[logical_id]
+    name = LAMBDAS[logical_id]
     artifact = built / logical_id
     scripts = sorted(p.relative_to(ROOT / "inferq") for p in (ROOT / "inferq" / "scripts").rglob("*.lua"))
     assert scripts
@@ -101,6 +101,9 @@ def test_artifact_holds_inferq_its_function_and_its_packages_but_no_boto3(built:
     assert requirement_modules(name) <= present
     if name == "gateway":
         assert {"fastapi", "mangum", "pydantic", "pydantic_core", "starlette"} <= present
+    if name == "authorizer":  # the key check alone: no framework, no Redis client, nothing compiled
+        assert not present & {"fastapi", "mangum", "pydantic", "starlette", "redis", "hiredis", "orjson", "yaml"}
+        assert not list(artifact.rglob("*.so"))
     assert not present & set(NOT_SHIPPED)
     assert not (artifact / "bin").exists()
 
@@ -117,7 +120,7 @@ def test_compiled_wheels_are_for_lambda_arm64_python313(built: Path, logical_id:
             assert "cpython-313-aarch64" in path.name, path
 
 
-@pytest.mark.parametrize("logical_id", FUNCTIONS)
+@pytest.mark.parametrize("logical_id", LAMBDAS)
 def test_artifact_ships_python313_bytecode(built: Path, logical_id: str) -> None:
     require_lambda_python()
     artifact = built / logical_id
@@ -132,7 +135,7 @@ def test_artifact_ships_python313_bytecode(built: Path, logical_id: str) -> None
 
 def test_built_template_points_at_the_artifacts_and_the_nested_templates(built: Path) -> None:
     template = load(built / "template.yaml")
-    for logical_id in FUNCTIONS:
+    for logical_id in LAMBDAS:
         assert template["Resources"][logical_id]["Properties"]["CodeUri"] == logical_id
     for stack in ("Network", "Cache", "Gpu", "Observability"):
         url = template["Resources"][stack]["Properties"]["TemplateURL"]
@@ -166,7 +169,7 @@ print(module.__file__)
 """
 
 
-@pytest.mark.parametrize("logical_id", FUNCTIONS)
+@pytest.mark.parametrize("logical_id", LAMBDAS)
 def test_handler_imports_from_its_artifact_under_python313(
     loadable: Path, runtime_python: Path, translated: dict[str, Any], logical_id: str
 ) -> None:

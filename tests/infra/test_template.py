@@ -21,6 +21,7 @@ from inferq.settings import Settings
 
 from .cfn import (
     FUNCTIONS,
+    LAMBDAS,
     NESTED,
     NO_VALUE,
     READ_ONLY_VERBS,
@@ -110,12 +111,12 @@ def test_samconfig_lints_on_validate_and_deploys_with_the_needed_capabilities() 
 # --- the functions ---
 
 
-@pytest.mark.parametrize("logical_id", FUNCTIONS)
+@pytest.mark.parametrize("logical_id", LAMBDAS)
 def test_functions_run_their_contract_handlers_on_python313_arm64(
     translated: dict[str, Any], source: dict[str, Any], logical_id: str
 ) -> None:
     props = function(translated, logical_id)
-    assert props["Handler"] == f"functions/{FUNCTIONS[logical_id]}/app.handler"
+    assert props["Handler"] == f"functions/{LAMBDAS[logical_id]}/app.handler"
     assert props["Runtime"] == "python3.13"
     assert props["Architectures"] == ["arm64"]
     written = source["Resources"][logical_id]
@@ -139,10 +140,13 @@ def test_scaler_runs_every_minute_and_a_wake_is_never_retried(translated: dict[s
 def test_gateway_serves_every_route_of_a_throttled_http_api(translated: dict[str, Any]) -> None:
     resources = translated["Resources"]
     paths = resources["HttpApi"]["Properties"]["Body"]["paths"]
-    assert list(paths) == ["/$default"]
-    integration = paths["/$default"]["x-amazon-apigateway-any-method"]["x-amazon-apigateway-integration"]
-    assert "${GatewayFunctionAliaslive}" in integration["uri"]["Fn::Sub"]  # the published alias (SnapStart)
-    assert integration["payloadFormatVersion"] == "2.0"
+    assert paths["/$default"]["x-amazon-apigateway-any-method"]["isDefaultRoute"] is True
+    operations = [op for methods in paths.values() for op in methods.values()]
+    assert len(operations) == len(paths) >= 1  # the catch-all, and the public routes (test_authorizer_template.py)
+    for operation in operations:
+        integration = operation["x-amazon-apigateway-integration"]
+        assert "${GatewayFunctionAliaslive}" in integration["uri"]["Fn::Sub"]  # the published alias (SnapStart)
+        assert integration["payloadFormatVersion"] == "2.0"
     stage = next(r["Properties"] for r in resources.values() if r["Type"] == "AWS::ApiGatewayV2::Stage")
     assert stage["DefaultRouteSettings"] == {
         "ThrottlingRateLimit": {"Ref": "ThrottlingRateLimit"},
@@ -314,8 +318,8 @@ def test_every_log_group_has_a_retention_and_each_function_its_own(
         for logical_id, resource in template["Resources"].items():
             if resource["Type"] == "AWS::Logs::LogGroup":
                 assert resource["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}, logical_id
-    groups = {function(translated, f)["LoggingConfig"]["LogGroup"]["Ref"] for f in FUNCTIONS}
-    assert groups == {"GatewayLogGroup", "ScalerLogGroup"}
+    groups = {function(translated, f)["LoggingConfig"]["LogGroup"]["Ref"] for f in LAMBDAS}
+    assert groups == {"GatewayLogGroup", "ScalerLogGroup", "AuthorizerLogGroup"}
 
 
 def test_outputs_name_the_api_the_queue_and_the_services(translated: dict[str, Any]) -> None:

@@ -117,6 +117,24 @@ def test_a_request_without_a_key_is_refused(
     assert handler(event(**headers), None) == {"isAuthorized": False}
 
 
+def test_the_console_page_alone_is_let_through_without_a_key(
+    secrets: Any, load_authorizer: Callable[..., ModuleType]
+) -> None:
+    """``GET /console/`` cannot be a public route (a route may not end in "/"), so it reaches the authorizer."""
+    handler = load_authorizer(INFERQ_API_KEYS_SECRET=SECRET).handler
+
+    def request(method: str, path: str) -> dict[str, Any]:
+        payload = event()
+        payload["rawPath"] = payload["requestContext"]["http"]["path"] = path
+        payload["requestContext"]["http"]["method"] = method
+        return payload
+
+    assert handler(request("GET", "/console/"), None) == {"isAuthorized": True}
+    for method, path in [("POST", "/console/"), ("GET", "/console"), ("GET", "/console//"), ("GET", "/v1/jobs/"),
+                         ("GET", "/console/../v1/dlq"), ("DELETE", "/console/")]:
+        assert handler(request(method, path), None) == {"isAuthorized": False}, (method, path)
+
+
 def test_a_wrong_key_is_refused(secrets: Any, load_authorizer: Callable[..., ModuleType]) -> None:
     handler = load_authorizer(INFERQ_API_KEYS_SECRET=SECRET).handler
     for wrong in ("unknown-key", sha(KEY_S), KEY_S.upper(), KEY_S[:-1], f"{KEY_S},{KEY_T}"):
