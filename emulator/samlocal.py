@@ -1,5 +1,6 @@
 """``make sam-local``: the gateway and scaler Lambdas under ``sam local``, against the emulator, with no AWS account
-and no image registry (emulator/README.md, "sam local").
+and no image registry (emulator/README.md, "sam local"). The HTTP API's authorizer runs as in AWS: before the gateway
+on every route but the public ones, with the emulator's development key.
 
 One command starts, in order, and on Ctrl-C or SIGTERM stops in reverse order:
 
@@ -46,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SAM = ROOT / ".tools" / "sam" / "bin" / "sam"
 BASE_IMAGE_SCRIPT = ROOT / "emulator" / "sam-base-image.sh"
 STATE_FILE = "sam-local.json"
-FUNCTIONS = ("GatewayFunction", "ScalerFunction")
+FUNCTIONS = ("GatewayFunction", "ScalerFunction", "AuthorizerFunction")
 WAKE_EVENT = {"source": "inferq.sam-local", "detail-type": "manual invoke"}
 """Not EventBridge's scheduled event: the scaler evaluates once and returns (a scheduled one loops for a minute)."""
 LOCAL_SCALER_TIMEOUT_S = 10
@@ -263,18 +264,19 @@ def env_vars(endpoints: dict[str, Any], container_host: str, api_key: str | None
         host = url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[0]
         return url.replace(f"://{host}:", f"://{container_host}:", 1)
 
+    api_keys = f"dev:{api_key}" if api_key else os.environ.get("INFERQ_API_KEYS", "")
+    log_levels = {"INFERQ_LOG_LEVEL": "INFO", "POWERTOOLS_LOG_LEVEL": "INFO"}
     common = {
         "INFERQ_REDIS_URL": reachable(endpoints["redis_url"]),
         "INFERQ_FILES_BUCKET": endpoints["files_bucket"],
         "AWS_ENDPOINT_URL": reachable(endpoints["aws_endpoint"]),
-        "INFERQ_LOG_LEVEL": "INFO",
-        "POWERTOOLS_LOG_LEVEL": "INFO",
+        **log_levels,
     }
     return {
         "GatewayFunction": {
             **common,
             "INFERQ_API_KEYS_SECRET": "",
-            "INFERQ_API_KEYS": f"dev:{api_key}" if api_key else os.environ.get("INFERQ_API_KEYS", ""),
+            "INFERQ_API_KEYS": api_keys,
             # no wake-up: the scaler runs on its own cadence here (`sam local` has no asynchronous invoke)
             "INFERQ_SCALER_FUNCTION": "",
             # as `inferq up`: every local tenant is an operator (the stack's default names one operator tenant)
@@ -286,6 +288,8 @@ def env_vars(endpoints: dict[str, Any], container_host: str, api_key: str | None
             "INFERQ_ECS_SERVICE": endpoints["ecs_service"],
             "INFERQ_WEBHOOK_SECRET_ID": "",
         },
+        # the HTTP API's authorizer runs before the gateway on every non-public route, with the same keys
+        "AuthorizerFunction": {**log_levels, "INFERQ_API_KEYS_SECRET": "", "INFERQ_API_KEYS": api_keys},
     }
 
 

@@ -1,5 +1,6 @@
 """`make sam-local` (emulator/samlocal.py) run as a user runs it, with a real dockerd of its own and the real SAM CLI:
-the gateway Lambda under `sam local start-api` refuses a request without a key, accepts a job, and reads it back
+the HTTP API's authorizer Lambda refuses a request without a valid key before the gateway Lambda runs, and lets a
+valid one through, in either header; the gateway Lambda under `sam local start-api` accepts a job, and reads it back
 once a worker has run it; the worker exists because `sam local invoke ScalerFunction` set the emulator's ECS
 desired count (no other scaler runs: `--scaler none`); SIGTERM stops everything, leaving no process, container,
 engine or bridge behind.
@@ -67,6 +68,10 @@ class SamLocal:
         docker = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"  # the CLI of Debian's dockerd
         return subprocess.run([docker, *args], env=env, capture_output=True, text=True, check=True)
 
+    def invocations(self, handler: str) -> int:
+        """How many times `sam local` has invoked ``handler`` so far (it logs each invocation before it runs)."""
+        return self.log.read_text(errors="replace").count(f"Invoking {handler} ")
+
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-5000:]
 
@@ -113,11 +118,36 @@ def sam_local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SamLocal]:
         stack.stop()
 
 
-def test_a_request_without_a_key_is_401_from_the_lambda(sam_local: SamLocal) -> None:
+GATEWAY = "functions/gateway/app.handler"
+AUTHORIZER = "functions/authorizer/app.handler"
+
+
+def test_a_request_without_a_valid_key_is_refused_by_the_authorizer_before_the_gateway_runs(
+    sam_local: SamLocal,
+) -> None:
+    gateway, authorizer = sam_local.invocations(GATEWAY), sam_local.invocations(AUTHORIZER)
     with sam_local.http(key=False) as client:
-        response = client.post("/v1/jobs", json=HELLO)
-    assert response.status_code == 401, response.text
-    assert response.json()["error"]["type"] == "unauthorized"
+        refused = [client.post("/v1/jobs", json=HELLO), client.get("/v1/dlq", headers={"x-api-key": "not-a-key"}),
+                   client.get("/v1/dlq", headers={"Authorization": "Bearer not-a-key"})]
+    for response in refused:
+        # API Gateway's own answer (sam local words it as a REST API would; AWS's HTTP API says "Forbidden"), not
+        # the gateway's envelope: the gateway never saw the request
+        assert response.status_code == 403, response.text
+        assert set(response.json()) == {"message"}, response.text
+    assert sam_local.invocations(AUTHORIZER) == authorizer + len(refused), sam_local.tail()
+    assert sam_local.invocations(GATEWAY) == gateway, sam_local.tail()
+
+
+def test_a_valid_key_in_either_header_is_let_through_and_public_routes_need_none(sam_local: SamLocal) -> None:
+    gateway, authorizer = sam_local.invocations(GATEWAY), sam_local.invocations(AUTHORIZER)
+    key = sam_local.state["api_key"]
+    with sam_local.http(key=False) as client:
+        assert client.get("/v1/dlq", headers={"x-api-key": key}).status_code == 200
+        assert client.get("/v1/dlq", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        assert client.get("/healthz").json() == {"status": "ok"}  # public: no authorizer
+        assert client.get("/console/").status_code == 200  # the console's page: the authorizer lets it through
+    assert sam_local.invocations(AUTHORIZER) == authorizer + 3, sam_local.tail()
+    assert sam_local.invocations(GATEWAY) == gateway + 4, sam_local.tail()
 
 
 def test_the_scaler_lambda_sizes_the_fleet_and_a_worker_runs_the_job_the_gateway_lambda_took(

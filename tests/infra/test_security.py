@@ -207,7 +207,8 @@ def test_the_vpc_in_use_has_flow_logs(nested: dict[str, dict[str, Any]]) -> None
     assert writes == [{"Fn::GetAtt": ["FlowLogGroup", "Arn"]}]
 
 
-LOCKS = {"gateway": "functions/gateway", "scaler": "functions/scaler", "worker": "gpu_worker"}
+LOCKS = {"gateway": "functions/gateway", "scaler": "functions/scaler", "authorizer": "functions/authorizer",
+         "worker": "gpu_worker"}
 
 
 def locked(path: Any) -> dict[str, tuple[str, list[str]]]:

@@ -3,6 +3,7 @@ checked on the repository's own template without Docker (tests/docker/test_sam_l
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ def test_the_local_copy_runs_this_machines_architecture_and_declares_the_endpoin
     patch_built_template(path, "x86_64")
     template: dict[str, Any] = yaml.safe_load(path.read_text())
     assert template["Globals"]["Function"]["Architectures"] == ["x86_64"]
-    for name in ("GatewayFunction", "ScalerFunction"):
+    for name in ("GatewayFunction", "ScalerFunction", "AuthorizerFunction"):
         properties = template["Resources"][name]["Properties"]
         assert properties.get("Architectures", ["x86_64"]) == ["x86_64"]
         variables = properties["Environment"]["Variables"]
@@ -49,6 +50,9 @@ def test_the_env_vars_point_every_function_at_the_address_the_containers_reach(t
     assert files["GatewayFunction"]["INFERQ_REDIS_URL"] == "redis://host.docker.internal:40001/0"
     assert files["ScalerFunction"]["AWS_ENDPOINT_URL"] == "http://host.docker.internal:40002"
     assert files["GatewayFunction"]["INFERQ_API_KEYS"] == "dev:iq_dev_key"
+    # the authorizer checks the same key before the gateway does, and reads no secret locally
+    assert files["AuthorizerFunction"]["INFERQ_API_KEYS"] == "dev:iq_dev_key"
+    assert files["AuthorizerFunction"]["INFERQ_API_KEYS_SECRET"] == ""
     assert files["ScalerFunction"]["INFERQ_ECS_SERVICE"] == "inferq-workers"
     # every variable given is one the local template declares, or sam local would drop it silently
     path = built_template(tmp_path)
@@ -58,3 +62,16 @@ def test_the_env_vars_point_every_function_at_the_address_the_containers_reach(t
         declared = set(template["Resources"][name]["Properties"]["Environment"]["Variables"])
         declared |= set(template["Globals"]["Function"]["Environment"]["Variables"])
         assert set(variables) <= declared, (name, set(variables) - declared)
+
+
+def test_the_hand_written_env_file_gives_the_gateway_and_the_authorizer_the_same_key(tmp_path: Path) -> None:
+    """emulator/sam-env.json (sam local by hand, emulator/README.md): the authorizer's variables are ones it
+    declares (sam local drops the others silently)."""
+    local = json.loads((ROOT / "emulator" / "sam-env.json").read_text())
+    assert local["AuthorizerFunction"]["INFERQ_API_KEYS"] == local["GatewayFunction"]["INFERQ_API_KEYS"]
+    path = built_template(tmp_path)
+    patch_built_template(path, "x86_64")
+    template: dict[str, Any] = yaml.safe_load(path.read_text())
+    declared = set(template["Resources"]["AuthorizerFunction"]["Properties"]["Environment"]["Variables"])
+    declared |= set(template["Globals"]["Function"]["Environment"]["Variables"])
+    assert set(local["AuthorizerFunction"]) <= declared
