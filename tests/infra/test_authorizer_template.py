@@ -6,6 +6,7 @@ else."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -118,3 +119,11 @@ def test_the_authorizer_reads_the_gateway_s_key_secret_and_nothing_else(translat
     ]
     managed = translated["Resources"][role]["Properties"]["ManagedPolicyArns"]
     assert not [arn for arn in managed if "VPCAccess" in str(arn)]
+
+
+def test_the_access_log_names_the_tenant_the_authorizer_found_and_its_errors(translated: dict[str, Any]) -> None:
+    stages = [r["Properties"] for r in translated["Resources"].values() if r["Type"] == "AWS::ApiGatewayV2::Stage"]
+    log_format = json.loads(stages[0]["AccessLogSettings"]["Format"])
+    assert log_format["tenant"] == "$context.authorizer.tenant"  # the context key the authorizer returns
+    assert log_format["authorizerError"] == "$context.authorizer.error"
+    assert not [v for v in log_format.values() if "header" in v.lower()]  # no key, no Authorization header
