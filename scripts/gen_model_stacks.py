@@ -267,7 +267,7 @@ def root_template(registry: Registry, gpu: dict[str, Any], out: Path) -> dict[st
     for stack in ("Network", "Cache", "Observability"):
         name = stack.lower()
         resources[stack]["Properties"]["TemplateURL"] = relative(ROOT / "infra" / f"{name}.yaml")
-    for function in ("GatewayFunction", "ScalerFunction"):
+    for function in ("GatewayFunction", "ScalerFunction", "AuthorizerFunction"):
         resources[function]["Properties"]["CodeUri"] = relative(ROOT)
     stack = resources["Gpu"]["Properties"]
     stack["TemplateURL"] = GPU_TEMPLATE
@@ -276,9 +276,12 @@ def root_template(registry: Registry, gpu: dict[str, Any], out: Path) -> dict[st
     resources["Observability"]["Properties"]["Parameters"]["QueueName"] = ""
 
     functions = template["Globals"]["Function"]
-    functions["Environment"]["Variables"].pop("INFERQ_QUEUE")
-    functions["Environment"]["Variables"]["INFERQ_MODELS"] = LAMBDA_REGISTRY
-    functions["Layers"] = [{"Ref": "ModelRegistry"}]
+    # the queue's clients read the registry; the API key authorizer has no queue and needs none
+    for function in ("GatewayFunction", "ScalerFunction"):
+        properties = resources[function]["Properties"]
+        properties["Environment"]["Variables"].pop("INFERQ_QUEUE")
+        properties["Environment"]["Variables"]["INFERQ_MODELS"] = LAMBDA_REGISTRY
+        properties["Layers"] = [{"Ref": "ModelRegistry"}]
     resources["ModelRegistry"] = {
         "Type": "AWS::Serverless::LayerVersion",
         "Properties": {

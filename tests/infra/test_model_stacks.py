@@ -128,8 +128,10 @@ def test_sam_build_takes_the_generated_root_and_packages_the_registry_layer(
     """What `sam deploy` would upload: both functions built, the layer's directory holding inferq/models.json (a
     layer unpacks under /opt, where INFERQ_MODELS points)."""
     build = tmp_path / "build"
-    run([str(sam), "build", "--template", "template.models.yaml", "--build-dir", str(build)], cwd=generated,
-        env=sam_env())
+    # as samconfig.toml builds (this directory has none): in place and in parallel, never copying the repository
+    # (its .venv and .tools) into a scratch directory per function
+    run([str(sam), "build", "--template", "template.models.yaml", "--build-dir", str(build), "--build-in-source",
+         "--parallel"], cwd=generated, env=sam_env())
     built = load(build / "template.yaml")
     layer = built["Resources"]["ModelRegistry"]["Properties"]["ContentUri"]
     content = (build / layer).resolve() / gen_model_stacks.LAYER_FILE
