@@ -224,3 +224,43 @@ def test_the_cold_import_loads_no_framework_no_redis_and_no_boto3() -> None:
                             check=False, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+PARITY_CASES = [
+    {},
+    {"authorization": "Bearer key-0000000001"},
+    {"authorization": "bearer key-0000000001"},
+    {"authorization": "BEARER key-0000000001"},
+    {"authorization": "Bearer  key-0000000001"},
+    {"authorization": "Bearer key-0000000001 extra"},
+    {"authorization": "Bearer"},
+    {"authorization": "Basic key-0000000001"},
+    {"authorization": "key-0000000001"},
+    {"x-api-key": "key-0000000001"},
+    {"x-api-key": "key-000000000"},
+    {"authorization": "Bearer wrong-key-01", "x-api-key": "key-0000000001"},
+    {"authorization": "Basic wrong-key-01", "x-api-key": "key-0000000001"},
+    {"authorization": "Bearer key-0000000001", "x-api-key": "wrong-key-01"},
+]
+
+
+@pytest.mark.parametrize("headers", PARITY_CASES, ids=[" & ".join(f"{k}: {v}" for k, v in c.items()) or "none"
+                                                        for c in PARITY_CASES])
+def test_the_authorizer_lets_through_exactly_what_the_gateway_accepts(
+    load_authorizer: Callable[..., ModuleType], headers: dict[str, str]
+) -> None:
+    """The same headers, the same keys: the authorizer and the gateway app (its Redis a closed port, so a request it
+    accepts answers 503, one it refuses 401) decide alike."""
+    from starlette.testclient import TestClient
+
+    from functions.gateway.api import create_app
+    from inferq.settings import Settings
+
+    handler = load_authorizer(INFERQ_API_KEYS="tenant:key-0000000001").handler
+    let_through = handler(event(**{k.replace("-", "_"): v for k, v in headers.items()}), None)["isAuthorized"]
+    settings = Settings.from_env({"INFERQ_API_KEYS": "tenant:key-0000000001",
+                                  "INFERQ_REDIS_URL": "redis://127.0.0.1:1/0"})
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        status = client.get("/v1/dlq", headers=headers).status_code
+    assert status in (401, 503)
+    assert let_through is (status != 401)
