@@ -18,7 +18,7 @@ this module's: the key store lives as long as the sandbox.
 
 Settings are read at import, so a bad variable (or no API keys at all) fails the init naming it. The import is
 small on purpose: the standard library, ``inferq``'s settings and the key check; boto3 only at the first Secrets
-Manager read; no FastAPI, no Redis (tests/unit/test_authorizer.py holds the line).
+Manager read; no FastAPI, no Redis (tests/unit/authorizer/test_app.py holds the line).
 """
 
 from __future__ import annotations
