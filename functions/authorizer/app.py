@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 
 from functions.gateway.auth import key_store
-from inferq.settings import Settings
+from inferq.config.settings import Settings
 
 from .check import Authorizer
 

@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 
 from functions.authorizer.check import KEYLESS_PAGES
 from functions.gateway.api import create_app
-from inferq.settings import Settings
+from inferq.config.settings import Settings
 
 from .cfn import Resolver, as_list, role_statements
 from .test_template import environment, function, role_of

@@ -24,7 +24,7 @@ import pytest
 from moto import mock_aws
 
 from functions.gateway.auth import KeysUnavailable
-from inferq.settings import SettingsError
+from inferq.config.settings import SettingsError
 from tests.conftest import load_event
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -254,7 +254,7 @@ def test_the_authorizer_lets_through_exactly_what_the_gateway_accepts(
     from starlette.testclient import TestClient
 
     from functions.gateway.api import create_app
-    from inferq.settings import Settings
+    from inferq.config.settings import Settings
 
     handler = load_authorizer(INFERQ_API_KEYS="tenant:key-0000000001").handler
     let_through = handler(event(**{k.replace("-", "_"): v for k, v in headers.items()}), None)["isAuthorized"]
