@@ -307,12 +307,23 @@ def test_the_index_links_every_page() -> None:
             assert f"]({path.name})" in index, f"docs/README.md does not link {path.name}"
 
 
-def test_the_readme_opens_with_the_two_commands() -> None:
+def test_the_readme_opens_with_what_inferq_is_and_the_two_commands() -> None:
     text = (ROOT / "README.md").read_text()
     first_block = FENCE.search(text)
-    assert first_block is not None and text[: first_block.start()].strip() == "# inferq"
+    assert first_block is not None
+    title, _, opening = text[: first_block.start()].strip().partition("\n")
+    assert title == "# inferq"
+    sentences = [s for s in re.split(r"(?<=[.!?])\s+", " ".join(opening.split())) if s]
+    assert 2 <= len(sentences) <= 3 and "#" not in opening, f"open with two or three sentences: {sentences}"
     lines = [line.split("#")[0].strip() for line in first_block.group(0).splitlines()[1:-1]]
     assert lines == ["make up", "make test"]
+
+
+def test_the_readme_keeps_a_summary_of_the_benchmarks_and_docs_keep_the_table() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "](docs/benchmarks.md#the-latest-full-run)" in readme
+    assert "| scenario | result | target |" not in readme, "the full table belongs in docs/benchmarks.md"
+    assert "| scenario | result | target |" in _page("benchmarks.md")
 
 
 def test_the_readme_points_at_the_docs() -> None:
