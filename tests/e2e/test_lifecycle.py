@@ -175,12 +175,12 @@ def test_a_child_that_cannot_start_stops_inferq_up_at_once(
     monkeypatch.setattr(up.Supervisor, "_spawn", broken_gateway)
     for name in [k for k in os.environ if k.startswith("INFERQ_")]:
         monkeypatch.delenv(name)
-    started = time.monotonic()
     code = up.main(["--port", str(free_port()), "--data-dir", str(tmp_path), "--valkey-port", "0"])
     out = capsys.readouterr().out
     assert code == 1
-    assert time.monotonic() - started < 20  # not the 60 s readiness timeout, not a restart loop
-    assert "gateway  | cannot start" in out
+    # stopped by the gateway's exit (not the 60 s readiness timeout, which says so), started once (no restart loop)
+    assert out.count("gateway  | cannot start") == 1, out
+    assert "did not answer 200 on /readyz" not in out, out
     assert "inferq: could not start: gateway exited with 3 while starting" in out
     assert "inferq: ready" not in out and out.rstrip().endswith("inferq: stopped")
 
