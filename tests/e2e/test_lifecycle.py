@@ -43,8 +43,10 @@ def test_a_single_job_at_zero_wakes_the_fleet_long_before_the_next_tick(slow_tic
     took = time.monotonic() - started
     print(f"wake latency at zero (submit -> succeeded): {took:.2f}s")
     assert done["status"] == "succeeded"
-    assert took < 15, f"the job waited {took:.1f}s: it was not woken, it waited for the schedule"
     assert emulator.scale()["desired"] == 1 and len(emulator.workers()) == 1
+    # what scaled the fleet up was the gateway's wake, not the schedule (whose next tick is a minute away)
+    scale_ups = [line for line in emulator.logs().splitlines() if "scaler: 0 -> 1 workers" in line]
+    assert scale_ups and all('"trigger":"wake"' in line.replace(" ", "") for line in scale_ups), scale_ups
 
 
 def test_sigterm_to_a_busy_worker_hands_its_work_over_promptly(slow_tick: Emulator) -> None:
