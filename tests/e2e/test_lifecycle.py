@@ -54,13 +54,16 @@ def test_sigterm_to_a_busy_worker_hands_its_work_over_promptly(slow_tick: Emulat
     [worker] = wait_for(emulator.workers, 20, 0.2, "one worker")
     job = emulator.submit(chat("long one", latency_ms=3000))
     wait_for(lambda: emulator.job(job["id"])["status"] == "running", 10, 0.05, "the job to run")
+    logged = len(emulator.logs())
     signalled = time.monotonic()
     os.kill(worker, signal.SIGTERM)
     done = emulator.finish(job["id"], timeout=60)
     took = time.monotonic() - signalled
     assert done["status"] == "succeeded"
-    # drain 1 s, then released at once to the replacement worker: seconds, not the 20 s claim-idle
-    assert took < 14, f"the job took {took:.1f}s after SIGTERM: it was reclaimed, not handed over"
+    print(f"SIGTERM -> succeeded on the replacement: {took:.2f}s")
+    # drain 1 s, then the signalled worker released the job (the replacement took it at once, not by a reclaim
+    # after the 20 s claim-idle)
+    assert "releasing 1 unfinished jobs" in emulator.logs()[logged:], emulator.logs()[logged:][-3000:]
     wait_for(lambda: worker not in emulator.processes(), 10, 0.1, "the signalled worker to exit")
     assert "exited on its own (exit 0); replacing it\n" in emulator.logs()  # drained, then replaced like on ECS
 
