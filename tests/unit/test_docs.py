@@ -383,6 +383,24 @@ def test_every_repository_path_a_page_quotes_exists() -> None:
     assert not found, "\n".join(found)
 
 
+NAMED_SECTION = re.compile(r"([\w/.-]+\.md)\)?,? \"([^\"]+)\"")
+"""A section named in prose: ``docs/api.md, "Webhooks"`` (the heading starts with the quoted words)."""
+
+
+def test_every_section_a_page_names_exists() -> None:
+    found = []
+    for page in HAND_WRITTEN:
+        text = FENCE.sub(_blank, page.read_text())
+        for m in NAMED_SECTION.finditer(text):
+            candidates = [ROOT / m.group(1), page.parent / m.group(1), DOCS / Path(m.group(1)).name]
+            target = next((c for c in candidates if c.is_file()), None)
+            headings = [h.group(1) for h in HEADING.finditer(target.read_text())] if target else []
+            if not any(h.startswith(m.group(2)) or h.strip("`") == m.group(2) for h in headings):
+                found.append(f"{page.relative_to(ROOT)}:{_line(text, m.start())}: {m.group(1)} has no section "
+                             f"{m.group(2)!r}")
+    assert not found, "\n".join(found)
+
+
 # ------------------------------------------------------------------ the checks themselves find what they must
 
 
