@@ -179,6 +179,20 @@ def test_an_unreadable_secret_at_the_first_request_fails_the_invocation(
     assert handler(event(), None) == {"isAuthorized": False}  # no key: refused without asking the store
 
 
+def test_secrets_manager_unreachable_at_the_first_request_fails_the_invocation(
+    load_authorizer: Callable[..., ModuleType], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No answer at all (a closed port: the connection is refused), not an error answer: the same, fail closed."""
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:1"}.items():
+        monkeypatch.setenv(name, value)
+    handler = load_authorizer(INFERQ_API_KEYS_SECRET=SECRET).handler
+    with pytest.raises(KeysUnavailable):
+        handler(event(x_api_key=KEY_S), None)
+    with pytest.raises(KeysUnavailable):  # within the back-off: refused at once, no pile-up of reads
+        handler(event(authorization=f"Bearer {KEY_T}"), None)
+
+
 def test_development_keys_work_as_in_the_gateway(load_authorizer: Callable[..., ModuleType]) -> None:
     handler = load_authorizer(INFERQ_API_KEYS="dev:dev-key-0000001").handler
     assert handler(load_event("apiGatewayV2AuthorizerRequest.json") | {"headers": {"x-api-key": "dev-key-0000001"}},
