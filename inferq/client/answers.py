@@ -84,7 +84,8 @@ class BadRequest(InferqError):
 
 
 class Unauthorized(InferqError):
-    """401: missing or unknown API key."""
+    """401: missing or unknown API key; in AWS, API Gateway's 403 ``{"message":"Forbidden"}`` from the API key
+    authorizer, which refuses such a request before the gateway runs (DEPLOY.md, "API keys")."""
 
 
 class NotFound(InferqError):
@@ -169,5 +170,7 @@ def error_for(status: int, body: Any, text: str = "", retry_after_s: float | Non
         message = str(envelope["error"].get("message") or "")
     else:
         type_, message = "error", text[:500]
+    if envelope is None and status == 403:  # the authorizer's refusal: every 403 of the gateway has the envelope
+        return Unauthorized(status, "unauthorized", message, None, retry_after_s)
     cls = _BY_TYPE.get(type_) or _BY_STATUS.get(status) or (ServerError if status >= 500 else InferqError)
     return cls(status, type_, message, envelope, retry_after_s)

@@ -21,6 +21,7 @@ from inferq.client import (
     NotFound,
     QueueFull,
     ServerError,
+    Unauthorized,
     Unavailable,
     WebhookVerificationError,
     error_from,
@@ -136,6 +137,14 @@ def test_each_error_type_has_its_class_carrying_status_and_envelope(status: int,
 def test_an_answer_without_the_envelope_still_has_a_type() -> None:
     error = error_from(httpx.Response(502, text="<html>bad gateway</html>"))
     assert isinstance(error, ServerError) and error.status == 502 and "bad gateway" in error.message
+
+
+def test_the_deployed_authorizer_s_refusal_is_unauthorized_and_the_gateway_s_403s_keep_their_type() -> None:
+    refused = error_from(httpx.Response(403, json={"message": "Forbidden"}))  # API Gateway's, no envelope
+    assert isinstance(refused, Unauthorized) and (refused.status, refused.type) == (403, "unauthorized")
+    envelope = {"error": {"type": "operator_only", "message": "m"}}
+    operator_only = error_from(httpx.Response(403, json=envelope))
+    assert not isinstance(operator_only, Unauthorized) and operator_only.type == "operator_only"
 
 
 def test_only_given_fields_are_sent() -> None:
