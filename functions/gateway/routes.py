@@ -30,7 +30,7 @@ from .openapi import doc, errors
 from .responses import JSONResponse
 
 if TYPE_CHECKING:
-    from .api import Gateway
+    from .shared import Gateway
 
 JOB_ID_RE = re.compile(r"^job_[a-z2-7]{26}(?:_[A-Za-z0-9_-]{1,64})?$")
 """A job id; under a model registry it ends with its queue (``inferq.registry.queue_of_job``)."""
