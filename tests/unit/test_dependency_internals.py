@@ -11,8 +11,6 @@ instead of breaking the gateway or the worker at run time. Raise a bound in pypr
 - FastAPI: functions/gateway/hotpath.py runs a declined request's route under ``AsyncExitStackMiddleware`` (as
   FastAPI's app does); functions/gateway/api.py parses ``Authorization`` with ``fastapi.security.utils``.
 - moto (the emulator only): emulator/ecs.py drives ``moto.ecs.models.ecs_backends`` (documented backend models).
-- uvicorn: functions/gateway/serving.py subclasses ``uvicorn.protocols.http.httptools_impl.HttpToolsProtocol`` and
-  wraps the transport it is given in ``connection_made``.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import inspect
-import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -130,18 +127,6 @@ async def test_starlette_routes_read_the_exception_handlers_scope_key_hotpath_se
     assert sent and sent[0]["status"] == 418, (
         f"{what}: a route no longer answers with the handlers in scope['starlette.exception_handlers'], which "
         "functions/gateway/hotpath.py sets for a request its fast path declines")
-
-
-def test_uvicorn_httptools_protocol_is_subclassable_as_serving_does() -> None:
-    what = installed_within("uvicorn")
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    params = list(inspect.signature(HttpToolsProtocol.connection_made).parameters)
-    assert params == ["self", "transport"], f"{what}: HttpToolsProtocol.connection_made changed: {params}"
-    source = inspect.getsource(HttpToolsProtocol)
-    assert re.search(r"self\.transport\s*=\s*transport", source), (
-        f"{what}: HttpToolsProtocol no longer keeps the transport connection_made gets (serving.py wraps it)")
-    assert re.search(r"self\.loop\s*=", source), f"{what}: HttpToolsProtocol no longer has the loop serving.py uses"
 
 
 async def test_fastapi_helpers_the_gateway_imports() -> None:
