@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import fastjson
-from .batching import Batcher
 from .jobs import (
     RECORD_FIELDS_BUT_BODY,
     Job,
@@ -21,7 +20,6 @@ from .jobs import (
     new_job_id,
     record_of,
 )
-from .leanclient import UNENCODABLE
 from .queue_core import QueueCore, chunks, new_token, now_ms
 from .scripting import Code
 from .waiters import SharedWaiters
@@ -90,7 +88,6 @@ def record_fields(request: JobRequest) -> list[Any]:
 
 class Producer(QueueCore):
     _waiters: SharedWaiters | None = None
-    _submits: Batcher[tuple[str, JobRequest, str, int], Any] | None = None
 
     def _enqueue_call(self, jobs: Sequence[tuple[str, JobRequest, str, int]]) -> tuple:
         """The enqueue script call that accepts ``jobs`` (tenant, request, job id, now; :data:`SCRIPT_BATCH` at
@@ -154,19 +151,16 @@ class Producer(QueueCore):
     async def enqueue(self, tenant: str, request: JobRequest, *, now: int | None = None) -> tuple[Job, bool]:
         """Accept a job in one round trip. Returns the job and whether it is an idempotent replay.
         Raises QueueFull (TenantQuotaFull for the tenant's quota) and, with replicas to wait for, ReplicationLag.
-        The submits of one turn of the event loop (concurrent requests) go out together, in one script call per
-        :data:`SCRIPT_BATCH` of them, each still accepted or refused as by a call of its own."""
+        One script call per submit: the gateway runs as Lambda, one request at a time per sandbox, where submits
+        never meet in one turn of the event loop to be sent together (``enqueue_many`` sends many at once)."""
         now = now or now_ms()
         job_id = new_job_id() + self.id_suffix
-        if self._submits is None:
-            # a submit whose arguments cannot be encoded fails alone, not the others of its turn
-            self._submits = Batcher(self._accept, overlap=True, split_on=UNENCODABLE)
         # a wait for it here need not read it first (SharedWaiters.expect); a ttl_s job is read (it may expire)
         waiters = self._waiters if request.ttl_s is None else None
         if waiters is not None:
             waiters.expect(job_id, tenant)
         try:
-            reply = await self._submits.submit((tenant, request, job_id, now))
+            [reply] = await self._accept([(tenant, request, job_id, now)])
             accepted = await self._enqueued(tenant, request, job_id, now, reply)
         except BaseException:
             if waiters is not None:
