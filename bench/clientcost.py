@@ -41,9 +41,8 @@ from typing import Any
 import hiredis
 
 from emulator.valkey import ValkeyProcess
-from inferq.connection import connect
+from inferq.connection import connect, pipelined
 from inferq.jobs import RECORD_FIELDS_BUT_BODY
-from inferq.leanclient import pipelined
 from inferq.settings import Settings
 
 KEY = "bench:clientcost:job"

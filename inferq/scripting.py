@@ -22,9 +22,9 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import PipelineCommand, RedisCluster
 from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
+from .connection import pipelined
 from .jobs import TERMINAL
 from .keys import GROUP, LANE_KEYS, WEBHOOK_GROUP
-from .leanclient import pipelined
 
 SCRIPTS_DIR = Path(__file__).parent / "scripts"
 _INCLUDE = re.compile(r'^--- @include "([A-Za-z]+)"\s*$', re.MULTILINE)

@@ -37,9 +37,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .connection import pipelined
 from .faults import Fault, classify
 from .jobs import record_of
-from .leanclient import pipelined
 
 log = logging.getLogger(__name__)
 

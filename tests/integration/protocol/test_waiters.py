@@ -11,8 +11,8 @@ import pytest
 import redis.exceptions
 
 from emulator.valkey import ValkeyProcess
+from inferq.connection import pipelined
 from inferq.jobs import JobRequest, JobStatus
-from inferq.leanclient import pipelined
 from inferq.producer import QueueFull
 from inferq.queue import Delivery, Outcome, Queue
 from inferq.settings import Settings
