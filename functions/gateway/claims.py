@@ -11,14 +11,16 @@ import asyncio
 import dataclasses
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from functions.storage import ClaimStore, StorageUnavailable
 from inferq import claimcheck
 from inferq.jobs import Job, JobRequest
 from inferq.settings import Settings
 
 from .errors import ApiError
+
+if TYPE_CHECKING:
+    from functions.storage import ClaimStore
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +39,19 @@ READ_TIMEOUT_S = 5.0
 class Claims:
     def __init__(self, settings: Settings, store: ClaimStore | None = None) -> None:
         self.inline_max = settings.inline_max_bytes
-        self.store = store or (ClaimStore(settings.files_bucket) if settings.files_bucket else None)
+        self._store = store
+        self._bucket = settings.files_bucket
         self.response_inline_max = RESPONSE_INLINE_MAX_BYTES
+
+    @property
+    def store(self) -> ClaimStore | None:
+        """The S3 store, built on first use (so a sandbox that claims nothing never imports it); None without a
+        bucket."""
+        if self._store is None and self._bucket:
+            from functions.storage import ClaimStore
+
+            self._store = ClaimStore(self._bucket)
+        return self._store
 
     async def check_in(self, tenant: str, request: JobRequest, raw_bytes: int) -> JobRequest:
         """``request`` with a large body replaced by its claim, the body stored first. ``raw_bytes`` (the HTTP
@@ -50,6 +63,8 @@ class Claims:
         if len(data) <= self.inline_max:
             return request
         claim = claimcheck.request_claim(tenant, data)
+        from functions.storage import StorageUnavailable
+
         try:
             async with asyncio.timeout(STORE_TIMEOUT_S):  # the thread runs on; a retry writes the same object
                 await asyncio.to_thread(self.store.put, claim.key, data)
@@ -67,6 +82,8 @@ class Claims:
         if claim is None:
             return api
         if self.store is not None and claim.bytes <= self.response_inline_max:
+            from functions.storage import StorageUnavailable
+
             try:
                 async with asyncio.timeout(READ_TIMEOUT_S):
                     data = await asyncio.to_thread(self.store.get, claim.key)
@@ -88,10 +105,13 @@ class Claims:
     def sign(self, key: str) -> str | None:
         """A presigned GET of ``key``; None without a bucket here (one at the worker only is a misconfiguration,
         shown as a missing URL rather than a 500) or without credentials to sign with."""
-        if self.store is None:
+        store = self.store
+        if store is None:
             return None
+        from functions.storage import StorageUnavailable
+
         try:
-            return self.store.url(key, URL_TTL_S)
+            return store.url(key, URL_TTL_S)
         except StorageUnavailable as exc:
             log.error("cannot sign a claimed result's URL: %s", exc)
             return None
