@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("functions", "gpu_worker", "emulator", "inferq", "inferq_cli", "inferq_webhooks")
-"""Where the graph is read (the folders that exist: ``inferq_cli``/``inferq_webhooks`` are moving into ``inferq``).
-``bench`` is not yet among them: its simulator modules still import each other (being untangled apart)."""
+PACKAGES = ("functions", "gpu_worker", "emulator", "inferq", "inferq_cli", "inferq_webhooks", "bench")
+"""Where the graph is read (the folders that exist: ``inferq_cli``/``inferq_webhooks`` are moving into ``inferq``)."""
 SIZED = ("functions", "gpu_worker", "emulator")
-"""Where the size limit holds today; ``inferq`` and ``bench`` join once their last large modules are split."""
+"""Where the size limit holds today; ``inferq`` (batch_driver.py, settings.py) and ``bench`` (efficiency.py) join
+once their last large modules are split."""
 MAX_LINES = 400
 SIZE_SLACK = 20
 """"About 400": a module may pass 400 by a docstring's worth while its split is not worth making."""
