@@ -203,14 +203,16 @@ def summarize_target(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def target(section: dict[str, Any]) -> dict[str, Any]:
-    """Issue 41's goal: cold <= 1.3x the floor's (same run), warm submit and get billed 1 ms (median). ``section``
-    is :func:`run`'s, or the report it was written into."""
+    """Issue 41's goal: cold <= 1.3x the floor's (same run) in wall time and in CPU time (the wall ratio of one run
+    on a shared machine can pass by chance where the CPU ratio, the steadier one, does not), warm submit and get
+    billed 1 ms (median). ``section`` is :func:`run`'s, or the report it was written into."""
     section = section.get("lambda_gateway", section)
-    ratio = section.get("cold_ratio_to_floor")
+    ratios = [section.get("cold_ratio_to_floor"), section.get("cold_cpu_ratio_to_floor")]
     gw = section.get("gateway") or {}
     billed = [gw.get(k, {}).get("billed_ms_p50") for k in ("submit", "get")]
-    met = ratio is not None and ratio <= COLD_RATIO_GOAL and all(b == BILLED_GOAL_MS for b in billed)
-    return {"text": f"cold <= {COLD_RATIO_GOAL}x the floor; warm submit and get billed {BILLED_GOAL_MS} ms", "met": met}
+    met = all(r is not None and r <= COLD_RATIO_GOAL for r in ratios) and all(b == BILLED_GOAL_MS for b in billed)
+    return {"text": f"cold <= {COLD_RATIO_GOAL}x the floor (wall and CPU); warm submit and get billed "
+                    f"{BILLED_GOAL_MS} ms", "met": met}
 
 
 def run(report: dict[str, Any], quick: bool = False) -> dict[str, Any]:
