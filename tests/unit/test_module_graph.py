@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ def module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts)
 
 
+@cache
 def sources(packages: tuple[str, ...]) -> dict[str, Path]:
     found: dict[str, Path] = {}
     for package in packages:
