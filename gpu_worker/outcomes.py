@@ -17,18 +17,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from inferq.batching import Batcher
-from inferq.jobs import Job, JobStatus
-from inferq.queue import Delivery, Outcome, Queue
+from inferq.config.settings import Settings
+from inferq.queue.jobs import Job, JobStatus
+from inferq.queue.protocol import Delivery, Outcome, Queue
+from inferq.redis.batching import Batcher
 from inferq.retry import backoff_ms
-from inferq.settings import Settings
 
 from .backends.base import BackendError, EngineDied, FatalError, RetryableError, digest
 from .leases import Abort, InFlight
 from .metrics import WorkerMetrics
 
 if TYPE_CHECKING:
-    from inferq.faults import FaultRun
+    from inferq.redis.faults import FaultRun
 
 log = logging.getLogger("gpu_worker.worker")  # the worker's own logger: moving code here changes no log line
 

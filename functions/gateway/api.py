@@ -15,9 +15,9 @@ from fastapi.routing import APIRoute
 from starlette.types import Receive, Scope, Send
 
 from inferq import __version__
-from inferq.queue import Queue
-from inferq.registry import load as load_registry
-from inferq.settings import Settings
+from inferq.config.registry import load as load_registry
+from inferq.config.settings import Settings
+from inferq.queue.protocol import Queue
 
 from . import errors, openapi, routes
 from .auth import KeyStore, key_store

@@ -20,8 +20,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from inferq.jobs import ENDPOINTS
-from inferq.netguard import check_webhook_host
+from inferq.queue.jobs import ENDPOINTS
+from inferq.webhooks.netguard import check_webhook_host
 
 MAX_METADATA_PAIRS = 16
 IDEMPOTENCY_KEY_MAX = 255
@@ -175,7 +175,7 @@ class JobCreate(BaseModel):
     @field_validator("webhook_url")
     @classmethod
     def _public_webhook_host(cls, value: str | None, info: ValidationInfo) -> str | None:
-        # the address guard's literal half (inferq.netguard): the sender checks again, after resolving the name
+        # the address guard's literal half (inferq.webhooks.netguard): the sender checks again, after resolving the name
         if value is None or (info.context or {}).get(ALLOW_PRIVATE):
             return value
         try:

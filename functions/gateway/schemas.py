@@ -1,5 +1,5 @@
 """The response shapes of HTTP API v1, for the OpenAPI document only: the job object, the error envelope, the DLQ
-list, the scale view and health. They document what ``inferq.jobs.Job.to_api`` and the route handlers return;
+list, the scale view and health. They document what ``inferq.queue.jobs.Job.to_api`` and the route handlers return;
 handlers build plain dicts, so no response is validated twice. Imported when the document is first built
 (:func:`.openapi.install`), never by a request.
 """

@@ -20,9 +20,9 @@ from fastapi import BackgroundTasks, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
 
-from inferq.queue import Queue
-from inferq.registry import Registry, queue_of_job
-from inferq.settings import Settings
+from inferq.config.registry import Registry, queue_of_job
+from inferq.config.settings import Settings
+from inferq.queue.protocol import Queue
 
 from .auth import KeyStore, StaticKeys
 from .claims import Claims
@@ -61,7 +61,7 @@ class Gateway:
         self._keys_in_memory = type(keys) is StaticKeys
         self.shared_waits = True
         """Long-poll waits share one reader of terminal events per queue (a long-lived process: uvicorn); the
-        Lambda handler turns it off, since a frozen sandbox would stall a background reader (inferq.waiters)."""
+        Lambda handler turns it off, since a frozen sandbox would stall a background reader (inferq.queue.waiters)."""
 
     @property
     def queue(self) -> Queue:

@@ -24,7 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from inferq.queue import Queue
+    from inferq.queue.protocol import Queue
 
     from .telemetry import Telemetry
 

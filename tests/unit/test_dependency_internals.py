@@ -2,8 +2,8 @@
 on the installed release: a release that renamed or reshaped one fails here, naming the range pyproject.toml pins,
 instead of breaking the gateway or the worker at run time. Raise a bound in pyproject.toml only with these passing.
 
-- redis-py: inferq/fastpack.py reads a connection's ``_writer`` and ``_parser`` (its hiredis ``_reader``, built with
-  ``redis._parsers.hiredis.NOT_ENOUGH_DATA``, ``_connected``, ``_hiredis_PushNotificationType``).
+- redis-py: inferq/redis/fastpack.py reads a connection's ``_writer`` and ``_parser`` (its hiredis ``_reader``,
+  built with ``redis._parsers.hiredis.NOT_ENOUGH_DATA``, ``_connected``, ``_hiredis_PushNotificationType``).
 - Starlette: functions/gateway/hotpath.py hands a route's handler the app's exception handlers in the scope key
   ``starlette.exception_handlers``, as Starlette's exception middleware does.
 - FastAPI: functions/gateway/hotpath.py runs a declined request's route under ``AsyncExitStackMiddleware`` (as
@@ -24,8 +24,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from inferq.connection import connect
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.redis.connection import connect
 
 ROOT = Path(__file__).resolve().parents[2]
 

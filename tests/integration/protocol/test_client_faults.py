@@ -1,7 +1,7 @@
-"""inferq's Redis connections (inferq/connection.py: redis-py's client, its commands packed by hiredis and written
-without a task, replies already read handed out at once: inferq/fastpack.py) against real Valkey servers: every fault
-a command can meet is handled (a closed connection resent once, a frozen server a timeout, a cancelled command never
-leaves a half-read connection in the pool, the pool's limit).
+"""inferq's Redis connections (inferq/redis/connection.py: redis-py's client, its commands packed by hiredis and
+written without a task, replies already read handed out at once: inferq/redis/fastpack.py) against real Valkey
+servers: every fault a command can meet is handled (a closed connection resent once, a frozen server a timeout, a
+cancelled command never leaves a half-read connection in the pool, the pool's limit).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import redis.exceptions
 from redis.asyncio import RedisCluster
 
 from emulator.valkey import ValkeyProcess
-from inferq.connection import connect, pipelined
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.redis.connection import connect, pipelined
 
 TIMEOUT_S = 0.5
 
@@ -212,7 +212,7 @@ async def test_a_released_connection_is_re_authenticated_when_it_holds_a_new_tok
 async def test_replies_already_read_are_handed_out_without_arming_the_socket_timeout(
         valkey: ValkeyProcess, valkey_cluster: ValkeyProcess, queue_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """redis-py arms the socket timeout for every reply it reads; a pipeline's later replies have almost always
-    arrived with the first, and inferq's connections hand those out as they are (inferq/fastpack.py). Counted
+    arrived with the first, and inferq's connections hand those out as they are (inferq/redis/fastpack.py). Counted
     through redis-py's own read, which still reads every reply that has to wait: on redis-py's read alone, a
     40-command pipeline takes 40."""
     waited: list[str] = []
