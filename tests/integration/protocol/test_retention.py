@@ -122,7 +122,8 @@ async def test_a_redrive_resets_the_engine_death_strikes_and_removes_the_jobs_in
     job, _ = await q.enqueue("a", req())
     [delivery] = await _read(q, 1)
     # the engine died twice while running it: poison at two strikes
-    assert await q.retry(delivery, delay_ms=0, error=ERROR, dead_letter="engine_died", strikes=2) is Outcome.RETRY_SCHEDULED
+    assert await q.retry(delivery, delay_ms=0, error=ERROR, dead_letter="engine_died", strikes=2) \
+        is Outcome.RETRY_SCHEDULED
     [delivery] = await _read(q, 1)
     assert await q.retry(delivery, delay_ms=0, error=ERROR, dead_letter="engine_died", strikes=2) \
         is Outcome.DEAD_LETTERED
@@ -137,7 +138,8 @@ async def test_a_redrive_resets_the_engine_death_strikes_and_removes_the_jobs_in
     assert await q.redis.xlen(q.keys.dlq) == 1
     # one engine death after the redrive is the first strike again: retried, not dead-lettered at once
     [delivery] = await _read(q, 1)
-    assert await q.retry(delivery, delay_ms=0, error=ERROR, dead_letter="engine_died", strikes=2) is Outcome.RETRY_SCHEDULED
+    assert await q.retry(delivery, delay_ms=0, error=ERROR, dead_letter="engine_died", strikes=2) \
+        is Outcome.RETRY_SCHEDULED
     assert await q.redis.hget(q.keys.job(job.id), "strikes") == "1"
     # a second redrive of the same job (not dead-lettered now) is refused and changes nothing
     before = await q.redis.zrange(q.keys.dlq_index, 0, -1)
