@@ -323,8 +323,9 @@ class StorageUnavailable(Exception):
 
 class ClaimStore(Bucket):
     """Claim-checked payloads (:mod:`inferq.claimcheck`) in one bucket, under ``claims/``: the gateway writes a
-    large request body and reads or presigns a large result. Encrypted as files are, by the bucket's default
-    encryption; removed by the bucket's lifecycle rule on ``claims/``, never one by one."""
+    large request body, reads or presigns a large result, and deletes the body of a job it cancels while queued.
+    Encrypted as files are, by the bucket's default encryption; what no job's end deletes is removed by the
+    bucket's lifecycle rules (:mod:`inferq.claimcheck`)."""
 
     def put(self, key: str, data: bytes) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -345,6 +346,14 @@ class ClaimStore(Bucket):
                 body.close()
         except (BotoCoreError, ClientError) as exc:
             raise StorageUnavailable(f"could not read {key}: {type(exc).__name__}") from exc
+
+    def delete(self, key: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageUnavailable(f"could not delete {key}: {type(exc).__name__}") from exc
 
     def url(self, key: str, ttl_s: int) -> str:
         """A presigned GET of ``key``, valid ``ttl_s`` (signed locally: no request to S3)."""
