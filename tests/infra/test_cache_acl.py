@@ -182,6 +182,37 @@ def test_every_rule_is_one_elasticache_and_memorydb_accept() -> None:
                 if serverless and command.startswith("client|"):
                     assert command in serverless_supported_client, (role, command)
         assert set(acl.commands(role)) - set(acl.commands(role, serverless=True)) == set(acl.NOT_SERVERLESS)
+        # and every one is among the commands ElastiCache Serverless documents as supported: a command added to
+        # inferq/acl.py must be checked against that page (and added here) first
+        missing = set(acl.commands(role, serverless=True)) - SERVERLESS_SUPPORTED
+        assert not missing, (role, sorted(missing))
+
+
+SERVERLESS_SUPPORTED = {
+    # transcribed from "Supported and restricted Valkey, Memcached, and Redis OSS commands" (ElastiCache), the
+    # families inferq uses: https://docs.aws.amazon.com/AmazonElastiCache/latest/dg/SupportedCommands.html
+    "auth", "client|getname", "client|reply", "client|setname", "echo", "hello", "ping", "quit", "reset", "select",
+    "copy", "del", "dump", "exists", "expire", "expireat", "expiretime", "persist", "pexpire", "pexpireat",
+    "pexpiretime", "pttl", "randomkey", "rename", "renamenx", "restore", "scan", "sort", "sort_ro", "touch", "ttl",
+    "type", "unlink",
+    "hdel", "hexists", "hget", "hgetall", "hincrby", "hincrbyfloat", "hkeys", "hlen", "hmget", "hmset",
+    "hrandfield", "hscan", "hset", "hsetnx", "hstrlen", "hvals",
+    "blmove", "blmpop", "blpop", "brpop", "brpoplpush", "lindex", "linsert", "llen", "lmove", "lmpop", "lpop",
+    "lpos", "lpush", "lpushx", "lrange", "lrem", "lset", "ltrim", "rpop", "rpoplpush", "rpush", "rpushx",
+    "eval", "eval_ro", "evalsha", "evalsha_ro", "script|exists", "script|flush", "script|load",
+    "time",
+    "bzmpop", "bzpopmax", "bzpopmin", "zadd", "zcard", "zcount", "zdiff", "zdiffstore", "zincrby", "zinter",
+    "zintercard", "zinterstore", "zlexcount", "zmpop", "zmscore", "zpopmax", "zpopmin", "zrandmember", "zrange",
+    "zrangebylex", "zrangebyscore", "zrangestore", "zrank", "zrem", "zremrangebylex", "zremrangebyrank",
+    "zremrangebyscore", "zrevrange", "zrevrangebylex", "zrevrangebyscore", "zrevrank", "zscan", "zscore", "zunion",
+    "zunionstore",
+    "xack", "xadd", "xautoclaim", "xclaim", "xdel", "xgroup|create", "xgroup|createconsumer", "xgroup|delconsumer",
+    "xgroup|destroy", "xgroup|setid", "xinfo|consumers", "xinfo|groups", "xinfo|stream", "xlen", "xpending",
+    "xrange", "xread", "xreadgroup", "xrevrange", "xtrim",
+    "append", "decr", "decrby", "get", "getdel", "getex", "getrange", "getset", "incr", "incrby", "incrbyfloat",
+    "lcs", "mget", "mset", "msetnx", "psetex", "set", "setex", "setnx", "setrange", "strlen", "substr",
+    "discard", "exec", "multi",
+}
 
 
 def test_no_role_may_send_an_administrative_or_dangerous_command() -> None:
