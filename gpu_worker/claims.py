@@ -35,6 +35,8 @@ T = TypeVar("T")
 TRIES = 3
 """S3 calls per read or write before the attempt is handed to the worker's retry."""
 BASE_MS, MAX_MS = 200, 2000
+DELETE_TIMEOUT_S = 5.0
+"""Longest wait for S3 to delete an ended job's request body (the worker moves on; the lifecycle rule is the net)."""
 URL_TTL_S = 3600
 """How long a webhook's ``body_url`` is valid: a receiver may take a while to read what it was sent."""
 
@@ -107,8 +109,9 @@ class ClaimCheck:
         if claim is None or not self.bucket:
             return
         try:
-            await asyncio.to_thread(self._delete, claim.key)
-        except Exception as exc:  # best effort: the lifecycle rule is the net
+            async with asyncio.timeout(DELETE_TIMEOUT_S):  # the job's outcome is written: never hold it up long
+                await asyncio.to_thread(self._delete, claim.key)
+        except Exception as exc:  # best effort (TimeoutError included): the lifecycle rule is the net
             log.warning("could not delete an ended job's request body (%s); the lifecycle rule will",
                         type(exc).__name__)
 

@@ -189,6 +189,21 @@ async def test_a_job_cancelled_while_running_has_its_body_deleted_by_the_worker_
     assert s3.keys(bucket, f"claims/requests/{TENANT}/") == []
 
 
+async def test_s3_down_when_an_ended_jobs_body_is_deleted_leaves_the_job_done_and_the_object_to_the_rule(
+    s3: MotoS3, bucket: str, settings: Settings, queue: Queue
+) -> None:
+    """The deletion is one best-effort try after the outcome is written: S3 down then costs nothing but an object
+    the lifecycle rule on claims/ removes later."""
+    job = await submit(queue, claim_body(s3, bucket, "keep " * 20_000, latency_ms=1500))
+    async with running_worker(settings.replace(files_bucket=bucket, inline_max_bytes=1024 * 1024), queue):
+        await eventually(lambda: mock_calls(queue, job.id), timeout=30, what="the model called")
+        s3.stop()  # its body was read: the model is answering
+        done = await terminal(queue, job.id, timeout=60)
+    assert done.status.value == "succeeded" and done.attempts == 1, done
+    s3.start()
+    assert len(s3.keys(bucket, f"claims/requests/{TENANT}/")) == 1
+
+
 async def _running(queue: Queue, job_id: str) -> bool:
     return await queue.redis.hget(queue.keys.job(job_id), "status") == "running"
 
