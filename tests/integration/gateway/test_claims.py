@@ -185,7 +185,7 @@ async def test_a_job_cancelled_while_queued_has_its_body_object_deleted_by_the_g
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
     [left] = s3.keys(bucket, "claims/requests/tenant-a/")
     record = await queue.get(other["id"], "tenant-a")
-    assert record is not None and left == record.body[claimcheck.MARKER]["key"]  # type: ignore[index]
+    assert record is not None and left == record.body[claimcheck.MARKER]["key"]
     again = await client.post(f"/v1/jobs/{doomed['id']}/cancel", headers=A)
     assert again.status_code == 409
     assert s3.keys(bucket, "claims/requests/tenant-a/") == [left]

@@ -165,7 +165,7 @@ async def test_an_ended_jobs_body_object_is_deleted_and_a_dead_letters_kept_unti
     dead = await queue.get(doomed.id, TENANT)
     assert dead is not None and dead.dead_lettered
     [kept] = s3.keys(bucket, f"claims/requests/{TENANT}/")
-    assert kept == dead.body[claimcheck.MARKER]["key"]  # type: ignore[index]
+    assert kept == dead.body[claimcheck.MARKER]["key"]
     assert len(s3.keys(bucket, f"claims/results/{TENANT}/")) == 2  # results expire by the lifecycle rule
 
     await queue.redrive(TENANT, doomed.id)
