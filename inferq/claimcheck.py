@@ -38,8 +38,8 @@ from .jobs import Job
 
 PREFIX = "claims/"
 REQUESTS = PREFIX + "requests/"
-"""Request bodies: deleted when their job ends (a dead letter's when it expires), the lifecycle rule on
-:data:`PREFIX` as the net."""
+"""Request bodies: deleted when their job ends, but for a dead letter's (a redrive reads it again); the lifecycle
+rule on :data:`PREFIX` removes what no end deletes."""
 RESULTS = PREFIX + "results/"
 """Result bodies: the bucket's lifecycle rule on this prefix expires them with the result TTL."""
 MARKER = "inferq_claim"
