@@ -1,4 +1,4 @@
-"""Least privilege on the cache (issue 40, point 6): one ACL user per role, with the rules of inferq/acl.py.
+"""Least privilege on the cache (issue 40, point 6): one ACL user per role, with the rules of inferq/redis/acl.py.
 
 The template carries exactly those rules (ElastiCache and MemoryDB users, each role's password in its own secret),
 and a real Valkey enforces them: each role does its whole job as a user created with ``ACL SETUSER`` and those
@@ -25,10 +25,10 @@ from functions.gateway.api import create_app
 from functions.scaler import app as scaler_app
 from gpu_worker.backends.mock import MockBackend
 from gpu_worker.worker import Worker
-from inferq import acl
-from inferq.keys import Keys
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.keys import Keys
+from inferq.queue.protocol import Queue
+from inferq.redis import acl
 from tests.integration.scaler.test_handler import (  # noqa: F401  (fixtures)
     CLUSTER,
     SERVICE,
@@ -61,7 +61,7 @@ def passwords() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def role_valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ValkeyProcess, dict[str, str]]]:
-    """A Valkey with one user per role, created from inferq.acl's rules, and the default user disabled as in AWS
+    """A Valkey with one user per role, created from inferq.redis.acl's rules, and the default user disabled as in AWS
     (a client that does not authenticate as its role gets nowhere); the test's own setup and checks use an
     ``admin`` user."""
     server = ValkeyProcess(tmp_path_factory.mktemp("valkey-acl")).start()
@@ -109,7 +109,7 @@ def refusals(admin: redis.Redis) -> list[tuple[str, str]]:
     return [(entry["username"], entry["object"]) for entry in admin.execute_command("ACL", "LOG")]
 
 
-# --- the template says what inferq.acl says ---
+# --- the template says what inferq.redis.acl says ---
 
 
 def test_every_cache_user_of_the_template_has_its_roles_rules() -> None:
@@ -156,7 +156,7 @@ def _role_of(access: Any) -> str:
 
 
 def test_every_rule_is_one_elasticache_and_memorydb_accept() -> None:
-    """Issue 40 leftovers, point 2 (the documents are cited in inferq/acl.py and infra/cache.yaml): only the rule
+    """Issue 40 leftovers, point 2 (the documents are cited in inferq/redis/acl.py and infra/cache.yaml): only the rule
     forms their access strings take, no password and no ``reset``, no command either service restricts, and on
     ElastiCache Serverless neither WAIT (restricted) nor CLIENT SETINFO (not supported)."""
     restricted = {"acl", "bgrewriteaof", "bgsave", "cluster", "config", "debug", "migrate", "module", "psync",
@@ -183,7 +183,7 @@ def test_every_rule_is_one_elasticache_and_memorydb_accept() -> None:
                     assert command in serverless_supported_client, (role, command)
         assert set(acl.commands(role)) - set(acl.commands(role, serverless=True)) == set(acl.NOT_SERVERLESS)
         # and every one is among the commands ElastiCache Serverless documents as supported: a command added to
-        # inferq/acl.py must be checked against that page (and added here) first
+        # inferq/redis/acl.py must be checked against that page (and added here) first
         missing = set(acl.commands(role, serverless=True)) - SERVERLESS_SUPPORTED
         assert not missing, (role, sorted(missing))
 
@@ -228,7 +228,7 @@ def test_every_command_a_script_sends_is_allowed_to_every_role() -> None:
     from pathlib import Path
 
     sent = set()
-    for script in Path(acl.__file__).parent.joinpath("scripts").rglob("*.lua"):
+    for script in Path(acl.__file__).parent.parent.joinpath("queue", "scripts").rglob("*.lua"):
         sent |= {c.lower() for c in re.findall(r"(?:redis\.call|rcall)\(\s*['\"](\w+)['\"]", script.read_text())}
     assert sent, "no script found"
     assert sent <= set(acl.SCRIPT_COMMANDS), sorted(sent - set(acl.SCRIPT_COMMANDS))
@@ -368,7 +368,7 @@ WEBHOOK_SECRET = "whsec_dGVzdCBrZXk="
 def hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HttpsReceiver]:
     """A loopback HTTPS webhook receiver (the API takes https URLs only) whose private CA the senders trust
     through SSL_CERT_FILE, as a deployment with a company CA would."""
-    from inferq_webhooks import guarded_http
+    from inferq.webhooks import guarded_http
 
     ca_path, server_tls = private_ca(tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", str(ca_path))
@@ -417,8 +417,8 @@ async def test_files_batches_webhooks_long_polls_and_reclaims_run_as_each_roles_
     import boto3
 
     from functions.storage import FileStore
-    from inferq.batch_driver import BatchDriver
-    from inferq_webhooks.sender import WebhookSender, deliver_webhooks
+    from inferq.batches.driver import BatchDriver
+    from inferq.webhooks.sender import WebhookSender, deliver_webhooks
 
     boto3.client("s3").create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
     extra = {"files_bucket": BUCKET, "webhook_allow_private": True, "webhook_secret": WEBHOOK_SECRET}

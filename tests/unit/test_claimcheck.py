@@ -1,14 +1,14 @@
-"""The claim-check references (inferq.claimcheck): one object per job (the same for a resent submit), scoped to their
-tenant and job, under a prefix per kind (the lifecycle rules' unit), and never shown to a client as they are
-stored."""
+"""The claim-check references (inferq.queue.claimcheck): one object per job (the same for a resent submit), scoped
+to their tenant and job, under a prefix per kind (the lifecycle rules' unit), and never shown to a client as they
+are stored."""
 
 from __future__ import annotations
 
 import pytest
 
-from inferq import claimcheck
-from inferq.jobs import Job, JobStatus
-from inferq.settings import Settings, SettingsError
+from inferq.config.settings import Settings, SettingsError
+from inferq.queue import claimcheck
+from inferq.queue.jobs import Job, JobStatus
 
 DATA = claimcheck.encode({"model": "m", "messages": [{"role": "user", "content": "é \"x\""}]})
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from inferq.jobs import JobRequest, JobStatus
-from inferq.queue import Delivery, NotDeadLettered, Outcome, Queue, now_ms
+from inferq.queue.jobs import JobRequest, JobStatus
+from inferq.queue.protocol import Delivery, NotDeadLettered, Outcome, Queue, now_ms
 
 from .resend import Resending
 
