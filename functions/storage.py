@@ -242,6 +242,10 @@ class FileStore(Bucket):
         ``INFERQ_INLINE_MAX_BYTES``, as the gateway stores a large submit."""
         self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
 
+    def delete_claim(self, key: str) -> None:
+        """Delete a claim-checked request body whose job ended (a batch line its batch's cancel ended)."""
+        self.client.delete_object(Bucket=self.bucket, Key=key)
+
     def discard_uploads(self, tenant: str, file_id: str) -> int:
         """Abort every multipart upload still open on the file's key (a writer killed before it completed or
         aborted); how many."""

@@ -14,13 +14,13 @@ I/O (the S3 reads and writes are ``functions/gateway/claims.py``'s and ``gpu_wor
   ``claims/results/<tenant>/<job id>/<sha256>.json``: a duplicate completion of the same job (a reclaimed
   attempt that also finished) writes its own object and never overwrites the one the record points to.
 
-What is kept, and for how long (issue 40): a job's request object is deleted when the job ends (the worker that
-ends it, or the gateway that cancels it while queued), except a dead-lettered job's, which a redrive needs; a
-result object lives as long as the record that points to it, by the bucket's lifecycle rule on
-``claims/results/`` (a day, the default ``INFERQ_RESULT_TTL_S``); a second rule on ``claims/`` removes what no job
-ends for (the body of a refused submit, a dead letter never redriven) after a week. Records written before this
-layout point to ``claims/<tenant>/requests/...`` and ``claims/<tenant>/results/...``: still read, and removed by
-that second rule.
+What is kept, and for how long (issue 40): a job's request object is deleted when the job ends (by the worker
+that ends it, the gateway that cancels it while queued, or the batch driver whose batch's cancel ends it), except
+a dead-lettered job's, which a redrive needs; a result object lives as long as the record that points to it, by
+the bucket's lifecycle rule on ``claims/results/`` (a day, the default ``INFERQ_RESULT_TTL_S``); a second rule on
+``claims/`` removes what no job ends for (the body of a refused submit, a dead letter never redriven) after a
+week. Records written before this layout point to ``claims/<tenant>/requests/...`` and
+``claims/<tenant>/results/...``: still read, and removed by that second rule.
 """
 
 from __future__ import annotations

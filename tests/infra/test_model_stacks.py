@@ -403,8 +403,10 @@ def test_gateway_workers_and_the_batch_driver_may_read_and_write_claim_checks(
     scaler = translated["Resources"]["ScalerFunction"]["Properties"]["Role"]["Fn::GetAtt"][0]
     scaler_claims = [(s["Action"], s["Resource"]) for owner, s in role_statements(translated)
                      if owner == scaler and "claims/" in json.dumps(s["Resource"])]
-    # the batch driver claim-checks a line's large body, as a submit does, and reads results back into output files
-    assert scaler_claims == [(["s3:GetObject", "s3:PutObject"], {"Fn::Sub": "${FilesBucket.Arn}/claims/*"})]
+    # the batch driver claim-checks a line's large body, as a submit does, and reads results back into output files;
+    # it deletes a line's body when its batch's cancel ends the line's job
+    assert scaler_claims == [(["s3:GetObject", "s3:PutObject"], {"Fn::Sub": "${FilesBucket.Arn}/claims/*"}),
+                             ("s3:DeleteObject", {"Fn::Sub": "${FilesBucket.Arn}/claims/requests/*"})]
 
 
 def test_sam_local_env_names_the_bucket_and_only_variables_the_gateway_declares(translated: dict[str, Any]) -> None:

@@ -208,6 +208,26 @@ async def _running(queue: Queue, job_id: str) -> bool:
     return await queue.redis.hget(queue.keys.job(job_id), "status") == "running"
 
 
+async def test_a_batch_line_its_batch_cancel_ends_while_queued_has_its_body_object_deleted(
+    s3: MotoS3, bucket: str, settings: Settings, queue: Queue
+) -> None:
+    store = FileStore(bucket)
+    data = json.dumps({"custom_id": "big", "method": "POST", "url": "/v1/chat/completions",
+                       "body": chat("long " * 20_000)}).encode() + b"\n"
+    file_id = new_file_id()
+    store.put(TENANT, file_id, data, "in.jsonl", "batch")
+    batch = await Batches(queue).create(TENANT, file_id, "/v1/chat/completions", "24h", None)
+    driver = BatchDriver(queue, store, queue.settings)
+    await driver.run_once()
+    await driver.run_once()
+    assert len(s3.keys(bucket, f"claims/requests/{TENANT}/")) == 1  # the line's job waits, its body in S3
+    await Batches(queue).cancel(TENANT, batch.id)
+    await driver.run_once()
+    done = await Batches(queue).get(batch.id, TENANT)
+    assert done is not None and done.status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED), done
+    assert s3.keys(bucket, f"claims/requests/{TENANT}/") == []
+
+
 async def running_worker_until_idle(settings: Settings, queue: Queue) -> None:
     from gpu_worker.backends.mock import MockBackend
     from gpu_worker.worker import Worker
