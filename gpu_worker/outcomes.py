@@ -24,6 +24,7 @@ from inferq.redis.batching import Batcher
 from inferq.retry import backoff_ms
 
 from .backends.base import BackendError, EngineDied, FatalError, RetryableError, digest
+from .claims import ClaimCheck
 from .leases import Abort, InFlight
 from .metrics import WorkerMetrics
 
@@ -53,6 +54,7 @@ class Settling:
     settings: Settings
     queue: Queue
     metrics: WorkerMetrics
+    claims: ClaimCheck
     failure: str | None
     _give_up_at: float | None
     _finishes: Batcher[tuple[Delivery, JobStatus, Any, Any], Outcome]
@@ -151,6 +153,8 @@ class Settling:
                 self.metrics.outcome("released")
         if outcome is Outcome.DUPLICATE:
             self.metrics.duplicates.inc()
+        if outcome in (Outcome.WRITTEN, Outcome.ENDED):  # ended here, and not dead-lettered: its body is done with
+            await self.claims.drop_request_body(delivery.job)
         if outcome is None:
             log.error("could not write the outcome (%s) before giving up; the entry will be reclaimed", settle.kind)
         elif outcome not in (Outcome.WRITTEN, Outcome.RETRY_SCHEDULED, Outcome.RELEASED):
