@@ -17,6 +17,7 @@ from .jobs import (
     Job,
     JobRequest,
     JobStatus,
+    expected_tokens,
     idempotency_digest,
     new_job_id,
     record_of,
@@ -74,7 +75,8 @@ def record_fields(request: JobRequest) -> list[Any]:
     """The job record's fields that come from the request, as name/value pairs (enqueue.lua writes them). The body
     and metadata are stored as :func:`inferq.fastjson.dumps` writes them (what is read back is the same value; the
     request digest has its own canonical form)."""
-    fields: list[Any] = ["url", request.url, "body", fastjson.dumps(request.body), "lane", request.priority.value]
+    fields: list[Any] = ["url", request.url, "body", fastjson.dumps(request.body), "lane", request.priority.value,
+                         "tokens", expected_tokens(request.body)]
     if request.metadata:
         fields += ["metadata", fastjson.dumps(request.metadata)]
     if request.timeout_s is not None:
