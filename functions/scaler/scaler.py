@@ -276,6 +276,8 @@ class Scaler:
             m.add_metric(name="BusyWorkers", unit=MetricUnit.Count, value=o.busy_workers)
             m.add_metric(name="OldestJobAgeSeconds", unit=MetricUnit.Seconds,
                          value=round(o.oldest_age_s(int(now * 1000)), 3))
+        if tick.backlog_tokens is not None:
+            m.add_metric(name="BacklogTokens", unit=MetricUnit.Count, value=tick.backlog_tokens)
         desired = tick.desired
         if desired is not None:
             m.add_metric(name="Desired", unit=MetricUnit.Count, value=desired)
