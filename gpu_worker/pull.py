@@ -9,11 +9,11 @@
 - The maintenance task heartbeats, promotes due retries (each into its own lane), expires jobs past their
   ``ttl_s``, and now and then prunes what dead workers left behind.
 - Drain when surplus: with each heartbeat the worker records itself in ``inferq:{Q}:fleet`` (start time, attempts
-  run, their backend seconds and output tokens: the run time and throughput the scaler sizes by) and reads the scaler's drain target
-  (``target`` in ``inferq:{Q}:scale``). The live workers in start order, oldest first: the first ``target`` pull;
-  the others are surplus: they take no new job, finish what they hold and, idle, drop their ECS scale-in
-  protection, so a lower desired count takes effect while work keeps coming (new work packs onto the workers
-  that pull). A surplus worker that the target takes back pulls again at once: no boot lost. No target, or one
+  run, their backend seconds and output tokens: the run time and throughput the scaler sizes by) and reads the
+  scaler's drain target (``target`` in ``inferq:{Q}:scale``). The live workers in start order, oldest first: the
+  first ``target`` pull; the others are surplus: they take no new job, finish what they hold and, idle, drop their
+  ECS scale-in protection, so a lower desired count takes effect while work keeps coming (new work packs onto the
+  workers that pull). A surplus worker that the target takes back pulls again at once: no boot lost. No target, or one
   older than :data:`TARGET_STALE_S` (no scaler is running), and every worker pulls.
 """
 
