@@ -26,9 +26,13 @@ Strategies:
   worker for the first job at once).
 - **inferq, warm pool**: the default policy with ``WARM_POOL`` stopped instances that boot in
   ``WARM_BOOT_S`` (infra/gpu.yaml's warm pool) before the cold ``boot_s``.
+- **inferq, sized by work**: the default policy with ``INFERQ_SCALE_TOKENS_PER_S`` set, fed the backlog's
+  expected tokens and the measured throughput (:mod:`bench.sim_work`).
 
-Besides the seeded bursty day (the reference, kept as it is) every trace of :data:`bench.sim_fleet.TRACES` gets
-a row per strategy in a second table: a business-hours day, a sparse trickle and a spike storm.
+Besides the seeded bursty day (the reference, kept as it is: the jobs' tokens come from a generator of their own)
+every trace of :data:`bench.sim_fleet.TRACES` gets a row per strategy in a second table: a business-hours day, a
+sparse trickle and a spike storm; a third table has a day of two models, a fleet each, one row per model and
+strategy and the two fleets together (:func:`bench.sim_work.two_models`).
 
 Both autoscalers may grow to ``HEADROOM`` (2) times the always-on fleet; the ``max = peak`` rows give them the
 always-on fleet's size as their ceiling instead. GPU time counts from the request for a worker to its stop, boot
