@@ -75,8 +75,9 @@ def record_fields(request: JobRequest) -> list[Any]:
     """The job record's fields that come from the request, as name/value pairs (enqueue.lua writes them). The body
     and metadata are stored as :func:`inferq.fastjson.dumps` writes them (what is read back is the same value; the
     request digest has its own canonical form)."""
-    fields: list[Any] = ["url", request.url, "body", fastjson.dumps(request.body), "lane", request.priority.value,
-                         "tokens", expected_tokens(request.body)]
+    # tokens first: enqueue.lua adds it to the queue's backlog_tokens from that place
+    fields: list[Any] = ["tokens", expected_tokens(request.body), "url", request.url, "body",
+                         fastjson.dumps(request.body), "lane", request.priority.value]
     if request.metadata:
         fields += ["metadata", fastjson.dumps(request.metadata)]
     if request.timeout_s is not None:

@@ -10,7 +10,7 @@
   what the first run answered (each job's first entry is kept in its record as first_entry), adding nothing;
   that check comes before the idempotency key, so a first submission never comes back as a replay of itself.
   The stats field backlog_tokens grows by the tokens field of each accepted job (its expected tokens: the scaler
-  sizes the fleet by them); terminate takes them back when the job ends.
+  sizes the fleet by them; the job's first field, when it has one); terminate takes them back when the job ends.
 
   KEYS[1] stats
   KEYS[2] expiry (jobs with a ttl_s, scored by the time they expire unless started)
@@ -90,10 +90,8 @@ for i = 1, jobs do
     if hasIdem then
       rcall('SET', idemKey, jobId, 'EX', idemTtl)
     end
-    for f = fieldsFrom, fieldsTo - 1, 2 do
-      if ARGV[f] == 'tokens' then
-        acceptedTokens = acceptedTokens + (tonumber(ARGV[f + 1]) or 0)
-      end
+    if ARGV[fieldsFrom] == 'tokens' then  -- the producer passes it first: no search through the fields
+      acceptedTokens = acceptedTokens + (tonumber(ARGV[fieldsFrom + 1]) or 0)
     end
     replies[i] = {0, jobId, entry}
   end
