@@ -37,7 +37,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+                return [*path[path.index(nxt):], nxt] if nxt in path else [node, nxt]
             if nxt not in state and (found := visit(nxt, [*path, nxt])):
                 return found
         state[node] = 2
