@@ -6,7 +6,7 @@ the one sized by job counts, and a day of two models, each with its own queue an
   and its ``max_tokens`` (what the client asked for, what ``backlog_tokens`` sums) is the next of
   :data:`MAX_TOKENS` above its output times 1 to 2: clients ask for more than they get. Drawn from a generator of
   their own, so the arrivals and service times are those of the trace.
-- **Sized by work**: ``inferq.policy.decide`` with ``tokens_per_s`` set (``INFERQ_SCALE_TOKENS_PER_S``), fed the
+- **Sized by work**: ``inferq.scaling.policy.decide`` with ``tokens_per_s`` set (``INFERQ_SCALE_TOKENS_PER_S``), fed the
   fleet's ``backlog_tokens`` and its measured throughput (output tokens per service second so far).
 - **Two models**: ``chat`` (short answers through business hours) and ``summarize`` (long answers, a trickle and
   batch bursts), each a queue with its own fleet, peak and policy, as a model registry deploys them; one row per

@@ -1,6 +1,6 @@
 """The worker's half of the claim check (docs/api.md, "Large payloads"): before the backend is called, a claimed
 request body is read back from S3; after it answers, a result larger than ``INFERQ_INLINE_MAX_BYTES`` is stored in
-S3 and the record gets its reference (:mod:`inferq.claimcheck`), so the job's Redis memory stays bounded.
+S3 and the record gets its reference (:mod:`inferq.queue.claimcheck`), so the job's Redis memory stays bounded.
 
 S3 trouble is a transient fault: each read or write is tried a few times here with backoff, then the attempt
 fails with a :class:`RetryableError`, which the worker retries with its usual backoff, bounded by
@@ -21,10 +21,10 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from inferq import claimcheck
-from inferq.jobs import Job
+from inferq.config.settings import Settings
+from inferq.queue import claimcheck
+from inferq.queue.jobs import Job
 from inferq.retry import backoff_ms
-from inferq.settings import Settings
 
 from .backends.base import FatalError, RetryableError
 

@@ -1,6 +1,6 @@
-"""Work-based sizing (inferq/policy.py): hand-made situations where the backlog's expected tokens and the fleet's
-measured throughput, not the job counts, decide how many workers start, which ones keep pulling, and when a
-worker that is no longer needed goes (boot-aware scale-in with work-based sizing)."""
+"""Work-based sizing (inferq/scaling/policy.py): hand-made situations where the backlog's expected tokens and the
+fleet's measured throughput, not the job counts, decide how many workers start, which ones keep pulling, and when
+a worker that is no longer needed goes (boot-aware scale-in with work-based sizing)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from inferq.policy import Action, Demand, ScalePolicy, ScaleState, decide, worker_tokens_per_s, workers_for_work
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.scaling.policy import Action, Demand, ScalePolicy, ScaleState, decide, worker_tokens_per_s, workers_for_work
 
 NOW = 1_000_000.0
 POLICY = ScalePolicy(max=10, target_per_worker=8, boot_s=120, cooldown_s=120, zero_after_s=300, tokens_per_s=200)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferq.jobs import DEFAULT_EXPECTED_TOKENS, JobRequest, JobStatus, expected_tokens
-from inferq.queue import Outcome, Queue
+from inferq.queue.jobs import DEFAULT_EXPECTED_TOKENS, JobRequest, JobStatus, expected_tokens
+from inferq.queue.protocol import Outcome, Queue
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 RESULT = {"status_code": 200, "body": {}}

@@ -25,9 +25,9 @@ from moto import mock_aws
 from functions.gateway.wake import wake_event
 from functions.scaler import app
 from functions.scaler.scaler import Cadence
-from inferq.jobs import JobRequest, Priority
-from inferq.queue import Queue
-from inferq.settings import Settings, SettingsError
+from inferq.config.settings import Settings, SettingsError
+from inferq.queue.jobs import JobRequest, Priority
+from inferq.queue.protocol import Queue
 from tests.conftest import load_event
 
 CLUSTER, SERVICE = "inferq", "gpu-workers"

@@ -11,8 +11,8 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from functions.scaler import app
 from functions.scaler.scaler import fleet_figures
-from inferq.jobs import JobRequest
-from inferq.queue import Queue
+from inferq.queue.jobs import JobRequest
+from inferq.queue.protocol import Queue
 
 from .test_handler import CHAT, desired_count, scheduled, updates  # noqa: F401
 

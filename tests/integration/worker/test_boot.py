@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from gpu_worker.__main__ import _model_server_ready
-from inferq.jobs import JobStatus
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobStatus
+from inferq.queue.protocol import Queue
 
 from .support import WorkerProcess, eventually, submit, terminal
 
