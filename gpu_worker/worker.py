@@ -421,6 +421,8 @@ class Worker(Pulling):
                 self.metrics.outcome("released")
         if outcome is Outcome.DUPLICATE:
             self.metrics.duplicates.inc()
+        if outcome in (Outcome.WRITTEN, Outcome.ENDED):  # ended here, and not dead-lettered: its body is done with
+            await self.claims.drop_request_body(delivery.job)
         if outcome is None:
             log.error("could not write the outcome (%s) before giving up; the entry will be reclaimed", settle.kind)
         elif outcome not in (Outcome.WRITTEN, Outcome.RETRY_SCHEDULED, Outcome.RELEASED):

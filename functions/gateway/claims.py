@@ -49,7 +49,7 @@ class Claims:
         data = claimcheck.encode(request.body)
         if len(data) <= self.inline_max:
             return request
-        claim = claimcheck.request_claim(tenant, data)
+        claim = claimcheck.request_claim(tenant, data, request.idempotency_key)  # one object per job
         try:
             async with asyncio.timeout(STORE_TIMEOUT_S):  # the thread runs on; a retry writes the same object
                 await asyncio.to_thread(self.store.put, claim.key, data)
@@ -58,6 +58,19 @@ class Claims:
             raise ApiError(503, "the payload store is unavailable: retry with the same Idempotency-Key",
                            headers={"Retry-After": RETRY_AFTER_S}) from None
         return dataclasses.replace(request, body=claimcheck.claimed_body(claim))
+
+    async def drop_request_body(self, job: Job) -> None:
+        """Delete the claimed request body of ``job`` (as it was before it ended: the terminal transition drops the
+        record's ``body``), now that it has ended here (a cancel while queued). One try: a failure is logged, and
+        the bucket's lifecycle rule on ``claims/`` removes it later."""
+        claim = claimcheck.claim_of_body(job.body, job.tenant)
+        if claim is None or self.store is None:
+            return
+        try:
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                await asyncio.to_thread(self.store.delete, claim.key)
+        except (StorageUnavailable, TimeoutError) as exc:
+            log.warning("could not delete a cancelled job's request body: %s", str(exc) or "timed out")
 
     async def present(self, job: Job) -> dict[str, Any]:
         """The job object, a claimed result inline when it fits one response (else by URL, also when S3 cannot

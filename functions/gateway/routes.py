@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from inferq.config.registry import ALIAS_RE
 from inferq.queue.engine_body import BodyError, check_body
-from inferq.queue.jobs import Job, JobRequest, Priority
+from inferq.queue.jobs import Job, JobRequest, JobStatus, Priority
 
 from .errors import ApiError
 from .models import (
@@ -206,7 +206,13 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
         },
     )
     async def cancel_job(request: Request, job_id: str, tenant: Tenant) -> JSONResponse:
-        job = await gw.call(gw.job_queue(_job_id(job_id)).cancel(tenant, job_id))
+        queue = gw.job_queue(_job_id(job_id))
+        # a claimed body is deleted when a cancel ends the job here (queued); the record's reference goes with
+        # the terminal transition, so it is read first (a running job's worker deletes it when it ends it)
+        before = await gw.call(queue.get(job_id, tenant)) if gw.claims.store is not None else None
+        job = await gw.call(queue.cancel(tenant, job_id))
+        if before is not None and job.status is JobStatus.CANCELLED:
+            await gw.claims.drop_request_body(before)
         return job_response(request, job)
 
     @router.get(

@@ -333,7 +333,7 @@ class Producer(QueueCore):
         """Queue a dead-lettered job again. Raises JobNotFound, NotDeadLettered, or QueueFull / TenantQuotaFull
         under the same limits as :meth:`enqueue`."""
         keys = [*self.keys.lane_streams, self.keys.stats, self.keys.dlq, self.keys.tenants, self.keys.job(job_id),
-                self.keys.done(job_id)]
+                self.keys.done(job_id), self.keys.dlq_index]
         args = [tenant, now or now_ms(), new_token(), self.settings.max_queue_depth, self.settings.tenant_max_depth]
         [reply] = await self._write([("redrive", keys, args)], replicated=True)
         code = int(reply[0])
