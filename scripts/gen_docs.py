@@ -144,7 +144,9 @@ SETTING_DOCS: dict[str, str] = {
     "`max_tokens`, `backlog_tokens` in the stats hash) over the fleet's throughput are the seconds of work "
     "waiting, and it asks for no more workers than finish them within a boot time (`INFERQ_SCALE_BOOT_S`), nor "
     "more than the job counts ask for. 0 (the default): the job counts alone size the fleet "
-    "(`ceil(backlog / INFERQ_SCALE_TARGET_PER_WORKER)`); docs/benchmarks.md compares the two.",
+    "(`ceil(backlog / INFERQ_SCALE_TARGET_PER_WORKER)`), and no job carries the `tokens` field: the queue does no "
+    "work for the counter. Set it for every process that enqueues too (the gateway, the scaler's batch driver: the "
+    "template does); docs/benchmarks.md compares the two.",
     "scale_drain": "Whether the scaler asks the workers beyond the fleet's need to take no new jobs and drain (the "
     "drain target, `target` in the scale hash), so scale-in takes effect under load. `false` where nothing turns "
     "the desired count into workers, as in `emulator/compose.yaml`'s fixed workers.",

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from inferq.queue.jobs import DEFAULT_EXPECTED_TOKENS, JobRequest, JobStatus, expected_tokens
 from inferq.queue.protocol import Outcome, Queue
 
@@ -17,6 +19,13 @@ ERROR = {"type": "server_error", "message": "the model server died"}
 
 def chat(**body: Any) -> dict[str, Any]:
     return {**CHAT, **body}
+
+
+@pytest.fixture
+def sizing_by_work(q: Queue) -> None:
+    """The counter is kept only while sizing by work is on (INFERQ_SCALE_TOKENS_PER_S > 0), for every process that
+    enqueues (the gateway, the batch driver)."""
+    q.settings = q.settings.replace(scale_tokens_per_s=200.0)
 
 
 async def backlog_tokens(q: Queue) -> int:
@@ -31,6 +40,7 @@ def test_a_jobs_expected_tokens_come_from_its_body() -> None:
         assert expected_tokens(chat(max_tokens=odd)) == DEFAULT_EXPECTED_TOKENS
 
 
+@pytest.mark.usefixtures("sizing_by_work")
 async def test_backlog_tokens_follow_the_unfinished_jobs_through_every_ending(q: Queue) -> None:
     done, _ = await q.enqueue("t", JobRequest(body=chat(max_tokens=100)))
     twice = JobRequest(body=chat(max_completion_tokens=40), idempotency_key="k")
@@ -61,3 +71,13 @@ async def test_backlog_tokens_follow_the_unfinished_jobs_through_every_ending(q:
     assert await q.finish(again, JobStatus.FAILED, error=ERROR) is Outcome.WRITTEN
     assert await backlog_tokens(q) == 0
     assert int(await q.redis.hget(q.keys.stats, "unfinished") or 0) == 0
+
+
+async def test_with_sizing_by_work_off_no_job_carries_tokens_and_the_counter_stays_unset(q: Queue) -> None:
+    """The default (INFERQ_SCALE_TOKENS_PER_S=0): the queue pays nothing for the counter."""
+    q.settings = q.settings.replace(scale_tokens_per_s=0.0)
+    job, _ = await q.enqueue("t", JobRequest(body=chat(max_tokens=100)))
+    assert await q.redis.hget(q.keys.job(job.id), "tokens") is None
+    (delivery,), _ = await q.read("w1", 10)
+    assert await q.finish(delivery, JobStatus.SUCCEEDED, result=RESULT) is Outcome.WRITTEN
+    assert await q.redis.hget(q.keys.stats, "backlog_tokens") is None

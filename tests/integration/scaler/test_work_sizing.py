@@ -23,6 +23,7 @@ async def enqueue(queue: Queue, n: int, max_tokens: int) -> None:
 
 
 async def test_the_scaler_reads_the_backlogs_tokens_and_the_live_workers_throughput(queue: Queue) -> None:
+    queue.settings = queue.settings.replace(scale_tokens_per_s=100.0)  # the gateway keeps the counter while it is on
     assert await fleet_figures(queue) == (0, None, 0, None)  # nothing yet: no run time, no throughput
     await enqueue(queue, 3, 100)
     keys = queue.keys
@@ -52,6 +53,7 @@ async def test_with_the_setting_short_work_starts_one_worker_and_long_work_the_j
 ) -> None:
     monkeypatch.setenv("INFERQ_SCALE_TOKENS_PER_S", "100")
     app.reset()
+    queue.settings = queue.settings.replace(scale_tokens_per_s=100.0)  # the gateway's, set from the same parameter
     await enqueue(queue, 20, 16)  # 320 tokens: 3.2 s of one worker's work, far under a 120 s boot
     answer = app.handler(scheduled(), LambdaContext())
     assert desired_count(ecs) == 1 and updates == [1], answer

@@ -103,7 +103,9 @@ async def test_a_worker_publishes_its_output_tokens_and_the_backlog_tokens_fall_
     settings: Settings, queue: Queue
 ) -> None:
     """The throughput the scaler sizes by (output tokens per backend second, inferq:{Q}:fleet) comes from the
-    answers' usage; the queue's expected work (backlog_tokens) drops to zero as the jobs end."""
+    answers' usage; the queue's expected work (backlog_tokens, kept while sizing by work is on) drops to zero as the
+    jobs end."""
+    queue.settings = queue.settings.replace(scale_tokens_per_s=200.0)
     jobs = [await submit(queue, {**chat("one two three four five six"), "max_tokens": 64}) for _ in range(4)]
     assert int(await queue.redis.hget(queue.keys.stats, "backlog_tokens") or 0) == 4 * 64
     async with running_worker(settings, queue, worker_id="counting") as worker:
