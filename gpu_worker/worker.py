@@ -288,6 +288,7 @@ class Worker(Pulling, Settling):
                     record.url, request_body, timeout_s=timeout_s, traceparent=traceparent, job=record
                 )
             status, body = check_status(status, body)
+            self.metrics.answered(body)
             result = await self.claims.result(record, status, body)
         except asyncio.CancelledError:
             if job.abort is None:

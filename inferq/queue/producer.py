@@ -17,6 +17,7 @@ from inferq.queue.jobs import (
     Job,
     JobRequest,
     JobStatus,
+    expected_tokens,
     idempotency_digest,
     new_job_id,
     record_of,
@@ -68,11 +69,16 @@ class NotDeadLettered(QueueError):
     pass
 
 
-def record_fields(request: JobRequest) -> list[Any]:
+def record_fields(request: JobRequest, count_tokens: bool = False) -> list[Any]:
     """The job record's fields that come from the request, as name/value pairs (enqueue.lua writes them). The body
     and metadata are stored as :func:`inferq.fastjson.dumps` writes them (what is read back is the same value; the
-    request digest has its own canonical form)."""
-    fields: list[Any] = ["url", request.url, "body", fastjson.dumps(request.body), "lane", request.priority.value]
+    request digest has its own canonical form). ``count_tokens`` (sizing by work is on,
+    ``INFERQ_SCALE_TOKENS_PER_S`` > 0): the job's expected tokens too, which the queue's ``backlog_tokens`` counts;
+    off, the record and the scripts do no work for a figure nobody reads."""
+    fields: list[Any] = []
+    if count_tokens:  # first: enqueue.lua adds it to the queue's backlog_tokens from that place
+        fields += ["tokens", expected_tokens(request.body)]
+    fields += ["url", request.url, "body", fastjson.dumps(request.body), "lane", request.priority.value]
     if request.metadata:
         fields += ["metadata", fastjson.dumps(request.metadata)]
     if request.timeout_s is not None:
@@ -95,13 +101,14 @@ class Producer(QueueCore):
         keys_of, settings = self.keys, self.settings
         keys = [keys_of.stats, keys_of.expiry, keys_of.tenants]
         args: list[Any] = [settings.max_queue_depth, settings.tenant_max_depth, settings.result_ttl_s]
+        count_tokens = settings.scale_tokens_per_s > 0
         for tenant, request, job_id, now in jobs:
             job_key = keys_of.job(job_id)
             idem = request.idempotency_key
             # without an idempotency key the job record stands in its place: the script tells them apart
             keys += [keys_of.stream_of(request.priority), job_key,
                      keys_of.idem(tenant, idempotency_digest(idem)) if idem is not None else job_key]
-            fields = record_fields(request)
+            fields = record_fields(request, count_tokens)
             expires_at = now + request.ttl_s * 1000 if request.ttl_s is not None else ""
             # the digest is what a retry with the same idempotency key is checked against: without a key, nothing is
             digest = request.digest() if idem is not None else ""

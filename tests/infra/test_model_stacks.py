@@ -187,7 +187,7 @@ def test_the_vllm_sidecar_runs_the_registry_args_and_a_mock_model_gets_no_gpu(gp
                             "--disable-uvicorn-access-log"]
     assert chat["vllm"]["ResourceRequirements"] == [{"Type": "GPU", "Value": "1"}]
     assert chat["vllm"]["MemoryReservation"] == 15000
-    assert chat["worker"]["DependsOn"] == [{"ContainerName": "vllm", "Condition": "HEALTHY"}]
+    assert chat["worker"]["DependsOn"] == [{"ContainerName": "vllm", "Condition": "START"}]  # beside the server
     embed = containers(gpu, "EmbedSmall")
     assert list(embed) == ["worker"]
     assert embed["worker"]["Image"] == "123456789012.dkr.ecr.us-east-1.amazonaws.com/inferq-worker:embed"

@@ -1,7 +1,7 @@
 --[[
   Re-enqueue a dead-lettered job for its tenant with its attempts and its engine-death strikes reset, in its own lane;
   it leaves the dead-letter stream and the tenant's part of the dead-letter index, and counts again among the queue's
-  and the tenant's unfinished jobs.
+  and the tenant's unfinished jobs, and its tokens in backlog_tokens.
   Safe to resend (G9): the answer is recorded against the call token (field redrive_call), so a resent copy
   answers as the first run did, never "not dead-lettered", and adds no second entry.
 
@@ -35,7 +35,8 @@ local tenant, call = ARGV[1], ARGV[3]
 --- @include "replay"
 --- @include "laneStream"
 
-local job = rcall('HMGET', jobKey, 'id', 'status', 'tenant', 'dead_lettered', 'dlq_entry', 'redrive_call', 'lane')
+local job = rcall('HMGET', jobKey, 'id', 'status', 'tenant', 'dead_lettered', 'dlq_entry', 'redrive_call', 'lane',
+  'tokens')
 local jobId, status, owner, dead, dlqEntry = job[1], job[2], job[3], job[4], job[5]
 if not jobId or owner ~= tenant then
   return {CODE_NOT_FOUND}
@@ -81,5 +82,8 @@ rcall('HSET', jobKey, 'status', 'queued', 'attempts', '1', 'deliveries', '0', 'd
   'redriven_at', ARGV[2])
 rcall('HINCRBY', statsKey, 'unfinished', 1)
 rcall('HINCRBY', statsKey, 'redriven', 1)
+if tonumber(job[8] or '') then
+  rcall('HINCRBY', statsKey, 'backlog_tokens', tonumber(job[8]))  -- its expected work counts again (enqueue.lua)
+end
 rcall('HINCRBY', tenantsKey, owner, 1)
 return remember(jobKey, 'redrive_call', call, {0, entry})
