@@ -28,15 +28,12 @@ from inferq.keys import Keys
 from inferq.queue import Queue
 from inferq.settings import Settings
 from tests.integration.scaler.test_handler import (  # noqa: F401  (fixtures)
-    CLUSTER,
-    SERVICE,
     LambdaContext,
-    aws_env,
-    desired_count,
     ecs,
     scaler_env,
     scheduled,
 )
+from tests.support.ecs import CLUSTER, SERVICE, desired_count
 
 from .cfn import NESTED, Resolver, load
 

@@ -103,8 +103,9 @@ def test_nothing_read_yet_is_unavailable_and_a_failed_forced_read_keeps_the_copy
 
 
 def test_importing_it_loads_no_sdk_until_a_client_is_made() -> None:
+    sdks = "('boto3', 'botocore', 'aws_lambda_powertools')"
     code = ("import sys, inferq.aws, functions.storage, functions.gateway.auth; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore', 'aws_lambda_powertools')))")
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {sdks}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
 
