@@ -192,3 +192,19 @@ def test_no_keys_at_all_refuses_to_build_the_app(settings: Settings) -> None:
     with pytest.raises(SettingsError) as excinfo:
         create_app(settings.replace(api_keys=None, api_keys_secret=None))
     assert excinfo.value.variable == "INFERQ_API_KEYS"
+
+
+async def test_a_restored_snapshot_reads_the_secret_again_with_a_new_client(
+    secrets: Any, settings: Settings, open_client: Callable[..., httpx.AsyncClient]
+) -> None:
+    from functions.gateway import snapstart
+
+    secrets.create_secret(Name=SECRET, SecretString=json.dumps({sha(KEY): "tenant-s"}))
+    counting = Counting(secrets)
+    store = SecretKeys(SECRET, cache_s=300, client=counting)
+    client = open_client(create_app(settings, keys=store))
+    assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
+    snapstart._forget_client(store)  # what drop_connections does to the key store after a restore
+    assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
+    assert store.secret.reads == 2  # read again after the restore ...
+    assert counting.calls == 1  # ... by a new client: the one from before the snapshot is gone
