@@ -317,6 +317,63 @@ def test_a_template_parameter_described_as_a_setting_sets_that_setting() -> None
     assert not outside, f"template parameters that allow values the setting refuses: {outside}"
 
 
+def _names_in(node: object) -> set[str]:
+    """Every variable a piece of template sets: keys of ``Variables``, ``Name`` of an ECS environment or secret
+    entry (inside ``Fn::If`` too)."""
+    found: set[str] = set()
+    if isinstance(node, dict):
+        if isinstance(node.get("Name"), str):
+            found.add(node["Name"])
+        if isinstance(node.get("Variables"), dict):
+            found |= set(node["Variables"])
+        for value in node.values():
+            found |= _names_in(value)
+    elif isinstance(node, list):
+        for value in node:
+            found |= _names_in(value)
+    return found
+
+
+def test_deploy_md_says_which_process_gets_which_variable_as_the_templates_do() -> None:
+    """DEPLOY.md's table (variable | gateway | scaler | worker | from) against template.yaml (the functions, with
+    Globals) and infra/gpu.yaml (the worker container): each variable a process gets is in a row with that
+    process's cell filled, and a filled cell is a variable the process does get."""
+    from tests.infra.cfn import load
+
+    template, gpu = load(ROOT / "template.yaml"), load(ROOT / "infra" / "gpu.yaml")
+    shared = _names_in(template["Globals"]["Function"].get("Environment", {}))
+    containers = gpu["Resources"]["TaskDefinition"]["Properties"]["ContainerDefinitions"]
+    worker = next(c for c in containers if c.get("Name") == "worker")
+    gets = {
+        "gateway": shared | _names_in(template["Resources"]["GatewayFunction"]["Properties"].get("Environment")),
+        "scaler": shared | _names_in(template["Resources"]["ScalerFunction"]["Properties"].get("Environment")),
+        "worker": _names_in(worker.get("Environment")) | _names_in(worker.get("Secrets")),
+    }
+    prefixes = ("INFERQ_", "POWERTOOLS_")
+    gets = {role: {n for n in names if n.startswith(prefixes)} for role, names in gets.items()}
+    text = (ROOT / "DEPLOY.md").read_text()
+    table = re.search(r"^\| variable \| gateway \| scaler \| worker \| from \|\n\|[-|]+\|\n((?:\|.*\|\n)+)", text,
+                      re.MULTILINE)
+    assert table, "DEPLOY.md has no table | variable | gateway | scaler | worker | from |"
+    listed: set[str] = set()
+    wrong = []
+    for row in table.group(1).splitlines():
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        names = set(re.findall(r"`((?:INFERQ|POWERTOOLS)_[A-Z0-9_]*[A-Z0-9])", cells[0]))
+        names |= {re.sub(r"_[A-Z0-9]+$", m.group(2), m.group(1))
+                  for m in re.finditer(r"`(INFERQ_[A-Z0-9_]+)/(_[A-Z0-9]+)`", cells[0])}  # `INFERQ_SCALE_MIN/_MAX`
+        listed |= names
+        for role, cell in zip(("gateway", "scaler", "worker"), cells[1:4], strict=True):
+            given = names & gets[role]
+            if cell and not given:
+                wrong.append(f"{sorted(names)}: DEPLOY.md says the {role} gets it, the template gives it none")
+            if not cell and given:
+                wrong.append(f"{sorted(given)}: the template gives it to the {role}, DEPLOY.md's cell is empty")
+    missing = sorted(set().union(*gets.values()) - listed)
+    assert not missing, f"variables the templates set that DEPLOY.md's table does not list: {missing}"
+    assert not wrong, "; ".join(wrong)
+
+
 def test_the_openapi_document_has_every_route_of_the_app() -> None:
     import json
 
