@@ -124,25 +124,38 @@ class CachedSecret:
             self._powertools = _provider(self._client, self._answered)
         return self._powertools
 
-    def get(self) -> str:
-        with self._lock:
-            now = time.monotonic()
-            if now < self._retry_at:  # the last read failed a moment ago
-                if self._value is not None and not self._too_stale(now):
-                    return self._value
-                raise SecretUnavailable(f"secret {self.secret_id} could not be read a moment ago")
-            try:
-                value = self._secrets().get(self.secret_id, max_age=self.max_age_s)
-            except Exception as exc:  # Powertools' GetParameterError wraps whatever boto3 raised
-                self._retry_at = time.monotonic() + self.retry_after_s
-                if self._value is None or self._too_stale(time.monotonic()):
-                    raise SecretUnavailable(f"cannot read secret {self.secret_id}: {type(exc).__name__}") from exc
-                log.warning("secret %s: read failed (%s); serving the copy in hand", self.secret_id,
-                            type(exc).__name__)
+    def get(self, *, wait: bool = True) -> str:
+        """The value. ``wait=False`` (an event loop's caller, after :meth:`cached`): while another thread holds the
+        lock for a read, the copy in hand is answered instead of waiting for that read."""
+        if not self._lock.acquire(blocking=wait):
+            value = self._value
+            if value is not None and self.cached():
+                return value
+            self._lock.acquire()
+        try:
+            return self._get()
+        finally:
+            self._lock.release()
+
+    def _get(self) -> str:
+        """:meth:`get` with the lock held."""
+        now = time.monotonic()
+        if now < self._retry_at:  # the last read failed a moment ago
+            if self._value is not None and not self._too_stale(now):
                 return self._value
-            self._value = value.decode() if isinstance(value, bytes) else str(value)
-            self._retry_at = -math.inf
+            raise SecretUnavailable(f"secret {self.secret_id} could not be read a moment ago")
+        try:
+            value = self._secrets().get(self.secret_id, max_age=self.max_age_s)
+        except Exception as exc:  # Powertools' GetParameterError wraps whatever boto3 raised
+            self._retry_at = time.monotonic() + self.retry_after_s
+            if self._value is None or self._too_stale(time.monotonic()):
+                raise SecretUnavailable(f"cannot read secret {self.secret_id}: {type(exc).__name__}") from exc
+            log.warning("secret %s: read failed (%s); serving the copy in hand", self.secret_id,
+                        type(exc).__name__)
             return self._value
+        self._value = value.decode() if isinstance(value, bytes) else str(value)
+        self._retry_at = -math.inf
+        return self._value
 
     def read_now(self) -> str:
         """Read the secret now, whatever the cache holds (the server refused what it held); a failure raises

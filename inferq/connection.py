@@ -131,11 +131,11 @@ class SecretCredentialProvider(redis.credentials.CredentialProvider):
     def forget_client(self) -> None:
         self.secret.forget_client()
 
-    def get_credentials(self) -> Credentials:
+    def get_credentials(self, *, wait: bool = True) -> Credentials:
         from .aws import SecretUnavailable
 
         try:
-            return credentials_from_secret(self.secret.get())
+            return credentials_from_secret(self.secret.get(wait=wait))
         except SecretUnavailable as exc:
             log.warning("cache token: %s", exc)
             # a ConnectionError is what every caller already treats as "Redis unreachable, retry later" (G8)
@@ -143,7 +143,7 @@ class SecretCredentialProvider(redis.credentials.CredentialProvider):
 
     async def get_credentials_async(self) -> Credentials:
         if self.secret.cached():
-            return self.get_credentials()  # the common case: from the cache, no thread hop
+            return self.get_credentials(wait=False)  # the common case: from the cache, no thread hop
         return await asyncio.to_thread(self.get_credentials)
 
     def refresh(self, refused: Credentials) -> bool:
@@ -151,7 +151,7 @@ class SecretCredentialProvider(redis.credentials.CredentialProvider):
         the refused ones (worth another try); False when it does not or cannot be read."""
         from .aws import SecretUnavailable
 
-        if self.secret.cached() and self.get_credentials() != refused:
+        if self.secret.cached() and self.get_credentials(wait=False) != refused:
             return True  # another connection has already read the rotated token
         try:
             raw = self.secret.read_now()

@@ -104,11 +104,11 @@ class SecretKeys:
     def forget_client(self) -> None:
         self.secret.forget_client()
 
-    def _digests(self) -> list[tuple[bytes, str]]:
+    def _digests(self, *, wait: bool = True) -> list[tuple[bytes, str]]:
         from inferq.aws import SecretUnavailable
 
         try:
-            raw = self.secret.get()
+            raw = self.secret.get(wait=wait)
         except SecretUnavailable as exc:
             raise KeysUnavailable(f"cannot read the API keys secret: {exc}") from exc
         parsed = self._parsed
@@ -132,7 +132,7 @@ class SecretKeys:
 
     async def tenant_for(self, key: str) -> str | None:
         if self.secret.cached():
-            digests = self._digests()  # from the cache: no read, no thread
+            digests = self._digests(wait=False)  # from the cache: no read, no thread
         else:
             digests = await asyncio.to_thread(self._digests)
         return _match(digest(key), digests)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -111,3 +112,32 @@ def test_importing_it_loads_no_sdk_until_a_client_is_made() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
 
+
+
+def test_an_event_loops_caller_is_answered_from_the_copy_in_hand_while_a_thread_reads(secrets: Any) -> None:
+    secrets.create_secret(Name="s", SecretString="one")
+    entered, release = threading.Event(), threading.Event()
+
+    class Hanging:  # a read that hangs once asked to, as one to an unreachable endpoint does until its timeout
+        hang = False
+
+        def get_secret_value(self, **kwargs: Any) -> Any:
+            if self.hang:
+                entered.set()
+                release.wait(10)
+            return secrets.get_secret_value(**kwargs)
+
+    client = Hanging()
+    cached = aws.CachedSecret("s", 60, client=client)
+    assert cached.get() == "one"
+    client.hang = True
+    reader = threading.Thread(target=cached.read_now)  # a refused token's forced read, on a worker thread
+    reader.start()
+    assert entered.wait(10)
+    try:
+        assert cached.cached()
+        assert cached.get(wait=False) == "one"
+        assert reader.is_alive()  # answered while the read still hangs: the event loop did not wait for it
+    finally:
+        release.set()
+        reader.join(10)
