@@ -116,7 +116,7 @@ class SecretCredentialProvider(redis.credentials.CredentialProvider):
     makes on a worker thread."""
 
     def __init__(self, secret_id: str, *, ttl_s: float = TOKEN_TTL_S, client: Any = None) -> None:
-        from .aws import CachedSecret  # no AWS SDK until a secret is read
+        from inferq.aws import CachedSecret  # no AWS SDK until a secret is read
 
         self.secret_id = secret_id
         self.ttl_s = ttl_s
@@ -132,7 +132,7 @@ class SecretCredentialProvider(redis.credentials.CredentialProvider):
         self.secret.forget_client()
 
     def get_credentials(self, *, wait: bool = True) -> Credentials:
-        from .aws import SecretUnavailable
+        from inferq.aws import SecretUnavailable
 
         try:
             return credentials_from_secret(self.secret.get(wait=wait))
@@ -149,7 +149,7 @@ class SecretCredentialProvider(redis.credentials.CredentialProvider):
     def refresh(self, refused: Credentials) -> bool:
         """The server refused ``refused``: read the secret again now. True when it holds other credentials than
         the refused ones (worth another try); False when it does not or cannot be read."""
-        from .aws import SecretUnavailable
+        from inferq.aws import SecretUnavailable
 
         if self.secret.cached() and self.get_credentials(wait=False) != refused:
             return True  # another connection has already read the rotated token
