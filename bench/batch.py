@@ -181,11 +181,12 @@ def measure_file(path: Path) -> dict[str, Any]:
     peak RSS and the time of each."""
     import resource
 
-    from inferq import batch_driver, claimcheck
-    from inferq.batch_io import line_custom_id, read_lines
-    from inferq.batch_lines import Validator, parse_line, scan_lines, validate
-    from inferq.batches import error_line
-    from inferq.settings import Settings
+    from inferq.batches import driver as batch_driver
+    from inferq.batches.lines import Validator, parse_line, scan_lines, validate
+    from inferq.batches.records import error_line
+    from inferq.batches.store import line_custom_id, read_lines
+    from inferq.config.settings import Settings
+    from inferq.queue import claimcheck
 
     settings = Settings()
     store = LocalFile(path)

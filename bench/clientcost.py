@@ -5,7 +5,7 @@ round trips (connection pool, retries, timeouts, parsing). This puts a number on
 this process only: the server's is K's other figures) of one round trip of the gateway's job read (``HMGET`` of the
 record's fields but the body), made one after another on an event loop like the services' (uvloop when installed):
 
-- ``inferq``: through :func:`inferq.connection.connect` (redis-py with hiredis, the pool, inferq's timeouts and
+- ``inferq``: through :func:`inferq.redis.connection.connect` (redis-py with hiredis, the pool, inferq's timeouts and
   retry), as the gateway and workers make it;
 - ``floor``: asyncio streams and a hiredis reader on one connection, under an ``asyncio.timeout`` as a service
   needs one: what any Python client must spend at least.
@@ -41,10 +41,10 @@ from typing import Any
 import hiredis
 
 from emulator.valkey import ValkeyProcess
-from inferq.connection import connect
-from inferq.jobs import RECORD_FIELDS_BUT_BODY
-from inferq.leanclient import pipelined
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import RECORD_FIELDS_BUT_BODY
+from inferq.redis.connection import connect
+from inferq.redis.leanclient import pipelined
 
 KEY = "bench:clientcost:job"
 RECORD = {"id": "job_bench", "status": "succeeded", "tenant": "bench", "attempts": "1", "created_at": "1",

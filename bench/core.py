@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from emulator.valkey import ValkeyProcess
-from inferq.jobs import JobRequest, JobStatus
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobRequest, JobStatus
+from inferq.queue.protocol import Queue
 
 from . import clientcost, instrcost, protocost, servicecost
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from emulator.valkey import ValkeyProcess
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.protocol import Queue
 
 from . import protocost
 

@@ -112,7 +112,7 @@ class Parts(Plumbing):
                        f"{report.fmt_spread(summary['lines_per_s'])} lines/s; upload "
                        f"{report.fmt_spread(summary['upload_s'], 2)} s{rss}"})
 
-        from inferq.batch_driver import STEP_MAX_S
+        from inferq.batches.driver import STEP_MAX_S
 
         task = self.progress.add_task("B large input files", total=len(batch.LARGE_FILES))
         large = await asyncio.to_thread(batch.large_files, 0.1 if self.args.quick else 1.0,

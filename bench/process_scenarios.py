@@ -31,9 +31,9 @@ class ProcessScenarios(Plumbing):
                 await self.worker_drain(server.url)
 
     async def worker_cold_start(self, redis_url: str) -> None:
-        from inferq.jobs import JobRequest
-        from inferq.queue import Queue
-        from inferq.settings import Settings
+        from inferq.config.settings import Settings
+        from inferq.queue.jobs import JobRequest
+        from inferq.queue.protocol import Queue
 
         taken, finished = [], []
         task = self.progress.add_task("C worker cold start", total=self.sizes.repeats)
@@ -78,9 +78,9 @@ class ProcessScenarios(Plumbing):
                        f"{report.fmt_spread(report.spread(finished))} ms"})
 
     async def worker_drain(self, redis_url: str) -> None:
-        from inferq.jobs import JobRequest
-        from inferq.queue import Queue
-        from inferq.settings import Settings
+        from inferq.config.settings import Settings
+        from inferq.queue.jobs import JobRequest
+        from inferq.queue.protocol import Queue
 
         n = self.sizes.drain_jobs
         points: dict[str, Any] = {}

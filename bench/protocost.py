@@ -26,8 +26,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from inferq.jobs import JobRequest, JobStatus
-from inferq.queue import Queue
+from inferq.queue.jobs import JobRequest, JobStatus
+from inferq.queue.protocol import Queue
 
 BATCH = 100
 FLOOR_COMMANDS = frozenset(("xadd", "xreadgroup", "xack", "rpush", "lpop"))
@@ -75,7 +75,7 @@ async def _inferq_once(q: Queue, n: int, phase: Phase = _phase) -> dict[str, flo
             await q.finish_many([(d, JobStatus.SUCCEEDED, RESULT, None) for d in deliveries[i:i + BATCH]])
 
     async def read() -> None:
-        from inferq.jobs import RECORD_FIELDS_BUT_BODY
+        from inferq.queue.jobs import RECORD_FIELDS_BUT_BODY
 
         for i in range(0, len(jobs), BATCH):
             pipe = q.redis.pipeline(transaction=False)
@@ -111,8 +111,8 @@ async def _contract_once(q: Queue, n: int, phase: Phase = _phase) -> dict[str, f
 
     Everything inferq adds on top (lease tokens, owner and resend checks, delivery counts, the tenant count, latency
     sums) is left out, so the gap between this and inferq's own figure is what its scripts and guarantees cost."""
-    from inferq.jobs import RECORD_FIELDS_BUT_BODY
-    from inferq.producer import record_fields
+    from inferq.queue.jobs import RECORD_FIELDS_BUT_BODY
+    from inferq.queue.producer import record_fields
 
     r, keys, settings = q.redis, q.keys, q.settings
     now = int(time.time() * 1000)

@@ -37,9 +37,9 @@ from typing import Any
 import httpx
 
 from emulator.valkey import ValkeyProcess, free_port
-from inferq.jobs import JobRequest
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobRequest
+from inferq.queue.protocol import Queue
 
 from .stack import ROOT
 

@@ -31,8 +31,8 @@ from typing import Any
 import httpx
 import redis
 
-from inferq.keys import Keys
-from inferq.policy import ScalePolicy
+from inferq.queue.keys import Keys
+from inferq.scaling.policy import ScalePolicy
 
 from .sim_fleet import Scenario, Sim, Trace, percentile
 from .sim_strategies import InferqPolicy

@@ -1,5 +1,5 @@
 """The strategies the elasticity simulation compares (:mod:`bench.simulate`'s docstring says what each does):
-always-on, KEDA-like, and ``inferq.policy.decide`` itself."""
+always-on, KEDA-like, and ``inferq.scaling.policy.decide`` itself."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 from collections import deque
 from typing import Any
 
-from inferq.policy import Demand, ScalePolicy, ScaleState, decide
+from inferq.scaling.policy import Demand, ScalePolicy, ScaleState, decide
 
 from .sim_fleet import TICK, Controller, Sim, Worker
 

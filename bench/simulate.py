@@ -14,7 +14,7 @@ Strategies:
   activation when the backlog (lag + pending) exceeds 0, which takes 0 -> 1 only; the HPA (15 s sync) then
   asks for ``ceil(backlog / 5)`` replicas, with its 10% tolerance, its scale-up rate limit (double or +4 per
   15 s) and a 300 s scale-down stabilisation window; back to zero 300 s after the last active poll.
-- **inferq**: ``inferq.policy.decide`` itself, with the default settings (target = window, cooldown 120 s,
+- **inferq**: ``inferq.scaling.policy.decide`` itself, with the default settings (target = window, cooldown 120 s,
   zero after 300 s, boot 120 s, no gathering), evaluated every 60 s (the EventBridge schedule alone) and every
   10 s (the scaler's evaluations within its one-minute invocation); both with the gateway's wake-up call when
   the fleet is at zero. It sees what the real scaler reads (the oldest waiting job's age, the queue's arrival
@@ -48,7 +48,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from inferq.policy import ScalePolicy
+from inferq.scaling.policy import ScalePolicy
 
 from .sim_fleet import TRACES, Controller, Scenario, Sim, Trace, make_trace, peak_fleet
 from .sim_strategies import AlwaysOn, InferqPolicy, KedaLike
@@ -70,7 +70,7 @@ the image is already on its disk and the weights on its volume, so what remains 
 
 
 def _policy(sc: Scenario, ceiling: int) -> ScalePolicy:
-    """The settings' defaults (inferq/settings.py), ceiling and the scenario's window and boot aside."""
+    """The settings' defaults (inferq/config/settings.py), ceiling and the scenario's window and boot aside."""
     return ScalePolicy(min=0, max=ceiling, target_per_worker=sc.window, cooldown_s=120.0, zero_after_s=300.0,
                        boot_s=sc.boot_s, gather_s=0.0)
 

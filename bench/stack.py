@@ -143,7 +143,7 @@ class Stack:
         self.started_in_s = time.monotonic() - t0
 
     def _start_emulator(self) -> None:
-        argv = [sys.executable, "-m", "inferq_cli.cli", "up", "--host", "127.0.0.1", "--port", str(self.port),
+        argv = [sys.executable, "-m", "inferq.cli.main", "up", "--host", "127.0.0.1", "--port", str(self.port),
                 "--data-dir", str(self.data_dir), "--valkey-port", str(self.valkey_port)]
         process = self._popen(argv, self.env())
         deadline = time.monotonic() + READY_TIMEOUT_S

@@ -3,7 +3,7 @@
 Valkey counts every command it executes, including the ones a Lua script calls: an ``EVALSHA``'s ``usec`` already
 includes the time of its inner ``HSET``/``XADD``/..., and those inner commands are counted again under their own
 names. So the total command time per job counts each script once, with its inner commands, and leaves out the
-commands the scripts themselves call (their names are read from ``inferq/scripts/**.lua``, so the split follows
+commands the scripts themselves call (their names are read from ``inferq/queue/scripts/**.lua``, so the split follows
 the scripts as they change). A command that is called both directly and from a script (``HGETALL``, say) is then
 left out of the total altogether: the total is a lower bound, and the table says which commands it left out.
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "inferq" / "scripts"
+SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "inferq" / "queue" / "scripts"
 SCRIPT_COMMANDS = frozenset({"evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro"})
 # the bench's own bookkeeping commands, left out of every figure
 BENCH_COMMANDS = frozenset({"info", "config|resetstat", "config|set", "config|get", "slowlog|get", "slowlog|reset",
@@ -188,7 +188,7 @@ def names_by_sha() -> dict[str, str]:
         import hashlib
 
         from gpu_worker.backends.mock import COUNT_SCRIPT
-        from inferq import scripting
+        from inferq.redis import scripting
 
         names = {script.sha.lower(): script.name for script in scripting.all_scripts()}
         names[hashlib.sha1(COUNT_SCRIPT.encode()).hexdigest()] = MOCK_COUNTER  # Redis names scripts by SHA-1

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from emulator.valkey import ValkeyProcess
-from inferq.jobs import JobRequest
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobRequest
+from inferq.queue.protocol import Queue
 
 from .load import job_body
 from .report import part_main

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from inferq.registry import Registry
+from inferq.config.registry import Registry
 from inferq.retry import backoff
 
 from .ecs import MotoEcs, ServiceView

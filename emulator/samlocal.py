@@ -214,7 +214,7 @@ def lambda_architecture() -> tuple[str, str]:
     return "x86_64", "manylinux2014_x86_64"
 
 
-BUILD_INPUTS = ("template.yaml", "infra", "mk/sam.mk", "inferq", "inferq_webhooks", "functions")
+BUILD_INPUTS = ("template.yaml", "infra", "mk/sam.mk", "inferq", "functions")
 
 
 def build_key(architecture: str) -> str:

@@ -129,7 +129,7 @@ def run(interval_s: float, wake: Wake) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from inferq.settings import load_or_exit
+    from inferq.config.settings import load_or_exit
 
     parser = argparse.ArgumentParser(prog="python -m emulator.scaler")
     parser.add_argument("--host", default="127.0.0.1")

@@ -22,9 +22,9 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from inferq.registry import Registry
-from inferq.registry import load as load_registry
-from inferq.settings import Settings, SettingsError, load_or_exit
+from inferq.config.registry import Registry
+from inferq.config.registry import load as load_registry
+from inferq.config.settings import Settings, SettingsError, load_or_exit
 
 from .host import aws_env, bind_error, create_bucket, dev_api_key, lock_data_dir
 from .httpd import get_status

@@ -212,7 +212,7 @@ class FileStore(Bucket):
         return MultipartWriter(self, self.file_key(tenant, file_id), _meta(filename, purpose, int(time.time())))
 
     def claimed(self, key: str) -> bytes:
-        """A claim-checked payload (``claims/``, :mod:`inferq.claimcheck`): the batch driver reads large results
+        """A claim-checked payload (``claims/``, :mod:`inferq.queue.claimcheck`): the batch driver reads large results
         back into output files."""
         body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
         try:
@@ -221,7 +221,7 @@ class FileStore(Bucket):
             body.close()
 
     def put_claim(self, key: str, data: bytes) -> None:
-        """Store a claim-checked request body (:mod:`inferq.claimcheck`): a batch line over
+        """Store a claim-checked request body (:mod:`inferq.queue.claimcheck`): a batch line over
         ``INFERQ_INLINE_MAX_BYTES``, as the gateway stores a large submit."""
         self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
 
@@ -305,7 +305,7 @@ class StorageUnavailable(Exception):
 
 
 class ClaimStore(Bucket):
-    """Claim-checked payloads (:mod:`inferq.claimcheck`) in one bucket, under ``claims/``: the gateway writes a
+    """Claim-checked payloads (:mod:`inferq.queue.claimcheck`) in one bucket, under ``claims/``: the gateway writes a
     large request body and reads or presigns a large result. Encrypted as files are, by the bucket's default
     encryption; removed by the bucket's lifecycle rule on ``claims/``, never one by one."""
 

@@ -24,9 +24,9 @@ import time
 
 import httpx
 
-from inferq.queue import Queue
-from inferq.registry import Model, served_model
-from inferq.settings import Settings, SettingsError, load_or_exit
+from inferq.config.registry import Model, served_model
+from inferq.config.settings import Settings, SettingsError, load_or_exit
+from inferq.queue.protocol import Queue
 
 from . import logs
 from .backends import build_backend

@@ -1,6 +1,6 @@
 """The worker's half of the claim check (docs/api.md, "Large payloads"): before the backend is called, a claimed
 request body is read back from S3; after it answers, a result larger than ``INFERQ_INLINE_MAX_BYTES`` is stored in
-S3 and the record gets its reference (:mod:`inferq.claimcheck`), so the job's Redis memory stays bounded.
+S3 and the record gets its reference (:mod:`inferq.queue.claimcheck`), so the job's Redis memory stays bounded.
 
 S3 trouble is a transient fault: each read or write is tried :data:`inferq.aws.S3_ATTEMPTS` times by botocore
 (standard retry mode, with backoff), then the attempt fails with a :class:`RetryableError`, which the worker
@@ -20,9 +20,10 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from inferq import aws, claimcheck
-from inferq.jobs import Job
-from inferq.settings import Settings
+from inferq import aws
+from inferq.config.settings import Settings
+from inferq.queue import claimcheck
+from inferq.queue.jobs import Job
 
 from .backends.base import FatalError, RetryableError
 

@@ -4,7 +4,7 @@ A separate task renews every live lease every ``min(1 s, claim-idle / 3)``, so a
 ``INFERQ_CLAIM_IDLE_MS`` while its worker is healthy, however long the inference runs: the backend call awaits
 I/O and never holds the event loop, so nothing it does can starve this task. The same call tells which jobs were
 cancelled (abort, finish ``cancelled``) and which were lost to another worker or already ended (abort, write
-nothing): the ``renew`` script answers one :class:`~inferq.queue.Lease` per entry.
+nothing): the ``renew`` script answers one :class:`~inferq.queue.protocol.Lease` per entry.
 
 A Redis fault the fault model calls recoverable (a failover's ``READONLY``, a timeout, a full server) is tried
 again at the next interval: a short outage costs no lease. Anything else ends :meth:`LeaseKeeper.run` with the
@@ -19,8 +19,8 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from inferq.faults import Fault, FaultRun
-from inferq.queue import Delivery, Lease, Queue
+from inferq.queue.protocol import Delivery, Lease, Queue
+from inferq.redis.faults import Fault, FaultRun
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import time
 
 import httpx
 
-from inferq.settings import Settings
+from inferq.config.settings import Settings
 
 log = logging.getLogger(__name__)
 

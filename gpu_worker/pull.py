@@ -2,7 +2,8 @@
 :class:`gpu_worker.worker.Worker`, which owns the state named below).
 
 - The pull loop reads only as many entries as the worker has free slots (a job's slot is free once its backend
-  call is over, while its outcome is written: :meth:`Pulling._free_slots`); :meth:`inferq.queue.Queue.read` takes the
+  call is over, while its outcome is written: :meth:`Pulling._free_slots`); :meth:`~inferq.queue.protocol.Queue.read`
+  takes the
   lanes in priority order with a starvation bound, and blocks across every lane only when all are empty. It
   reclaims idle entries of dead workers, in every lane, when slots are free (one suspect at a time, see
   :meth:`Pulling._reclaim`), and starts one task per job.
@@ -27,12 +28,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis.exceptions import ResponseError
 
-from inferq.batching import Batcher
-from inferq.faults import Fault, FaultRun, is_recoverable
-from inferq.jobs import JobStatus
-from inferq.keys import GROUP, WEBHOOK_GROUP
-from inferq.queue import Delivery, Outcome, Queue, Skipped
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobStatus
+from inferq.queue.keys import GROUP, WEBHOOK_GROUP
+from inferq.queue.protocol import Delivery, Outcome, Queue, Skipped
+from inferq.redis.batching import Batcher
+from inferq.redis.faults import Fault, FaultRun, is_recoverable
 
 from .leases import InFlight
 from .metrics import WorkerMetrics
@@ -106,7 +107,7 @@ class Pulling:
         self.metrics.redis_errors.inc()
 
     def _faults(self, what: str, *, cap_s: float = 2.0) -> FaultRun:
-        """The fault bookkeeping of one of this worker's loops (see :class:`inferq.faults.FaultRun`)."""
+        """The fault bookkeeping of one of this worker's loops (see :class:`inferq.redis.faults.FaultRun`)."""
         return FaultRun(what, log, on_fault=self._count_fault, clients=[self.queue.redis, self.reader.redis],
                         cap_s=cap_s)
 

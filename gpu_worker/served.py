@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferq.jobs import Job
+from inferq.queue.jobs import Job
 
 from .backends.base import Backend, FatalError
 

@@ -58,7 +58,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
-from inferq.settings import Settings
+from inferq.config.settings import Settings
 
 from .backends.base import EngineLoad
 

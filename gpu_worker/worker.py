@@ -10,7 +10,7 @@ Tasks of one worker, all on one event loop:
 - the maintenance task (also :mod:`gpu_worker.pull`) heartbeats and promotes due retries; the protection task
   holds ECS scale-in protection while busy; the webhook task delivers terminal events (see ``webhooks.py``).
 
-Redis faults follow :mod:`inferq.faults`: a TRANSIENT or CAPACITY one (a failover's ``READONLY``, a timeout, a
+Redis faults follow :mod:`inferq.redis.faults`: a TRANSIENT or CAPACITY one (a failover's ``READONLY``, a timeout, a
 full server) is retried with backoff everywhere, counted in ``redis_errors``; an outcome that cannot be written yet
 keeps its slot until it can (or, past the shutdown grace, is left to be reclaimed), so nothing that was not
 finished is lost (G8).
@@ -36,12 +36,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from inferq.batching import Batcher
-from inferq.jobs import Job, JobStatus
-from inferq.queue import Delivery, Outcome, Queue
+from inferq.config.settings import Settings
+from inferq.queue.jobs import Job, JobStatus
+from inferq.queue.protocol import Delivery, Outcome, Queue
+from inferq.redis.batching import Batcher
 from inferq.retry import backoff_ms
-from inferq.settings import Settings
-from inferq_webhooks.sender import WebhookSender
+from inferq.webhooks.sender import WebhookSender
 
 from .backends.base import (
     Backend,
@@ -208,7 +208,7 @@ class Worker(Pulling):
             if webhook_task is not None:
                 with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                     await asyncio.wait_for(webhook_task, 5.0)
-            # bounded: a background task must never hold the shutdown (see inferq.faults.cancelling)
+            # bounded: a background task must never hold the shutdown (see inferq.redis.faults.cancelling)
             _, stuck = await asyncio.wait([pull, *background], timeout=5.0)
             if stuck:
                 log.error("background tasks did not stop: %s", ", ".join(t.get_name() for t in stuck))

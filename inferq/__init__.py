@@ -11,23 +11,23 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .jobs import Job, JobRequest, JobStatus
-    from .keys import Keys
-    from .queue import Delivery, Lease, Observation, Outcome, Queue
-    from .settings import Settings, SettingsError
+    from .config.settings import Settings, SettingsError
+    from .queue.jobs import Job, JobRequest, JobStatus
+    from .queue.keys import Keys
+    from .queue.protocol import Delivery, Lease, Observation, Outcome, Queue
 
 _LAZY = {
-    "Job": "jobs",
-    "JobRequest": "jobs",
-    "JobStatus": "jobs",
-    "Keys": "keys",
-    "Delivery": "queue",
-    "Lease": "queue",
-    "Observation": "queue",
-    "Outcome": "queue",
-    "Queue": "queue",
-    "Settings": "settings",
-    "SettingsError": "settings",
+    "Job": "queue.jobs",
+    "JobRequest": "queue.jobs",
+    "JobStatus": "queue.jobs",
+    "Keys": "queue.keys",
+    "Delivery": "queue.protocol",
+    "Lease": "queue.protocol",
+    "Observation": "queue.protocol",
+    "Outcome": "queue.protocol",
+    "Queue": "queue.protocol",
+    "Settings": "config.settings",
+    "SettingsError": "config.settings",
 }
 
 __all__ = [

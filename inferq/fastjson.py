@@ -13,7 +13,7 @@ escaped, as ASCII, where writing it raw would fail.
 Reading, orjson turns an integer beyond 64 bits into a float, and refuses what is not JSON (``NaN``, which the
 standard library reads): a text with a run of 19 digits or more (the only way to spell such an integer), or one
 orjson refuses, is read by the standard library, exactly. Not for what must stay byte-identical across versions (the
-request digest: :func:`inferq.jobs.canonical_json`).
+request digest: :func:`inferq.queue.jobs.canonical_json`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ __all__ = ["STABLE", "dumps", "loads"]
 
 STABLE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 """The standard library's compact encoder, made once (``json.dumps`` with options builds one per call): for bytes
-that must stay the same from one version to the next (:func:`inferq.claimcheck.encode`)."""
+that must stay the same from one version to the next (:func:`inferq.queue.claimcheck.encode`)."""
 _COMPACT_NO_NAN = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _ASCII = json.JSONEncoder(separators=(",", ":"))
 _ASCII_NO_NAN = json.JSONEncoder(separators=(",", ":"), allow_nan=False)

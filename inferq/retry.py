@@ -1,6 +1,6 @@
 """The one backoff of the project: capped exponential, with full jitter by default (AWS Architecture Blog,
 "Exponential Backoff And Jitter"). Every waiting loop uses it with its own base and cap: job retries
-(:func:`backoff_ms`), waiting out a Redis fault (:class:`inferq.faults.Backoff`), webhook redeliveries (without
+(:func:`backoff_ms`), waiting out a Redis fault (:class:`inferq.redis.faults.Backoff`), webhook redeliveries (without
 jitter: the delay is an idle time compared against, not slept), the client's resubmits, the emulator's crash-loop
 guard."""
 

@@ -38,14 +38,17 @@ _sam_find_lambda_python = for p in $(_sam_python_candidates); do \
 	print-lambda-python
 
 # What each function runs, and nothing else: no CLI, emulator, bench or worker code in either zip, and the webhook
-# sender (inferq_webhooks) only in the scaler's. tests/infra/test_artifacts.py lists what these copy.
+# sender (inferq/webhooks/sender.py and the HTTP it sends with) only in the scaler's. tests/infra/test_artifacts.py
+# lists what these copy.
 GATEWAY_SOURCES := inferq functions/__init__.py functions/storage.py functions/gateway
-SCALER_SOURCES := inferq inferq_webhooks functions/__init__.py functions/storage.py functions/scaler
-_sam_source_roots := inferq inferq_webhooks functions
-# inferq.client is the HTTP client for users (httpx): neither function runs it
-_sam_not_shipped := inferq/client
+SCALER_SOURCES := inferq functions/__init__.py functions/storage.py functions/scaler
+_sam_source_roots := inferq functions
+# inferq.client (the HTTP client for users, httpx) and inferq.cli (the workstation command): neither function runs them
+_sam_not_shipped := inferq/client inferq/cli
+_sam_gateway_not_shipped := inferq/webhooks/sender.py inferq/webhooks/post.py inferq/webhooks/guarded_http.py
 
-# $(call _sam_copy_sources,PATHS): our own code -> $(ARTIFACTS_DIR), without caches or requirements files.
+# $(call _sam_copy_sources,PATHS[,MORE_NOT_SHIPPED]): our own code -> $(ARTIFACTS_DIR), without caches or
+# requirements files.
 define _sam_copy_sources
 	@test -n "$(ARTIFACTS_DIR)" || { echo "sam.mk: ARTIFACTS_DIR is unset; run this through sam build" >&2; exit 2; }
 	@set -e; \
@@ -53,7 +56,7 @@ define _sam_copy_sources
 	for path in $(1); do \
 	  mkdir -p "$(ARTIFACTS_DIR)/$$(dirname "$$path")"; cp -R "$$path" "$(ARTIFACTS_DIR)/$$path"; \
 	done; \
-	for path in $(_sam_not_shipped); do rm -rf "$(ARTIFACTS_DIR)/$$path"; done; \
+	for path in $(_sam_not_shipped) $(2); do rm -rf "$(ARTIFACTS_DIR)/$$path"; done; \
 	for root in $(_sam_source_roots); do \
 	  if [ -e "$(ARTIFACTS_DIR)/$$root" ]; then \
 	    find "$(ARTIFACTS_DIR)/$$root" \( -name __pycache__ -o -name '*.pyc' -o -name 'requirements.*' \) \
@@ -62,7 +65,7 @@ define _sam_copy_sources
 	done
 endef
 
-# $(call _sam_lambda_artifact,NAME,PATHS): functions/NAME/requirements.lock + PATHS -> $(ARTIFACTS_DIR).
+# $(call _sam_lambda_artifact,NAME,PATHS[,MORE_NOT_SHIPPED]): functions/NAME/requirements.lock + PATHS -> $(ARTIFACTS_DIR).
 # Every package comes from the lock, pinned, and is checked against its hashes (--require-hashes): a changed or
 # substituted wheel fails the build. pip runs under the Lambda's Python version when present, so environment
 # markers match the runtime's.
@@ -76,7 +79,7 @@ define _sam_lambda_artifact
 	  --python-version $(LAMBDA_PYTHON_VERSION) --only-binary=:all: --no-compile --no-warn-conflicts \
 	  --require-hashes --no-deps -r functions/$(1)/requirements.lock; \
 	rm -rf "$(ARTIFACTS_DIR)/bin"
-	$(call _sam_copy_sources,$(2))
+	$(call _sam_copy_sources,$(2),$(3))
 	@set -e; py="$$($(_sam_find_lambda_python))"; \
 	if [ -n "$$py" ]; then \
 	  echo "sam.mk: $(1): bytecode by $$py"; \
@@ -87,14 +90,14 @@ define _sam_lambda_artifact
 endef
 
 build-GatewayFunction:
-	$(call _sam_lambda_artifact,gateway,$(GATEWAY_SOURCES))
+	$(call _sam_lambda_artifact,gateway,$(GATEWAY_SOURCES),$(_sam_gateway_not_shipped))
 
 build-ScalerFunction:
 	$(call _sam_lambda_artifact,scaler,$(SCALER_SOURCES))
 
 # Only our own code of each artifact, into ARTIFACTS_DIR: what tests/infra/test_artifacts.py lists.
 sources-GatewayFunction:
-	$(call _sam_copy_sources,$(GATEWAY_SOURCES))
+	$(call _sam_copy_sources,$(GATEWAY_SOURCES),$(_sam_gateway_not_shipped))
 
 sources-ScalerFunction:
 	$(call _sam_copy_sources,$(SCALER_SOURCES))

@@ -1,7 +1,7 @@
 """The model registry (INFERQ_MODELS) as the AWS deployment needs it: names, queues, services, scaling maximum,
 backend and the ``deploy`` section.
 
-The file is checked by the processes' own loader (:func:`inferq.registry.parse`, against the default settings),
+The file is checked by the processes' own loader (:func:`inferq.config.registry.parse`, against the default settings),
 so a registry the stack is generated from is one every process accepts, with the same defaults (queue, service);
 the generator hands the processes the registry with those defaults written out, so the stack and the processes
 cannot disagree on a name. What is kept here is only what the stack needs beyond the loader: the raw entry, and
@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from inferq import registry
-from inferq.settings import Settings, SettingsError
+from inferq.config import registry
+from inferq.config.settings import Settings, SettingsError
 
 
 class RegistryError(ValueError):

@@ -1,5 +1,5 @@
-"""Write inferq/acl.py's access strings into infra/cache.yaml (its ``AccessStrings`` mapping), the one place the
-cache's ElastiCache and MemoryDB users take their rules from. Run after changing inferq/acl.py:
+"""Write inferq/redis/acl.py's access strings into infra/cache.yaml (its ``AccessStrings`` mapping), the one place the
+cache's ElastiCache and MemoryDB users take their rules from. Run after changing inferq/redis/acl.py:
 ``python scripts/gen_cache_acl.py``; tests/infra/test_cache_acl.py fails while the template is out of date."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-from inferq import acl
+from inferq.redis import acl
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "infra" / "cache.yaml"

@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from emulator.valkey import ValkeyProcess
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.protocol import Queue
 from tests.support import ecs as moto_ecs
 
 EVENTS = Path(__file__).parent / "events"

@@ -23,10 +23,10 @@ from fastapi.security.utils import get_authorization_scheme_param
 from starlette.types import Receive, Scope, Send
 
 from inferq import __version__
-from inferq.queue import Queue
-from inferq.registry import Registry, queue_of_job
-from inferq.registry import load as load_registry
-from inferq.settings import Settings
+from inferq.config.registry import Registry, queue_of_job
+from inferq.config.registry import load as load_registry
+from inferq.config.settings import Settings
+from inferq.queue.protocol import Queue
 
 from . import errors, openapi, routes
 from .auth import KeyStore, StaticKeys, key_store
@@ -68,7 +68,7 @@ class Gateway:
         self._keys_in_memory = type(keys) is StaticKeys
         self.shared_waits = True
         """Long-poll waits share one reader of terminal events per queue (a long-lived process: uvicorn); the
-        Lambda handler turns it off, since a frozen sandbox would stall a background reader (inferq.waiters)."""
+        Lambda handler turns it off, since a frozen sandbox would stall a background reader (inferq.queue.waiters)."""
 
     @property
     def queue(self) -> Queue:

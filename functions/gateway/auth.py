@@ -22,8 +22,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from inferq.keys import TENANT, TENANT_RULE
-from inferq.settings import Settings, SettingsError
+from inferq.config.settings import Settings, SettingsError
+from inferq.queue.keys import TENANT, TENANT_RULE
 
 log = logging.getLogger("inferq.gateway.auth")
 

@@ -1,5 +1,6 @@
 """Batches, as OpenAI defines them (docs/api.md, "Files, Uploads, Batches"). The routes only create, read and
-cancel batch records (``inferq.batches``); the driver in the scaler turns lines into jobs and writes the output."""
+cancel batch records (:mod:`inferq.batches.records`); the driver in the scaler turns lines into jobs and writes the
+output."""
 
 import re
 from typing import Annotated, Any
@@ -8,8 +9,8 @@ from fastapi import APIRouter, BackgroundTasks, Depends, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from inferq.batches import Batches, BatchNotFound, BatchTerminal
-from inferq.jobs import ENDPOINTS
+from inferq.batches.records import Batches, BatchNotFound, BatchTerminal
+from inferq.queue.jobs import ENDPOINTS
 
 from .errors import ApiError
 from .files import QUOTA_EXCEEDED, check_file_id, file_store, in_s3

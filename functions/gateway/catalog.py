@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
-from inferq.queue import Observation, Queue
+from inferq.queue.protocol import Observation, Queue
 
 from .openapi import documented
 

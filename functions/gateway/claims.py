@@ -1,6 +1,6 @@
 """The gateway's half of the claim check (docs/api.md, "Large payloads"): a submitted ``body`` larger than
 ``INFERQ_INLINE_MAX_BYTES`` is stored in S3 before the job is enqueued, and a claimed result is given back inline
-when it fits one response, else as a short-lived presigned URL. The reference format is :mod:`inferq.claimcheck`.
+when it fits one response, else as a short-lived presigned URL. The reference format is :mod:`inferq.queue.claimcheck`.
 
 Without ``INFERQ_FILES_BUCKET`` nothing is claimed: every body stays inline, bounded by ``INFERQ_MAX_BODY_BYTES``.
 """
@@ -14,9 +14,9 @@ import logging
 from typing import Any
 
 from functions.storage import ClaimStore, StorageUnavailable
-from inferq import claimcheck
-from inferq.jobs import Job, JobRequest
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue import claimcheck
+from inferq.queue.jobs import Job, JobRequest
 
 from .errors import ApiError
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from inferq.connection import connect
-from inferq.queue import Queue
-from inferq.registry import Registry
-from inferq.settings import Settings
+from inferq.config.registry import Registry
+from inferq.config.settings import Settings
+from inferq.queue.protocol import Queue
+from inferq.redis.connection import connect
 
 
 class QueueProvider:

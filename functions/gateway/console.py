@@ -7,7 +7,7 @@ jobs). Assets are read once per process, answered with a strong ``ETag`` (304 on
 names them with their content hash (``app.js?v=<hash>``), so they are cached for a year and a new release is
 fetched at once. A strict Content-Security-Policy keeps the key from leaving for any other origin.
 
-``GET /v1/stats/history`` is the operators' read of ``inferq:{Q}:history`` (:mod:`inferq.history`): queue-wide
+``GET /v1/stats/history`` is the operators' read of ``inferq:{Q}:history`` (:mod:`inferq.queue.history`): queue-wide
 counters and gauges, numbers only; a tenant that is not an operator (``INFERQ_ADMIN_TENANTS``) gets 403, as on
 ``GET /v1/scale``, and the console then shows the tenant's own views only.
 """
@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import RedirectResponse, Response
 
-from inferq.history import HISTORY_SAMPLES, read_history
+from inferq.queue.history import HISTORY_SAMPLES, read_history
 
 from .errors import ApiError
 

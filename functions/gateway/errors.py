@@ -1,7 +1,7 @@
 """Every error is ``{"error": {"type", "message"}}`` (docs/api.md): one exception type for the API's own
 refusals, and handlers that turn FastAPI's, Starlette's, the queue's and Redis's exceptions into the envelope.
 
-Redis errors follow the shared fault model (:mod:`inferq.faults`): unreachable, frozen, failing over (TRANSIENT)
+Redis errors follow the shared fault model (:mod:`inferq.redis.faults`): unreachable, frozen, failing over (TRANSIENT)
 or full (CAPACITY, ``OOM``) is a 503 with ``Retry-After`` (G8); any other Redis error is a bug of ours, logged and
 answered 500. A 503 on submit means the outcome is unknown (the command may have reached the server before it
 stopped answering): clients retry with the same ``Idempotency-Key``.
@@ -18,8 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from redis import exceptions as redis_errors
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inferq.faults import Fault, classify
-from inferq.queue import IdempotencyConflict, JobNotFound, JobTerminal, NotDeadLettered, QueueFull
+from inferq.queue.protocol import IdempotencyConflict, JobNotFound, JobTerminal, NotDeadLettered, QueueFull
+from inferq.redis.faults import Fault, classify
 
 from .auth import KeysUnavailable
 from .responses import JSONResponse

@@ -1,7 +1,8 @@
-"""``GET /v1/events``: the results feed (docs/api.md), read by :mod:`inferq.feed`.
+"""``GET /v1/events``: the results feed (docs/api.md), read by :mod:`inferq.queue.feed`.
 
 The cursor is opaque: each queue's stream position (one queue, or one per model with a model registry) sealed for
-the tenant (:func:`inferq.feed.seal`), so it reveals nothing about other tenants and works for its tenant only. With
+the tenant (:func:`~inferq.queue.feed.seal`), so it reveals nothing about other tenants and works for its tenant only.
+With
 a registry a page holds each model's jobs in the order they ended, models in the registry's order; a model the page
 had no room for keeps its position, so a cursor is always accepted back as it was given."""
 
@@ -12,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse
 
-from inferq import feed
+from inferq.queue import feed
 
 from .errors import ApiError
 from .models import MAX_WAIT_S

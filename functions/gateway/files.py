@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.datastructures import UploadFile
 
-from inferq.batches import Batches, new_file_id, random_id
+from inferq.batches.records import Batches, new_file_id, random_id
 
 from .errors import ApiError
 from .openapi import documented

@@ -1,7 +1,7 @@
 """The shapes of HTTP API v1: the submit request (validated here) and, for the OpenAPI document, the job object,
 the error envelope, the DLQ list and the scale view.
 
-Only :class:`JobCreate` validates traffic. The response models document what ``inferq.jobs.Job.to_api`` and the
+Only :class:`JobCreate` validates traffic. The response models document what ``inferq.queue.jobs.Job.to_api`` and the
 route handlers return; handlers build plain dicts, so no response is validated twice on the hot path.
 """
 
@@ -22,8 +22,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from inferq.jobs import ENDPOINTS
-from inferq.netguard import check_webhook_host
+from inferq.queue.jobs import ENDPOINTS
+from inferq.webhooks.netguard import check_webhook_host
 
 MAX_METADATA_PAIRS = 16
 IDEMPOTENCY_KEY_MAX = 255
@@ -177,7 +177,7 @@ class JobCreate(BaseModel):
     @field_validator("webhook_url")
     @classmethod
     def _public_webhook_host(cls, value: str | None, info: ValidationInfo) -> str | None:
-        # the address guard's literal half (inferq.netguard): the sender checks again, after resolving the name
+        # the address guard's literal half (inferq.webhooks.netguard): the sender checks again, after resolving the name
         if value is None or (info.context or {}).get(ALLOW_PRIVATE):
             return value
         try:

@@ -12,9 +12,9 @@ from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from inferq.engine_body import BodyError, check_body
-from inferq.jobs import Job, JobRequest, Priority
-from inferq.registry import ALIAS_RE
+from inferq.config.registry import ALIAS_RE
+from inferq.queue.engine_body import BodyError, check_body
+from inferq.queue.jobs import Job, JobRequest, Priority
 
 from .errors import ApiError
 from .models import (
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .api import Gateway
 
 JOB_ID_RE = re.compile(r"^job_[a-z2-7]{26}(?:_[A-Za-z0-9_-]{1,64})?$")
-"""A job id; under a model registry it ends with its queue (``inferq.registry.queue_of_job``)."""
+"""A job id; under a model registry it ends with its queue (``inferq.config.registry.queue_of_job``)."""
 TRACEPARENT_RE = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 

@@ -9,7 +9,7 @@ an initialized process must not be shared by copies:
   client (the next request connects anew) and the lazily made boto3 clients (Secrets Manager for the API keys, the
   scaler's Lambda client, S3 for files and claim checks), whose pooled connections and credentials belong to the
   sandbox that made them.
-- **randomness**: every copy starts with the same state of ``random``, of the retry jitter (``inferq.faults``) and
+- **randomness**: every copy starts with the same state of ``random``, of the retry jitter (``inferq.redis.faults``) and
   of the request-id prefix (``edge.RequestIds``); after a restore each is reseeded from ``os.urandom``, so copies
   draw differently. Job ids, lease tokens and batch ids come from ``secrets`` (the kernel's random source, which a
   restore reseeds) and are unique across copies without help.
@@ -25,8 +25,8 @@ import logging
 import random
 from typing import Any
 
-from inferq import faults
-from inferq.connection import provider_for
+from inferq.redis import faults
+from inferq.redis.connection import provider_for
 
 from . import edge
 

@@ -25,7 +25,7 @@ import urllib.request
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from inferq.queue import Queue
+    from inferq.queue.protocol import Queue
 
     from .telemetry import Telemetry
 

@@ -1,6 +1,6 @@
 """The tenant's webhook signing secret (docs/api.md, "Webhooks"): ``GET /v1/webhooks/secret`` answers it (made on
 first use), ``POST /v1/webhooks/secret/rotate`` replaces it, the replaced one signing too for a while. The secret is
-the calling key's tenant's, never another's; the store is :mod:`inferq.webhook_secrets`."""
+the calling key's tenant's, never another's; the store is :mod:`inferq.webhooks.tenant_secrets`."""
 
 from typing import Annotated, Any
 
@@ -8,7 +8,13 @@ from fastapi import APIRouter, Body, Depends
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferq.webhook_secrets import KEEP_PREVIOUS_S, MAX_KEEP_PREVIOUS_S, TenantSecret, rotate_secret, tenant_secret
+from inferq.webhooks.tenant_secrets import (
+    KEEP_PREVIOUS_S,
+    MAX_KEEP_PREVIOUS_S,
+    TenantSecret,
+    rotate_secret,
+    tenant_secret,
+)
 
 from .openapi import documented
 

@@ -24,11 +24,11 @@ from typing import Any, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics
 
-from inferq.connection import connect
-from inferq.policy import ScalePolicy
-from inferq.queue import Queue
-from inferq.registry import load as load_registry
-from inferq.settings import Settings, SettingsError
+from inferq.config.registry import load as load_registry
+from inferq.config.settings import Settings, SettingsError
+from inferq.queue.protocol import Queue
+from inferq.redis.connection import connect
+from inferq.scaling.policy import ScalePolicy
 
 from .scaler import Cadence, EcsService, Scaler, Tick, WebhookPass
 
@@ -177,11 +177,11 @@ async def invoke(settings: Settings, *, once: bool, deadline: float) -> list[tup
 
 
 async def drive_batches(settings: Settings, queue: Queue, budget_s: float) -> None:
-    """The batch driver (``inferq.batch_driver``) for the invocation's time, when a files bucket is configured."""
+    """The batch driver (``inferq.batches.driver``) for the invocation's time, when a files bucket is configured."""
     if not settings.files_bucket:
         return
     from functions.storage import FileStore
-    from inferq.batch_driver import BatchDriver
+    from inferq.batches.driver import BatchDriver
 
     try:
         # each line to its model's queue
@@ -198,7 +198,7 @@ def webhook_pass(settings: Settings) -> WebhookPass | None:
     """One webhook delivery pass per tick, when this artifact has the sender's HTTP client (httpx)."""
     global _webhooks_missing_logged
     try:
-        from inferq_webhooks.sender import deliver_webhooks
+        from inferq.webhooks.sender import deliver_webhooks
     except ImportError as exc:
         if not _webhooks_missing_logged:
             _webhooks_missing_logged = True

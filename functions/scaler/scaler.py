@@ -1,14 +1,14 @@
 """One scaler invocation, outside the Lambda plumbing: observe, decide, apply, record, report.
 
 Each evaluation (a *tick*) reads the queue once (``Queue.observe``: one read-only script) and the ECS service
-once (``DescribeServices``), asks the pure policy (:mod:`inferq.policy`) for a count, calls ``UpdateService``
+once (``DescribeServices``), asks the pure policy (:mod:`inferq.scaling.policy`) for a count, calls ``UpdateService``
 only when that count differs from the service's, records the decision and the policy's memory in
 ``inferq:{Q}:scale``, and prints the tick's CloudWatch metrics (EMF). A scheduled invocation ticks every
 :attr:`Cadence.every_s` until its time is nearly over; a wake-up from the gateway ticks once.
 
 Failure is never a guess: if Redis or ECS cannot be read, or the update fails, the service keeps its count, the
 tick is logged (one line, no traceback) and counted (``ObserveErrors``, ``ApplyErrors``) and the next tick tries
-again. Redis failures follow the shared fault model (:mod:`inferq.faults`): a TRANSIENT or CAPACITY fault (a
+again. Redis failures follow the shared fault model (:mod:`inferq.redis.faults`): a TRANSIENT or CAPACITY fault (a
 failover, a timeout, a full server) is such a failure; any other error is a bug and fails the invocation, once,
 with its traceback.
 """
@@ -23,10 +23,10 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from inferq.faults import classify, is_recoverable
-from inferq.history import record_sample
-from inferq.policy import Decision, Demand, ScalePolicy, ScaleState, decide
-from inferq.queue import Observation, Queue
+from inferq.queue.history import record_sample
+from inferq.queue.protocol import Observation, Queue
+from inferq.redis.faults import classify, is_recoverable
+from inferq.scaling.policy import Decision, Demand, ScalePolicy, ScaleState, decide
 
 ECS_ERRORS: tuple[type[BaseException], ...] = (BotoCoreError, ClientError)
 
@@ -243,7 +243,7 @@ class Scaler:
                     self.logger.exception("scaler: webhook pass failed", extra=_fault(exc))
 
     async def _record_history(self, tick: Tick, observation: Observation, now: float) -> None:
-        """One sample for the console's charts (:mod:`inferq.history`); a lost one is a gap, not a failure."""
+        """One sample for the console's charts (:mod:`inferq.queue.history`); a lost one is a gap, not a failure."""
         running = tick.counts.running if tick.counts is not None else None
         try:
             await asyncio.wait_for(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferq.keys import Keys
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.keys import Keys
 
 from .base import Backend, BackendError, EngineLoad, FatalError, RetryableError, check_status
 

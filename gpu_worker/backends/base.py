@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from inferq.jobs import Job
+from inferq.queue.jobs import Job
 
 RETRYABLE_STATUS = frozenset({408, 429})
 

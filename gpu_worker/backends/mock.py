@@ -18,10 +18,10 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from inferq.batching import Batcher
-from inferq.faults import FaultRun
-from inferq.jobs import Job
-from inferq.keys import Keys
+from inferq.queue.jobs import Job
+from inferq.queue.keys import Keys
+from inferq.redis.batching import Batcher
+from inferq.redis.faults import FaultRun
 
 from .base import EngineLoad, FatalError, RetryableError
 

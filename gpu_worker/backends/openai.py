@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferq.jobs import Job
+from inferq.queue.jobs import Job
 
 from .base import EngineDied, EngineLoad, RetryableError, check_status, parse_body, strip_mock
 

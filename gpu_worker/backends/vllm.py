@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from inferq.jobs import Job
-from inferq.settings import Settings, SettingsError
+from inferq.config.settings import Settings, SettingsError
+from inferq.queue.jobs import Job
 
 from .base import EngineDied, EngineLoad, FatalError, RetryableError, strip_mock
 

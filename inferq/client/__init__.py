@@ -7,12 +7,12 @@ What every caller of the API writes again otherwise, done once:
   attempts and a bounded total time. The key makes the retry safe: a job accepted before the failure comes back
   as the same job (200, ``Idempotent-Replayed``), never as a second one.
 - ``wait`` long-polls ``GET /v1/jobs/{id}?wait=`` in slices of at most 20 s until the job ends or the deadline.
-- Answers are typed: :class:`Job` (the job object) with :class:`~inferq.jobs.JobStatus`, and one exception class
+- Answers are typed: :class:`Job` (the job object) with :class:`~inferq.queue.jobs.JobStatus`, and one exception class
   per error ``type`` of the envelope, each carrying the HTTP status and the envelope itself.
 - :func:`verify_webhook` checks a delivery's Standard Webhooks signature with the tenant's secret (or both during a
   rotation), which ``Client.webhook_secret()`` reads and ``Client.rotate_webhook_secret()`` replaces.
 
-The typed answers live in :mod:`inferq.answers` and the webhook check in :mod:`inferq.webhook_signing`; all are
+The typed answers live in :mod:`inferq.client.answers` and the webhook check in :mod:`inferq.webhooks.signing`; all are
 importable from here. The blocking client is in :mod:`.blocking`, the asyncio one in :mod:`.aio`; each keeps only
 its I/O. Every method is written once, without I/O, in :mod:`.calls`, and what else both share is in
 :mod:`.common`. This package is the only part of ``inferq`` that imports httpx: the queue protocol never needs
@@ -27,7 +27,11 @@ them.
 
 from __future__ import annotations
 
-from ..answers import (
+from inferq.queue.jobs import JobStatus
+from inferq.webhooks.signing import WebhookVerificationError, verify_webhook
+
+from .aio import AsyncClient
+from .answers import (
     BadRequest,
     Conflict,
     GatewayUnreachable,
@@ -45,9 +49,6 @@ from ..answers import (
     Unauthorized,
     Unavailable,
 )
-from ..jobs import JobStatus
-from ..webhook_signing import WebhookVerificationError, verify_webhook
-from .aio import AsyncClient
 from .blocking import Client
 from .common import AsyncEventStream, EventStream
 from .common import RetryPolicy as RetryPolicy  # re-exported: the building blocks a caller may use directly

@@ -9,8 +9,8 @@ from typing import Any, TypeVar, Unpack
 
 import httpx
 
-from ..answers import InferqError, Job
 from . import calls
+from .answers import InferqError, Job
 from .calls import Step, SubmitOptions
 from .common import DEFAULT_DATA_DIR, AsyncEventStream, FeedBounds, RetryPolicy, _Feed, _headers, _resolve
 

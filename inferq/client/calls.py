@@ -14,7 +14,7 @@ from typing import Any, Generic, TypedDict, TypeVar
 
 import httpx
 
-from ..answers import GatewayUnreachable, InferqError, Job
+from .answers import GatewayUnreachable, InferqError, Job
 from .common import RetryPolicy, _job, _json, _Retry, _slice, body_url, new_idempotency_key, submit_request, with_body
 
 T = TypeVar("T")

@@ -15,13 +15,14 @@ from typing import Any, TypedDict
 
 import httpx
 
-from ..answers import (
+from inferq.retry import backoff
+
+from .answers import (
     GatewayUnreachable,
     InferqError,
     Job,
     error_for,
 )
-from ..retry import backoff
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 DEFAULT_DATA_DIR = ".inferq"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferq.settings import Settings
+from inferq.config.settings import Settings
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ import uuid
 from typing import Any
 
 from emulator.valkey import ValkeyProcess
-from inferq.faults import Backoff, drop_stale_connections, is_recoverable
-from inferq.jobs import Job, JobRequest, JobStatus, Priority
-from inferq.queue import Queue
+from inferq.queue.jobs import Job, JobRequest, JobStatus, Priority
+from inferq.queue.protocol import Queue
+from inferq.redis.faults import Backoff, drop_stale_connections, is_recoverable
 from tests.integration.worker.support import TENANT, eventually, mock_calls, terminal, terminal_events
 
 

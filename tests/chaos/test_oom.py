@@ -14,8 +14,8 @@ import pytest
 
 from emulator.valkey import ValkeyProcess
 from functions.gateway.api import create_app
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.protocol import Queue
 from tests.integration.gateway.support import CHAT, KEYS, A
 from tests.integration.worker.support import chat, status_is, submit, worker_processes
 

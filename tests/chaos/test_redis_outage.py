@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from emulator.valkey import ValkeyProcess
-from inferq.jobs import LANES, JobStatus
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import LANES, JobStatus
+from inferq.queue.protocol import Queue
 from tests.integration.worker.support import chat, eventually, submit, terminal, terminal_events, worker_processes
 
 

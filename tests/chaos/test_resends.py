@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from emulator.valkey import ValkeyProcess
-from inferq.jobs import LANES, Job
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import LANES, Job
+from inferq.queue.protocol import Queue
 from tests.integration.worker.support import chat, submit, worker_processes
 
 from .support import Endpoint, assert_each_ended_once, submit_until_accepted

@@ -14,9 +14,9 @@ from redis.exceptions import ResponseError
 
 from emulator.valkey import ValkeyProcess, wait_in_sync
 from functions.scaler.scaler import EcsService, Scaler
-from inferq.policy import ScalePolicy
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.protocol import Queue
+from inferq.scaling.policy import ScalePolicy
 from tests.integration.worker.support import chat, submit
 from tests.support.ecs import CLUSTER, SERVICE
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from gpu_worker.backends.mock import CRASH_EXIT_CODE
-from inferq.jobs import JobStatus, Priority
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobStatus, Priority
+from inferq.queue.protocol import Queue
 from tests.integration.worker.support import (
     chat,
     eventually,

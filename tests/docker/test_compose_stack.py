@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from inferq.keys import Keys
+from inferq.queue.keys import Keys
 
 from .conftest import WORKERS, Stack
 from .engine import Engine

@@ -95,7 +95,7 @@ class Emulator:
         return self.process.pid
 
     def start(self, timeout: float = 60.0) -> Emulator:
-        argv = [sys.executable, "-m", "inferq_cli.cli", "up", "--port", str(self.port),
+        argv = [sys.executable, "-m", "inferq.cli.main", "up", "--port", str(self.port),
                 "--data-dir", str(self.data_dir), *self.valkey_args]
         log = self.log_path.open("ab")
         started = time.monotonic()

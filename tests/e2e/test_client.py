@@ -346,7 +346,7 @@ def test_no_gateway_at_all_is_retried_then_gateway_unreachable() -> None:
 
 def cli(stack: Emulator, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
-    return subprocess.run([sys.executable, "-m", "inferq_cli.cli", *args, "--url", stack.url, "--data-dir",
+    return subprocess.run([sys.executable, "-m", "inferq.cli.main", *args, "--url", stack.url, "--data-dir",
                            str(stack.data_dir)], cwd=ROOT, env={**env, "COLUMNS": "120"}, input=stdin,
                           capture_output=True, text=True, timeout=180)
 

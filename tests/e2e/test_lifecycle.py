@@ -105,7 +105,7 @@ def test_a_sigkilled_emulator_leaves_no_process(start_emulator: Callable[..., Em
 def _up(args: list[str], env: dict[str, str], data_dir: Path) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
     return subprocess.run(
-        [sys.executable, "-m", "inferq_cli.cli", "up", "--data-dir", str(data_dir), *args], cwd=ROOT,
+        [sys.executable, "-m", "inferq.cli.main", "up", "--data-dir", str(data_dir), *args], cwd=ROOT,
         env={**base, **env}, capture_output=True, text=True, timeout=30,
     )
 
@@ -191,7 +191,7 @@ def test_a_reader_that_stops_reading_never_stalls_the_stack(tmp_path: Path) -> N
     port = free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inferq_cli.cli", "up", "--port", str(port), "--data-dir", str(tmp_path),
+        [sys.executable, "-m", "inferq.cli.main", "up", "--port", str(port), "--data-dir", str(tmp_path),
          "--valkey-port", "0"], cwd=ROOT, env=base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True,
     )

@@ -69,7 +69,7 @@ def test_two_fleets_scale_apart_and_route_by_model(start_emulator: Callable[...,
         assert emulator.finish(job["id"], timeout=90)["status"] == "succeeded"
 
     status = subprocess.run(
-        [sys.executable, "-m", "inferq_cli.cli", "status", "--once", "--url", emulator.url, "--data-dir",
+        [sys.executable, "-m", "inferq.cli.main", "status", "--once", "--url", emulator.url, "--data-dir",
          str(emulator.data_dir)],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
         env={**os.environ, "COLUMNS": "160"},
@@ -84,7 +84,7 @@ def test_a_bad_registry_stops_inferq_up_naming_inferq_models(tmp_path: Any) -> N
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "inferq_cli.cli", "up", "--data-dir", str(tmp_path / "data"), "--port", "0"],
+        [sys.executable, "-m", "inferq.cli.main", "up", "--data-dir", str(tmp_path / "data"), "--port", "0"],
         cwd=ROOT, env={**env, "INFERQ_MODELS": str(bad)}, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2

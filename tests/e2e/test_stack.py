@@ -91,7 +91,7 @@ def test_kill_9_of_workers_during_hundreds_of_jobs_loses_none(stack: Emulator) -
 
 def test_cli_submit_waits_for_the_answer_and_status_shows_the_fleet(stack: Emulator) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
-    base = [sys.executable, "-m", "inferq_cli.cli"]
+    base = [sys.executable, "-m", "inferq.cli.main"]
     common = ["--url", stack.url, "--data-dir", str(stack.data_dir)]
     submitted = subprocess.run([*base, "submit", "hi from the cli", "--wait", *common], cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=60)

@@ -76,12 +76,12 @@ def test_wheel_installs_only_inferq_import_names(installed: Installed) -> None:
         "print(json.dumps(sorted(tops)))"))
     assert names, "the wheel installed no files"
     assert all(name.startswith("inferq") for name in names), f"the wheel installs non-inferq import names: {names}"
-    assert {"inferq", "inferq_cli", "inferq_webhooks"} <= set(names)
+    assert names == ["inferq"], f"the wheel installs more than one import name: {names}"
     data = json.loads(installed.python(
         "import importlib.metadata as m, json\n"
         "print(json.dumps(sorted(str(f) for f in m.distribution('inferq').files if f.suffix in ('.lua', '.typed'))))"))
-    assert "inferq/py.typed" in data and "inferq/scripts/enqueue.lua" in data, data  # the protocol's scripts ship
-    assert any(path.startswith("inferq/scripts/includes/") for path in data), data
+    assert "inferq/py.typed" in data and "inferq/queue/scripts/enqueue.lua" in data, data  # the protocol's scripts ship
+    assert any(path.startswith("inferq/queue/scripts/includes/") for path in data), data
     for repo_only in ("functions", "gpu_worker", "emulator", "bench"):
         found = installed.python(f"import importlib.util; print(importlib.util.find_spec({repo_only!r}) is not None)")
         assert found.strip() == "False", f"{repo_only} is importable from the installed wheel"
@@ -102,7 +102,7 @@ def test_wheel_declares_the_client_dependencies_and_the_server_extras(installed:
 def test_client_import_loads_no_redis(installed: Installed) -> None:
     loaded = json.loads(installed.python(
         "import sys, json\n"
-        "import inferq.client, inferq_cli.cli\n"
+        "import inferq.client, inferq.cli.main\n"
         "from inferq.client import Client, AsyncClient, verify_webhook\n"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"))
     assert "inferq" in loaded

@@ -19,7 +19,10 @@ from .cfn import ROOT, make
 from .test_containers import instructions
 from .test_environment_is_read import ENTRY_POINTS, import_closure
 
-OURS = ("inferq", "inferq_webhooks", "inferq_cli", "functions", "gpu_worker", "emulator", "bench")
+OURS = ("inferq", "functions", "gpu_worker", "emulator", "bench")
+# the protocol's packages both functions run; neither runs the users' client or the workstation command
+SERVER_PACKAGES = {"inferq", "inferq.queue", "inferq.redis", "inferq.batches", "inferq.webhooks", "inferq.scaling",
+                   "inferq.config"}
 
 
 def copied(function: str, tmp_path: Path) -> Path:
@@ -49,10 +52,13 @@ def missing_modules(entry: str, artifact: Path) -> list[str]:
 
 def test_the_gateway_zip_ships_the_protocol_and_the_gateway_only(tmp_path: Path) -> None:
     artifact = copied("GatewayFunction", tmp_path)
-    assert packages(artifact) == {"inferq", "functions", "functions.gateway"}
+    assert packages(artifact) == SERVER_PACKAGES | {"functions", "functions.gateway"}
     assert sorted(p.name for p in (artifact / "functions").iterdir()) == ["__init__.py", "gateway", "storage.py"]
-    assert (artifact / "inferq" / "scripts" / "enqueue.lua").is_file()
+    assert (artifact / "inferq" / "queue" / "scripts" / "enqueue.lua").is_file()
     assert not (artifact / "inferq" / "client").exists()  # the users' HTTP client: the gateway never runs it
+    # the webhook sender runs in the scaler and the workers, not in the gateway (which signs and guards only)
+    assert sorted(p.name for p in (artifact / "inferq" / "webhooks").glob("*.py")) == [
+        "__init__.py", "netguard.py", "signing.py", "tenant_secrets.py"]
     assert list((artifact / "functions" / "gateway" / "console").glob("*.html"))
     assert not list(artifact.rglob("__pycache__")) and not list(artifact.rglob("requirements.*"))
     assert missing_modules(ENTRY_POINTS["GatewayFunction"], artifact) == []
@@ -60,7 +66,8 @@ def test_the_gateway_zip_ships_the_protocol_and_the_gateway_only(tmp_path: Path)
 
 def test_the_scaler_zip_ships_the_protocol_the_webhook_sender_and_the_scaler_only(tmp_path: Path) -> None:
     artifact = copied("ScalerFunction", tmp_path)
-    assert packages(artifact) == {"inferq", "inferq_webhooks", "functions", "functions.scaler"}  # no inferq.client
+    assert packages(artifact) == SERVER_PACKAGES | {"functions", "functions.scaler"}  # no inferq.client
+    assert (artifact / "inferq" / "webhooks" / "sender.py").is_file()
     assert sorted(p.name for p in (artifact / "functions").iterdir()) == ["__init__.py", "scaler", "storage.py"]
     assert missing_modules(ENTRY_POINTS["ScalerFunction"], artifact) == []
 
@@ -105,7 +112,7 @@ def test_the_worker_image_ships_the_protocol_the_webhook_sender_and_the_worker_o
     worker_args = compose_build_args("worker")
     assert "EXTRA_SOURCES" not in worker_args, "compose's worker image must be the worker image"
     sources = image_sources("", tmp_path)
-    assert sources == {"pyproject.toml", "README.md", "inferq", "inferq_webhooks", "gpu_worker"}
+    assert sources == {"pyproject.toml", "README.md", "inferq", "gpu_worker"}
     closure = import_closure(ENTRY_POINTS["worker"])
     assert {module.split(".")[0] for module in closure} <= sources
 

@@ -1,4 +1,4 @@
-"""Least privilege on the cache (issue 40, point 6): one ACL user per role, with the rules of inferq/acl.py.
+"""Least privilege on the cache (issue 40, point 6): one ACL user per role, with the rules of inferq/redis/acl.py.
 
 The template carries exactly those rules (ElastiCache and MemoryDB users, each role's password in its own secret),
 and a real Valkey enforces them: each role does its whole job as a user created with ``ACL SETUSER`` and those
@@ -23,10 +23,10 @@ from functions.gateway.api import create_app
 from functions.scaler import app as scaler_app
 from gpu_worker.backends.mock import MockBackend
 from gpu_worker.worker import Worker
-from inferq import acl
-from inferq.keys import Keys
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.keys import Keys
+from inferq.queue.protocol import Queue
+from inferq.redis import acl
 from tests.integration.scaler.test_handler import (  # noqa: F401  (fixtures)
     LambdaContext,
     ecs,
@@ -55,7 +55,7 @@ def passwords() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def role_valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ValkeyProcess, dict[str, str]]]:
-    """A Valkey with one user per role, created from inferq.acl's rules, and the default user disabled as in AWS
+    """A Valkey with one user per role, created from inferq.redis.acl's rules, and the default user disabled as in AWS
     (a client that does not authenticate as its role gets nowhere); the test's own setup and checks use an
     ``admin`` user."""
     server = ValkeyProcess(tmp_path_factory.mktemp("valkey-acl")).start()
@@ -98,7 +98,7 @@ def refusals(admin: redis.Redis) -> list[tuple[str, str]]:
     return [(entry["username"], entry["object"]) for entry in admin.execute_command("ACL", "LOG")]
 
 
-# --- the template says what inferq.acl says ---
+# --- the template says what inferq.redis.acl says ---
 
 
 def test_every_cache_user_of_the_template_has_its_roles_rules() -> None:
@@ -146,7 +146,7 @@ def test_every_command_a_script_sends_is_allowed_to_every_role() -> None:
     from pathlib import Path
 
     sent = set()
-    for script in Path(acl.__file__).parent.joinpath("scripts").rglob("*.lua"):
+    for script in Path(acl.__file__).parent.parent.joinpath("queue", "scripts").rglob("*.lua"):
         sent |= {c.lower() for c in re.findall(r"(?:redis\.call|rcall)\(\s*['\"](\w+)['\"]", script.read_text())}
     assert sent, "no script found"
     assert sent <= set(acl.SCRIPT_COMMANDS), sorted(sent - set(acl.SCRIPT_COMMANDS))

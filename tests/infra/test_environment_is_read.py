@@ -5,7 +5,7 @@ A variable set in a template but read by nobody is a setting the operator believ
 For each process (the two Lambda functions as the SAM transform leaves them, and the worker container of the GPU
 task) the variables are collected under every condition of the template, and each one must be either
 
-- ``INFERQ_<FIELD>``, a field of :class:`inferq.settings.Settings` that the code the process runs refers to: the
+- ``INFERQ_<FIELD>``, a field of :class:`inferq.config.settings.Settings` that the code the process runs refers to: the
   repository modules its entry point imports, transitively, lazy imports included, scanned for ``.field`` and
   ``"field"``; a :class:`Settings` property counts as the fields it reads; or
 - a variable of a library the process ships: ``AWS_*`` (boto3), ``POWERTOOLS_*`` (Powertools, when the function's
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from inferq.settings import PREFIX, Settings
+from inferq.config.settings import PREFIX, Settings
 
 from .cfn import FUNCTIONS, ROOT, load
 
@@ -30,7 +30,7 @@ ENTRY_POINTS = {
     "ScalerFunction": "functions.scaler.app",
     "worker": "gpu_worker.__main__",
 }
-REPOSITORY_PACKAGES = ("inferq", "inferq_webhooks", "functions", "gpu_worker")
+REPOSITORY_PACKAGES = ("inferq", "functions", "gpu_worker")
 FIELDS = set(Settings.__dataclass_fields__)
 
 
@@ -105,7 +105,7 @@ def _settings_properties() -> dict[str, set[str]]:
     """Each property or method of Settings -> the fields it reads (``target_per_worker`` reads the target and the
     window; ``is_operator(tenant)`` reads ``admin_tenants``)."""
     settings_class = next(
-        n for n in parsed("inferq.settings").body if isinstance(n, ast.ClassDef) and n.name == "Settings"
+        n for n in parsed("inferq.config.settings").body if isinstance(n, ast.ClassDef) and n.name == "Settings"
     )
     props = [
         item for item in settings_class.body
@@ -129,7 +129,7 @@ def settings_read_by(entry: str) -> set[str]:
     """The Settings fields the code of a process refers to. settings.py itself is left out: its validation names
     every field, which proves nothing about a process."""
     used: set[str] = set()
-    for name in import_closure(entry) - {"inferq.settings"}:
+    for name in import_closure(entry) - {"inferq.config.settings"}:
         used |= _names_used(parsed(name))
     for prop, fields in _settings_properties().items():
         if prop in used:
@@ -218,7 +218,7 @@ def test_the_reading_check_tells_a_process_that_reads_a_setting_from_one_that_do
         "POWERTOOLS_SERVICE_NAME: worker does not ship Powertools",
     ]
     # lazy imports count: the scaler sends webhooks through a module it imports inside a function
-    assert "inferq_webhooks.sender" in import_closure(ENTRY_POINTS["ScalerFunction"])
+    assert "inferq.webhooks.sender" in import_closure(ENTRY_POINTS["ScalerFunction"])
     assert "webhook_max_age_s" in settings_read_by(ENTRY_POINTS["ScalerFunction"])
     # a property counts as the fields it reads
     assert "scale_target_per_worker" in settings_read_by(ENTRY_POINTS["ScalerFunction"])

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from cfnlint import api as cfn_lint
 
-from inferq.settings import Settings
+from inferq.config.settings import Settings
 from scripts import gen_model_stacks
 from scripts.deploy_registry import RegistryError
 

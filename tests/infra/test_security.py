@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from inferq.settings import Settings
+from inferq.config.settings import Settings
 
 from .cfn import Resolver, as_list, role_statements
 from .test_template import ATTRIBUTES, _all_templates, environment, function, role_of, worker_container

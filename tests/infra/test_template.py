@@ -17,7 +17,7 @@ import pytest
 from cfnlint import api as cfn_lint
 
 from emulator.valkey import STREAM_NODE_MAX_ENTRIES
-from inferq.settings import Settings
+from inferq.config.settings import Settings
 
 from .cfn import (
     FUNCTIONS,
@@ -184,7 +184,7 @@ def test_functions_reach_the_stack_cache_with_the_token_left_in_secrets_manager(
     env = environment(translated, logical_id)
     resolver = Resolver(translated)
     assert resolver.value(env["INFERQ_REDIS_URL"]) == "Cache.Outputs.RedisUrl"
-    # each function its own cache user's secret (inferq/acl.py)
+    # each function its own cache user's secret (inferq/redis/acl.py)
     assert resolver.value(env["INFERQ_REDIS_AUTH_SECRET"]) == f"Cache.Outputs.{role}AuthSecretArn"
     assert env["INFERQ_QUEUE"] == {"Ref": "QueueName"}
     # Given an existing cache, its URL and secret are used instead.

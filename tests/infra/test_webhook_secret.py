@@ -12,7 +12,7 @@ from aws_lambda_powertools.utilities import parameters
 from moto import mock_aws
 
 from functions.scaler.app import webhook_pass, with_webhook_secret
-from inferq.settings import Settings
+from inferq.config.settings import Settings
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from emulator.valkey import free_port
-from inferq.jobs import JobRequest
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobRequest
+from inferq.queue.protocol import Queue
 
 from .worker.support import REPO, TENANT, chat, submit, terminal, worker_env, worker_processes
 

@@ -1,4 +1,4 @@
-"""The batch input reader and the per-line checks (inferq.batch_lines): lines as the driver sees them, whatever the
+"""The batch input reader and the per-line checks (inferq.batches.lines): lines as the driver sees them, whatever the
 file's line endings, BOM, blank lines or line lengths, in bounded memory."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from inferq.batch_io import custom_id_of, line_custom_id
-from inferq.batch_lines import scan_lines, validate
+from inferq.batches.lines import scan_lines, validate
+from inferq.batches.store import custom_id_of, line_custom_id
 
 
 def chunked(data: bytes, size: int) -> Iterator[bytes]:

@@ -1,4 +1,4 @@
-"""inferq.batching.Batcher: what one turn submits is flushed together; with overlap, flushes do not wait for each
+"""inferq.redis.batching.Batcher: what one turn submits is flushed together; with overlap, flushes do not wait for each
 other; each submitter gets its own answer or the flush's exception."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from inferq.batching import Batcher
+from inferq.redis.batching import Batcher
 
 
 async def test_what_one_turn_submits_is_one_flush_and_each_gets_its_own_answer() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 
 from bench import clients, load, models
-from inferq.registry import load as load_registry
-from inferq.settings import Settings
+from inferq.config.registry import load as load_registry
+from inferq.config.settings import Settings
 
 from .test_bench_load import FakeGateway
 

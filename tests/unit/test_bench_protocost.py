@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from bench import protocost
 from emulator.valkey import ValkeyProcess
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.protocol import Queue
 
 
 async def test_it_measures_every_transition_and_the_floor_and_leaves_every_job_finished(

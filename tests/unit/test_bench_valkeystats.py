@@ -120,7 +120,7 @@ def test_script_shares_and_calls_name_each_script() -> None:
 
 
 def test_names_by_sha_covers_inferq_s_scripts_and_the_mock_backend_s_counter() -> None:
-    from inferq import scripting
+    from inferq.redis import scripting
 
     names = valkeystats.names_by_sha()
     assert set(names.values()) == {*scripting.NAMES, valkeystats.MOCK_COUNTER}

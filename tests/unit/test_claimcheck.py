@@ -1,13 +1,13 @@
-"""The claim-check references (inferq.claimcheck): content-addressed, scoped to their tenant and job, and never
+"""The claim-check references (inferq.queue.claimcheck): content-addressed, scoped to their tenant and job, and never
 shown to a client as they are stored."""
 
 from __future__ import annotations
 
 import pytest
 
-from inferq import claimcheck
-from inferq.jobs import Job, JobStatus
-from inferq.settings import Settings, SettingsError
+from inferq.config.settings import Settings, SettingsError
+from inferq.queue import claimcheck
+from inferq.queue.jobs import Job, JobStatus
 
 DATA = claimcheck.encode({"model": "m", "messages": [{"role": "user", "content": "é \"x\""}]})
 

@@ -16,7 +16,8 @@ import redis
 from moto import mock_aws
 
 from emulator.valkey import ValkeyProcess
-from inferq.connection import (
+from inferq.config.settings import Settings
+from inferq.redis.connection import (
     ReauthenticatingConnection,
     ReauthenticatingSSLConnection,
     SecretCredentialProvider,
@@ -24,8 +25,7 @@ from inferq.connection import (
     credentials_from_secret,
     provider_for,
 )
-from inferq.fastpack import HiredisPacking
-from inferq.settings import Settings
+from inferq.redis.fastpack import HiredisPacking
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def test_clients_authenticate_through_the_secret_provider(secrets: Any) -> None:
     kwargs = standalone.connection_pool.connection_kwargs
     assert kwargs["credential_provider"] is provider_for("cache-auth")
     assert "password" not in kwargs or kwargs["password"] is None  # the token is never a static option
-    # the re-reading handshake, packed by hiredis (inferq.fastpack subclasses the pool's class last)
+    # the re-reading handshake, packed by hiredis (inferq.redis.fastpack subclasses the pool's class last)
     assert issubclass(standalone.connection_pool.connection_class, ReauthenticatingSSLConnection)
     plain = connect(Settings(redis_url="redis://cache.example:6379/0", redis_auth_secret="cache-auth"))
     assert issubclass(plain.connection_pool.connection_class, ReauthenticatingConnection)

@@ -2,9 +2,9 @@
 on the installed release: a release that renamed or reshaped one fails here, naming the range pyproject.toml pins,
 instead of breaking the gateway or the worker at run time. Raise a bound in pyproject.toml only with these passing.
 
-- redis-py: inferq/fastpack.py reads a connection's ``_writer`` and ``_parser`` (its hiredis ``_reader``, built with
-  ``redis._parsers.hiredis.NOT_ENOUGH_DATA``, ``_connected``, ``_hiredis_PushNotificationType``);
-  inferq/leanclient.py's pool uses ``ConnectionPool._lock``, ``_available_connections``, ``_in_use_connections``,
+- redis-py: inferq/redis/fastpack.py reads a connection's ``_writer`` and ``_parser`` (its hiredis ``_reader``,
+  built with ``redis._parsers.hiredis.NOT_ENOUGH_DATA``, ``_connected``, ``_hiredis_PushNotificationType``);
+  inferq/redis/leanclient.py's pool uses ``ConnectionPool._lock``, ``_available_connections``, ``_in_use_connections``,
   ``_event_dispatcher`` (and the dispatcher's ``_event_listeners_mapping``, a connection's ``_re_auth_token``).
 - Starlette: functions/gateway/hotpath.py hands a route's handler the app's exception handlers in the scope key
   ``starlette.exception_handlers``, as Starlette's exception middleware does.
@@ -29,8 +29,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from inferq.connection import connect
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.redis.connection import connect
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,7 +74,7 @@ async def test_redis_py_connection_internals_fastpack_and_leanclient_use(valkey:
     try:
         pool = client.connection_pool
         for name in ("_lock", "_available_connections", "_in_use_connections", "_event_dispatcher"):
-            assert hasattr(pool, name), f"{what}: ConnectionPool.{name} is gone (inferq/leanclient.py uses it)"
+            assert hasattr(pool, name), f"{what}: ConnectionPool.{name} is gone (inferq/redis/leanclient.py uses it)"
         assert await client.ping()
         [connection] = pool._available_connections
         assert isinstance(connection._writer, asyncio.StreamWriter), f"{what}: Connection._writer changed"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from inferq.keys import Keys
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.keys import Keys
 from scripts import gen_docs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,7 +167,7 @@ def test_every_setting_has_a_meaning() -> None:
     missing = [Settings.variable(name) for name in gen_docs.missing_docs()]
     assert not missing, (
         f"no meaning for {', '.join(missing)}: add one line per variable to SETTING_DOCS in scripts/gen_docs.py "
-        f"(or doc= metadata on the field in inferq/settings.py), then {REGENERATE}"
+        f"(or doc= metadata on the field in inferq/config/settings.py), then {REGENERATE}"
     )
 
 
@@ -447,11 +447,11 @@ def test_the_data_model_page_names_every_key() -> None:
 
 def test_the_data_model_page_describes_every_script() -> None:
     page = _page("data-model.md")
-    scripts = sorted(p.name for p in (ROOT / "inferq" / "scripts").glob("*.lua"))
-    includes = sorted(p.name for p in (ROOT / "inferq" / "scripts" / "includes").glob("*.lua"))
+    scripts = sorted(p.name for p in (ROOT / "inferq" / "queue" / "scripts").glob("*.lua"))
+    includes = sorted(p.name for p in (ROOT / "inferq" / "queue" / "scripts" / "includes").glob("*.lua"))
     assert scripts
     for name in scripts + includes:
-        assert f"`{name}`" in page, f"docs/data-model.md does not describe inferq/scripts/{name}"
+        assert f"`{name}`" in page, f"docs/data-model.md does not describe inferq/queue/scripts/{name}"
 
 
 def test_the_guarantees_page_states_each_guarantee_and_each_fault() -> None:

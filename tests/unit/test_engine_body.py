@@ -1,4 +1,4 @@
-"""The checks of a job's body against what the engine accepts (inferq/engine_body.py): each bad field is
+"""The checks of a job's body against what the engine accepts (inferq/queue/engine_body.py): each bad field is
 named, good requests pass untouched, only the fields present are looked at, and the schema check is lazy."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from inferq.engine_body import CHECKS, BodyError, check_body
+from inferq.queue.engine_body import CHECKS, BodyError, check_body
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -82,7 +82,7 @@ def test_every_check_is_a_known_openai_or_vllm_field() -> None:
 
 
 def test_jsonschema_is_imported_only_for_a_body_with_a_schema() -> None:
-    code = ("import sys; from inferq.engine_body import check_body; "
+    code = ("import sys; from inferq.queue.engine_body import check_body; "
             "check_body({'model': 'm', 'messages': [{'role': 'user', 'content': 'x'}], 'max_tokens': 5}, "
             "'/v1/chat/completions'); assert 'jsonschema' not in sys.modules; "
             "check_body({'guided_json': {'type': 'string'}}, '/v1/chat/completions'); "
@@ -93,7 +93,7 @@ def test_jsonschema_is_imported_only_for_a_body_with_a_schema() -> None:
 def test_a_batch_input_line_the_engine_cannot_take_is_an_invalid_body_line_error() -> None:
     import json
 
-    from inferq.batch_lines import parse_line
+    from inferq.batches.lines import parse_line
 
     good = {"custom_id": "a", "method": "POST", "url": CHAT, "body": {"model": "m", "messages": [
         {"role": "user", "content": "x"}], "guided_choice": ["y", "n"]}}

@@ -20,7 +20,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from emulator.valkey import ValkeyProcess, free_port
-from inferq.faults import Backoff, Fault, FaultRun, classify, drop_stale_connections, error_code, is_recoverable
+from inferq.redis.faults import Backoff, Fault, FaultRun, classify, drop_stale_connections, error_code, is_recoverable
 
 
 @pytest.fixture

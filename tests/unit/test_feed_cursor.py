@@ -1,4 +1,4 @@
-"""The results feed's sealed cursor (inferq/feed.py): it round-trips its positions for its tenant and key only,
+"""The results feed's sealed cursor (inferq/queue/feed.py): it round-trips its positions for its tenant and key only,
 looks different every time, has a length set by the queue names alone, and any change to it is refused."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import random
 
-from inferq import feed
+from inferq.queue import feed
 
 KEY = bytes(range(32))
 

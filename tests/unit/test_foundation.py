@@ -8,11 +8,11 @@ import random
 
 import pytest
 
-from inferq import jobs
-from inferq.jobs import Job, JobRequest, JobStatus, canonical_json, new_job_id, request_digest
-from inferq.keys import Keys
+from inferq.queue import jobs
+from inferq.queue.jobs import Job, JobRequest, JobStatus, canonical_json, new_job_id, request_digest
+from inferq.queue.keys import Keys
+from inferq.redis.scripting import SCRIPTS_DIR, _expand, load
 from inferq.retry import backoff_ms
-from inferq.scripting import SCRIPTS_DIR, _expand, load
 
 
 def test_job_ids_carry_128_random_bits() -> None:

@@ -1,12 +1,12 @@
-"""The lane share (inferq/lanes.py) without a server: which lanes a read asks, and the starvation bound it keeps,
+"""The lane share (inferq/queue/lanes.py) without a server: which lanes a read asks, and the starvation bound it keeps,
 counted in takes."""
 
 from __future__ import annotations
 
 import pytest
 
-from inferq.jobs import LANES, Priority
-from inferq.lanes import SHARE_EVERY, LaneShare
+from inferq.queue.jobs import LANES, Priority
+from inferq.queue.lanes import SHARE_EVERY, LaneShare
 
 H, N, L = Priority.HIGH, Priority.NORMAL, Priority.LOW
 

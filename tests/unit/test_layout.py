@@ -13,17 +13,25 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-USER_FACING = {"inferq.client"}  # the HTTP client for users (httpx); no protocol module imports it
+# What may load an HTTP client: the users' client (httpx), the workstation command, and the webhook sender and its
+# transport (httpx, run by the scaler and the workers). No other module of the package imports them.
+USER_FACING = ("inferq.client", "inferq.cli", "inferq.webhooks.sender", "inferq.webhooks.post",
+               "inferq.webhooks.guarded_http")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 PROTOCOL = sorted(
     name
-    for name in (
-        "inferq" if path.name == "__init__.py" else f"inferq.{path.stem}" for path in (ROOT / "inferq").glob("*.py")
-    )
-    if name not in USER_FACING
+    for name in (module_name(path) for path in (ROOT / "inferq").rglob("*.py"))
+    if not any(name == u or name.startswith(u + ".") for u in USER_FACING)
 )
 FORBIDDEN = ("httpx", "httpcore", "boto3", "botocore", "aiobotocore", "fastapi", "starlette", "mangum",
-             "aws_lambda_powertools", "rich", "emulator", "inferq_cli", "inferq_webhooks", "functions", "gpu_worker",
-             "bench", "inferq.client")
+             "aws_lambda_powertools", "rich", "emulator", "inferq.cli", "inferq.webhooks.sender", "functions",
+             "gpu_worker", "bench", "inferq.client")
 
 
 def loaded_by(module: str) -> set[str]:
@@ -34,7 +42,8 @@ def loaded_by(module: str) -> set[str]:
 
 
 def test_the_protocol_package_is_found_whole() -> None:
-    assert {"inferq", "inferq.queue", "inferq.scripting", "inferq.settings", "inferq.keys"} <= set(PROTOCOL)
+    assert {"inferq", "inferq.queue.protocol", "inferq.redis.scripting", "inferq.config.settings",
+            "inferq.queue.keys", "inferq.batches.driver", "inferq.webhooks.signing"} <= set(PROTOCOL)
 
 
 @pytest.mark.parametrize("module", PROTOCOL)

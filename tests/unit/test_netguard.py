@@ -6,8 +6,8 @@ import ipaddress
 
 import pytest
 
-from inferq import netguard
-from inferq.netguard import BlockedAddress, blocked_reason, check_webhook_host, parse_ipv4, resolve_checked
+from inferq.webhooks import netguard
+from inferq.webhooks.netguard import BlockedAddress, blocked_reason, check_webhook_host, parse_ipv4, resolve_checked
 
 INTERNAL = [
     ("127.0.0.1", "loopback"), ("127.255.255.254", "loopback"), ("10.0.3.7", "private"),

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from inferq.policy import Action, Demand, ScalePolicy, ScaleState, decide, wanted
-from inferq.queue import Observation
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.protocol import Observation
+from inferq.scaling.policy import Action, Demand, ScalePolicy, ScaleState, decide, wanted
 
 PROPERTY = settings(deadline=None, max_examples=300)
 NOW = 1_764_400_000.0

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from redis import exceptions as redis_errors
 
-from inferq.jobs import Job, JobStatus
-from inferq.queue import Delivery, QueueFull, ReplicationLag, TenantQuotaFull, settle_token
-from inferq.scripting import Code, load
-from inferq.settings import Settings, SettingsError
+from inferq.config.settings import Settings, SettingsError
+from inferq.queue.jobs import Job, JobStatus
+from inferq.queue.protocol import Delivery, QueueFull, ReplicationLag, TenantQuotaFull, settle_token
+from inferq.redis.scripting import Code, load
 
 
 def test_tenant_quota_and_replica_wait_are_off_by_default_and_read_from_the_environment() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferq.jobs import RECORD_FIELDS_BUT_BODY, Job
+from inferq.queue.jobs import RECORD_FIELDS_BUT_BODY, Job
 
 
 class Recording(dict[str, str]):

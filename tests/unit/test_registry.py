@@ -1,4 +1,4 @@
-"""The model registry file (inferq/registry.py): what it yields per model, and every refusal naming INFERQ_MODELS."""
+"""The model registry file (inferq/config/registry.py): what it yields per model, every refusal naming INFERQ_MODELS."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from inferq.registry import load, parse, queue_of_job, served_settings
-from inferq.settings import Settings, SettingsError
+from inferq.config.registry import load, parse, queue_of_job, served_settings
+from inferq.config.settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
 

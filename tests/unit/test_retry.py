@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from inferq.faults import Backoff
+from inferq.redis.faults import Backoff
 from inferq.retry import backoff
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from inferq.jobs import TERMINAL
-from inferq.keys import GROUP
-from inferq.scripting import NAMES, SCRIPTS_DIR, Code, load, prelude, reply_code
+from inferq.queue.jobs import TERMINAL
+from inferq.queue.keys import GROUP
+from inferq.redis.scripting import NAMES, SCRIPTS_DIR, Code, load, prelude, reply_code
 
 
 def test_no_script_types_a_shared_name_again() -> None:

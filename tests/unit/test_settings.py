@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from inferq.settings import Settings, SettingsError
+from inferq.config.settings import Settings, SettingsError
 
 
 def test_defaults_match_the_design() -> None:
@@ -39,7 +39,7 @@ def test_every_variable_is_read_with_its_prefix() -> None:
         ("INFERQ_QUEUE", "{brace}"),
         ("INFERQ_BACKEND", "tensorrt"),
         ("INFERQ_API_KEYS", "nocolon"),
-        ("INFERQ_API_KEYS", "team b:k2"),  # the same tenant rule as the API keys secret (inferq.keys.TENANT)
+        ("INFERQ_API_KEYS", "team b:k2"),  # the same tenant rule as the API keys secret (inferq.queue.keys.TENANT)
         ("INFERQ_OPENAI_BASE_URL", "localhost:8000"),
         ("INFERQ_JOB_TIMEOUT_S", "3601"),
         ("INFERQ_SCALER_INTERVAL_S", "nan"),
@@ -61,7 +61,7 @@ def test_permissive_where_nothing_breaks() -> None:
 
 
 def test_a_process_with_a_bad_value_stops_at_start_naming_the_variable() -> None:
-    code = "from inferq.settings import load_or_exit; load_or_exit()"
+    code = "from inferq.config.settings import load_or_exit; load_or_exit()"
     proc = subprocess.run([sys.executable, "-c", code], env={"INFERQ_CLAIM_IDLE_MS": "soon"},
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2

@@ -7,8 +7,8 @@ import base64
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from inferq.settings import SettingsError
-from inferq.webhook_signing import sign, signing_key, verify, webhook_id
+from inferq.config.settings import SettingsError
+from inferq.webhooks.signing import sign, signing_key, verify, webhook_id
 
 # The example of the Standard Webhooks specification (and of its reference libraries' test suites)
 SPEC_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -53,7 +53,7 @@ def test_the_reference_library_verifies_our_signatures(secret: str) -> None:
     now = int(time.time())
     body = b'{"id":"job_x","status":"succeeded"}'
     signature = sign(secret, "job_x_1-0", now, body)
-    # a whsec_ secret is given to the library as it is; a plain one as its UTF-8 bytes (see inferq_webhooks.sender)
+    # a whsec_ secret is given to the library as it is; a plain one as its UTF-8 bytes (see inferq.webhooks.sender)
     library = Webhook(secret if secret.startswith("whsec_") else secret.encode())
     assert library.verify(body, headers("job_x_1-0", now, signature)) == {"id": "job_x", "status": "succeeded"}
     with pytest.raises(WebhookVerificationError):
@@ -78,8 +78,8 @@ def test_a_header_with_several_keys_verifies_under_each_and_a_receiver_may_hold_
     delivery under either, and ``verify_webhook`` takes both at once (a receiver mid-switch)."""
     import time
 
-    from inferq.webhook_secrets import new_secret
-    from inferq.webhook_signing import signature_header, verify_webhook
+    from inferq.webhooks.signing import signature_header, verify_webhook
+    from inferq.webhooks.tenant_secrets import new_secret
 
     old, new, stranger = new_secret(), new_secret(), new_secret()
     now = int(time.time())

@@ -22,7 +22,7 @@ from gpu_worker.window import (
     interval_load,
     window_for,
 )
-from inferq.settings import Settings, SettingsError
+from inferq.config.settings import Settings, SettingsError
 
 
 def engine(capacity: int, in_flight: int) -> EngineLoad:

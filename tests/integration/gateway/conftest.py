@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI
 
 from functions.gateway.api import create_app
-from inferq.settings import Settings
+from inferq.config.settings import Settings
 
 from .support import KEYS, FakeWaker
 

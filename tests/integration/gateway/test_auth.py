@@ -18,7 +18,7 @@ from moto import mock_aws
 
 from functions.gateway.api import create_app
 from functions.gateway.auth import SecretKeys
-from inferq.settings import Settings, SettingsError
+from inferq.config.settings import Settings, SettingsError
 
 from .support import CHAT
 from .test_submit import assert_envelope

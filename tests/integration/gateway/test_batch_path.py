@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from functions.gateway.api import create_app
 from functions.storage import FileStore
-from inferq.batch_driver import BatchDriver
-from inferq.jobs import JobStatus
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.batches.driver import BatchDriver
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobStatus
+from inferq.queue.protocol import Queue
 from tests.support.s3 import in_process_bucket
 
 from .conftest import AppFactory

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from inferq import claimcheck
 from inferq.client import AsyncClient
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue import claimcheck
+from inferq.queue.protocol import Queue
 from tests.integration.worker.support import running_worker, terminal
 from tests.support import s3 as moto_s3
 from tests.support.s3 import MotoS3

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from inferq.settings import Settings
+from inferq.config.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from inferq.history import record_sample
-from inferq.queue import Queue
+from inferq.queue.history import record_sample
+from inferq.queue.protocol import Queue
 from tests.conftest import load_event
 
 from .support import A

@@ -16,7 +16,7 @@ import redis
 
 from emulator.valkey import ValkeyProcess, free_port
 from functions.gateway.api import create_app
-from inferq.settings import Settings
+from inferq.config.settings import Settings
 
 from .support import CHAT, KEYS, A
 from .test_submit import assert_envelope

@@ -221,7 +221,7 @@ async def test_the_batch_quota_counts_batches_not_ended_and_answers_429_with_ret
     s3: Any, make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient]
 ) -> None:
     from functions.storage import FileStore
-    from inferq.batch_driver import BatchDriver
+    from inferq.batches.driver import BatchDriver
 
     app = make_app(files_bucket=BUCKET, tenant_max_batches=2)
     client = open_client(app)

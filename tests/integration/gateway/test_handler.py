@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from inferq.settings import Settings, SettingsError
+from inferq.config.settings import Settings, SettingsError
 from tests.conftest import load_event
 
 MODULE = "functions.gateway.app"
@@ -137,7 +137,7 @@ def test_a_wait_through_lambda_blocks_on_the_jobs_wakeup_list_not_a_background_r
     ``done:<id>`` (BLMOVE), and a job that ends during the wait answers at once."""
     import redis
 
-    from inferq.keys import Keys
+    from inferq.queue.keys import Keys
 
     status, _, job = invoke(gateway_module, load_event("apiGatewayProxyV2SubmitJob.json"))
     assert status == 202

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from inferq.jobs import JobStatus
-from inferq.queue import Queue
+from inferq.queue.jobs import JobStatus
+from inferq.queue.protocol import Queue
 
 from .conftest import AppFactory
 from .support import CHAT, A, B

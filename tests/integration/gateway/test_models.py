@@ -13,9 +13,9 @@ import pytest
 from fastapi import FastAPI
 
 from functions.gateway.api import create_app
-from inferq.jobs import JobStatus
-from inferq.queue import Queue
-from inferq.settings import Settings, SettingsError
+from inferq.config.settings import Settings, SettingsError
+from inferq.queue.jobs import JobStatus
+from inferq.queue.protocol import Queue
 
 from .support import KEYS, A, B, FakeWaker
 from .test_jobs import complete, dead_letter

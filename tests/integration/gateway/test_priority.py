@@ -7,9 +7,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from inferq.jobs import Priority
-from inferq.queue import Queue
-from inferq.settings import Settings, SettingsError
+from inferq.config.settings import Settings, SettingsError
+from inferq.queue.jobs import Priority
+from inferq.queue.protocol import Queue
 
 from .conftest import AppFactory
 from .support import CHAT, A, B

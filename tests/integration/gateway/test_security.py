@@ -11,7 +11,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from inferq.queue import Queue
+from inferq.queue.protocol import Queue
 
 from .conftest import AppFactory
 from .support import CHAT, A, B
@@ -109,7 +109,7 @@ async def test_a_completions_request_takes_logprobs_as_a_count(client: httpx.Asy
 async def test_a_priority_above_the_tenants_ceiling_is_403_and_at_or_below_it_is_accepted(
     make_app: AppFactory, open_client: Open, queue: Queue
 ) -> None:
-    from inferq.jobs import Priority
+    from inferq.queue.jobs import Priority
 
     client = open_client(make_app(max_priority=Priority.NORMAL, tenant_max_priority={"tenant-b": Priority.HIGH}))
     refused = await client.post("/v1/jobs", json={**CHAT, "priority": "high"}, headers=A)
@@ -124,7 +124,7 @@ async def test_a_priority_above_the_tenants_ceiling_is_403_and_at_or_below_it_is
 async def test_a_tenants_default_lane_above_its_ceiling_is_capped(
     make_app: AppFactory, open_client: Open
 ) -> None:
-    from inferq.jobs import Priority
+    from inferq.queue.jobs import Priority
 
     client = open_client(make_app(max_priority=Priority.LOW, tenant_priorities={"tenant-a": Priority.HIGH}))
     response = await client.post("/v1/jobs", json=CHAT, headers=A)

@@ -20,8 +20,8 @@ import pytest
 import redis
 
 from functions.gateway import edge
-from inferq import faults
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.redis import faults
 from tests.conftest import load_event
 
 MODULE = "functions.gateway.app"

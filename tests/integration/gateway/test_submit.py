@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.protocol import Queue
 
 from .conftest import AppFactory
 from .support import CHAT, A, B

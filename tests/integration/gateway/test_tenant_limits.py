@@ -15,8 +15,8 @@ import pytest
 from fastapi import FastAPI
 
 from functions.gateway import files as files_routes
-from inferq.batches import Batches
-from inferq.queue import Queue
+from inferq.batches.records import Batches
+from inferq.queue.protocol import Queue
 from tests.support.s3 import MotoS3, in_process_bucket
 from tests.support.s3 import s3 as s3_server  # noqa: F401  (the moto server fixture, used by name)
 
@@ -65,7 +65,7 @@ async def test_batches_made_in_one_millisecond_page_exactly_once_and_an_expired_
 ) -> None:
     client = open_files(make_app, open_client)
     file_id = (await upload_file(client, LINE.encode() + b"\n")).json()["id"]
-    monkeypatch.setattr("inferq.batches.time.time", lambda: 1_800_000_000.123)  # every batch in one millisecond
+    monkeypatch.setattr("inferq.batches.records.time.time", lambda: 1_800_000_000.123)  # every batch in one millisecond
     made = [await Batches(queue).create("tenant-a", file_id, "/v1/chat/completions", "24h", None) for _ in range(7)]
     monkeypatch.undo()
     seen: list[str] = []

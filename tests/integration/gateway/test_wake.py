@@ -17,8 +17,8 @@ import pytest
 from moto import mock_aws
 from moto.awslambda_simple.models import LambdaSimpleBackend
 
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.protocol import Queue
 
 from .conftest import AppFactory
 from .support import CHAT, A, FakeWaker

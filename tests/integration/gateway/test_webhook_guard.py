@@ -9,7 +9,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from inferq.queue import Queue
+from inferq.queue.protocol import Queue
 
 from .conftest import AppFactory
 from .support import CHAT, A

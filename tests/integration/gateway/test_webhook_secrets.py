@@ -20,10 +20,10 @@ from fastapi import FastAPI
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from inferq.client import verify_webhook
-from inferq.jobs import JobRequest
-from inferq.queue import Queue
-from inferq.settings import Settings
-from inferq_webhooks.sender import deliver_webhooks
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobRequest
+from inferq.queue.protocol import Queue
+from inferq.webhooks.sender import deliver_webhooks
 from tests.integration.worker.support import Receiver
 
 from .conftest import AppFactory

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from emulator.valkey import ValkeyProcess
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.protocol import Queue
 from tests.integration.protocol.resend import Resending
 
 

@@ -8,8 +8,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from inferq.queue import Queue
-from inferq.scripting import Scripts
+from inferq.queue.protocol import Queue
+from inferq.redis.scripting import Scripts
 
 Snapshot = dict[str, Any]
 

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from functions.storage import FileStore
-from inferq.batch_driver import QUEUE_SHARE, BatchDriver, PassReport
-from inferq.batches import Batches, BatchStatus, new_file_id
-from inferq.jobs import JobRequest, JobStatus
-from inferq.queue import Queue
-from inferq.scripting import Scripts
-from inferq.settings import Settings
+from inferq.batches.driver import QUEUE_SHARE, BatchDriver, PassReport
+from inferq.batches.records import Batches, BatchStatus, new_file_id
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobRequest, JobStatus
+from inferq.queue.protocol import Queue
+from inferq.redis.scripting import Scripts
 from tests.support.s3 import in_process_bucket
 
 TENANT = "tenant-a"

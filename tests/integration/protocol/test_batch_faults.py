@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 
 from functions.storage import FileStore
-from inferq import batch_driver, claimcheck
-from inferq.batch_driver import BatchDriver
-from inferq.batches import Batches, BatchStatus, new_file_id
-from inferq.jobs import JobRequest, JobStatus
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.batches import driver as batch_driver
+from inferq.batches.driver import BatchDriver
+from inferq.batches.records import Batches, BatchStatus, new_file_id
+from inferq.config.settings import Settings
+from inferq.queue import claimcheck
+from inferq.queue.jobs import JobRequest, JobStatus
+from inferq.queue.protocol import Queue
 from tests.support.s3 import in_process_bucket
 
 BUCKET = "inferq-test-batch-faults"
@@ -298,9 +299,9 @@ async def test_finalisation_killed_at_any_step_ends_the_batch_once_with_one_file
 KILL_CHILD = """
 import asyncio, os, sys
 from functions.storage import FileStore
-from inferq.batch_driver import BatchDriver, PassReport
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.batches.driver import BatchDriver, PassReport
+from inferq.queue.protocol import Queue
+from inferq.config.settings import Settings
 
 redis_url, queue_name, bucket, batch_id, step = sys.argv[1:]
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from inferq.batches import Batches, BatchNotFound
-from inferq.queue import Queue
+from inferq.batches.records import Batches, BatchNotFound
+from inferq.queue.protocol import Queue
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -19,7 +19,7 @@ async def test_every_batch_is_on_exactly_one_page_while_records_expire_between_p
     batches = Batches(queue)
     made: list[str] = []
     for at in (1_800_000_000.001, 1_800_000_000.002, 1_800_000_000.003):  # 3 milliseconds, 12 batches in each
-        monkeypatch.setattr("inferq.batches.time.time", lambda at=at: at)
+        monkeypatch.setattr("inferq.batches.records.time.time", lambda at=at: at)
         made += [(await batches.create("t", "file-x", "/v1/chat/completions", "24h", None)).id for _ in range(12)]
     monkeypatch.undo()
     await batches.create("other", "file-x", "/v1/chat/completions", "24h", None)  # another tenant's: never listed

@@ -1,4 +1,4 @@
-"""Batches under a model registry (``inferq.batch_models``), against real Valkey and moto's S3 in process: each line
+"""Batches under a model registry (``inferq.batches.routing``), against real Valkey and moto's S3 in process: each line
 goes to its own model's queue in the ``low`` lane, an unknown model fails that line alone with ``model_not_found``
 in the error file, a full queue of one model holds the chunk back at that line, and cancelling finds the lines'
 jobs in every queue. This test acts as each model's worker."""
@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 
 from functions.storage import FileStore
-from inferq.batch_driver import QUEUE_SHARE, BatchDriver
-from inferq.batch_models import UNROUTED
-from inferq.batches import Batches, BatchStatus
-from inferq.jobs import Priority
-from inferq.queue import Queue
-from inferq.registry import Registry
-from inferq.registry import load as load_registry
-from inferq.settings import Settings
+from inferq.batches.driver import QUEUE_SHARE, BatchDriver
+from inferq.batches.records import Batches, BatchStatus
+from inferq.batches.routing import UNROUTED
+from inferq.config.registry import Registry
+from inferq.config.registry import load as load_registry
+from inferq.config.settings import Settings
+from inferq.queue.jobs import Priority
+from inferq.queue.protocol import Queue
 
 from .test_batch_driver import TENANT, new_batch, work_off
 from .test_batch_driver import store as store  # the fixture

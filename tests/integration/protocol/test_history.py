@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from inferq import history
-from inferq.history import HISTORY_SAMPLES, SAMPLE_EVERY_S, read_history, record_sample
-from inferq.queue import Queue
+from inferq.queue import history
+from inferq.queue.history import HISTORY_SAMPLES, SAMPLE_EVERY_S, read_history, record_sample
+from inferq.queue.protocol import Queue
 
 
 async def test_samples_closer_than_the_spacing_are_skipped(queue: Queue) -> None:

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from inferq.jobs import LANES, JobRequest, JobStatus, Priority
-from inferq.keys import GROUP
-from inferq.queue import JobTerminal, Lease, Outcome, Queue, now_ms
+from inferq.queue.jobs import LANES, JobRequest, JobStatus, Priority
+from inferq.queue.keys import GROUP
+from inferq.queue.protocol import JobTerminal, Lease, Outcome, Queue, now_ms
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 ERROR = {"type": "server_error", "message": "503"}

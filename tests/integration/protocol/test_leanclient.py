@@ -1,4 +1,4 @@
-"""inferq's standalone client (inferq/leanclient.py) against real Valkey servers: the same replies and errors as
+"""inferq's standalone client (inferq/redis/leanclient.py) against real Valkey servers: the same replies and errors as
 redis-py's own client, and the same handling of every fault a command can meet (a closed connection resent once,
 a frozen server a timeout, a cancelled command never leaves a half-read connection in the pool, the pool's limit).
 """
@@ -15,9 +15,9 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from emulator.valkey import ValkeyProcess
-from inferq.connection import connect
-from inferq.leanclient import LeanConnectionPool, LeanRedis, pipelined
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.redis.connection import connect
+from inferq.redis.leanclient import LeanConnectionPool, LeanRedis, pipelined
 
 TIMEOUT_S = 0.5
 
@@ -518,7 +518,7 @@ async def test_closing_the_client_stops_commands_handed_over(server: ValkeyProce
 async def test_replies_already_read_are_handed_out_without_arming_the_socket_timeout(
         valkey: ValkeyProcess, valkey_cluster: ValkeyProcess, queue_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """redis-py arms the socket timeout for every reply it reads; a pipeline's later replies have almost always
-    arrived with the first, and inferq's connections hand those out as they are (inferq/fastpack.py). Counted
+    arrived with the first, and inferq's connections hand those out as they are (inferq/redis/fastpack.py). Counted
     through redis-py's own read, which still reads every reply that has to wait: on redis-py's read alone, a
     40-command pipeline takes 40."""
     waited: list[str] = []

@@ -19,9 +19,9 @@ from emulator.valkey import ValkeyProcess, free_port
 from functions.gateway.api import create_app
 from gpu_worker.backends.mock import MockBackend
 from gpu_worker.worker import Worker
-from inferq.keys import Keys
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.keys import Keys
+from inferq.queue.protocol import Queue
 
 RANGES = ((0, 5460), (5461, 10922), (10923, 16383))
 KEY = "key-tenant-a-0001"

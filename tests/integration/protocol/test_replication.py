@@ -16,9 +16,9 @@ import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from emulator.valkey import ValkeyProcess, free_port
-from inferq.jobs import JobRequest, JobStatus, new_job_id
-from inferq.queue import Outcome, Queue, ReplicationLag, now_ms
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobRequest, JobStatus, new_job_id
+from inferq.queue.protocol import Outcome, Queue, ReplicationLag, now_ms
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 RESULT = {"status_code": 200, "body": {}}

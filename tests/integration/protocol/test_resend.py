@@ -10,12 +10,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from emulator.valkey import ValkeyProcess
-from inferq.jobs import JobRequest, JobStatus, Priority, new_job_id
-from inferq.keys import GROUP
-from inferq.queue import Delivery, Lease, Outcome, Queue, QueueFull, TenantQuotaFull, now_ms
-from inferq.scripting import NAMES, all_scripts
-from inferq.settings import Settings
-from inferq.webhook_secrets import rotate_secret, tenant_secret
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobRequest, JobStatus, Priority, new_job_id
+from inferq.queue.keys import GROUP
+from inferq.queue.protocol import Delivery, Lease, Outcome, Queue, QueueFull, TenantQuotaFull, now_ms
+from inferq.redis.scripting import NAMES, all_scripts
+from inferq.webhooks.tenant_secrets import rotate_secret, tenant_secret
 from tests.integration.protocol.resend import DelayingProxy, Resending, difference, snapshot, without_refusals
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}

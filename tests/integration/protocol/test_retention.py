@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from inferq.jobs import JobRequest, JobStatus
-from inferq.queue import Delivery, Outcome, Queue, now_ms
+from inferq.queue.jobs import JobRequest, JobStatus
+from inferq.queue.protocol import Delivery, Outcome, Queue, now_ms
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "secret prompt"}]}
 ERROR = {"type": "engine_died", "message": "the model server died"}

@@ -26,10 +26,19 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from emulator.valkey import ValkeyProcess
-from inferq.jobs import LANES, JobRequest, JobStatus, Priority
-from inferq.keys import GROUP
-from inferq.queue import Delivery, IdempotencyConflict, JobNotFound, JobTerminal, Outcome, Queue, QueueFull, now_ms
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import LANES, JobRequest, JobStatus, Priority
+from inferq.queue.keys import GROUP
+from inferq.queue.protocol import (
+    Delivery,
+    IdempotencyConflict,
+    JobNotFound,
+    JobTerminal,
+    Outcome,
+    Queue,
+    QueueFull,
+    now_ms,
+)
 from tests.integration.protocol.resend import Resending, difference, snapshot, without_refusals
 
 CONSUMERS = ("c1", "c2", "c3")

@@ -12,9 +12,10 @@ import pytest
 import redis.exceptions
 from redis.asyncio import Redis
 
-from inferq.jobs import JobRequest, JobStatus, Priority
-from inferq.keys import GROUP
-from inferq.queue import (
+from inferq.queue.core import SCRIPT_BATCH
+from inferq.queue.jobs import JobRequest, JobStatus, Priority
+from inferq.queue.keys import GROUP
+from inferq.queue.protocol import (
     IdempotencyConflict,
     JobNotFound,
     JobTerminal,
@@ -26,8 +27,7 @@ from inferq.queue import (
     TenantQuotaFull,
     now_ms,
 )
-from inferq.queue_core import SCRIPT_BATCH
-from inferq.scripting import Code, all_scripts, load
+from inferq.redis.scripting import Code, all_scripts, load
 from tests.integration.protocol.resend import Resending
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}

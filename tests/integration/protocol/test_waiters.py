@@ -1,4 +1,4 @@
-"""One reader of terminal events per process for every long-poll waiter (inferq/waiters.py), against a real
+"""One reader of terminal events per process for every long-poll waiter (inferq/queue/waiters.py), against a real
 Valkey: it wakes every waiter with one blocking read on the server, and a reader that loses events or its
 connection delays a wake by the recheck interval at most, never loses one."""
 
@@ -11,12 +11,12 @@ import pytest
 import redis.exceptions
 
 from emulator.valkey import ValkeyProcess
-from inferq.jobs import JobRequest, JobStatus
-from inferq.leanclient import pipelined
-from inferq.producer import QueueFull
-from inferq.queue import Delivery, Outcome, Queue
-from inferq.settings import Settings
-from inferq.waiters import SharedWaiters
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobRequest, JobStatus
+from inferq.queue.producer import QueueFull
+from inferq.queue.protocol import Delivery, Outcome, Queue
+from inferq.queue.waiters import SharedWaiters
+from inferq.redis.leanclient import pipelined
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 OK = {"status_code": 200, "body": {}}

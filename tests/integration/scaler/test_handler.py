@@ -24,9 +24,9 @@ import redis
 from functions.gateway.wake import wake_event
 from functions.scaler import app
 from functions.scaler.scaler import Cadence
-from inferq.jobs import JobRequest, Priority
-from inferq.queue import Queue
-from inferq.settings import Settings, SettingsError
+from inferq.config.settings import Settings, SettingsError
+from inferq.queue.jobs import JobRequest, Priority
+from inferq.queue.protocol import Queue
 from tests.conftest import load_event
 from tests.support.ecs import CLUSTER, SERVICE, desired_count
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from functions.scaler import app
-from inferq.history import read_history
-from inferq.queue import Queue
+from inferq.queue.history import read_history
+from inferq.queue.protocol import Queue
 
 from .test_handler import LambdaContext, ecs, enqueue, scaler_env, scheduled  # noqa: F401
 

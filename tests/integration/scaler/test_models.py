@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from functions.scaler import app
-from inferq.connection import connect
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.protocol import Queue
+from inferq.redis.connection import connect
 from tests.support.ecs import create_service
 
 from .test_handler import CLUSTER, LambdaContext, emf, enqueue, scheduled

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from bench import sim_fleet, sim_strategies, simulate
-from inferq.policy import ScalePolicy
+from inferq.scaling.policy import ScalePolicy
 
 
 def test_the_quick_simulation_reports_every_strategy_and_plots(tmp_path: Path) -> None:

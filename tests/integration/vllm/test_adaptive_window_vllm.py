@@ -17,9 +17,9 @@ from gpu_worker.backends.base import EngineLoad
 from gpu_worker.backends.openai import OpenAIBackend
 from gpu_worker.window import AdaptiveWindow
 from gpu_worker.worker import Worker
-from inferq.jobs import JobStatus
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobStatus
+from inferq.queue.protocol import Queue
 from tests.integration.worker.support import submit
 from tests.support.vllm_server import VllmServer, build_tiny_model, default_model_dir, ensure_vllm_venv
 

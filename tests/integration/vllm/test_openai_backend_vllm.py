@@ -10,9 +10,9 @@ import pytest
 
 from gpu_worker.backends.openai import OpenAIBackend
 from gpu_worker.worker import Worker
-from inferq.jobs import Job, JobStatus
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import Job, JobStatus
+from inferq.queue.protocol import Queue
 from tests.integration.worker.support import submit
 from tests.support.vllm_server import VllmServer
 

@@ -18,9 +18,9 @@ from typing import Any
 from gpu_worker.backends.base import Backend
 from gpu_worker.backends.mock import MockBackend
 from gpu_worker.worker import Worker
-from inferq.jobs import Job, JobRequest
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import Job, JobRequest
+from inferq.queue.protocol import Queue
 
 REPO = Path(__file__).resolve().parents[3]
 TENANT = "acme"

@@ -16,9 +16,9 @@ from emulator.valkey import free_port
 from gpu_worker.backends.mock import MockBackend
 from gpu_worker.window import AdaptiveWindow
 from gpu_worker.worker import Worker
-from inferq.jobs import JobStatus
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobStatus
+from inferq.queue.protocol import Queue
 
 from .support import REPO, chat, submit, terminal, worker_env, worker_processes
 

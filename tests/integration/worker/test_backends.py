@@ -25,10 +25,10 @@ from gpu_worker.backends.base import (
 from gpu_worker.backends.mock import MockBackend
 from gpu_worker.backends.openai import OpenAIBackend
 from gpu_worker.backends.vllm import VllmBackend, sampling_arguments
-from inferq.batching import Batcher
-from inferq.jobs import Job, JobStatus
-from inferq.queue import Queue
-from inferq.settings import Settings, SettingsError
+from inferq.config.settings import Settings, SettingsError
+from inferq.queue.jobs import Job, JobStatus
+from inferq.queue.protocol import Queue
+from inferq.redis.batching import Batcher
 
 TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -429,7 +429,7 @@ def test_hiredis_packing_sends_the_same_bytes_as_redis_py() -> None:
     from redis.asyncio.connection import Connection
     from redis.exceptions import DataError
 
-    from inferq.fastpack import HiredisPacking
+    from inferq.redis.fastpack import HiredisPacking
 
     class Packing(HiredisPacking, Connection):
         pass
@@ -443,7 +443,7 @@ def test_hiredis_packing_sends_the_same_bytes_as_redis_py() -> None:
 
 
 async def test_every_connection_inferq_opens_packs_with_hiredis(queue: Queue) -> None:
-    from inferq.fastpack import HiredisPacking, use_hiredis_packing
+    from inferq.redis.fastpack import HiredisPacking, use_hiredis_packing
 
     client = Queue.connect(queue.settings).redis  # the gateway's, the worker's and the scaler's clients alike
     assert issubclass(client.connection_pool.connection_class, HiredisPacking)
@@ -456,7 +456,7 @@ async def test_every_connection_inferq_opens_packs_with_hiredis(queue: Queue) ->
 async def test_a_cluster_client_packs_with_hiredis_too(valkey_cluster: ValkeyProcess) -> None:
     """ElastiCache Serverless is always cluster mode: the nodes it knows at start and those it finds later (built
     from the client's connection settings) pack with hiredis, and what they send is what redis-py would."""
-    from inferq.fastpack import HiredisPacking
+    from inferq.redis.fastpack import HiredisPacking
 
     client = Queue.connect(Settings(redis_url=valkey_cluster.url, queue="packed")).redis
     assert client.nodes_manager.connection_kwargs["connection_class"] is not None

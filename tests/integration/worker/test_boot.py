@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from gpu_worker.__main__ import _model_server_ready
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.protocol import Queue
 
 
 class Health:

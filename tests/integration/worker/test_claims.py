@@ -9,11 +9,11 @@ import httpx
 import pytest
 
 from functions.storage import FileStore
-from inferq import claimcheck
-from inferq.batch_driver import BatchDriver
-from inferq.batches import Batches, BatchStatus, new_file_id
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.batches.driver import BatchDriver
+from inferq.batches.records import Batches, BatchStatus, new_file_id
+from inferq.config.settings import Settings
+from inferq.queue import claimcheck
+from inferq.queue.protocol import Queue
 from tests.support import s3 as moto_s3
 from tests.support.s3 import MotoS3
 

@@ -9,9 +9,9 @@ import time
 from gpu_worker.protection import TaskProtection
 from gpu_worker.pull import surplus
 from gpu_worker.worker import Worker
-from inferq.jobs import JobStatus
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobStatus
+from inferq.queue.protocol import Queue
 
 from .support import Receiver, chat, eventually, running_worker, submit, terminal
 

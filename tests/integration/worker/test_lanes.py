@@ -12,9 +12,9 @@ import pytest
 
 from gpu_worker.backends.mock import MockBackend
 from gpu_worker.worker import Worker
-from inferq.jobs import LANES, Job, JobRequest, JobStatus, Priority
-from inferq.queue import Queue, now_ms
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import LANES, Job, JobRequest, JobStatus, Priority
+from inferq.queue.protocol import Queue, now_ms
 
 from .support import chat, eventually, mock_calls, running_worker, status_is, submit, terminal
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from gpu_worker.backends.base import FatalError
-from inferq.jobs import JobStatus
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobStatus
+from inferq.queue.protocol import Queue
 
 from .support import REPO, chat, status_is, submit, terminal, worker_env, worker_processes
 

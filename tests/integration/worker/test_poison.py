@@ -15,8 +15,8 @@ import pytest
 
 from gpu_worker.backends.openai import OpenAIBackend
 from gpu_worker.worker import Worker
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.protocol import Queue
 
 from .support import chat, eventually, running_worker, submit, terminal
 

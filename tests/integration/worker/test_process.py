@@ -10,9 +10,9 @@ import urllib.request
 from pathlib import Path
 
 from emulator.valkey import free_port
-from inferq.jobs import JobStatus
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobStatus
+from inferq.queue.protocol import Queue
 
 from .support import REPO, chat, mock_calls, status_is, submit, terminal, worker_env, worker_processes
 

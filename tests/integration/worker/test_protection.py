@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 
 from gpu_worker.protection import TaskProtection, expires_minutes
-from inferq.jobs import JobStatus
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import JobStatus
+from inferq.queue.protocol import Queue
 
 from .support import Receiver, chat, eventually, running_worker, submit, terminal
 

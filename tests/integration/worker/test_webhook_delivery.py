@@ -24,13 +24,13 @@ from typing import Any
 import httpx
 import pytest
 
-from inferq import netguard
-from inferq.keys import WEBHOOK_GROUP
-from inferq.queue import Queue
-from inferq.settings import Settings
-from inferq_webhooks import sender as webhooks
-from inferq_webhooks.guarded_http import GuardedTransport
-from inferq_webhooks.sender import LEASE_MS, WebhookSender, deliver_webhooks
+from inferq.config.settings import Settings
+from inferq.queue.keys import WEBHOOK_GROUP
+from inferq.queue.protocol import Queue
+from inferq.webhooks import netguard
+from inferq.webhooks import sender as webhooks
+from inferq.webhooks.guarded_http import GuardedTransport
+from inferq.webhooks.sender import LEASE_MS, WebhookSender, deliver_webhooks
 from tests.support.tls import private_ca
 
 from .support import chat, eventually, submit
@@ -379,7 +379,7 @@ async def test_a_receiver_with_a_private_ca_is_reached_through_ssl_cert_file_and
     """Deliveries verify receivers against the system's CA store as OpenSSL finds it: a receiver whose certificate
     a company CA signed fails until ``SSL_CERT_FILE`` names that CA (``SSL_CERT_DIR`` likewise). Proxy variables
     are not used: a proxy would resolve and connect past the address guard."""
-    from inferq_webhooks import guarded_http
+    from inferq.webhooks import guarded_http
 
     for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
         monkeypatch.delenv(name, raising=False)

@@ -14,11 +14,11 @@ import pytest
 from standardwebhooks import Webhook
 
 from inferq.client import verify_webhook
-from inferq.keys import WEBHOOK_GROUP
-from inferq.queue import Queue
-from inferq.settings import Settings
-from inferq.webhook_signing import verify
-from inferq_webhooks.sender import WebhookSender, deliver_webhooks
+from inferq.config.settings import Settings
+from inferq.queue.keys import WEBHOOK_GROUP
+from inferq.queue.protocol import Queue
+from inferq.webhooks.sender import WebhookSender, deliver_webhooks
+from inferq.webhooks.signing import verify
 
 from .support import Receiver, chat, eventually, submit, terminal, worker_processes
 

@@ -14,9 +14,9 @@ import pytest
 from emulator.valkey import ValkeyProcess, fail_over, wait_in_sync
 from gpu_worker.backends.mock import MockBackend
 from gpu_worker.worker import Worker
-from inferq.jobs import Job, JobStatus
-from inferq.queue import Queue
-from inferq.settings import Settings
+from inferq.config.settings import Settings
+from inferq.queue.jobs import Job, JobStatus
+from inferq.queue.protocol import Queue
 
 from .support import chat, eventually, mock_calls, running_worker, status_is, submit, terminal, terminal_events
 
@@ -274,7 +274,7 @@ async def test_many_jobs_each_finish_exactly_once(settings: Settings, queue: Que
 async def test_pruning_forgets_dead_workers_but_never_a_consumer_holding_entries(
     settings: Settings, queue: Queue
 ) -> None:
-    from inferq.keys import GROUP
+    from inferq.queue.keys import GROUP
 
     await queue.read("gone-idle", 1)  # a consumer that holds nothing
     await submit(queue, chat("held"))

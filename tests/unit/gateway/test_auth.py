@@ -8,7 +8,7 @@ import json
 import pytest
 
 from functions.gateway.auth import KeyRing, StaticKeys, key_store, parse_secret
-from inferq.settings import Settings, SettingsError
+from inferq.config.settings import Settings, SettingsError
 
 
 def sha(key: str) -> str:

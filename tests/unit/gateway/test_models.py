@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from functions.gateway.models import JOB_CREATE_EXAMPLE, MAX_TTL_S, NO_SURROGATES, JobCreate, surrogate_free
-from inferq.jobs import JobRequest
+from inferq.queue.jobs import JobRequest
 
 
 def parse(value: Any) -> JobCreate:

@@ -1,0 +1,246 @@
+"""The model registry (``INFERQ_MODELS``, docs/models.md): several models, each with its own queue, fleet and limits.
+
+One ``.yaml``/``.yml`` or ``.json`` file names every model. Each entry yields that model's :class:`Settings` (the
+process's ``INFERQ_*`` settings with the entry's overrides) and so its queue and keys. The gateway and the scaler
+read every entry; a worker serves one (``INFERQ_MODEL``). Everything is checked when the file is read: a bad file or
+field raises :class:`SettingsError` naming ``INFERQ_MODELS``, the model and the field, so the process stops at start.
+
+Job ids of a registry's queues carry their queue (``job_<26 random chars>_<queue>``, see :func:`queue_of_job`), so
+the gateway finds any job's queue without a lookup.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from inferq.config.settings import Settings, SettingsError
+from inferq.queue.keys import Keys
+
+VARIABLE = "INFERQ_MODELS"
+MODEL_VARIABLE = "INFERQ_MODEL"
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+QUEUE_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SERVICE_RE = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+ALIAS_RE = re.compile(r"^[!-~]{1,256}$")
+"""An alias is what clients send as ``body.model``: any printable ASCII without spaces (``org/model:tag``)."""
+
+JOB_ID_BODY = 4 + 26
+"""``job_`` and the 26 random characters; a registry's ids go on with ``_<queue>``."""
+
+_TOP_FIELDS = {"default", "models"}
+_MODEL_FIELDS = {"name", "aliases", "queue", "service", "window", "window_max", "job_timeout_s", "max_attempts",
+                 "max_queue_depth", "scale", "backend", "deploy"}
+_PLAIN_OVERRIDES = ("window", "window_max", "job_timeout_s", "max_attempts", "max_queue_depth")
+_SCALE_FIELDS = {"min": "scale_min", "max": "scale_max", "target_per_worker": "scale_target_per_worker",
+                 "down_cooldown_s": "scale_down_cooldown_s", "to_zero_after_s": "scale_to_zero_after_s"}
+_BACKEND_FIELDS = {"kind", "base_url", "served_model", "args"}
+_DEPLOY_FIELDS = {"instance_type": str, "image": str, "gpus": int, "memory_mib": int}
+
+
+@dataclass(frozen=True)
+class Model:
+    """One registry entry, resolved: its settings are the process's with this model's overrides."""
+
+    name: str
+    aliases: tuple[str, ...]
+    queue: str
+    service: str
+    settings: Settings
+    served_model: str
+    backend_args: Mapping[str, Any] = field(default_factory=dict)
+    deploy: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.queue)
+
+
+@dataclass(frozen=True)
+class Registry:
+    path: str
+    models: tuple[Model, ...]
+    default: str | None = None
+    _names: Mapping[str, Model] = field(default_factory=dict, repr=False)
+
+    def resolve(self, requested: str | None) -> Model | None:
+        """The model a ``body.model`` names (a name or an alias); absent: the default model, if there is one."""
+        if requested is None:
+            return self._names.get(self.default) if self.default else None
+        return self._names.get(requested)
+
+    def by_queue(self, queue: str) -> Model | None:
+        return next((m for m in self.models if m.queue == queue), None)
+
+    @property
+    def primary(self) -> Model:
+        """The default model, or the first: the queue of what is not per model (files, batches, the console)."""
+        return self.resolve(None) or self.models[0]
+
+
+def queue_of_job(job_id: str) -> str | None:
+    """The queue a registry job id carries (``job_<26>_<queue>``); None for an id of the single queue."""
+    if len(job_id) > JOB_ID_BODY + 1 and job_id[JOB_ID_BODY] == "_":
+        return job_id[JOB_ID_BODY + 1:]
+    return None
+
+
+class _Where:
+    """Builds the messages: every problem names INFERQ_MODELS, the file, the model and the field."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def error(self, where: str, problem: str) -> SettingsError:
+        return SettingsError(VARIABLE, f"{self.path}: {where}: {problem}")
+
+
+def _read(path: str) -> Any:
+    where = _Where(path)
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(VARIABLE, f"cannot read {path!r}: {exc.strerror or exc}") from None
+    suffix = file.suffix.lower()
+    if suffix not in {".yaml", ".yml", ".json"}:
+        raise SettingsError(VARIABLE, f"{path!r} must end in .yaml, .yml or .json")
+    try:
+        if suffix == ".json":
+            return json.loads(text)
+        import yaml  # only a process with a YAML registry pays for the import
+
+        return yaml.safe_load(text)
+    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError (not a ValueError), PyYAML missing
+        raise where.error("file", f"not valid {'JSON' if suffix == '.json' else 'YAML'}: {exc}") from None
+
+
+def _override(where: _Where, label: str, setting: str, raw: Any) -> Any:
+    """A value of the file checked by the same parser as its INFERQ_* variable."""
+    if isinstance(raw, (bool, dict, list)) or raw is None:
+        raise where.error(label, f"must be a scalar, got {raw!r}")
+    parse = next(f.metadata["parse"] for f in fields(Settings) if f.name == setting)
+    try:
+        return parse(label, str(raw))
+    except SettingsError as exc:
+        raise where.error(label, str(exc).split(": ", 1)[1]) from None
+
+
+def _mapping(where: _Where, label: str, raw: Any, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise where.error(label, f"must be a mapping, got {type(raw).__name__}")
+    unknown = sorted(str(k) for k in raw if k not in allowed)
+    if unknown:
+        raise where.error(label, f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}")
+    return raw
+
+
+def _model(where: _Where, index: int, raw: Any, base: Settings) -> Model:
+    entry = _mapping(where, f"models[{index}]", raw, _MODEL_FIELDS)
+    name = entry.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise where.error(f"models[{index}].name", f"must be 1-64 of [A-Za-z0-9_.:-], got {name!r}")
+    at = f"model {name!r}"
+    aliases = entry.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) and ALIAS_RE.match(a) for a in aliases):
+        raise where.error(f"{at} aliases", "must be a list of names (printable, no spaces, at most 256)")
+    queue = entry.get("queue", re.sub(r"[^A-Za-z0-9_-]", "-", name))
+    if not isinstance(queue, str) or not QUEUE_RE.match(queue):
+        raise where.error(f"{at} queue", f"must be 1-64 of [A-Za-z0-9_-], got {queue!r}")
+    service = entry.get("service", f"inferq-{queue}")
+    if not isinstance(service, str) or not SERVICE_RE.match(service):
+        raise where.error(f"{at} service", f"must be an ECS service name (1-255 of [A-Za-z0-9_-]), got {service!r}")
+
+    overrides: dict[str, Any] = {"queue": queue, "ecs_service": service}
+    for key in _PLAIN_OVERRIDES:
+        if key in entry:
+            overrides[key] = _override(where, f"{at} {key}", key, entry[key])
+    scale = _mapping(where, f"{at} scale", entry.get("scale", {}), set(_SCALE_FIELDS))
+    for key, setting in _SCALE_FIELDS.items():
+        if key in scale:
+            overrides[setting] = _override(where, f"{at} scale.{key}", setting, scale[key])
+    backend = _mapping(where, f"{at} backend", entry.get("backend", {}), _BACKEND_FIELDS)
+    if "kind" in backend:
+        overrides["backend"] = _override(where, f"{at} backend.kind", "backend", backend["kind"])
+    if "base_url" in backend:
+        overrides["openai_base_url"] = _override(where, f"{at} backend.base_url", "openai_base_url",
+                                                 backend["base_url"])
+    served_model = backend.get("served_model", name)
+    if not isinstance(served_model, str) or not served_model:
+        raise where.error(f"{at} backend.served_model", f"must be a non-empty string, got {served_model!r}")
+    args = backend.get("args", {})
+    if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
+        raise where.error(f"{at} backend.args", "must be a mapping of argument name to value")
+    deploy = _mapping(where, f"{at} deploy", entry.get("deploy", {}), set(_DEPLOY_FIELDS))
+    for key, kind in _DEPLOY_FIELDS.items():
+        value = deploy.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)
+                                  or (isinstance(value, int) and value < 1)):
+            raise where.error(f"{at} deploy.{key}", f"must be {'a positive integer' if kind is int else 'a string'}")
+    try:
+        settings = base.replace(**overrides)
+    except SettingsError as exc:  # a combination (scale.min above scale.max, ...) checked by Settings itself
+        raise where.error(at, str(exc)) from None
+    return Model(name, tuple(aliases), queue, service, settings, served_model, dict(args), dict(deploy))
+
+
+def parse(raw: Any, base: Settings, path: str) -> Registry:
+    """A registry from the file's decoded content; raises :class:`SettingsError` naming INFERQ_MODELS."""
+    where = _Where(path)
+    top = _mapping(where, "top level", raw, _TOP_FIELDS)
+    entries = top.get("models")
+    if not isinstance(entries, list) or not entries:
+        raise where.error("models", "must be a non-empty list of models")
+    models = tuple(_model(where, i, entry, base) for i, entry in enumerate(entries))
+    names: dict[str, Model] = {}
+    for model in models:
+        for name in (model.name, *model.aliases):
+            if name in names:
+                raise where.error(f"model {model.name!r}", f"name or alias {name!r} is already used")
+            names[name] = model
+    for attribute in ("queue", "service"):
+        seen: set[str] = set()
+        for model in models:
+            value = getattr(model, attribute)
+            if value in seen:
+                raise where.error(f"model {model.name!r} {attribute}", f"{value!r} is already another model's")
+            seen.add(value)
+    default = top.get("default")
+    if default is not None and (not isinstance(default, str) or default not in names):
+        raise where.error("default", f"must name a model of the file, got {default!r}")
+    return Registry(path, models, default, names)
+
+
+def load(settings: Settings) -> Registry | None:
+    """The registry ``INFERQ_MODELS`` names, or None when it is unset (one queue, ``INFERQ_QUEUE``)."""
+    if not settings.models:
+        return None
+    return parse(_read(settings.models), settings, settings.models)
+
+
+def served_model(settings: Settings) -> Model | None:
+    """The registry entry a worker serves: the one ``INFERQ_MODEL`` names (required when the file has more than
+    one model); None without a registry."""
+    registry = load(settings)
+    if registry is None:
+        return None
+    names = ", ".join(m.name for m in registry.models)
+    if settings.model is None:
+        if len(registry.models) > 1:
+            raise SettingsError(MODEL_VARIABLE, f"must name the model this worker serves, one of {names}")
+        return registry.models[0]
+    model = next((m for m in registry.models if m.name == settings.model), None)
+    if model is None:
+        raise SettingsError(MODEL_VARIABLE, f"{settings.model!r} is not a model of {registry.path} ({names})")
+    return model
+
+
+def served_settings(settings: Settings) -> Settings:
+    """A worker's settings: its registry entry's (:func:`served_model`), or ``settings`` without a registry."""
+    model = served_model(settings)
+    return model.settings if model is not None else settings

@@ -1,0 +1,426 @@
+"""Settings: every ``INFERQ_*`` variable of docs/configuration.md, read once and validated.
+
+A bad value raises :class:`SettingsError` naming the variable; entry points turn it into a one-line message and
+exit status 2, so a misconfigured process stops at start instead of misbehaving later.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from inferq.queue.jobs import LANES, Priority
+from inferq.queue.keys import TENANT, TENANT_RULE
+
+PREFIX = "INFERQ_"
+
+
+class SettingsError(ValueError):
+    """A configuration variable has a value the process cannot run with."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        super().__init__(f"{variable}: {problem}")
+        self.variable = variable
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> Callable[[str, str], int]:
+    def parse(name: str, raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise SettingsError(name, f"must be an integer, got {raw!r}") from None
+        if lo is not None and value < lo:
+            raise SettingsError(name, f"must be >= {lo}, got {value}")
+        if hi is not None and value > hi:
+            raise SettingsError(name, f"must be <= {hi}, got {value}")
+        return value
+
+    return parse
+
+
+def _float(lo: float | None = None) -> Callable[[str, str], float]:
+    def parse(name: str, raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise SettingsError(name, f"must be a number, got {raw!r}") from None
+        if value != value or (lo is not None and value < lo):
+            raise SettingsError(name, f"must be >= {lo}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def _bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off", ""}:
+        return False
+    raise SettingsError(name, f"must be true or false, got {raw!r}")
+
+
+def _optional_str(name: str, raw: str) -> str | None:
+    return raw.strip() or None
+
+
+_QUEUE_RE = re.compile(r"^[^{}\s]{1,128}$")
+
+
+def _queue(name: str, raw: str) -> str:
+    """Any 1-128 characters but braces (the queue is the key's cluster hash tag) and whitespace."""
+    value = raw.strip()
+    if not _QUEUE_RE.match(value):
+        raise SettingsError(name, f"must be 1-128 characters without braces or spaces, got {raw!r}")
+    return value
+
+
+def _redis_url(name: str, raw: str) -> str:
+    value = raw.strip()
+    parsed = urlparse(value)
+    if parsed.scheme not in {"redis", "rediss", "unix"}:
+        raise SettingsError(name, f"must be a redis://, rediss:// or unix:// URL, got scheme {parsed.scheme!r}")
+    if parsed.scheme != "unix" and not parsed.hostname:
+        raise SettingsError(name, "has no host")
+    return value
+
+
+def _http_url(name: str, raw: str) -> str:
+    value = raw.strip().rstrip("/")
+    parsed = urlparse(value)
+    if parsed.scheme not in {"http", "https"} or not parsed.hostname:
+        raise SettingsError(name, f"must be an http(s) URL, got {raw!r}")
+    return value
+
+
+def _api_keys(name: str, raw: str) -> dict[str, str] | None:
+    """``tenant:key,tenant:key`` -> {key: tenant}. Development only: production keys live in Secrets Manager."""
+    value = raw.strip()
+    if not value:
+        return None
+    keys: dict[str, str] = {}
+    for pair in value.split(","):
+        tenant, sep, key = pair.strip().partition(":")
+        if not sep or not tenant or not key:
+            raise SettingsError(name, "must be 'tenant:key,tenant:key' (a pair is missing its ':')")
+        if not TENANT.match(tenant):
+            raise SettingsError(name, f"tenant {tenant!r} must be {TENANT_RULE}")
+        keys[key] = tenant
+    return keys
+
+
+def _tenant_priorities(name: str, raw: str) -> dict[str, Priority] | None:
+    """`tenant:priority,tenant:priority` (each priority `high`, `normal` or `low`)."""
+    priorities: dict[str, Priority] = {}
+    for pair in filter(None, (p.strip() for p in raw.split(","))):
+        tenant, sep, lane = pair.partition(":")
+        if not sep or not TENANT.match(tenant.strip()):
+            raise SettingsError(name, f"must be 'tenant:priority,...' with tenants of {TENANT_RULE}, got {pair!r}")
+        try:
+            priorities[tenant.strip()] = Priority(lane.strip())
+        except ValueError:
+            raise SettingsError(name, f"priority of {tenant.strip()!r} must be high, normal or low, "
+                                f"got {lane.strip()!r}") from None
+    return priorities or None
+
+
+def _priority(name: str, raw: str) -> Priority:
+    """`high`, `normal` or `low`."""
+    try:
+        return Priority(raw.strip().lower())
+    except ValueError:
+        raise SettingsError(name, f"must be high, normal or low, got {raw!r}") from None
+
+
+def _tenants(name: str, raw: str) -> frozenset[str] | None:
+    """Comma-separated tenant names (empty: unset)."""
+    tenants = [t.strip() for t in raw.split(",") if t.strip()]
+    for tenant in tenants:
+        if not TENANT.match(tenant):
+            raise SettingsError(name, f"tenant {tenant!r} must be {TENANT_RULE}")
+    return frozenset(tenants) or None
+
+
+AUTO: Literal["auto"] = "auto"
+"""``INFERQ_WINDOW=auto``: the worker sizes its window from the model server's load (gpu_worker/window.py)."""
+
+
+def _window(name: str, raw: str) -> int | Literal["auto"]:
+    """integer 1 to 4096, or `auto` (sized from the model server's load, up to `INFERQ_WINDOW_MAX`)."""
+    if raw.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return _int(1, 4096)(name, raw)
+    except SettingsError:
+        raise SettingsError(name, f"must be an integer 1 to 4096 or 'auto', got {raw!r}") from None
+
+
+def _backend(name: str, raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in {"mock", "openai", "vllm"}:
+        raise SettingsError(name, f"must be one of mock, openai, vllm; got {raw!r}")
+    return value
+
+
+def _log_level(name: str, raw: str) -> str:
+    value = raw.strip().upper()
+    if value not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+        raise SettingsError(name, f"must be a log level (DEBUG, INFO, WARNING, ERROR), got {raw!r}")
+    return value
+
+
+_WINDOW_RE = re.compile(r"^([1-9][0-9]{0,6})([smh])$")
+_WINDOW_UNIT_S = {"s": 1, "m": 60, "h": 3600}
+
+
+def window_seconds(window: str) -> int | None:
+    """Seconds of a batch ``completion_window`` such as ``24h`` (also ``30m``, ``90s``), or None if malformed."""
+    match = _WINDOW_RE.match(window)
+    return int(match.group(1)) * _WINDOW_UNIT_S[match.group(2)] if match else None
+
+
+def _windows(name: str, raw: str) -> tuple[str, ...]:
+    """Comma-separated batch completion windows a client may ask for (``24h`` is OpenAI's only value)."""
+    values = tuple(part.strip() for part in raw.split(",") if part.strip())
+    if not values:
+        raise SettingsError(name, "must name at least one completion window, e.g. 24h")
+    for value in values:
+        if window_seconds(value) is None:
+            raise SettingsError(name, f"{value!r} is not a window like 24h, 30m or 90s")
+    return values
+
+
+def _setting(default: Any, parse: Callable[[str, str], Any]) -> Any:
+    return field(default=default, metadata={"parse": parse})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All of inferq's configuration. Field ``x`` is read from ``INFERQ_X``."""
+
+    redis_url: str = _setting("redis://127.0.0.1:6379/0", _redis_url)
+    redis_timeout_s: float = _setting(2.0, _float(0.05))
+    redis_auth_secret: str | None = _setting(None, _optional_str)
+    # the credentials themselves (ECS injects them into the worker container alone): never in a repr or a log
+    redis_auth: str | None = field(default=None, repr=False, metadata={"parse": _optional_str})
+    redis_max_connections: int = _setting(1000, _int(1))
+    queue: str = _setting("default", _queue)
+    api_keys: dict[str, str] | None = _setting(None, _api_keys)
+    api_keys_secret: str | None = _setting(None, _optional_str)
+    api_keys_cache_s: int = _setting(300, _int(0))
+    claim_idle_ms: int = _setting(30000, _int(1))
+    max_attempts: int = _setting(3, _int(1, 100))
+    max_deliveries: int = _setting(5, _int(1, 1000))
+    job_timeout_s: int = _setting(600, _int(1, 3600))
+    max_queue_depth: int = _setting(10000, _int(0))
+    tenant_max_depth: int = _setting(0, _int(0))
+    tenant_priorities: dict[str, Priority] | None = field(
+        default=None,
+        metadata={
+            "parse": _tenant_priorities,
+            "doc": "Each tenant's default `priority` (lane) for jobs that name none; a job's own `priority` wins. "
+            "Unset, or a tenant not listed: `normal`.",
+        },
+    )
+    max_priority: Priority = field(
+        default=Priority.HIGH,
+        metadata={
+            "parse": _priority,
+            "doc": "The highest `priority` (lane) a tenant not listed in `INFERQ_TENANT_MAX_PRIORITY` may ask for; "
+            "above it a submit is 403 `priority_not_allowed`. `high` (the default) lets every tenant pick its lane; "
+            "a shared deployment sets `normal` and lists the tenants allowed `high`.",
+        },
+    )
+    tenant_max_priority: dict[str, Priority] | None = field(
+        default=None,
+        metadata={
+            "parse": _tenant_priorities,
+            "doc": "Each tenant's highest allowed `priority` (`tenant:lane,...`), overriding `INFERQ_MAX_PRIORITY`. "
+            "A tenant's default lane (`INFERQ_TENANT_PRIORITIES`) above its ceiling is capped to it.",
+        },
+    )
+    admin_tenants: frozenset[str] | None = field(
+        default=None,
+        metadata={
+            "parse": _tenants,
+            "doc": "The operator tenants (comma-separated): only they see queue-wide numbers (`GET /v1/scale`, "
+            "`GET /v1/stats/history`, the counts of `GET /v1/models`, the console's gauges); any other tenant gets "
+            "403 on the first two and its own counts elsewhere. Unset: every tenant is an operator (one team, the "
+            "emulator); a deployment shared by tenants sets it.",
+        },
+    )
+    rate_limit_per_s: float = field(
+        default=0.0,
+        metadata={
+            "parse": _float(0.0),
+            "doc": "Requests per second each tenant may make on average (authenticated routes, all gateway "
+            "instances together: counted in Redis); past it 429 `rate_limited` with `Retry-After`. 0: no limit.",
+        },
+    )
+    rate_limit_burst: int = field(
+        default=0,
+        metadata={
+            "parse": _int(0, 1_000_000),
+            "doc": "How many requests a tenant may make at once above `INFERQ_RATE_LIMIT_PER_S` (the bucket's "
+            "size). 0: one second's worth of the rate (at least 1).",
+        },
+    )
+    api_keys_max_stale_s: int = field(
+        default=900,
+        metadata={
+            "parse": _int(0),
+            "doc": "While Secrets Manager cannot be read, how long the gateway keeps serving the API keys it last "
+            "read; past it every request is 503 until the secret can be read again (fail closed). 0: never serve a "
+            "stale copy.",
+        },
+    )
+    redis_wait_replicas: int = _setting(0, _int(0, 16))
+    max_body_bytes: int = _setting(262144, _int(1))
+    result_ttl_s: int = _setting(86400, _int(1))
+    window: int | Literal["auto"] = _setting(8, _window)
+    window_max: int = _setting(64, _int(1, 4096))
+    drain_s: int = _setting(25, _int(0, 3600))
+    backend: str = _setting("mock", _backend)
+    openai_base_url: str = _setting("http://127.0.0.1:8000", _http_url)
+    openai_api_key: str | None = _setting(None, _optional_str)
+    vllm_model: str | None = _setting(None, _optional_str)
+    metrics_port: int = _setting(9100, _int(0, 65535))
+    retry_base_ms: int = _setting(1000, _int(0))
+    retry_max_ms: int = _setting(60000, _int(0))
+    scale_min: int = _setting(0, _int(0, 10000))
+    scale_max: int = _setting(4, _int(0, 10000))
+    scale_target_per_worker: int | None = _setting(None, _int(1))
+    scale_down_cooldown_s: int = _setting(120, _int(0))
+    scale_to_zero_after_s: int = _setting(300, _int(0))
+    scale_boot_s: float = _setting(120.0, _float(0.0))
+    scale_gather_s: float = _setting(0.0, _float(0.0))
+    scale_drain: bool = _setting(True, _bool)
+    emulator_boot_s: float = _setting(0.0, _float(0.0))
+    scaler_interval_s: float = _setting(60.0, _float(0.1))
+    scaler_function: str | None = _setting(None, _optional_str)
+    scaler_wake_url: str | None = _setting(None, _optional_str)
+    ecs_cluster: str | None = _setting(None, _optional_str)
+    ecs_service: str | None = _setting(None, _optional_str)
+    webhook_secret_id: str | None = field(
+        default=None,
+        metadata={
+            "parse": _optional_str,
+            "doc": "Secrets Manager id of the webhook signing key, for a process that is not handed the key itself "
+            "(the scaler Lambda reads it at first use, again every 5 minutes); `INFERQ_WEBHOOK_SECRET` wins when set.",
+        },
+    )
+    webhook_secret: str | None = _setting(None, _optional_str)
+    webhook_max_age_s: int = _setting(3600, _int(1))
+    webhook_allow_private: bool = _setting(False, _bool)
+    events_maxlen: int = _setting(100000, _int(100))
+    files_bucket: str | None = _setting(None, _optional_str)
+    inline_max_bytes: int = field(
+        default=64 * 1024,
+        metadata={
+            "parse": _int(1024, 64 * 1024 * 1024),
+            "doc": "A request body or result larger than this (bytes of compact JSON) is kept in S3 under `claims/` "
+            "in `INFERQ_FILES_BUCKET` and the job record holds a reference (the claim check, docs/api.md); "
+            "without a bucket every payload stays inline, bounded by `INFERQ_MAX_BODY_BYTES`.",
+        },
+    )
+    max_upload_bytes: int = _setting(4 * 1024 * 1024, _int(1024, 6 * 1024 * 1024))
+    max_file_bytes: int = _setting(200 * 1024 * 1024, _int(1024))
+    batch_completion_windows: tuple[str, ...] = _setting(("24h",), _windows)
+    batch_max_lines: int = _setting(50000, _int(1))
+    tenant_max_files: int = _setting(0, _int(0))
+    tenant_max_file_bytes: int = _setting(0, _int(0))
+    tenant_max_batches: int = _setting(0, _int(0))
+    worker_id: str | None = _setting(None, _optional_str)
+    models: str | None = field(
+        default=None,
+        metadata={
+            "parse": _optional_str,
+            "doc": "Path of the model registry (`.yaml`, `.yml` or `.json`; docs/models.md): several models, each "
+            "with its own queue, fleet and limits. Unset: one queue, `INFERQ_QUEUE`.",
+        },
+    )
+    model: str | None = field(
+        default=None,
+        metadata={
+            "parse": _optional_str,
+            "doc": "The registry model a worker serves (required when `INFERQ_MODELS` names more than one).",
+        },
+    )
+    log_level: str = _setting("INFO", _log_level)
+    log_payloads: bool = _setting(False, _bool)
+
+    def __post_init__(self) -> None:
+        if self.scale_min > self.scale_max:
+            raise SettingsError("INFERQ_SCALE_MIN", f"{self.scale_min} must be <= INFERQ_SCALE_MAX {self.scale_max}")
+        if self.retry_max_ms < self.retry_base_ms:
+            raise SettingsError("INFERQ_RETRY_MAX_MS", "must be >= INFERQ_RETRY_BASE_MS")
+
+    def priority_of(self, tenant: str) -> Priority:
+        """The lane of a tenant's jobs that name none (``INFERQ_TENANT_PRIORITIES``; else ``normal``), capped to
+        the tenant's ceiling."""
+        lane = (self.tenant_priorities or {}).get(tenant, Priority.NORMAL)
+        ceiling = self.max_priority_of(tenant)
+        return lane if LANES.index(lane) >= LANES.index(ceiling) else ceiling
+
+    def max_priority_of(self, tenant: str) -> Priority:
+        """The highest lane a tenant may ask for (``INFERQ_TENANT_MAX_PRIORITY``; else ``INFERQ_MAX_PRIORITY``)."""
+        return (self.tenant_max_priority or {}).get(tenant, self.max_priority)
+
+    def priority_allowed(self, tenant: str, priority: Priority) -> bool:
+        return LANES.index(priority) >= LANES.index(self.max_priority_of(tenant))
+
+    def is_admin(self, tenant: str) -> bool:
+        """Whether a tenant may see queue-wide numbers (``INFERQ_ADMIN_TENANTS``; unset: every tenant)."""
+        return self.admin_tenants is None or tenant in self.admin_tenants
+
+    @property
+    def adaptive_window(self) -> bool:
+        """``INFERQ_WINDOW=auto``: the window follows the model server's load."""
+        return self.window == AUTO
+
+    @property
+    def window_limit(self) -> int:
+        """Most jobs one worker ever holds at once: the static window, or ``INFERQ_WINDOW_MAX`` with ``auto``."""
+        return self.window if isinstance(self.window, int) else self.window_max
+
+    @property
+    def target_per_worker(self) -> int:
+        """Jobs one worker should carry; defaults to the window, with ``auto`` to ``INFERQ_WINDOW_MAX`` (the scaler
+        cannot see how far a worker's adaptive window has grown; docs/configuration.md)."""
+        return self.scale_target_per_worker or self.window_limit
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            name = PREFIX + f.name.upper()
+            raw = env.get(name)
+            if raw is not None:
+                values[f.name] = f.metadata["parse"](name, raw)
+        values.update(overrides)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Settings:
+        current = {f.name: getattr(self, f.name) for f in fields(self)}
+        current.update(changes)
+        return Settings(**current)
+
+    @staticmethod
+    def variable(field_name: str) -> str:
+        return PREFIX + field_name.upper()
+
+
+def load_or_exit(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Read the settings for a process's ``main``; a bad value prints one line naming the variable and exits 2."""
+    try:
+        return Settings.from_env(environ, **overrides)
+    except SettingsError as exc:
+        import sys
+
+        print(f"inferq: invalid configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

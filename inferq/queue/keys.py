@@ -1,0 +1,175 @@
+"""Every Redis key name of a queue, in one place (docs/data-model.md).
+
+All keys of queue ``Q`` start with ``inferq:{Q}:``: the hash tag puts one queue in one cluster slot, so every
+script touches a single slot and runs on ElastiCache Serverless (always cluster mode).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+GROUP = "workers"
+"""The consumer group every worker reads through."""
+
+LANE_KEYS = ("normal", "high", "low")
+"""The order in which a script that may touch any lane takes the lane streams through ``KEYS`` (the Lua prelude
+defines ``LANE_KEYS`` from this)."""
+
+WEBHOOK_GROUP = "webhooks"
+"""The consumer group that delivers webhooks from the terminal events stream."""
+
+
+TENANT = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+"""What a tenant name may be, wherever it comes from (the API keys secret or ``INFERQ_API_KEYS``), so a tenant that
+works locally works deployed. It names keys (``idem:<tenant>:…``) and logs: no separators, spaces or controls."""
+
+TENANT_RULE = "1-64 ASCII letters, digits, '_', '.' or '-'"
+
+
+@dataclass(frozen=True)
+class Keys:
+    queue: str
+
+    @property
+    def prefix(self) -> str:
+        return f"inferq:{{{self.queue}}}:"
+
+    @property
+    def stream(self) -> str:
+        """The ``normal`` lane's stream (the only one before lanes existed, so its name stays)."""
+        return self.prefix + "stream"
+
+    @property
+    def stream_high(self) -> str:
+        return self.prefix + "stream:high"
+
+    @property
+    def stream_low(self) -> str:
+        return self.prefix + "stream:low"
+
+    def stream_of(self, lane: str) -> str:
+        """The stream of a lane (``high``, ``normal``, ``low``): a job's entries are always in its lane's."""
+        return self.prefix + "stream" if lane == "normal" else f"{self.prefix}stream:{lane}"
+
+    @property
+    def lane_streams(self) -> list[str]:
+        """The three lane streams in :data:`LANE_KEYS` order, as scripts that may touch any lane take them."""
+        return [self.stream_of(lane) for lane in LANE_KEYS]
+
+    def job(self, job_id: str) -> str:
+        return f"{self.prefix}job:{job_id}"
+
+    def idem(self, tenant: str, digest: str) -> str:
+        return f"{self.prefix}idem:{tenant}:{digest}"
+
+    def done(self, job_id: str) -> str:
+        """A one-element list pushed when the job turns terminal: long-poll waiters block on it (BLMOVE)."""
+        return f"{self.prefix}done:{job_id}"
+
+    @property
+    def dlq(self) -> str:
+        return self.prefix + "dlq"
+
+    @property
+    def dlq_index(self) -> str:
+        """Sorted set, all scores 0, ordered by member: ``<tenant>|<9999999999999 - ms>|<9999999999 - seq>|<job
+        id>`` per dead letter (ms and seq of its ``dlq`` entry), so one tenant's dead letters, newest first, are one
+        ``ZRANGE BYLEX`` (``GET /v1/dlq``), never a scan of every tenant's. A tenant's members older than the
+        result TTL are trimmed when it dead-letters again."""
+        return self.prefix + "dlq:index"
+
+    @property
+    def delayed(self) -> str:
+        return self.prefix + "delayed"
+
+    @property
+    def expiry(self) -> str:
+        """Sorted set of jobs with a ``ttl_s``, scored by when they expire unless an attempt has started."""
+        return self.prefix + "expiry"
+
+    @property
+    def events(self) -> str:
+        return self.prefix + "events"
+
+    @property
+    def stats(self) -> str:
+        return self.prefix + "stats"
+
+    @property
+    def tenants(self) -> str:
+        """Hash tenant -> its unfinished jobs (``INFERQ_TENANT_MAX_DEPTH``); a tenant leaves it at zero."""
+        return self.prefix + "tenants"
+
+    @property
+    def history(self) -> str:
+        """Capped list of the scaler's samples of the counters, newest first (the console's charts)."""
+        return self.prefix + "history"
+
+    @property
+    def workers(self) -> str:
+        return self.prefix + "workers"
+
+    @property
+    def scale(self) -> str:
+        return self.prefix + "scale"
+
+    @property
+    def fleet(self) -> str:
+        """Hash worker id -> ``"<started ms> <attempts run> <their backend seconds>"``: the order the drain target
+        follows (newest drain first) and the run time the scaler sizes by."""
+        return self.prefix + "fleet"
+
+    @property
+    def feed_key(self) -> str:
+        """The deployment's secret that seals the results feed's cursors (:mod:`inferq.queue.feed`); the primary queue's
+        only. Written once (``SET NX``), never expires."""
+        return self.prefix + "feed:key"
+
+    @property
+    def wake(self) -> str:
+        """``SET NX EX`` guard that rate-limits wake-on-enqueue calls to the scaler."""
+        return self.prefix + "wake"
+
+    def rate(self, tenant: str) -> str:
+        """String: a tenant's rate-limit bucket (``INFERQ_RATE_LIMIT_PER_S``), the next request's due time (ms)."""
+        return f"{self.prefix}rate:{tenant}"
+
+    def rate_call(self, tenant: str, token: str) -> str:
+        """String: one rate-limit call's answer, kept a few seconds so a resent copy answers the same."""
+        return f"{self.prefix}rate:{tenant}:call:{token}"
+
+    @property
+    def mock_calls(self) -> str:
+        return self.prefix + "mock:calls"
+
+    def batch(self, batch_id: str) -> str:
+        """Hash: one batch's record (status, times, counts, the driver's progress through the input file)."""
+        return f"{self.prefix}batch:{batch_id}"
+
+    def batch_lines(self, batch_id: str) -> str:
+        """Hash: input line number -> job id, written with the driver's progress in one transaction."""
+        return f"{self.prefix}batch:{batch_id}:lines"
+
+    @property
+    def batches_active(self) -> str:
+        """Sorted set of the batches the driver still has work on (score: created, ms)."""
+        return self.prefix + "batches:active"
+
+    def batches_of(self, tenant: str) -> str:
+        """Sorted set of a tenant's batches (score: created, ms), for ``GET /v1/batches``."""
+        return f"{self.prefix}batches:tenant:{tenant}"
+
+    def batch_lock(self, batch_id: str) -> str:
+        """``SET NX PX`` lease: one driver at a time works on a batch."""
+        return f"{self.prefix}batch:{batch_id}:lock"
+
+    def upload(self, upload_id: str) -> str:
+        """Hash: an open Uploads API upload (expires with it)."""
+        return f"{self.prefix}upload:{upload_id}"
+
+
+def tenant_webhook_secret(tenant: str) -> str:
+    """Hash: a tenant's webhook signing secret (and the one it replaced, while that stays valid). Not a queue's key:
+    one secret signs the tenant's webhooks from every queue (model) of the deployment; the tenant is its hash tag."""
+    return f"inferq:tenant:{{{tenant}}}:webhook-secret"

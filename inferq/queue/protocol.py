@@ -1,0 +1,100 @@
+"""The asyncio client of the queue protocol: one typed method per Lua script, plus the plain reads around them.
+
+Every state change is one script (see ``scripts/``). :class:`Queue` is both sides on one client: the producer side
+(:mod:`.producer`, what the HTTP API runs), the consumer side (:mod:`.consumer`, what a worker runs),
+and the scaler's reads and records below. Callers import everything from here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferq.queue.consumer import Consumer, Delivery, Lease, Outcome, Skipped, settle_token
+from inferq.queue.core import new_token, now_ms
+from inferq.queue.jobs import Priority
+from inferq.queue.keys import LANE_KEYS
+from inferq.queue.producer import (
+    IdempotencyConflict,
+    JobNotFound,
+    JobTerminal,
+    NotDeadLettered,
+    Producer,
+    QueueError,
+    QueueFull,
+    TenantQuotaFull,
+)
+from inferq.redis.scripting import ReplicationLag
+
+__all__ = [
+    "Delivery", "IdempotencyConflict", "JobNotFound", "JobTerminal", "Lease", "NotDeadLettered", "Observation",
+    "Outcome", "Queue", "QueueError", "QueueFull", "ReplicationLag", "Skipped", "TenantQuotaFull", "new_token",
+    "now_ms", "settle_token",
+]
+
+
+@dataclass(frozen=True)
+class Observation:
+    lag: int
+    pending: int
+    delayed: int
+    delayed_due: int
+    unfinished: int
+    workers: int
+    busy_workers: int
+    in_flight: int
+    oldest_entry_ms: int
+    group_missing: bool
+    dlq: int
+    desired: int | None
+    reason: str
+    decided_at: float | None
+    lag_by_lane: dict[Priority, int] = field(default_factory=dict)
+
+    @property
+    def backlog(self) -> int:
+        return self.lag + self.pending + self.delayed
+
+    def oldest_age_s(self, now_ms: int) -> float:
+        return max(0.0, (now_ms - self.oldest_entry_ms) / 1000.0) if self.oldest_entry_ms else 0.0
+
+
+def _optional_int(value: Any) -> int | None:
+    return int(value) if value not in (None, "") else None
+
+
+class Queue(Producer, Consumer):
+    """One queue on one Redis client: both sides, and what the scaler reads and records."""
+
+    async def observe(self, *, now: int | None = None, heartbeat_stale_ms: int | None = None) -> Observation:
+        now = now or now_ms()
+        stale = heartbeat_stale_ms or max(3 * self.settings.claim_idle_ms, 15000)
+        keys = [*self.keys.lane_streams, self.keys.delayed, self.keys.stats, self.keys.workers, self.keys.scale,
+                self.keys.dlq]
+        r = await self.scripts("observe", keys, [now, stale])
+        return Observation(
+            lag=int(r[0]), pending=int(r[1]), delayed=int(r[2]), delayed_due=int(r[3]), unfinished=int(r[4]),
+            workers=int(r[5]), busy_workers=int(r[6]), in_flight=int(r[7]), oldest_entry_ms=int(r[8]),
+            group_missing=bool(int(r[9])), dlq=int(r[10]), desired=_optional_int(r[11]), reason=r[12] or "",
+            decided_at=float(r[13]) if r[13] else None,
+            lag_by_lane={Priority(lane): int(n) for lane, n in zip(LANE_KEYS, r[14:], strict=True)},
+        )
+
+    async def skip_webhookless_events(self, seen: str | None) -> tuple[bool, str]:
+        """For a webhook sender: when the ``webhook_events`` count is still ``seen`` (the count when it last read the
+        group to its end), move the group's position past every event, none of which carries a webhook. Returns
+        whether it moved, and the count now (``skipevents.lua``)."""
+        skipped, count = await self.scripts("skipevents", [self.keys.events, self.keys.stats], [seen or ""])
+        return bool(int(skipped)), str(count)
+
+    async def stats(self) -> dict[str, int]:
+        return {k: int(v) for k, v in (await self.redis.hgetall(self.keys.stats)).items()}
+
+    async def record_decision(self, desired: int, reason: str, *, at: float | None = None, **extra: Any) -> None:
+        mapping: dict[str, Any] = {"desired": desired, "reason": reason, "at": at if at is not None else time.time()}
+        mapping.update(extra)
+        await self.redis.hset(self.keys.scale, mapping=mapping)
+
+    async def scale_state(self) -> dict[str, str]:
+        return dict(await self.redis.hgetall(self.keys.scale))
