@@ -18,7 +18,7 @@ from moto import mock_aws
 from functions.storage import ClaimStore, FileStore
 from gpu_worker.claims import ClaimCheck
 from inferq import aws
-from inferq.settings import Settings
+from inferq.config.settings import Settings
 
 
 @pytest.fixture
