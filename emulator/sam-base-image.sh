@@ -28,7 +28,6 @@ boto3_version=${BOTO3_VERSION:-1.44.8}
 cache=${SAM_BASE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/inferq/sam}
 docker=${DOCKER:-docker}
 sam_venv=${SAM_VENV:-.tools/sam}
-local_cas=/usr/local/share/ca-certificates
 case "${SAM_BASE_ARCH:-$(uname -m)}" in
     x86_64|amd64) arch=x86_64; platform=manylinux2014_x86_64 ;;
     aarch64|arm64) arch=arm64; platform=manylinux2014_aarch64 ;;
@@ -39,26 +38,11 @@ tag=public.ecr.aws/lambda/python:3.13-$arch
 rie=$(ls "$sam_venv"/lib/python3*/site-packages/samcli/local/rapid/aws-lambda-rie-"$arch" 2>/dev/null | head -1 || true)
 [ -n "$rie" ] || { echo "sam-base-image: no aws-lambda-rie-$arch in $sam_venv (run: make sam-tools)" >&2; exit 1; }
 
-apt_mirror() {
-    # The first Debian URI that apt is configured with, deb822 (*.sources) or one-line (*.list) format.
-    local uri
-    uri=$(grep -hs -A3 '^Types:.*deb' /etc/apt/sources.list.d/*.sources \
-        | grep -m1 -o 'URIs:[[:space:]]*[^[:space:]]*/debian/\?$' | awk '{print $2}' || true)
-    [ -n "$uri" ] || uri=$(grep -hs '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
-        | awk '$2 ~ /\/debian\/?$/ {print $2; exit}' || true)
-    echo "${uri:-http://deb.debian.org/debian}"
-}
-mirror=${DEBIAN_MIRROR:-$(apt_mirror)}
+# shellcheck source=docker/rootfs.sh
+. docker/rootfs.sh
 
 build_rootfs() {  # DIR: trixie's python3 with the Lambda runtime's layout in DIR
-    debootstrap --variant=minbase --include="$packages" "$suite" "$1" "$mirror" >&2
-    rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/usr/share/doc/* "$1"/usr/share/man/* \
-        "$1"/usr/share/info/* "$1"/var/log/* "$1"/tmp/*
-    find "$1"/usr/share/locale -mindepth 1 -maxdepth 1 ! -name locale.alias -exec rm -rf {} +
-    if compgen -G "$local_cas/*.crt" >/dev/null; then
-        cp "$local_cas"/*.crt "$1"/usr/local/share/ca-certificates/
-        chroot "$1" update-ca-certificates >&2
-    fi
+    debootstrap_minimal "$1" "$suite" "$packages"
     mkdir -p "$1"/var/task "$1"/var/runtime "$1"/var/lang/bin "$1"/opt
     ln -s /usr/bin/python3.13 "$1"/var/lang/bin/python3.13
     ln -s python3.13 "$1"/var/lang/bin/python3
@@ -94,18 +78,10 @@ EOF
     install -m 0755 "$rie" "$1"/usr/local/bin/aws-lambda-rie
 }
 
-key=$({ echo "$suite $packages $mirror $arch $awslambdaric_version $boto3_version"; declare -f build_rootfs
-        sha256sum "$rie" | cut -d' ' -f1; cat "$local_cas"/*.crt 2>/dev/null || true; } | sha256sum | cut -c1-12)
+key=$(rootfs_key "$suite $packages $mirror $arch $awslambdaric_version $boto3_version $(sha256sum "$rie" | cut -d' ' -f1)")
 tarball=$cache/lambda-python3.13-$arch-$key.tar
 if [ ! -s "$tarball" ]; then
-    mkdir -p "$cache"
-    rootfs=$(mktemp -d "$cache/rootfs.XXXXXX")
-    partial=$(mktemp "$tarball.XXXXXX")
-    trap 'rm -rf --one-file-system "$rootfs" "$partial"' EXIT
-    echo "sam-base-image: debootstrap $suite from $mirror into $rootfs" >&2
-    build_rootfs "$rootfs"
-    tar --numeric-owner -C "$rootfs" -cf "$partial" .
-    mv "$partial" "$tarball"
+    cached_rootfs "$tarball" sam-base-image
     # older builds of this image are of no further use
     find "$cache" -maxdepth 1 -name "lambda-python3.13-$arch-*.tar" ! -name "$(basename "$tarball")" -delete
 fi

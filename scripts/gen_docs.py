@@ -216,7 +216,7 @@ def _accepts(parse: Callable[..., Any]) -> str:
     doc = (parse.__doc__ or "").strip().splitlines()
     if doc:
         return doc[0].rstrip(".")
-    raise ValueError(f"parser {qualname!r} of inferq/config/settings.py: give it a docstring (its first line is shown "
+    raise ValueError(f"parser {qualname!r} of inferq/config/parsers.py: give it a docstring (its first line is shown "
                      f"in docs/configuration.md) or add it to _accepts in scripts/gen_docs.py")
 
 

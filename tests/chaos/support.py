@@ -10,7 +10,10 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter, deque
 from typing import Any
+
+import hiredis
 
 from emulator.valkey import ValkeyProcess
 from inferq.queue.jobs import Job, JobRequest, JobStatus, Priority
@@ -24,7 +27,14 @@ class Endpoint:
     server is the primary now (:meth:`switch`); connections already open stay with the server they were opened to,
     as a client that resolved the name before a failover keeps talking to the old primary. :meth:`blip` delays the
     replies on the connections open at that moment (a network blip): the server has run the command, the client
-    times out and resends it on a new connection, which answers at once."""
+    times out and resends it on a new connection, which answers at once.
+
+    It also counts the resends it carries (:attr:`resent`): it reads the requests and the replies of each
+    connection (RESP, with hiredis's parser), keeps the requests not answered yet, and when a connection closes
+    with requests unanswered, a later request with the same bytes on another connection is a resend of a command
+    the server may already have run. Scripts carry a token made once per call (``includes/replay.lua``), so a
+    resent ``EVALSHA`` is the same call again, never a new one with equal arguments. The connection's own setup
+    (``HELLO``, ``AUTH``, ``CLIENT``, ``SELECT``, ``PING``) is not counted."""
 
     def __init__(self, upstream: ValkeyProcess) -> None:
         self.upstream = upstream
@@ -37,6 +47,11 @@ class Endpoint:
         self._servers: set[socket.socket] = set()
         self._held_until: dict[socket.socket, float] = {}
         self._held: list[tuple[float, socket.socket, bytes]] = []
+        self._readers: dict[socket.socket, hiredis.Reader] = {}
+        self._outstanding: dict[socket.socket, deque[tuple[bytes, ...]]] = {}  # by client socket
+        self._unanswered: Counter[tuple[bytes, ...]] = Counter()
+        self.resent: list[tuple[bytes, ...]] = []
+        """Every resend seen, in order: the command's arguments (``resent_names`` has the command names)."""
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="endpoint", daemon=True)
         self._thread.start()
@@ -44,6 +59,10 @@ class Endpoint:
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def resent_names(self) -> Counter[str]:
+        """How many resends of each command (``EVALSHA``, ``XREADGROUP``, ...) this endpoint has carried."""
+        return Counter(command[0].decode().upper() for command in list(self.resent))
 
     def switch(self, upstream: ValkeyProcess) -> None:
         self.upstream = upstream
@@ -91,6 +110,8 @@ class Endpoint:
                 self._selector.register(sock, selectors.EVENT_READ, None)
             self._peers[client], self._peers[server] = server, client
             self._servers.add(server)
+            self._readers[client], self._readers[server] = _reader(), _reader()
+            self._outstanding[client] = deque()
 
     def _pump(self, sock: socket.socket) -> None:
         try:
@@ -114,22 +135,60 @@ class Endpoint:
         peer = self._peers.get(sock)
         if peer is None:
             return
+        from_server = sock in self._servers
+        if not from_server:
+            self._requests_seen(sock, data)
         try:
             peer.setblocking(True)  # a short blocking write: replies here are small, and order must hold
             peer.sendall(data)
             peer.setblocking(False)
         except OSError:
             self._drop(sock)
+            return
+        if from_server:
+            self._replies_delivered(peer, data)
+
+    def _requests_seen(self, client: socket.socket, data: bytes) -> None:
+        reader = self._readers[client]
+        reader.feed(data)
+        while (request := reader.gets()) is not _INCOMPLETE:
+            command = tuple(request)
+            if command[0].upper() in _SETUP:
+                continue
+            if self._unanswered[command] > 0:
+                self._unanswered[command] -= 1
+                self.resent.append(command)
+            self._outstanding[client].append(command)
+
+    def _replies_delivered(self, client: socket.socket, data: bytes) -> None:
+        reader = self._readers[self._peers[client]]
+        reader.feed(data)
+        outstanding = self._outstanding[client]
+        while reader.gets() is not _INCOMPLETE:
+            if outstanding:  # a reply to the connection's setup has no entry
+                outstanding.popleft()
 
     def _drop(self, sock: socket.socket) -> None:
         peer = self._peers.get(sock)
         for end in (sock, peer):
+            if end is not None and end in self._outstanding:  # the client's end: what it never got an answer to
+                self._unanswered.update(self._outstanding.pop(end))
             if end is not None and end in self._peers:
+                self._readers.pop(end, None)
                 del self._peers[end]
                 self._servers.discard(end)
                 self._held_until.pop(end, None)
                 self._selector.unregister(end)
                 end.close()
+
+
+_INCOMPLETE = object()
+_SETUP = {b"HELLO", b"AUTH", b"CLIENT", b"SELECT", b"PING"}
+
+
+def _reader() -> hiredis.Reader:
+    """A RESP parser for one direction of one connection: requests (arrays of bulk strings) or replies."""
+    return hiredis.Reader(notEnoughData=_INCOMPLETE)
 
 
 async def assert_each_ended_once(

@@ -99,6 +99,10 @@ async def test_the_gateway_follows_the_endpoint_to_the_new_primary_without_a_sin
         cancelled = await client.post(f"/v1/jobs/{job_id}/cancel", headers=A)
         assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
         assert b.info("replication")["role"] == "master" and a.info("replication")["role"] == "slave"
+        # the resend happened: the demoted primary refused commands (its own error counter), and yet every submit
+        # was accepted, so each refused command went again, to the new primary
+        refused = a.info("errorstats").get("errorstat_READONLY", "count=0")
+        assert int(refused.split(",")[0].removeprefix("count=")) > 0, a.info("errorstats")
     finally:
         await client.aclose()
         await app.state.gateway.aclose()

@@ -6,8 +6,10 @@ had received, and then the resent copies),
 connection in a loop (a reply lost with its connection). Jobs are submitted all along, by a client that submits
 again on every failure with the same idempotency key, in the three lanes in turn, and run by worker processes.
 
-After each: every accepted job ended exactly once (one terminal event, one model call: no worker died), nothing
-is unfinished and every lane's stream is empty."""
+Every client reaches the server through a counting proxy (``support.Endpoint``), so each test first shows that
+the fault did what it is there for: a client sent again a command whose reply it never got (a script call, for
+the faults that hold replies longer than the timeout). After each: every accepted job ended exactly once (one
+terminal event, one model call: no worker died), nothing is unfinished and every lane's stream is empty."""
 
 from __future__ import annotations
 
@@ -72,8 +74,25 @@ async def submitting(queue: Queue, accepted: list[Job]) -> AsyncIterator[None]:
         await asyncio.wait_for(producer, 90)
 
 
-async def run_through(url: str, tmp_path: Path, fault: Callable[[], Awaitable[None]]) -> None:
-    settings = fault_settings(url)
+async def run_through(
+    server: ValkeyProcess, tmp_path: Path, fault: Callable[[Endpoint], Awaitable[None]], *, resent: str | None
+) -> None:
+    """Run ``fault`` while jobs flow through ``Endpoint(server)``; assert that the clients resent at least one
+    command (``resent``, e.g. ``EVALSHA``; None: any), then that every job ended once."""
+    endpoint = Endpoint(server)
+    try:
+        await _run_through(endpoint, tmp_path, fault)
+    finally:
+        endpoint.close()
+    names = endpoint.resent_names()
+    if resent is None:
+        assert sum(names.values()) > 0, "the fault made no client resend a command: it tested nothing"
+    else:
+        assert names[resent] > 0, f"the fault made no client resend {resent} (resent: {dict(names)})"
+
+
+async def _run_through(endpoint: Endpoint, tmp_path: Path, fault: Callable[[Endpoint], Awaitable[None]]) -> None:
+    settings = fault_settings(endpoint.url)
     queue = Queue.connect(settings)
     await queue.ensure_groups()
     accepted: list[Job] = []
@@ -83,7 +102,7 @@ async def run_through(url: str, tmp_path: Path, fault: Callable[[], Awaitable[No
             await worker.started(queue)
         async with submitting(queue, accepted):
             await asyncio.sleep(1)
-            await fault()
+            await fault(endpoint)
             await asyncio.sleep(1)
         assert len(accepted) >= 10
         await assert_each_ended_once(queue, accepted, timeout=60)
@@ -97,48 +116,44 @@ async def run_through(url: str, tmp_path: Path, fault: Callable[[], Awaitable[No
 async def test_a_network_blip_longer_than_the_client_timeout_runs_nothing_twice(
     server: ValkeyProcess, tmp_path: Path
 ) -> None:
-    endpoint = Endpoint(server)
-
-    async def blips() -> None:
+    async def blips(endpoint: Endpoint) -> None:
         for _ in range(3):
             endpoint.blip(2 * TIMEOUT_S)
             await asyncio.sleep(2 * TIMEOUT_S + 1.5)
 
-    try:
-        await run_through(endpoint.url, tmp_path, blips)
-    finally:
-        endpoint.close()
+    await run_through(server, tmp_path, blips, resent="EVALSHA")
 
 
 async def test_a_freeze_longer_than_the_client_timeout_runs_nothing_twice(
     server: ValkeyProcess, tmp_path: Path
 ) -> None:
-    async def freezes() -> None:
+    async def freezes(_: Endpoint) -> None:
         for _ in range(3):
             server.freeze()
             await asyncio.sleep(4 * TIMEOUT_S)
             server.thaw()
             await asyncio.sleep(1)
 
-    await run_through(server.url, tmp_path, freezes)
+    await run_through(server, tmp_path, freezes, resent="EVALSHA")
 
 
 @pytest.mark.parametrize("mode", ["WRITE", "ALL"])
 async def test_client_pause_runs_nothing_twice(server: ValkeyProcess, tmp_path: Path, mode: str) -> None:
-    async def pauses() -> None:
+    async def pauses(_: Endpoint) -> None:
         for _ in range(2):
             server.pause(int(5 * TIMEOUT_S * 1000), mode)
             await asyncio.sleep(5 * TIMEOUT_S + 1)
 
-    await run_through(server.url, tmp_path, pauses)
+    await run_through(server, tmp_path, pauses, resent="EVALSHA")
 
 
 async def test_killing_every_connection_in_a_loop_runs_nothing_twice(server: ValkeyProcess, tmp_path: Path) -> None:
-    async def kills() -> None:
+    async def kills(_: Endpoint) -> None:
         killed = 0
         for _ in range(15):
             killed += server.kill_clients("normal")
             await asyncio.sleep(0.3)
         assert killed > 0
 
-    await run_through(server.url, tmp_path, kills)
+    # a kill lands between commands as often as during one: any command sent again counts here
+    await run_through(server, tmp_path, kills, resent=None)

@@ -69,9 +69,8 @@ def test_submit_wait_get_and_an_idempotent_replay(client: Client) -> None:
 
 def test_wait_returns_the_job_unfinished_at_its_deadline(client: Client) -> None:
     job = client.submit(chat("slow", latency_ms=8000))
-    started = time.monotonic()
     seen = client.wait(job.id, timeout=1.5)
-    assert not seen.terminal and time.monotonic() - started < 30
+    assert not seen.terminal  # answered at its deadline, the 8 s job still running
     client.cancel(job.id)
 
 
@@ -162,9 +161,7 @@ def test_the_results_feed_yields_every_terminal_job_once_across_a_resume(client:
     assert late.id in (job.id for job in tail)
     caught_up = client.events(after=saved, wait=0)
     list(caught_up)
-    started = time.monotonic()
     assert list(client.events(after=caught_up.cursor, wait=2, timeout=3)) == []  # a deadline ends a quiet stream
-    assert time.monotonic() - started < 30
     assert client.events(after=saved, max_jobs=0).cursor == saved  # a zero count asks for nothing
 
 

@@ -43,8 +43,10 @@ def test_a_single_job_at_zero_wakes_the_fleet_long_before_the_next_tick(slow_tic
     took = time.monotonic() - started
     print(f"wake latency at zero (submit -> succeeded): {took:.2f}s")
     assert done["status"] == "succeeded"
-    assert took < 15, f"the job waited {took:.1f}s: it was not woken, it waited for the schedule"
     assert emulator.scale()["desired"] == 1 and len(emulator.workers()) == 1
+    # what scaled the fleet up was the gateway's wake, not the schedule (whose next tick is a minute away)
+    scale_ups = [line for line in emulator.logs().splitlines() if "scaler: 0 -> 1 workers" in line]
+    assert scale_ups and all('"trigger":"wake"' in line.replace(" ", "") for line in scale_ups), scale_ups
 
 
 def test_sigterm_to_a_busy_worker_hands_its_work_over_promptly(slow_tick: Emulator) -> None:
@@ -52,13 +54,16 @@ def test_sigterm_to_a_busy_worker_hands_its_work_over_promptly(slow_tick: Emulat
     [worker] = wait_for(emulator.workers, 20, 0.2, "one worker")
     job = emulator.submit(chat("long one", latency_ms=3000))
     wait_for(lambda: emulator.job(job["id"])["status"] == "running", 10, 0.05, "the job to run")
+    logged = len(emulator.logs())
     signalled = time.monotonic()
     os.kill(worker, signal.SIGTERM)
     done = emulator.finish(job["id"], timeout=60)
     took = time.monotonic() - signalled
     assert done["status"] == "succeeded"
-    # drain 1 s, then released at once to the replacement worker: seconds, not the 20 s claim-idle
-    assert took < 14, f"the job took {took:.1f}s after SIGTERM: it was reclaimed, not handed over"
+    print(f"SIGTERM -> succeeded on the replacement: {took:.2f}s")
+    # drain 1 s, then the signalled worker released the job (the replacement took it at once, not by a reclaim
+    # after the 20 s claim-idle)
+    assert "releasing 1 unfinished jobs" in emulator.logs()[logged:], emulator.logs()[logged:][-3000:]
     wait_for(lambda: worker not in emulator.processes(), 10, 0.1, "the signalled worker to exit")
     assert "exited on its own (exit 0); replacing it\n" in emulator.logs()  # drained, then replaced like on ECS
 
@@ -175,12 +180,12 @@ def test_a_child_that_cannot_start_stops_inferq_up_at_once(
     monkeypatch.setattr(up.Supervisor, "_spawn", broken_gateway)
     for name in [k for k in os.environ if k.startswith("INFERQ_")]:
         monkeypatch.delenv(name)
-    started = time.monotonic()
     code = up.main(["--port", str(free_port()), "--data-dir", str(tmp_path), "--valkey-port", "0"])
     out = capsys.readouterr().out
     assert code == 1
-    assert time.monotonic() - started < 20  # not the 60 s readiness timeout, not a restart loop
-    assert "gateway  | cannot start" in out
+    # stopped by the gateway's exit (not the 60 s readiness timeout, which says so), started once (no restart loop)
+    assert out.count("gateway  | cannot start") == 1, out
+    assert "did not answer 200 on /readyz" not in out, out
     assert "inferq: could not start: gateway exited with 3 while starting" in out
     assert "inferq: ready" not in out and out.rstrip().endswith("inferq: stopped")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -82,11 +81,9 @@ def test_a_bad_registry_stops_inferq_up_naming_inferq_models(tmp_path: Any) -> N
     bad = tmp_path / "models.yaml"
     bad.write_text("models:\n  - name: chat\n    scale: {max: -1}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERQ_")}
-    started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "inferq.cli.main", "up", "--data-dir", str(tmp_path / "data"), "--port", "0"],
         cwd=ROOT, env={**env, "INFERQ_MODELS": str(bad)}, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2
-    assert "INFERQ_MODELS" in done.stderr and "model 'chat' scale.max" in done.stderr
-    assert time.monotonic() - started < 60
+    assert "INFERQ_MODELS" in done.stderr and "model 'chat' scale.max" in done.stderr  # at start, within the 60 s

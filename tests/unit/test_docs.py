@@ -469,12 +469,23 @@ def test_the_index_links_every_page() -> None:
             assert f"]({path.name})" in index, f"docs/README.md does not link {path.name}"
 
 
-def test_the_readme_opens_with_the_two_commands() -> None:
+def test_the_readme_opens_with_what_inferq_is_and_the_two_commands() -> None:
     text = (ROOT / "README.md").read_text()
     first_block = FENCE.search(text)
-    assert first_block is not None and text[: first_block.start()].strip() == "# inferq"
+    assert first_block is not None
+    title, _, opening = text[: first_block.start()].strip().partition("\n")
+    assert title == "# inferq"
+    sentences = [s for s in re.split(r"(?<=[.!?])\s+", " ".join(opening.split())) if s]
+    assert 2 <= len(sentences) <= 3 and "#" not in opening, f"open with two or three sentences: {sentences}"
     lines = [line.split("#")[0].strip() for line in first_block.group(0).splitlines()[1:-1]]
     assert lines == ["make up", "make test"]
+
+
+def test_the_readme_keeps_a_summary_of_the_benchmarks_and_docs_keep_the_table() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "](docs/benchmarks.md#the-latest-full-run)" in readme
+    assert "| scenario | result | target |" not in readme, "the full table belongs in docs/benchmarks.md"
+    assert "| scenario | result | target |" in _page("benchmarks.md")
 
 
 def test_the_readme_points_at_the_docs() -> None:
@@ -500,21 +511,55 @@ QUOTED_PATH = re.compile(r"`((?:[A-Za-z0-9_.-]+/)+[A-Za-z0-9_.*-]*)(?:::(\w+))?`
 FILE_LIKE = re.compile(r"(?:\.(?:py|md|lua|yaml|yml|toml|json|txt|mk)|/Dockerfile|/)$")
 
 
+HAND_WRITTEN = [ROOT / "README.md", *sorted(DOCS.glob("*.md")), ROOT / "DEPLOY.md", ROOT / "emulator" / "README.md",
+                ROOT / "bench" / "README.md"]
+"""The pages a reader is pointed at: their links are checked (every Markdown file is), and so are the repository
+paths they quote."""
+
+
+GENERATED_OUTPUTS = ("infra/models.generated.yaml", "infra/registry/")
+"""Git-ignored outputs of scripts/gen_model_stacks.py, which DEPLOY.md describes."""
+
+
+def test_the_link_check_reads_every_hand_written_page() -> None:
+    scanned = set(scanned_files())
+    assert [page.relative_to(ROOT).as_posix() for page in HAND_WRITTEN if page not in scanned] == []
+
+
 def test_every_repository_path_a_page_quotes_exists() -> None:
     top = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")}
-    pages = [*DOCS.glob("*.md"), ROOT / "README.md"]
     found = []
-    for page in pages:
+    for page in HAND_WRITTEN:
         text = FENCE.sub(_blank, page.read_text())
         for m in QUOTED_PATH.finditer(text):
             path, test = m.group(1), m.group(2)
             if path.split("/")[0] not in top or not FILE_LIKE.search(path) or path.startswith(tuple(SKIP_PATHS)):
                 continue
+            if path.startswith(GENERATED_OUTPUTS):
+                continue  # what a command writes (git-ignored): a page may name it before it exists
             matches = list(ROOT.glob(path.rstrip("/"))) if "*" in path else [ROOT / path]
             if not matches or not all(p.exists() for p in matches):
-                found.append(f"{page.name}:{_line(text, m.start())}: {path} does not exist")
+                found.append(f"{page.relative_to(ROOT)}:{_line(text, m.start())}: {path} does not exist")
             elif test and not re.search(rf"def {test}\b", matches[0].read_text()):
-                found.append(f"{page.name}:{_line(text, m.start())}: {path} has no {test}")
+                found.append(f"{page.relative_to(ROOT)}:{_line(text, m.start())}: {path} has no {test}")
+    assert not found, "\n".join(found)
+
+
+NAMED_SECTION = re.compile(r"([\w/.-]+\.md)\)?,? \"([^\"]+)\"")
+"""A section named in prose: ``docs/api.md, "Webhooks"`` (the heading starts with the quoted words)."""
+
+
+def test_every_section_a_page_names_exists() -> None:
+    found = []
+    for page in HAND_WRITTEN:
+        text = FENCE.sub(_blank, page.read_text())
+        for m in NAMED_SECTION.finditer(text):
+            candidates = [ROOT / m.group(1), page.parent / m.group(1), DOCS / Path(m.group(1)).name]
+            target = next((c for c in candidates if c.is_file()), None)
+            headings = [h.group(1) for h in HEADING.finditer(target.read_text())] if target else []
+            if not any(h.startswith(m.group(2)) or h.strip("`") == m.group(2) for h in headings):
+                found.append(f"{page.relative_to(ROOT)}:{_line(text, m.start())}: {m.group(1)} has no section "
+                             f"{m.group(2)!r}")
     assert not found, "\n".join(found)
 
 

@@ -614,16 +614,14 @@ async def test_wait_returns_as_soon_as_the_job_is_terminal(q: Queue, shared: boo
     job, _ = await q.enqueue("t", req())
     (d,), _ = await q.read("w1", 1)
 
-    async def finish_soon() -> None:
-        await asyncio.sleep(0.2)
-        await q.finish(d, JobStatus.SUCCEEDED, result={"status_code": 200, "body": {}})
-
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    waiters = [q.wait(job.id, "t", 10, shared=shared) for _ in range(3)]  # every waiter wakes, not only the first
-    *results, _ = await asyncio.gather(*waiters, finish_soon())
+    # every waiter wakes, not only the first
+    waiters = [asyncio.create_task(q.wait(job.id, "t", 20, shared=shared)) for _ in range(3)]
+    await asyncio.sleep(0.2)
+    assert not any(w.done() for w in waiters)  # the job runs: they wait
+    await q.finish(d, JobStatus.SUCCEEDED, result={"status_code": 200, "body": {}})
+    # woken by the finish, long before the waits' 20 s deadline (a guard: it fails the test if they were not)
+    results = await asyncio.wait_for(asyncio.gather(*waiters), 10)
     assert all(r and r.status is JobStatus.SUCCEEDED for r in results)
-    assert loop.time() - started < 5
     assert (await q.wait(job.id, "other", 1, shared=shared)) is None
 
 

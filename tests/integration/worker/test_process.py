@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -40,20 +39,19 @@ async def test_sigterm_drains_then_hands_unfinished_work_over_at_once(
         await status_is(queue, long.id, "running")
         await status_is(queue, short.id, "running")
         first.terminate()
-        stopped = time.monotonic()
+        # out after the drain, without waiting for the long job: it ran one call and is queued again, unfinished
         assert await first.wait(timeout=15) == 0
-        assert time.monotonic() - stopped < 6  # a 3 s drain, then out
         assert (await queue.get(short.id)).status is JobStatus.SUCCEEDED  # type: ignore[union-attr]
         released = await queue.get(long.id)
         assert released is not None and released.status is JobStatus.QUEUED and released.attempts == 1
         assert await queue.redis.hget(queue.keys.workers, "first") is None  # deregistered
 
         second = spawn("second")
-        handed = time.monotonic()
         await status_is(queue, long.id, "running", timeout=15)
-        assert time.monotonic() - handed < 15  # far below the 60 s claim-idle
         assert await queue.redis.hget(queue.keys.job(long.id), "worker") == "second"
         assert await mock_calls(queue, long.id) == 2
+        # handed over by the release, not taken back by a reclaim after the 60 s claim-idle
+        assert (await queue.stats()).get("reclaimed", 0) == 0
         second.kill()
     await queue.close()
 
