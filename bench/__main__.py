@@ -14,7 +14,7 @@ Scenarios (``--only`` takes a comma-separated subset):
 - L   the default log level (INFO, as make up runs) against WARNING: S3's shape, two stacks, runs alternated
 - GL  the gateway as Lambda runs it (bench.lambda_gateway): cold start (fresh interpreter, import + first submit
       through the handler) and warm submit/get per invocation in billed ms, beside a minimal FastAPI + Mangum app
-- C   cold start: gateway module import (bench.gateway when present) and worker process start -> first job taken
+- C   cold start: gateway module import and worker process start -> first job taken
 - D   worker drain, the core path without HTTP: pre-loaded jobs, 1 and 2 worker processes (bench.worker too,
       when present)
 - K   core ceiling (bench.core)

@@ -43,8 +43,7 @@ import hiredis
 from emulator.valkey import ValkeyProcess
 from inferq.config.settings import Settings
 from inferq.queue.jobs import RECORD_FIELDS_BUT_BODY
-from inferq.redis.connection import connect
-from inferq.redis.leanclient import pipelined
+from inferq.redis.connection import connect, pipelined
 
 KEY = "bench:clientcost:job"
 RECORD = {"id": "job_bench", "status": "succeeded", "tenant": "bench", "attempts": "1", "created_at": "1",

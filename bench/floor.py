@@ -255,10 +255,8 @@ class HttpFloor(Floor):
 
     def __enter__(self) -> HttpFloor:
         super().__enter__()
-        from emulator.up import GATEWAY_HTTP_PROTOCOL
-
         self.gateway = _spawn(["uvicorn", HTTP_APP, "--host", "127.0.0.1", "--port", str(self.port),
-                               "--no-server-header", "--no-access-log", "--http", GATEWAY_HTTP_PROTOCOL,
+                               "--no-server-header", "--no-access-log",
                                "--log-level", "warning"], self.gateway_log, {"BENCH_FLOOR_REDIS_URL": self.url})
         self._started(self._healthy, self.gateway, "the HTTP floor's gateway", self.gateway_log)
         return self

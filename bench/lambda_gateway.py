@@ -9,6 +9,9 @@
   by a ``GET /v1/jobs/{id}?wait=0`` of its job: each invocation's wall and CPU time (``time.thread_time``: Mangum
   runs the app on the calling thread), rounded up to Lambda's 1 ms billing step as **billed ms**; the child's peak
   RSS (``ru_maxrss``) at the end.
+- **at the deployed memory**: a sandbox gets CPU in proportion to its memory, one vCPU at 1,769 MB; the gateway has
+  1,024 MB (template.yaml), so each invocation's CPU time is stretched by 1,769 / 1,024 (its waits are not) and
+  billed again: what the CPU a hand-made speed-up saves is worth in the deployed shape.
 - **floor**: ``bench/lambda_floor_app.py``, a FastAPI app with one route on Mangum, no Redis; timed the same way
   (its warm figures are its one route). Gateway and floor samples alternate, so a change in the machine's speed
   touches both.
@@ -46,6 +49,10 @@ BENCH_KEY = "bench-lambda-key-000001"
 COLD_RATIO_GOAL = 1.3
 BILLED_GOAL_MS = 1
 BILLING_STEP_MS = 1
+DEPLOYED_MEMORY_MB = 1024
+"""The gateway function's MemorySize in template.yaml."""
+FULL_VCPU_MB = 1769
+"""Lambda's memory at which a function has one full vCPU; below it, CPU in proportion."""
 
 
 def billed_ms(wall_s: float, step_ms: int = BILLING_STEP_MS) -> int:
@@ -71,6 +78,8 @@ def summarize_invocations(samples: Sequence[tuple[float, float]]) -> dict[str, A
     walls = [w * 1000 for w, _ in samples]
     cpus = [c * 1000 for _, c in samples]
     billed = [billed_ms(w) for w, _ in samples]
+    stretch = FULL_VCPU_MB / DEPLOYED_MEMORY_MB
+    deployed = [billed_ms(w - c + c * stretch) for w, c in samples]
     return {
         "n": len(samples),
         "wall_ms_p50": round(statistics.median(walls), 3),
@@ -80,6 +89,8 @@ def summarize_invocations(samples: Sequence[tuple[float, float]]) -> dict[str, A
         "billed_ms_p50": statistics.median_low(billed),
         "billed_ms_p99": percentile(billed, 99),
         "billed_at_goal_share": round(sum(b <= BILLED_GOAL_MS for b in billed) / len(billed), 4),
+        "deployed_billed_ms_p50": statistics.median_low(deployed),
+        "deployed_billed_at_goal_share": round(sum(b <= BILLED_GOAL_MS for b in deployed) / len(deployed), 4),
     }
 
 
@@ -192,14 +203,16 @@ def summarize_target(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def target(section: dict[str, Any]) -> dict[str, Any]:
-    """Issue 41's goal: cold <= 1.3x the floor's (same run), warm submit and get billed 1 ms (median). ``section``
-    is :func:`run`'s, or the report it was written into."""
+    """Issue 41's goal: cold <= 1.3x the floor's (same run) in wall time and in CPU time (the wall ratio of one run
+    on a shared machine can pass by chance where the CPU ratio, the steadier one, does not), warm submit and get
+    billed 1 ms (median). ``section`` is :func:`run`'s, or the report it was written into."""
     section = section.get("lambda_gateway", section)
-    ratio = section.get("cold_ratio_to_floor")
+    ratios = [section.get("cold_ratio_to_floor"), section.get("cold_cpu_ratio_to_floor")]
     gw = section.get("gateway") or {}
     billed = [gw.get(k, {}).get("billed_ms_p50") for k in ("submit", "get")]
-    met = ratio is not None and ratio <= COLD_RATIO_GOAL and all(b == BILLED_GOAL_MS for b in billed)
-    return {"text": f"cold <= {COLD_RATIO_GOAL}x the floor; warm submit and get billed {BILLED_GOAL_MS} ms", "met": met}
+    met = all(r is not None and r <= COLD_RATIO_GOAL for r in ratios) and all(b == BILLED_GOAL_MS for b in billed)
+    return {"text": f"cold <= {COLD_RATIO_GOAL}x the floor (wall and CPU); warm submit and get billed "
+                    f"{BILLED_GOAL_MS} ms", "met": met}
 
 
 def run(report: dict[str, Any], quick: bool = False) -> dict[str, Any]:
@@ -248,9 +261,11 @@ def render(section: dict[str, Any]) -> str:
         f"{g['cold_cpu_ms']:.0f} vs {f['cold_cpu_ms']:.0f} ms = {section['cold_cpu_ratio_to_floor']:.2f}x; whole "
         f"process {g['process_ms']:.0f} vs {f['process_ms']:.0f} ms",
         f"warm submit: {gs['wall_ms_p50']:.2f} ms wall (p99 {gs['wall_ms_p99']:.2f}), CPU {gs['cpu_ms_p50']:.2f}; "
-        f"billed {gs['billed_ms_p50']} ms (p99 {gs['billed_ms_p99']}, {gs['billed_at_goal_share']:.0%} at 1 ms)",
+        f"billed {gs['billed_ms_p50']} ms (p99 {gs['billed_ms_p99']}, {gs['billed_at_goal_share']:.0%} at 1 ms); at "
+        f"{DEPLOYED_MEMORY_MB} MB {gs['deployed_billed_ms_p50']} ms ({gs['deployed_billed_at_goal_share']:.0%} at 1)",
         f"warm get: {gg['wall_ms_p50']:.2f} ms wall (p99 {gg['wall_ms_p99']:.2f}), CPU {gg['cpu_ms_p50']:.2f}; "
-        f"billed {gg['billed_ms_p50']} ms (p99 {gg['billed_ms_p99']}, {gg['billed_at_goal_share']:.0%} at 1 ms)",
+        f"billed {gg['billed_ms_p50']} ms (p99 {gg['billed_ms_p99']}, {gg['billed_at_goal_share']:.0%} at 1 ms); at "
+        f"{DEPLOYED_MEMORY_MB} MB {gg['deployed_billed_ms_p50']} ms ({gg['deployed_billed_at_goal_share']:.0%} at 1)",
         f"floor warm (its one route): {fs['wall_ms_p50']:.2f} ms wall, CPU {fs['cpu_ms_p50']:.2f}, billed "
         f"{fs['billed_ms_p50']} ms; peak RSS gateway {g['peak_rss_mb']:.0f} MB, floor {f['peak_rss_mb']:.0f} MB",
     ])

@@ -1,5 +1,5 @@
 """The scenarios run by other modules: B (an OpenAI batch, bench.batch) and the parts with a ``run`` function of
-their own (bench.lambda_gateway, bench.gateway, bench.worker, bench.core, bench.simulate, bench.efficiency)."""
+their own (bench.lambda_gateway, bench.worker, bench.core, bench.simulate, bench.efficiency)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class Parts(Plumbing):
         """The other engineers' parts, by their ``run`` functions, when they exist."""
         quick = self.args.quick
         parts: list[tuple[str, str, str]] = [("GL", "bench.lambda_gateway", "lambda_gateway"),
-                                             ("C", "bench.gateway", "gateway"), ("D", "bench.worker", "worker"),
+                                             ("D", "bench.worker", "worker"),
                                              ("K", "bench.core", "core"), ("E", "bench.simulate", "elasticity"),
                                              ("R", "bench.sim_realloop", "realloop"),
                                              ("T", "bench.sim_boot", "boot"),

@@ -6,11 +6,12 @@ worker's own part.
 
 Two orders, one job waiting in a fresh Valkey each time:
 
-- **after health** (the ECS task as deployed: the worker container ``DependsOn`` vLLM ``HEALTHY``): the worker
+- **after health** (the ECS task before: the worker container ``DependsOn`` vLLM ``HEALTHY``): the worker
   process starts once ``/health`` answers (here at once; ECS adds up to one health-check interval, 5 s in
   infra/gpu.yaml), then imports, connects and takes the job;
-- **together** (``DependsOn START``, or compose): the worker starts with the server, imports and connects to
-  Redis while the model loads, and takes the job once ``/health`` answers (gpu_worker/__main__.py).
+- **together** (the ECS task as deployed now: ``DependsOn START``; compose): the worker starts with the server,
+  imports and connects to Redis while the model loads, and takes the job once ``/health`` answers
+  (gpu_worker/__main__.py).
 
 What a GPU instance adds (instance start or launch, the image pull, the weights' download) is not measured here;
 docs/benchmarks.md says what the simulator's boot tiers assume for it.

@@ -48,6 +48,10 @@ class Trace:
     arrivals: list[float]
     service: list[float]
     bursts: list[tuple[float, int]]
+    max_tokens: list[int] | None = None
+    """Each job's ``max_tokens``: its expected work, what the queue's ``backlog_tokens`` sums (bench.sim_work)."""
+    out_tokens: list[int] | None = None
+    """The tokens each job produced: with its service time, the throughput the workers measure."""
 
 
 def make_trace(sc: Scenario) -> Trace:
@@ -188,6 +192,8 @@ class Observed:
     oldest_wait_s: float = 0.0
     enqueued: int = 0
     job_s: float | None = None  # the mean service time of the jobs done so far (the workers' run-time metric)
+    backlog_tokens: int | None = None  # the unfinished jobs' max_tokens (None: the trace has no tokens)
+    slot_tokens_per_s: float | None = None  # output tokens per service second of the jobs done so far
 
 
 ARRIVE, DONE, READY, TICK = 0, 1, 2, 3
@@ -211,6 +217,8 @@ class Sim:
     enqueued: int = 0
     served_s: float = 0.0
     served: int = 0
+    backlog_tokens: int = 0
+    produced: int = 0
 
     def at(self, t: float, kind: int, payload: Any = None) -> None:
         self.seq += 1
@@ -229,6 +237,8 @@ class Sim:
             oldest_wait_s=now - self.trace.arrivals[self.waiting[0]] if self.waiting else 0.0,
             enqueued=self.enqueued,
             job_s=self.served_s / self.served if self.served else None,
+            backlog_tokens=self.backlog_tokens if self.trace.max_tokens is not None else None,
+            slot_tokens_per_s=self.produced / self.served_s if self.produced and self.served_s else None,
         )
 
     def set_target(self, target: int | None, now: float) -> None:
@@ -299,12 +309,17 @@ class Sim:
             if kind == ARRIVE:
                 self.waiting.append(payload)
                 self.enqueued += 1
+                if self.trace.max_tokens is not None:
+                    self.backlog_tokens += self.trace.max_tokens[payload]
                 controller.on_arrival(self, t)
             elif kind == DONE:
                 worker, job = payload
                 worker.in_flight -= 1
                 self.served += 1
                 self.served_s += self.trace.service[job]
+                if self.trace.max_tokens is not None and self.trace.out_tokens is not None:
+                    self.backlog_tokens -= self.trace.max_tokens[job]
+                    self.produced += self.trace.out_tokens[job]
                 self._maybe_stop(worker, t)
             elif kind == TICK:
                 controller.on_tick(self, t, payload)

@@ -45,9 +45,11 @@ class InferqPolicy(Controller):
 
     def on_tick(self, sim: Sim, now: float, tag: Any) -> None:
         o = sim.observe(now)
-        if self.observe_all:  # what the scaler reads: the oldest job's age, the arrival counter, the run time
+        if self.observe_all:  # what the scaler reads: the oldest job's age, the arrival counter, the run time, the
+            # backlog's tokens and the measured throughput (used only with work-based sizing on: tokens_per_s > 0)
             demand = Demand(lag=o.lag, pending=o.pending, busy_workers=o.busy_workers, oldest_wait_s=o.oldest_wait_s,
-                            enqueued=o.enqueued, job_s=o.job_s)
+                            enqueued=o.enqueued, job_s=o.job_s, backlog_tokens=o.backlog_tokens,
+                            slot_tokens_per_s=o.slot_tokens_per_s)
         else:  # the job counts alone: the policy as it was before gathering, the forecast and the drain target
             demand = Demand(lag=o.lag, pending=o.pending, busy_workers=o.busy_workers)
         decision = decide(self.policy, demand, self.state.adopt(sim.desired, now), now)

@@ -26,9 +26,13 @@ Strategies:
   worker for the first job at once).
 - **inferq, warm pool**: the default policy with ``WARM_POOL`` stopped instances that boot in
   ``WARM_BOOT_S`` (infra/gpu.yaml's warm pool) before the cold ``boot_s``.
+- **inferq, sized by work**: the default policy with ``INFERQ_SCALE_TOKENS_PER_S`` set, fed the backlog's
+  expected tokens and the measured throughput (:mod:`bench.sim_work`).
 
-Besides the seeded bursty day (the reference, kept as it is) every trace of :data:`bench.sim_fleet.TRACES` gets
-a row per strategy in a second table: a business-hours day, a sparse trickle and a spike storm.
+Besides the seeded bursty day (the reference, kept as it is: the jobs' tokens come from a generator of their own)
+every trace of :data:`bench.sim_fleet.TRACES` gets a row per strategy in a second table: a business-hours day, a
+sparse trickle and a spike storm; a third table has a day of two models, a fleet each, one row per model and
+strategy and the two fleets together (:func:`bench.sim_work.two_models`).
 
 Both autoscalers may grow to ``HEADROOM`` (2) times the always-on fleet; the ``max = peak`` rows give them the
 always-on fleet's size as their ceiling instead. GPU time counts from the request for a worker to its stop, boot
@@ -52,6 +56,7 @@ from inferq.scaling.policy import ScalePolicy
 
 from .sim_fleet import TRACES, Controller, Scenario, Sim, Trace, make_trace, peak_fleet
 from .sim_strategies import AlwaysOn, InferqPolicy, KedaLike
+from .sim_work import WORK_TOKENS_PER_S, two_models, two_models_table, with_tokens
 
 HEADROOM = 2
 """The autoscalers' ceiling (INFERQ_SCALE_MAX) as a multiple of the always-on peak fleet. A scaled fleet pays for
@@ -75,6 +80,14 @@ def _policy(sc: Scenario, ceiling: int) -> ScalePolicy:
                        boot_s=sc.boot_s, gather_s=0.0)
 
 
+def _work(sc: Scenario, ceiling: int) -> ScalePolicy:
+    """The defaults with work-based sizing on (INFERQ_SCALE_TOKENS_PER_S)."""
+    return replace(_policy(sc, ceiling), tokens_per_s=WORK_TOKENS_PER_S)
+
+
+WORK_LABEL = f"inferq policy, every 10 s + wake, sized by work ({WORK_TOKENS_PER_S:.0f} tokens/s per worker)"
+
+
 def _run(trace: Trace, sc: Scenario, strategies: list[tuple[str, Callable[[], Controller], str]],
          ) -> list[tuple[str, dict[str, Any], Sim]]:
     rows = []
@@ -88,7 +101,7 @@ def _run(trace: Trace, sc: Scenario, strategies: list[tuple[str, Callable[[], Co
 
 
 def simulate(sc: Scenario) -> tuple[Trace, int, list[tuple[str, dict[str, Any], Sim]]]:
-    trace = make_trace(sc)
+    trace = with_tokens(make_trace(sc), sc.seed)  # tokens beside the day's jobs: arrivals and services unchanged
     peak = peak_fleet(trace, sc)
     top = HEADROOM * peak
     warm = replace(sc, warm_pool=WARM_POOL, warm_boot_s=WARM_BOOT_S)
@@ -104,6 +117,7 @@ def simulate(sc: Scenario) -> tuple[Trace, int, list[tuple[str, dict[str, Any], 
         ("inferq_10s_gather", lambda: InferqPolicy(replace(_policy(sc, top), gather_s=GATHER_S), every_s=10.0,
                                                     label=f"inferq policy, every 10 s + wake, gather {GATHER_S:.0f} s"),
          f"max {top}"),
+        ("inferq_10s_work", lambda: InferqPolicy(_work(sc, top), every_s=10.0, label=WORK_LABEL), f"max {top}"),
         ("keda_like_peak_max", lambda: KedaLike(max_replicas=peak), f"max {peak}"),
         ("inferq_10s_peak_max", lambda: InferqPolicy(_policy(sc, peak), every_s=10.0), f"max {peak}"),
     ]
@@ -122,7 +136,7 @@ def simulate_traces(sc: Scenario) -> dict[str, dict[str, Any]]:
     section per trace with its jobs, peak fleet and rows (with % of always-on and the change vs KEDA-like)."""
     out: dict[str, dict[str, Any]] = {}
     for name, make in TRACES.items():
-        trace = make(sc)
+        trace = with_tokens(make(sc), sc.seed)
         peak = peak_fleet(trace, sc)
         top = HEADROOM * peak
         rows = _run(trace, sc, [
@@ -131,6 +145,7 @@ def simulate_traces(sc: Scenario) -> dict[str, dict[str, Any]]:
             ("inferq_10s", lambda: InferqPolicy(_policy(sc, top), every_s=10.0), f"max {top}"),  # noqa: B023
             ("inferq_10s_gather", lambda: InferqPolicy(replace(_policy(sc, top), gather_s=GATHER_S),  # noqa: B023
                                                        every_s=10.0), f"max {top}"),
+            ("inferq_10s_work", lambda: InferqPolicy(_work(sc, top), every_s=10.0), f"max {top}"),  # noqa: B023
         ])
         results = {key: result for key, result, _ in rows}
         always, keda = results["always_on"]["gpu_minutes"], results["keda_like"]["gpu_minutes"]
@@ -141,10 +156,18 @@ def simulate_traces(sc: Scenario) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _model_strategies(sc: Scenario, peak: int, top: int) -> list[tuple[str, Callable[[], Controller]]]:
+    """What each model's fleet is run against in the two-model day."""
+    return [("always_on", lambda: AlwaysOn(peak)), ("keda_like", lambda: KedaLike(max_replicas=top)),
+            ("inferq_10s", lambda: InferqPolicy(_policy(sc, top), every_s=10.0)),
+            ("inferq_10s_work", lambda: InferqPolicy(_work(sc, top), every_s=10.0))]
+
+
 COMPARISONS = {
     "inferq_60s": "keda_like",
     "inferq_10s": "keda_like",
     "inferq_10s_gather": "keda_like",
+    "inferq_10s_work": "keda_like",
     "inferq_10s_peak_max": "keda_like_peak_max",
 }
 """Each policy row and the KEDA-like row it is held against. The targets (issue 41): at most 25% of always-on's
@@ -187,7 +210,8 @@ def traces_table(traces: dict[str, dict[str, Any]]) -> str:
         for key, r in t["results"].items():
             label = {"always_on": f"always-on ({t['peak_fleet']})", "keda_like": "KEDA-like",
                      "inferq_10s": "inferq (defaults, 10 s)",
-                     "inferq_10s_gather": f"inferq, gather {GATHER_S:.0f} s"}[key]
+                     "inferq_10s_gather": f"inferq, gather {GATHER_S:.0f} s",
+                     "inferq_10s_work": "inferq, sized by work"}[key]
             lines.append(f"{name:15} {t['jobs']:6d} {label:34} {r['gpu_minutes']:8.0f} "
                          f"{r['pct_of_always_on']:5.1f}% {r['p95_wait_s']:8.1f}s {r['vs_keda_pct']:+7.1f}%")
     return "\n".join(lines)
@@ -245,6 +269,7 @@ def run(report: dict, out_dir: Path, quick: bool = False, seed: int | None = Non
         "targets": {key: targets(results, key, keda) for key, keda in COMPARISONS.items()},
         "plot": str(png),
         "traces": simulate_traces(sc),
+        "two_models": two_models(sc, _model_strategies),
     }
     (out_dir / "elasticity.json").write_text(json.dumps(section, indent=2))
     report["elasticity"] = section
@@ -272,6 +297,9 @@ def render(section: dict[str, Any]) -> str:
     if "traces" in section:
         lines.append("every trace (the same fleet model; max = 2 x each trace's peak fleet):")
         lines.append(traces_table(section["traces"]))
+    if "two_models" in section:
+        lines.append("two models, a fleet each (max = 2 x each model's peak fleet):")
+        lines.append(two_models_table(section["two_models"]))
     return "\n".join(lines)
 
 

@@ -26,7 +26,6 @@ from typing import Any
 
 import httpx
 
-from emulator.up import GATEWAY_HTTP_PROTOCOL
 from emulator.valkey import ValkeyProcess, free_port
 
 READY_TIMEOUT_S = 90.0
@@ -161,7 +160,6 @@ class Stack:
         env = {**self.env(), "INFERQ_REDIS_URL": self.redis_url, "INFERQ_METRICS_PORT": "0"}
         self._popen([sys.executable, "-m", "uvicorn", "functions.gateway.app:app", "--host", "127.0.0.1",
                      "--port", str(self.port), "--no-server-header", "--no-access-log",
-                     "--http", GATEWAY_HTTP_PROTOCOL,
                      *(["--workers", str(self.gateways)] if self.gateways > 1 else [])], env)
         for i in range(self.workers):
             self._popen([sys.executable, "-m", "gpu_worker"], {**env, "INFERQ_WORKER_ID": f"bench-{i}"})

@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -37,29 +36,20 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from .dockerd import Bridge, Engine, EngineUnavailable, which
+from .dockerd import EngineUnavailable, which
+from .sambuild import SAM, sam_build
+from .samdocker import Docker, die_with_parent, say
 from .valkey import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-SAM = ROOT / ".tools" / "sam" / "bin" / "sam"
 BASE_IMAGE_SCRIPT = ROOT / "emulator" / "sam-base-image.sh"
 STATE_FILE = "sam-local.json"
-FUNCTIONS = ("GatewayFunction", "ScalerFunction")
 WAKE_EVENT = {"source": "inferq.sam-local", "detail-type": "manual invoke"}
 """Not EventBridge's scheduled event: the scaler evaluates once and returns (a scheduled one loops for a minute)."""
-LOCAL_SCALER_TIMEOUT_S = 10
-"""The local scaler's timeout (AWS: 60 s). Every invocation, a wake-up too, drives the batches until its time is
-nearly over, so a `sam local invoke` lasts about its timeout; 10 s keeps a manual invoke short."""
 MOTO_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_REGION": "us-east-1",
 }
-
-
-def say(message: str) -> None:
-    print(f"sam-local: {message}", flush=True)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -93,167 +83,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "every --scaler-every seconds, or nobody until you run `make sam-invoke`")
     parser.add_argument("--scaler-every", type=float, default=10.0, help="seconds between scaler invocations")
     return parser.parse_args(argv)
-
-
-def die_with_parent() -> None:
-    """SIGTERM when this process dies, however it dies (Linux PR_SET_PDEATHSIG): sam then removes its containers."""
-    if sys.platform == "linux":
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-
-
-# ---------------------------------------------------------------------------------------------------- the engine
-
-
-class Docker:
-    """The engine ``sam`` and ``docker`` talk to, and the addresses that connect its containers to this machine."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.private: Engine | None = None
-        self.docker_host = "" if args.private_engine else (args.docker_host or "")
-        if not self.docker_host and not args.private_engine and self._answers("unix:///var/run/docker.sock"):
-            self.docker_host = "unix:///var/run/docker.sock"
-        self.container_host: str = args.container_host or ""
-        self.service_host: str = args.service_host or ""
-
-    @staticmethod
-    def _answers(docker_host: str) -> bool:
-        docker = shutil.which("docker")
-        if not docker or not Path(docker_host.removeprefix("unix://")).exists():
-            return False
-        probe = subprocess.run([docker, "version"], env={**os.environ, "DOCKER_HOST": docker_host},
-                               capture_output=True, check=False)
-        return probe.returncode == 0
-
-    def start(self) -> None:
-        if self.docker_host:
-            desktop = sys.platform != "linux"
-            self.container_host = self.container_host or ("host.docker.internal" if desktop else self._gateway())
-            self.service_host = self.service_host or ("127.0.0.1" if desktop else self.container_host)
-            say(f"engine {self.docker_host}; containers reach this machine at {self.container_host}")
-            return
-        self.private = Engine(bridge=Bridge.private())
-        say("starting a private dockerd with its own bridge")
-        self.private.start()
-        assert self.private.bridge is not None
-        self.container_host = self.container_host or self.private.bridge.address
-        self.service_host = self.service_host or self.private.bridge.address
-        say(f"engine {self.env['DOCKER_HOST']} (bridge {self.private.bridge.name} {self.private.bridge.address}); "
-            f"state in {self.private.state}")
-
-    def _gateway(self) -> str:
-        """The default bridge network's gateway: the host's address on docker0, where containers find it."""
-        result = subprocess.run([self.docker, "network", "inspect", "bridge", "--format",
-                                 "{{range .IPAM.Config}}{{.Gateway}}{{end}}"], env=self.env, capture_output=True,
-                                text=True, check=False)
-        gateway = result.stdout.strip()
-        if result.returncode != 0 or not gateway:
-            raise EngineUnavailable("the engine has no default bridge network: give --container-host and "
-                                    "--service-host")
-        return gateway
-
-    @property
-    def docker(self) -> str:
-        return self.private.docker if self.private else (shutil.which("docker") or "docker")
-
-    @property
-    def env(self) -> dict[str, str]:
-        if self.private:
-            return self.private.env
-        env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_CONTEXT",)}
-        env["DOCKER_HOST"] = self.docker_host
-        return env
-
-    def stop(self) -> None:
-        if self.private:
-            self.private.stop()
-            took = ", ".join(f"{k} {v:.1f}s" for k, v in self.private.timings.items())
-            say(f"private dockerd stopped, its bridge and state removed ({took})")
-
-
-# ---------------------------------------------------------------------------------------------------- the build
-
-
-def patch_built_template(path: Path, architecture: str) -> None:
-    """What only the local copy says: this machine's architecture, ``AWS_ENDPOINT_URL`` declared on every function
-    (``sam local`` sets only variables the template declares; empty unless the env-vars file gives it), and a short
-    scaler timeout (LOCAL_SCALER_TIMEOUT_S)."""
-    template = yaml.safe_load(path.read_text())
-    function_globals = template.get("Globals", {}).get("Function", {})
-    if "Architectures" in function_globals:
-        function_globals["Architectures"] = [architecture]
-    for name in FUNCTIONS:
-        properties = template["Resources"][name]["Properties"]
-        if "Architectures" in properties:
-            properties["Architectures"] = [architecture]
-        if name == "ScalerFunction":
-            properties["Timeout"] = LOCAL_SCALER_TIMEOUT_S
-        variables = properties.setdefault("Environment", {}).setdefault("Variables", {})
-        variables.setdefault("AWS_ENDPOINT_URL", "")
-        for scope in (variables, function_globals.get("Environment", {}).get("Variables", {})):
-            for variable in [k for k, v in scope.items() if leaves_out(v)]:
-                del scope[variable]
-    path.write_text(yaml.safe_dump(template, sort_keys=False))
-
-
-def leaves_out(value: Any) -> bool:
-    """``!If [condition, value, !Ref AWS::NoValue]``: a variable the deployed function may not have at all. ``sam
-    local`` would give it an empty string, which is not "unset" (an empty number fails the settings), so the local
-    template leaves it out, as a deployment with the parameters' defaults does."""
-    branches = value.get("Fn::If") if isinstance(value, dict) else None
-    return isinstance(branches, list) and len(branches) == 3 and branches[2] == {"Ref": "AWS::NoValue"}
-
-
-def lambda_architecture() -> tuple[str, str]:
-    """(the template's architecture name, pip's platform) of this machine: what its engine runs without qemu."""
-    import platform
-
-    if platform.machine().lower() in ("aarch64", "arm64"):
-        return "arm64", "manylinux2014_aarch64"
-    return "x86_64", "manylinux2014_x86_64"
-
-
-BUILD_INPUTS = ("template.yaml", "infra", "mk/sam.mk", "inferq", "functions")
-
-
-def build_key(architecture: str) -> str:
-    """A hash of everything `sam build` reads (and of how this module patches its output)."""
-    import hashlib
-
-    digest = hashlib.sha256(f"{architecture}\n".encode())
-    digest.update(Path(__file__).read_bytes())
-    for name in BUILD_INPUTS:
-        path = ROOT / name
-        files = [path] if path.is_file() else sorted(
-            p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
-        )
-        for file in files:
-            digest.update(str(file.relative_to(ROOT)).encode() + b"\0" + file.read_bytes())
-    return digest.hexdigest()
-
-
-def sam_build(build_dir: Path) -> Path:
-    """`sam build` into ``build_dir``, or nothing when the last build there had the same inputs."""
-    architecture, pip_platform = lambda_architecture()
-    key = build_key(architecture)
-    stamp = build_dir / ".inferq-build-key"
-    if stamp.exists() and stamp.read_text() == key and (build_dir / "template.yaml").exists():
-        say(f"sam build: {build_dir} is current")
-        return build_dir / "template.yaml"
-    env = {**os.environ, "LAMBDA_PLATFORM": pip_platform, "SAM_CLI_TELEMETRY": "0"}
-    started = time.monotonic()
-    result = subprocess.run(
-        [str(SAM), "build", "--template-file", str(ROOT / "template.yaml"), "--build-dir", str(build_dir)],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=False,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"sam build exited {result.returncode}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
-    template = build_dir / "template.yaml"
-    patch_built_template(template, architecture)
-    stamp.write_text(key)
-    say(f"sam build ({architecture}) in {time.monotonic() - started:.0f}s: {template}")
-    return template
 
 
 def env_vars(endpoints: dict[str, Any], container_host: str, api_key: str | None) -> dict[str, dict[str, str]]:

@@ -37,8 +37,6 @@ DEFAULT_VALKEY_PORT = 6380
 DEFAULT_FILES_BUCKET = "inferq-files"
 READY_TIMEOUT_S = 60.0
 ENDPOINTS_FILE = "endpoints.json"
-GATEWAY_HTTP_PROTOCOL = "functions.gateway.serving:HttpToolsProtocol"
-"""uvicorn's httptools protocol writing each response in one ``send`` (functions/gateway/serving.py)."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -154,7 +152,6 @@ class Supervisor:
             sys.executable, "-m", "emulator.gateway", "uvicorn", "functions.gateway.app:app", "--host", self.args.host,
             "--port", str(self.args.port), "--timeout-graceful-shutdown", "5", "--no-server-header",
             "--no-access-log",  # the gateway logs every request itself, as JSON
-            "--http", GATEWAY_HTTP_PROTOCOL,
         ])
         await asyncio.to_thread(self.ecs.start)
         await asyncio.to_thread(create_bucket, self.ecs.endpoint, child_env["INFERQ_FILES_BUCKET"])

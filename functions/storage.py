@@ -225,6 +225,10 @@ class FileStore(Bucket):
         ``INFERQ_INLINE_MAX_BYTES``, as the gateway stores a large submit."""
         self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
 
+    def delete_claim(self, key: str) -> None:
+        """Delete a claim-checked request body whose job ended (a batch line its batch's cancel ended)."""
+        self.client.delete_object(Bucket=self.bucket, Key=key)
+
     def discard_uploads(self, tenant: str, file_id: str) -> int:
         """Abort every multipart upload still open on the file's key (a writer killed before it completed or
         aborted); how many."""
@@ -306,8 +310,9 @@ class StorageUnavailable(Exception):
 
 class ClaimStore(Bucket):
     """Claim-checked payloads (:mod:`inferq.queue.claimcheck`) in one bucket, under ``claims/``: the gateway writes a
-    large request body and reads or presigns a large result. Encrypted as files are, by the bucket's default
-    encryption; removed by the bucket's lifecycle rule on ``claims/``, never one by one."""
+    large request body, reads or presigns a large result, and deletes the body of a job it cancels while queued.
+    Encrypted as files are, by the bucket's default encryption; what no job's end deletes is removed by the
+    bucket's lifecycle rules (:mod:`inferq.queue.claimcheck`)."""
 
     def put(self, key: str, data: bytes) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -328,6 +333,14 @@ class ClaimStore(Bucket):
                 body.close()
         except (BotoCoreError, ClientError) as exc:
             raise StorageUnavailable(f"could not read {key}: {type(exc).__name__}") from exc
+
+    def delete(self, key: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageUnavailable(f"could not delete {key}: {type(exc).__name__}") from exc
 
     def url(self, key: str, ttl_s: int) -> str:
         """A presigned GET of ``key``, valid ``ttl_s`` (signed locally: no request to S3)."""

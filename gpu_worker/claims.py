@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+DELETE_TIMEOUT_S = 5.0
+"""Longest wait for S3 to delete an ended job's request body (the worker moves on; the lifecycle rule is the net)."""
 URL_TTL_S = 3600
 """How long a webhook's ``body_url`` is valid: a receiver may take a while to read what it was sent."""
 
@@ -78,6 +80,19 @@ class ClaimCheck:
         await self._s3(f"store the result ({claim.bytes} bytes)", lambda: self._put(claim.key, data))
         return claimcheck.claimed_result(status_code, claim)
 
+    async def drop_request_body(self, job: Job) -> None:
+        """Delete the job's claimed request body, once the job has ended (not dead-lettered: a redrive reads it
+        again). One try: a failure is logged, and the bucket's lifecycle rule on ``claims/`` removes it later."""
+        claim = claimcheck.claim_of_body(job.body, job.tenant)
+        if claim is None or not self.bucket:
+            return
+        try:
+            async with asyncio.timeout(DELETE_TIMEOUT_S):  # the job's outcome is written: never hold it up long
+                await asyncio.to_thread(self._delete, claim.key)
+        except Exception as exc:  # best effort (TimeoutError included): the lifecycle rule is the net
+            log.warning("could not delete an ended job's request body (%s); the lifecycle rule will",
+                        type(exc).__name__)
+
     def job_api(self, job: Job) -> dict[str, Any]:
         """The job object a webhook carries: a claimed result by presigned URL (docs/api.md, "Webhooks")."""
         return claimcheck.job_by_url(job, self.sign)
@@ -109,6 +124,9 @@ class ClaimCheck:
             return bytes(stream.read())
         finally:
             stream.close()
+
+    def _delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=key)
 
     def _put(self, key: str, data: bytes) -> None:
         # encrypted by the bucket's default encryption, as files are

@@ -48,6 +48,11 @@ class WorkerMetrics:
         self.run_time = Histogram(
             "inferq_worker_run_seconds", "Backend time of one attempt", ["queue"], buckets=_SECONDS, registry=r
         ).labels(**labels)
+        self.output_tokens = Counter(
+            "inferq_worker_output_tokens", "Tokens the model server produced for this worker's jobs (the answers' "
+            "usage.completion_tokens): with the run time, the fleet's throughput the scaler sizes by", ["queue"],
+            registry=r,
+        ).labels(**labels)
         self.reclaimed = Counter(
             "inferq_worker_reclaimed", "Entries taken over from a worker that stopped renewing", ["queue"], registry=r
         ).labels(**labels)
@@ -86,6 +91,13 @@ class WorkerMetrics:
         if child is None:
             child = self._outcome_children[name] = self._outcomes.labels(queue=self._queue, outcome=name)
         child.inc()
+
+    def answered(self, body: object) -> None:
+        """Count the output tokens of a model server's answer (``usage.completion_tokens``; nothing without)."""
+        usage = body.get("usage") if isinstance(body, dict) else None
+        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0:
+            self.output_tokens.inc(tokens)
 
     def backend_error(self, kind: str) -> None:
         self._backend_errors.labels(queue=self._queue, kind=kind).inc()

@@ -10,11 +10,11 @@
 - The maintenance task heartbeats, promotes due retries (each into its own lane), expires jobs past their
   ``ttl_s``, and now and then prunes what dead workers left behind.
 - Drain when surplus: with each heartbeat the worker records itself in ``inferq:{Q}:fleet`` (start time, attempts
-  run and their backend seconds: the run time the scaler sizes by) and reads the scaler's drain target
-  (``target`` in ``inferq:{Q}:scale``). The live workers in start order, oldest first: the first ``target`` pull;
-  the others are surplus: they take no new job, finish what they hold and, idle, drop their ECS scale-in
-  protection, so a lower desired count takes effect while work keeps coming (new work packs onto the workers
-  that pull). A surplus worker that the target takes back pulls again at once: no boot lost. No target, or one
+  run, their backend seconds and output tokens: the run time and throughput the scaler sizes by) and reads the
+  scaler's drain target (``target`` in ``inferq:{Q}:scale``). The live workers in start order, oldest first: the
+  first ``target`` pull; the others are surplus: they take no new job, finish what they hold and, idle, drop their
+  ECS scale-in protection, so a lower desired count takes effect while work keeps coming (new work packs onto the
+  workers that pull). A surplus worker that the target takes back pulls again at once: no boot lost. No target, or one
   older than :data:`TARGET_STALE_S` (no scaler is running), and every worker pulls.
 """
 
@@ -233,22 +233,24 @@ class Pulling:
             self._resumed = asyncio.Event()
         return self._resumed
 
-    def _run_totals(self) -> tuple[int, float]:
-        """Attempts run and their backend seconds, from the worker's own run-time histogram."""
+    def _run_totals(self) -> tuple[int, float, int]:
+        """Attempts run, their backend seconds (the worker's own run-time histogram) and the output tokens the model
+        server produced for them."""
         labels = {"queue": self.settings.queue}
         count = self.metrics.registry.get_sample_value("inferq_worker_run_seconds_count", labels) or 0.0
         total = self.metrics.registry.get_sample_value("inferq_worker_run_seconds_sum", labels) or 0.0
-        return int(count), float(total)
+        tokens = self.metrics.registry.get_sample_value("inferq_worker_output_tokens_total", labels) or 0.0
+        return int(count), float(total), int(tokens)
 
     async def _check_fleet(self) -> None:
         """Record this worker in the fleet hash and follow the scaler's drain target (module docstring)."""
         now_ms = time.time() * 1000
         if self._started_ms is None:
             self._started_ms = int(now_ms)
-        runs, run_s = self._run_totals()
+        runs, run_s, tokens = self._run_totals()
         keys = self.queue.keys
         async with self.queue.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(keys.fleet, self.id, f"{self._started_ms} {runs} {run_s:.3f}")
+            pipe.hset(keys.fleet, self.id, f"{self._started_ms} {runs} {run_s:.3f} {tokens}")
             pipe.hgetall(keys.fleet)
             pipe.hgetall(keys.workers)
             pipe.hmget(keys.scale, ["target", "at"])

@@ -19,7 +19,8 @@ BLOCK = re.compile(r"(?m)^  AccessStrings:\n(?:(?:    .*|ACCESS_STRINGS_END)\n)*
 def rendered() -> str:
     lines = ["  AccessStrings:"]
     for role in acl.ROLES:
-        lines += [f"    {role}:", f"      Rules: {json.dumps(acl.access_string(role))}"]
+        lines += [f"    {role}:", f"      Rules: {json.dumps(acl.access_string(role))}",
+                  f"      ServerlessRules: {json.dumps(acl.access_string(role, serverless=True))}"]
     return "\n".join(lines) + "\n"
 
 

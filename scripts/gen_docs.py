@@ -138,6 +138,15 @@ SETTING_DOCS: dict[str, str] = {
     "by the oldest one's age, for company before a worker is started: one boot then serves them all (the latency "
     "budget spent where it is cheap). 0 (the default): the first job gets a worker at once, as wake-on-enqueue "
     "promises; docs/benchmarks.md shows what 30 s saves.",
+    "scale_tokens_per_s": "Work-based sizing: output tokens per second one worker is assumed to produce (its "
+    "window full) until the workers have measured their own (output tokens per backend second, published with "
+    "each heartbeat). Set, the scaler sizes the fleet by work: the backlog's expected tokens (each job's "
+    "`max_tokens`, `backlog_tokens` in the stats hash) over the fleet's throughput are the seconds of work "
+    "waiting, and it asks for no more workers than finish them within a boot time (`INFERQ_SCALE_BOOT_S`), nor "
+    "more than the job counts ask for. 0 (the default): the job counts alone size the fleet "
+    "(`ceil(backlog / INFERQ_SCALE_TARGET_PER_WORKER)`), and no job carries the `tokens` field: the queue does no "
+    "work for the counter. Set it for every process that enqueues too (the gateway, the scaler's batch driver: the "
+    "template does); docs/benchmarks.md compares the two.",
     "scale_drain": "Whether the scaler asks the workers beyond the fleet's need to take no new jobs and drain (the "
     "drain target, `target` in the scale hash), so scale-in takes effect under load. `false` where nothing turns "
     "the desired count into workers, as in `emulator/compose.yaml`'s fixed workers.",

@@ -11,14 +11,16 @@ import asyncio
 import dataclasses
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from functions.storage import ClaimStore, StorageUnavailable
 from inferq.config.settings import Settings
 from inferq.queue import claimcheck
 from inferq.queue.jobs import Job, JobRequest
 
 from .errors import ApiError
+
+if TYPE_CHECKING:
+    from functions.storage import ClaimStore
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +39,19 @@ READ_TIMEOUT_S = 5.0
 class Claims:
     def __init__(self, settings: Settings, store: ClaimStore | None = None) -> None:
         self.inline_max = settings.inline_max_bytes
-        self.store = store or (ClaimStore(settings.files_bucket) if settings.files_bucket else None)
+        self._store = store
+        self._bucket = settings.files_bucket
         self.response_inline_max = RESPONSE_INLINE_MAX_BYTES
+
+    @property
+    def store(self) -> ClaimStore | None:
+        """The S3 store, built on first use (so a sandbox that claims nothing never imports it); None without a
+        bucket."""
+        if self._store is None and self._bucket:
+            from functions.storage import ClaimStore
+
+            self._store = ClaimStore(self._bucket)
+        return self._store
 
     async def check_in(self, tenant: str, request: JobRequest, raw_bytes: int) -> JobRequest:
         """``request`` with a large body replaced by its claim, the body stored first. ``raw_bytes`` (the HTTP
@@ -49,7 +62,9 @@ class Claims:
         data = claimcheck.encode(request.body)
         if len(data) <= self.inline_max:
             return request
-        claim = claimcheck.request_claim(tenant, data)
+        claim = claimcheck.request_claim(tenant, data, request.idempotency_key)  # one object per job
+        from functions.storage import StorageUnavailable
+
         try:
             async with asyncio.timeout(STORE_TIMEOUT_S):  # the thread runs on; a retry writes the same object
                 await asyncio.to_thread(self.store.put, claim.key, data)
@@ -59,6 +74,21 @@ class Claims:
                            headers={"Retry-After": RETRY_AFTER_S}) from None
         return dataclasses.replace(request, body=claimcheck.claimed_body(claim))
 
+    async def drop_request_body(self, job: Job) -> None:
+        """Delete the claimed request body of ``job`` (as it was before it ended: the terminal transition drops the
+        record's ``body``), now that it has ended here (a cancel while queued). One try: a failure is logged, and
+        the bucket's lifecycle rule on ``claims/`` removes it later."""
+        claim = claimcheck.claim_of_body(job.body, job.tenant)
+        if claim is None or self.store is None:
+            return
+        from functions.storage import StorageUnavailable
+
+        try:
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                await asyncio.to_thread(self.store.delete, claim.key)
+        except (StorageUnavailable, TimeoutError) as exc:
+            log.warning("could not delete a cancelled job's request body: %s", str(exc) or "timed out")
+
     async def present(self, job: Job) -> dict[str, Any]:
         """The job object, a claimed result inline when it fits one response (else by URL, also when S3 cannot
         be read right now: the URL is signed locally)."""
@@ -67,6 +97,8 @@ class Claims:
         if claim is None:
             return api
         if self.store is not None and claim.bytes <= self.response_inline_max:
+            from functions.storage import StorageUnavailable
+
             try:
                 async with asyncio.timeout(READ_TIMEOUT_S):
                     data = await asyncio.to_thread(self.store.get, claim.key)
@@ -88,10 +120,13 @@ class Claims:
     def sign(self, key: str) -> str | None:
         """A presigned GET of ``key``; None without a bucket here (one at the worker only is a misconfiguration,
         shown as a missing URL rather than a 500) or without credentials to sign with."""
-        if self.store is None:
+        store = self.store
+        if store is None:
             return None
+        from functions.storage import StorageUnavailable
+
         try:
-            return self.store.url(key, URL_TTL_S)
+            return store.url(key, URL_TTL_S)
         except StorageUnavailable as exc:
             log.error("cannot sign a claimed result's URL: %s", exc)
             return None

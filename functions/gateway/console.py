@@ -26,7 +26,7 @@ from inferq.queue.history import HISTORY_SAMPLES, read_history
 from .errors import ApiError
 
 if TYPE_CHECKING:
-    from .api import Gateway
+    from .shared import Gateway
 
 ASSETS = {
     "app.js": "text/javascript; charset=utf-8",

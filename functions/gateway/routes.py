@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from inferq.config.registry import ALIAS_RE
 from inferq.queue.engine_body import BodyError, check_body
-from inferq.queue.jobs import Job, JobRequest, Priority
+from inferq.queue.jobs import Job, JobRequest, JobStatus, Priority
 
 from .errors import ApiError
 from .models import (
@@ -30,7 +30,7 @@ from .openapi import doc, errors
 from .responses import JSONResponse
 
 if TYPE_CHECKING:
-    from .api import Gateway
+    from .shared import Gateway
 
 JOB_ID_RE = re.compile(r"^job_[a-z2-7]{26}(?:_[A-Za-z0-9_-]{1,64})?$")
 """A job id; under a model registry it ends with its queue (``inferq.config.registry.queue_of_job``)."""
@@ -206,7 +206,13 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
         },
     )
     async def cancel_job(request: Request, job_id: str, tenant: Tenant) -> JSONResponse:
-        job = await gw.call(gw.job_queue(_job_id(job_id)).cancel(tenant, job_id))
+        queue = gw.job_queue(_job_id(job_id))
+        # a claimed body is deleted when a cancel ends the job here (queued); the record's reference goes with
+        # the terminal transition, so it is read first (a running job's worker deletes it when it ends it)
+        before = await gw.call(queue.get(job_id, tenant)) if gw.claims.store is not None else None
+        job = await gw.call(queue.cancel(tenant, job_id))
+        if before is not None and job.status is JobStatus.CANCELLED:
+            await gw.claims.drop_request_body(before)
         return job_response(request, job)
 
     @router.get(

@@ -21,7 +21,6 @@ import asyncio
 import json
 import logging
 import time
-import urllib.request
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -86,6 +85,8 @@ class HttpWaker:
         self.timeout_s = timeout_s
 
     def _post(self) -> None:
+        import urllib.request  # lazily: only an HTTP wake (the emulator) pays for it
+
         request = urllib.request.Request(  # noqa: S310 - the URL is INFERQ_SCALER_WAKE_URL, set by the operator
             self.url, data=self.payload, method="POST", headers={"Content-Type": "application/json"}
         )

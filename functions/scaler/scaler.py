@@ -99,6 +99,8 @@ class Tick:
     webhooks: dict[str, int] = field(default_factory=dict)
     enqueued: int | None = None
     job_s: float | None = None
+    backlog_tokens: int | None = None
+    slot_tokens_per_s: float | None = None
 
     @property
     def desired(self) -> int | None:
@@ -158,7 +160,8 @@ class Scaler:
         try:
             tick.observation = await asyncio.wait_for(self.queue.observe(now=int(now * 1000)), self._redis_wait_s)
             state_fields = await asyncio.wait_for(self.queue.scale_state(), self._redis_wait_s)
-            tick.enqueued, tick.job_s = await asyncio.wait_for(fleet_figures(self.queue), self._redis_wait_s)
+            figures = await asyncio.wait_for(fleet_figures(self.queue), self._redis_wait_s)
+            tick.enqueued, tick.job_s, tick.backlog_tokens, tick.slot_tokens_per_s = figures
         except Exception as exc:
             _recoverable_or_raise(exc)
             tick.errors.append("redis")
@@ -183,7 +186,9 @@ class Scaler:
         # The service's own desired count is the capacity: it includes tasks still starting, and it is what is in
         # force if someone else changed it.
         state = ScaleState.from_fields(state_fields).adopt(counts.desired, now)
-        demand = Demand.from_observation(observation, now_ms=int(now * 1000), enqueued=tick.enqueued, job_s=tick.job_s)
+        demand = Demand.from_observation(observation, now_ms=int(now * 1000), enqueued=tick.enqueued, job_s=tick.job_s,
+                                         backlog_tokens=tick.backlog_tokens,
+                                         slot_tokens_per_s=tick.slot_tokens_per_s)
         decision = decide(self.policy, demand, state, now)
         tick.decision = decision
         log_extra = {
@@ -271,6 +276,8 @@ class Scaler:
             m.add_metric(name="BusyWorkers", unit=MetricUnit.Count, value=o.busy_workers)
             m.add_metric(name="OldestJobAgeSeconds", unit=MetricUnit.Seconds,
                          value=round(o.oldest_age_s(int(now * 1000)), 3))
+        if tick.backlog_tokens is not None:
+            m.add_metric(name="BacklogTokens", unit=MetricUnit.Count, value=tick.backlog_tokens)
         desired = tick.desired
         if desired is not None:
             m.add_metric(name="Desired", unit=MetricUnit.Count, value=desired)
@@ -287,26 +294,40 @@ class Scaler:
         m.flush_metrics()
 
 
-async def fleet_figures(queue: Queue) -> tuple[int | None, float | None]:
-    """The queue's arrival counter (``enqueued`` in the stats hash) and the live workers' measured backend seconds
-    per attempt (``inferq:{Q}:fleet``, written with each heartbeat; None before any worker ran a job)."""
+async def fleet_figures(queue: Queue) -> tuple[int, float | None, int, float | None]:
+    """What the policy sizes by, beyond the job counts: the queue's arrival counter and its expected work
+    (``enqueued`` and ``backlog_tokens`` in the stats hash), and the live workers' measured backend seconds per
+    attempt and output tokens per backend second (one slot's throughput) from ``inferq:{Q}:fleet``, written with
+    each heartbeat (None before any worker ran a job, or produced a token)."""
     keys = queue.keys
     async with queue.redis.pipeline(transaction=False) as pipe:
-        pipe.hget(keys.stats, "enqueued")
+        pipe.hmget(keys.stats, ["enqueued", "backlog_tokens"])
         pipe.hgetall(keys.fleet)
         pipe.hgetall(keys.workers)
-        raw_enqueued, fleet, beats = await pipe.execute()
-    runs, seconds = 0, 0.0
+        (raw_enqueued, raw_tokens), fleet, beats = await pipe.execute()
+    runs, seconds, tokens, token_seconds = 0, 0.0, 0, 0.0
     for worker, record in fleet.items():
         parts = record.split(" ")
-        if worker not in beats or len(parts) != 3:
+        if worker not in beats or len(parts) not in (3, 4):
             continue
         try:
-            runs, seconds = runs + int(parts[1]), seconds + float(parts[2])
+            run_count, run_s = int(parts[1]), float(parts[2])
+            produced = int(parts[3]) if len(parts) == 4 else 0
         except ValueError:
             continue
-    enqueued = int(raw_enqueued) if raw_enqueued not in (None, "") else 0
-    return enqueued, (seconds / runs if runs else None)
+        runs, seconds = runs + run_count, seconds + run_s
+        if produced > 0:  # a backend that reports no usage (the mock's embeddings) measures no throughput
+            tokens, token_seconds = tokens + produced, token_seconds + run_s
+    enqueued = _count(raw_enqueued)
+    return (enqueued, seconds / runs if runs else None, max(_count(raw_tokens), 0),
+            tokens / token_seconds if token_seconds > 0 else None)
+
+
+def _count(raw: str | None) -> int:
+    try:
+        return int(raw) if raw not in (None, "") else 0
+    except ValueError:
+        return 0
 
 
 def _recoverable_or_raise(exc: Exception) -> None:

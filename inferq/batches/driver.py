@@ -56,6 +56,8 @@ from inferq.batches.routing import LineRouter, is_job
 from inferq.batches.store import FileSource
 from inferq.config.registry import Registry
 from inferq.config.settings import Settings
+from inferq.queue import claimcheck
+from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import JobNotFound, JobTerminal, Queue, QueueError
 
 log = logging.getLogger(__name__)
@@ -297,10 +299,23 @@ class BatchDriver:
         await self.redis.hset(self.keys.batch(batch.id), "cancel_sent", "1")
 
     async def _cancel_job(self, tenant: str, job_id: str) -> None:
+        queue = self.lines.queue_of(job_id)
+        # a line's claim-checked body is deleted when the cancel ends its job here (queued), as the gateway's
+        # cancel does; the terminal transition drops the record's reference, so it is read first
+        raw = await queue.redis.hget(queue.keys.job(job_id), "body")
         try:
-            await self.lines.queue_of(job_id).cancel(tenant, job_id)
+            job = await queue.cancel(tenant, job_id)
         except (JobTerminal, JobNotFound):
-            pass
+            return
+        if not raw or claimcheck.MARKER not in raw or job.status is not JobStatus.CANCELLED:
+            return
+        claim = claimcheck.claim_of_body(json.loads(raw), tenant)
+        if claim is None:
+            return
+        try:
+            await asyncio.to_thread(self.store.delete_claim, claim.key)
+        except Exception as exc:  # best effort: the bucket's lifecycle rule on claims/ is the net
+            log.warning("could not delete a cancelled line's request body: %s", type(exc).__name__)
 
     async def _cancelling(self, batch: Batch) -> None:
         if not batch.cancel_sent:

@@ -142,13 +142,15 @@ class Expansion:
             data = claimcheck.encode(body)
         except (ValueError, TypeError):
             return None
+        idempotency_key = f"{batch.id}:{number}"
         if len(data) > self.settings.inline_max_bytes:
-            claim = claimcheck.request_claim(batch.tenant, data)
+            # the line's own object, the same if this pass is made again (the job's idempotency key names it)
+            claim = claimcheck.request_claim(batch.tenant, data, idempotency_key)
             await asyncio.to_thread(self.store.put_claim, claim.key, data)
             body = claimcheck.claimed_body(claim)
         return JobRequest(
             body=body, url=batch.endpoint, metadata={"batch_id": batch.id, "custom_id": request["custom_id"]},
-            idempotency_key=f"{batch.id}:{number}", priority=Priority.LOW,
+            idempotency_key=idempotency_key, priority=Priority.LOW,
         )
 
     async def scan(self, batch: Batch, upto: int) -> int:

@@ -142,6 +142,7 @@ class Settings:
     scale_to_zero_after_s: int = _setting(300, _int(0))
     scale_boot_s: float = _setting(120.0, _float(0.0))
     scale_gather_s: float = _setting(0.0, _float(0.0))
+    scale_tokens_per_s: float = _setting(0.0, _float(0.0))
     scale_drain: bool = _setting(True, _bool)
     emulator_boot_s: float = _setting(0.0, _float(0.0))
     scaler_interval_s: float = _setting(60.0, _float(0.1))

@@ -5,21 +5,29 @@ record holds a small reference in its place, so a job's Redis memory stays bound
 This module is the shape of those references and of their keys, shared by the gateway and the worker; it does no
 I/O (the S3 reads and writes are ``functions/gateway/claims.py``'s and ``gpu_worker/claims.py``'s).
 
-- A claimed request body is stored in the record as ``{"inferq_claim": {"key", "bytes", "sha256"}}``. Its key is
-  content-addressed (``claims/<tenant>/requests/<sha256>.json``): a resent submit writes the same object again,
-  and the reference, so the request digest an idempotency key is checked against, is the same both times.
+- A claimed request body is stored in the record as ``{"inferq_claim": {"key", "bytes", "sha256"}}`` under
+  ``claims/requests/<tenant>/<sha256>/<submission>.json``: ``<submission>`` is derived from the request's
+  idempotency key when it has one (a resent submit, or a batch line's job made again, writes the same object and
+  the same reference, so the request digest an idempotency key is checked against is the same both times), else
+  random: two jobs never share an object, so one job's end can delete its own.
 - A claimed result is stored as ``{"status_code": 200, "body_ref": {"key", "bytes", "sha256"}}`` under
-  ``claims/<tenant>/results/<job id>/<sha256>.json``: a duplicate completion of the same job (a reclaimed
+  ``claims/results/<tenant>/<job id>/<sha256>.json``: a duplicate completion of the same job (a reclaimed
   attempt that also finished) writes its own object and never overwrites the one the record points to.
 
-Objects are never deleted one by one: the bucket's lifecycle rule on ``claims/`` expires them after the job
-records that point to them are gone (docs/api.md, "Large payloads").
+What is kept, and for how long (issue 40): a job's request object is deleted when the job ends (by the worker
+that ends it, the gateway that cancels it while queued, or the batch driver whose batch's cancel ends it), except
+a dead-lettered job's, which a redrive needs; a result object lives as long as the record that points to it, by
+the bucket's lifecycle rule on ``claims/results/`` (a day, the default ``INFERQ_RESULT_TTL_S``); a second rule on
+``claims/`` removes what no job ends for (the body of a refused submit, a dead letter never redriven) after a
+week. Records written before this layout point to ``claims/<tenant>/requests/...`` and
+``claims/<tenant>/results/...``: still read, and removed by that second rule.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +37,18 @@ from inferq import fastjson
 from inferq.queue.jobs import Job
 
 PREFIX = "claims/"
+REQUESTS = PREFIX + "requests/"
+"""Request bodies: deleted when their job ends, but for a dead letter's (a redrive reads it again); the lifecycle
+rule on :data:`PREFIX` removes what no end deletes."""
+RESULTS = PREFIX + "results/"
+"""Result bodies: the bucket's lifecycle rule on this prefix expires them with the result TTL."""
 MARKER = "inferq_claim"
 """The one field of a request body that was replaced by its claim."""
 RESULT_REF = "body_ref"
 """The field of a result that holds its body's claim instead of ``body``."""
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_REQUEST_REST = re.compile(r"[0-9a-f]{64}/[0-9a-f]{32}\.json")
+_LEGACY_REST = re.compile(r"[0-9a-f]{64}\.json")
 
 
 def encode(value: Any) -> bytes:
@@ -49,8 +64,29 @@ def encode_result(value: Any) -> bytes:
 
 
 def tenant_prefix(tenant: str) -> str:
-    # percent-encoded: one tenant's prefix never contains another's
-    return f"{PREFIX}{quote(tenant, safe='')}/"
+    """The tenant's part of a prefix, percent-encoded: one tenant's never contains another's."""
+    return f"{quote(tenant, safe='')}/"
+
+
+def request_prefix(tenant: str) -> str:
+    return f"{REQUESTS}{tenant_prefix(tenant)}"
+
+
+def result_prefix(tenant: str, job_id: str) -> str:
+    return f"{RESULTS}{tenant_prefix(tenant)}{job_id}/"
+
+
+def _legacy_prefix(tenant: str, kind: str) -> str:
+    """Where records written before the kind-first layout point (``claims/<tenant>/<kind>/``): still readable."""
+    return f"{PREFIX}{tenant_prefix(tenant)}{kind}/"
+
+
+def submission(idempotency_key: str | None) -> str:
+    """The last part of a request object's key: the same for every submit with ``idempotency_key`` (its
+    SHA-256, so the key itself is not written into object names), else random (no two jobs share an object)."""
+    if idempotency_key is None:
+        return secrets.token_hex(16)
+    return hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -78,14 +114,15 @@ class Claim:
         return cls(key, size, digest)
 
 
-def request_claim(tenant: str, data: bytes) -> Claim:
+def request_claim(tenant: str, data: bytes, idempotency_key: str | None) -> Claim:
+    """Where a request body is stored: one object per job (:func:`submission`), the same for a resent submit."""
     digest = hashlib.sha256(data).hexdigest()
-    return Claim(f"{tenant_prefix(tenant)}requests/{digest}.json", len(data), digest)
+    return Claim(f"{request_prefix(tenant)}{digest}/{submission(idempotency_key)}.json", len(data), digest)
 
 
 def result_claim(tenant: str, job_id: str, data: bytes) -> Claim:
     digest = hashlib.sha256(data).hexdigest()
-    return Claim(f"{tenant_prefix(tenant)}results/{job_id}/{digest}.json", len(data), digest)
+    return Claim(f"{result_prefix(tenant, job_id)}{digest}.json", len(data), digest)
 
 
 def claimed_body(claim: Claim) -> dict[str, Any]:
@@ -97,7 +134,15 @@ def claim_of_body(body: Any, tenant: str) -> Claim | None:
     """The claim a record's request body stands for, or None when the body is the request itself."""
     if not isinstance(body, dict) or len(body) != 1 or MARKER not in body:
         return None
-    return Claim.from_json(body[MARKER], f"{tenant_prefix(tenant)}requests/")
+    # a client can send a body shaped like a claim: only a key of the tenant's own request objects, in their exact
+    # shape, is one (with one prefix nested in another's namespace, "claims/requests/results/" of a tenant named
+    # "results" holding a tenant named "requests"'s old-layout results, the shape keeps them apart)
+    for prefix, rest in ((request_prefix(tenant), _REQUEST_REST), (_legacy_prefix(tenant, "requests"), _LEGACY_REST)):
+        claim = Claim.from_json(body[MARKER], prefix)
+        if claim is not None and rest.fullmatch(claim.key[len(prefix):]) and claim.key[len(prefix):][:64] == \
+                claim.sha256:
+            return claim
+    return None
 
 
 def claimed_result(status_code: int, claim: Claim) -> dict[str, Any]:
@@ -108,7 +153,8 @@ def claim_of_result(result: Any, tenant: str, job_id: str) -> Claim | None:
     """The claim a record's result holds, or None when the result is inline."""
     if not isinstance(result, dict) or RESULT_REF not in result:
         return None
-    return Claim.from_json(result[RESULT_REF], f"{tenant_prefix(tenant)}results/{job_id}/")
+    return (Claim.from_json(result[RESULT_REF], result_prefix(tenant, job_id))
+            or Claim.from_json(result[RESULT_REF], f"{_legacy_prefix(tenant, 'results')}{job_id}/"))
 
 
 def verify(claim: Claim, data: bytes) -> bool:

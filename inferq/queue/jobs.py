@@ -78,6 +78,20 @@ def idempotency_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+DEFAULT_EXPECTED_TOKENS = 256
+"""The expected tokens of a job whose body names no ``max_tokens`` (nor ``max_completion_tokens``): what the
+scaler counts for it in ``backlog_tokens`` (docs/data-model.md)."""
+
+
+def expected_tokens(body: dict[str, Any]) -> int:
+    """The most tokens a job may produce, from its body: the work the scaler sizes the fleet by."""
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return DEFAULT_EXPECTED_TOKENS
+
+
 @dataclass(frozen=True)
 class JobRequest:
     """What a client submits (POST /v1/jobs), already validated."""

@@ -17,13 +17,12 @@ from inferq.queue.jobs import (
     Job,
     JobRequest,
     JobStatus,
+    expected_tokens,
     idempotency_digest,
     new_job_id,
     record_of,
 )
 from inferq.queue.waiters import SharedWaiters
-from inferq.redis.batching import Batcher
-from inferq.redis.leanclient import UNENCODABLE
 from inferq.redis.scripting import Code
 
 DLQ_PAGE = 200
@@ -70,11 +69,16 @@ class NotDeadLettered(QueueError):
     pass
 
 
-def record_fields(request: JobRequest) -> list[Any]:
+def record_fields(request: JobRequest, count_tokens: bool = False) -> list[Any]:
     """The job record's fields that come from the request, as name/value pairs (enqueue.lua writes them). The body
     and metadata are stored as :func:`inferq.fastjson.dumps` writes them (what is read back is the same value; the
-    request digest has its own canonical form)."""
-    fields: list[Any] = ["url", request.url, "body", fastjson.dumps(request.body), "lane", request.priority.value]
+    request digest has its own canonical form). ``count_tokens`` (sizing by work is on,
+    ``INFERQ_SCALE_TOKENS_PER_S`` > 0): the job's expected tokens too, which the queue's ``backlog_tokens`` counts;
+    off, the record and the scripts do no work for a figure nobody reads."""
+    fields: list[Any] = []
+    if count_tokens:  # first: enqueue.lua adds it to the queue's backlog_tokens from that place
+        fields += ["tokens", expected_tokens(request.body)]
+    fields += ["url", request.url, "body", fastjson.dumps(request.body), "lane", request.priority.value]
     if request.metadata:
         fields += ["metadata", fastjson.dumps(request.metadata)]
     if request.timeout_s is not None:
@@ -90,7 +94,6 @@ def record_fields(request: JobRequest) -> list[Any]:
 
 class Producer(QueueCore):
     _waiters: SharedWaiters | None = None
-    _submits: Batcher[tuple[str, JobRequest, str, int], Any] | None = None
 
     def _enqueue_call(self, jobs: Sequence[tuple[str, JobRequest, str, int]]) -> tuple:
         """The enqueue script call that accepts ``jobs`` (tenant, request, job id, now; :data:`SCRIPT_BATCH` at
@@ -98,13 +101,14 @@ class Producer(QueueCore):
         keys_of, settings = self.keys, self.settings
         keys = [keys_of.stats, keys_of.expiry, keys_of.tenants]
         args: list[Any] = [settings.max_queue_depth, settings.tenant_max_depth, settings.result_ttl_s]
+        count_tokens = settings.scale_tokens_per_s > 0
         for tenant, request, job_id, now in jobs:
             job_key = keys_of.job(job_id)
             idem = request.idempotency_key
             # without an idempotency key the job record stands in its place: the script tells them apart
             keys += [keys_of.stream_of(request.priority), job_key,
                      keys_of.idem(tenant, idempotency_digest(idem)) if idem is not None else job_key]
-            fields = record_fields(request)
+            fields = record_fields(request, count_tokens)
             expires_at = now + request.ttl_s * 1000 if request.ttl_s is not None else ""
             # the digest is what a retry with the same idempotency key is checked against: without a key, nothing is
             digest = request.digest() if idem is not None else ""
@@ -154,19 +158,16 @@ class Producer(QueueCore):
     async def enqueue(self, tenant: str, request: JobRequest, *, now: int | None = None) -> tuple[Job, bool]:
         """Accept a job in one round trip. Returns the job and whether it is an idempotent replay.
         Raises QueueFull (TenantQuotaFull for the tenant's quota) and, with replicas to wait for, ReplicationLag.
-        The submits of one turn of the event loop (concurrent requests) go out together, in one script call per
-        :data:`SCRIPT_BATCH` of them, each still accepted or refused as by a call of its own."""
+        One script call per submit: the gateway runs as Lambda, one request at a time per sandbox, where submits
+        never meet in one turn of the event loop to be sent together (``enqueue_many`` sends many at once)."""
         now = now or now_ms()
         job_id = new_job_id() + self.id_suffix
-        if self._submits is None:
-            # a submit whose arguments cannot be encoded fails alone, not the others of its turn
-            self._submits = Batcher(self._accept, overlap=True, split_on=UNENCODABLE)
         # a wait for it here need not read it first (SharedWaiters.expect); a ttl_s job is read (it may expire)
         waiters = self._waiters if request.ttl_s is None else None
         if waiters is not None:
             waiters.expect(job_id, tenant)
         try:
-            reply = await self._submits.submit((tenant, request, job_id, now))
+            [reply] = await self._accept([(tenant, request, job_id, now)])
             accepted = await self._enqueued(tenant, request, job_id, now, reply)
         except BaseException:
             if waiters is not None:
@@ -330,7 +331,7 @@ class Producer(QueueCore):
         """Queue a dead-lettered job again. Raises JobNotFound, NotDeadLettered, or QueueFull / TenantQuotaFull
         under the same limits as :meth:`enqueue`."""
         keys = [*self.keys.lane_streams, self.keys.stats, self.keys.dlq, self.keys.tenants, self.keys.job(job_id),
-                self.keys.done(job_id)]
+                self.keys.done(job_id), self.keys.dlq_index]
         args = [tenant, now or now_ms(), new_token(), self.settings.max_queue_depth, self.settings.tenant_max_depth]
         [reply] = await self._write([("redrive", keys, args)], replicated=True)
         code = int(reply[0])

@@ -38,8 +38,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from inferq.queue.jobs import record_of
+from inferq.redis.connection import pipelined
 from inferq.redis.faults import Fault, classify
-from inferq.redis.leanclient import pipelined
 
 log = logging.getLogger(__name__)
 

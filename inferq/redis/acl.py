@@ -9,6 +9,26 @@ commands listed are allowed. None of them is an administrative or dangerous one 
 MODULE, SCRIPT FLUSH/KILL, MONITOR, SHUTDOWN, ACL, CLIENT KILL, FUNCTION, EVAL of arbitrary text). A command a
 Lua script sends is checked against the caller's rules too, so every role that runs the scripts may send the
 commands they call (:data:`SCRIPT_COMMANDS`, which the test compares with inferq/queue/scripts/).
+
+What ElastiCache and MemoryDB accept (checked against their documentation; infra/cache.yaml cites it too):
+
+- the rule syntax is Valkey's ACL syntax ("For information about the syntax of the ACL rules, see ACL"), less a
+  password (the user resource holds it) and ``reset`` (it would drop that password); ``on``, ``~<pattern>``,
+  ``-@all``, ``+<command>``, ``+<command>|<subcommand>`` (the ``|`` form from Redis OSS 7.0) and channel rules
+  (``&``, ``resetchannels``: Redis OSS 6.2 and later) are all standard rules of it, and ElastiCache's own
+  examples use ``on ~app::* -@all +@read``: ElastiCache, "Role-Based Access Control (RBAC)",
+  https://docs.aws.amazon.com/AmazonElastiCache/latest/dg/Clusters.RBAC.html#Access-string; MemoryDB,
+  "Authenticating users with Access Control Lists",
+  https://docs.aws.amazon.com/memorydb/latest/devguide/clusters.acls.html#access-string;
+- an access string may not name a command the service restricts ("If you specify a forbidden or a renamed
+  command, an exception will be thrown"). None of :func:`commands` is restricted on node-based ElastiCache or
+  MemoryDB (https://docs.aws.amazon.com/memorydb/latest/devguide/restrictedcommands.html), but ElastiCache
+  Serverless also restricts ``WAIT`` and does not list ``CLIENT SETINFO`` among the commands it supports
+  ("Supported and restricted Valkey, Memcached, and Redis OSS commands",
+  https://docs.aws.amazon.com/AmazonElastiCache/latest/dg/SupportedCommands.html): the serverless users' rules
+  (:func:`access_string` with ``serverless=True``) leave out :data:`NOT_SERVERLESS`. Neither is needed there:
+  INFERQ_REDIS_WAIT_REPLICAS must stay 0 with a serverless cache (the template refuses anything else), and
+  redis-py ignores a refused CLIENT SETINFO on connect.
 """
 
 from __future__ import annotations
@@ -61,12 +81,21 @@ DIRECT_COMMANDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def commands(role: str) -> tuple[str, ...]:
-    """Every command ``role`` may send, sorted, each once."""
-    return tuple(sorted(set(CONNECTION) | set(SCRIPTING) | set(SCRIPT_COMMANDS) | set(DIRECT_COMMANDS[role])))
+NOT_SERVERLESS = ("client|setinfo", "wait")
+"""What ElastiCache Serverless restricts or does not support among :data:`CONNECTION` (WAIT is restricted; CLIENT
+SETINFO is not among its supported commands): left out of the serverless users' rules."""
 
 
-def access_string(role: str) -> str:
+def commands(role: str, *, serverless: bool = False) -> tuple[str, ...]:
+    """Every command ``role`` may send, sorted, each once (on ElastiCache Serverless: less :data:`NOT_SERVERLESS`)."""
+    allowed = set(CONNECTION) | set(SCRIPTING) | set(SCRIPT_COMMANDS) | set(DIRECT_COMMANDS[role])
+    if serverless:
+        allowed -= set(NOT_SERVERLESS)
+    return tuple(sorted(allowed))
+
+
+def access_string(role: str, *, serverless: bool = False) -> str:
     """The ACL rules of ``role`` as ElastiCache, MemoryDB and ``ACL SETUSER`` take them (no password: the cache's
     user resource holds that, and ``reset`` is refused by ElastiCache)."""
-    return " ".join(["on", f"~{KEY_PATTERN}", "resetchannels", "-@all", *(f"+{c}" for c in commands(role))])
+    return " ".join(["on", f"~{KEY_PATTERN}", "resetchannels", "-@all",
+                     *(f"+{c}" for c in commands(role, serverless=serverless))])

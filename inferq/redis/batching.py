@@ -3,9 +3,8 @@
 Jobs finish one by one, each in its own task; writing each result alone would cost one round trip per job. A
 :class:`Batcher` collects what was submitted until its flush task runs (one turn of the event loop, or the length
 of the previous flush under load) and writes it all at once, then answers each submitter with its own result.
-With ``overlap=True`` a flush does not wait for the one before it: what one turn submitted goes out at that turn's
-end, so coalescing never adds a round trip to anyone's wait (the gateway's submits, where each is a client's
-latency).
+The worker's finishes use it (it cuts the worker's CPU per job by about a tenth: docs/benchmarks.md). The gateway
+does not: on Lambda a sandbox runs one request at a time, so there is never a second submit to join.
 """
 
 from __future__ import annotations
@@ -19,20 +18,11 @@ R = TypeVar("R")
 
 
 class Batcher(Generic[T, R]):
-    def __init__(
-        self, flush: Callable[[list[T]], Awaitable[Sequence[R]]], *, max_batch: int = 1000, overlap: bool = False,
-        split_on: tuple[type[Exception], ...] = (),
-    ) -> None:
+    def __init__(self, flush: Callable[[list[T]], Awaitable[Sequence[R]]], *, max_batch: int = 1000) -> None:
         self._flush = flush
         self._max_batch = max_batch
-        self._overlap = overlap
-        self._split_on = split_on
-        """Errors that one item can cause for its whole flush (an argument that cannot be encoded): after one, each
-        item is flushed alone, so the error reaches the submitters that caused it only. Only for a ``flush`` that
-        is safe to run again for the same items (every inferq script is, G9)."""
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._task: asyncio.Task[None] | None = None
-        self._flushing: set[asyncio.Task[None]] = set()  # overlap: the flushes in flight (a task needs a reference)
 
     async def submit(self, item: T) -> R:
         # each submitter has its own future: cancelling one (an aborted job) leaves the batch's write alone
@@ -43,11 +33,6 @@ class Batcher(Generic[T, R]):
         the caller does something else (its result, or the exception the flush raised, is the future's)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
-        if self._overlap:
-            if not self._pending:  # the first of this turn: the flush starts once every task ready now has run
-                loop.call_soon(self._start_overlapping)
-            self._pending.append((item, future))
-            return future
         self._pending.append((item, future))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
@@ -55,22 +40,11 @@ class Batcher(Generic[T, R]):
 
     @property
     def idle(self) -> bool:
-        return not self._pending and not self._flushing and (self._task is None or self._task.done())
+        return not self._pending and (self._task is None or self._task.done())
 
     async def wait_idle(self) -> None:
         while self._task is not None and not self._task.done():
             await asyncio.shield(self._task)
-        while self._pending or self._flushing:  # overlap: this turn's flush not started yet, or flushes in flight
-            if self._flushing:
-                await asyncio.wait(set(self._flushing))
-            else:
-                await asyncio.sleep(0)
-
-    def _start_overlapping(self) -> None:
-        batch, self._pending = self._pending, []
-        task = asyncio.get_running_loop().create_task(self._write(batch))
-        self._flushing.add(task)
-        task.add_done_callback(self._flushing.discard)
 
     async def _run(self) -> None:
         await asyncio.sleep(0)  # let every task that is ready this turn submit first
@@ -85,10 +59,6 @@ class Batcher(Generic[T, R]):
             try:
                 results = await self._flush([item for item, _ in part])
             except Exception as exc:  # handed to each submitter, who decides whether to try again
-                if len(part) > 1 and isinstance(exc, self._split_on):
-                    for one in part:  # one submitter's item spoiled the flush: each alone, so only its own fails
-                        await self._write([one])
-                    continue
                 for _, future in part:
                     if not future.done():
                         future.set_exception(exc)

@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import cache
 from typing import Any
 
@@ -28,8 +28,6 @@ from redis.backoff import EqualJitterBackoff
 from inferq.config.settings import Settings
 from inferq.redis.fastpack import use_hiredis_packing
 from inferq.redis.faults import RECONNECT_ERRORS
-from inferq.redis.leanclient import AVAILABLE as LEAN_CLIENT
-from inferq.redis.leanclient import LeanRedis
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +42,7 @@ Credentials = tuple[str] | tuple[str, str]
 def connect(settings: Settings, *, cluster: bool | None = None, socket_timeout: float | None = None) -> Any:
     """A client for ``INFERQ_REDIS_URL``. ``cluster`` forces cluster mode (ElastiCache Serverless); by default a
     URL with ``?cluster=true`` selects it. Timeouts are short so an unreachable server is an error in seconds,
-    never a hang. Commands are packed by hiredis (:mod:`inferq.redis.fastpack`); a standalone client sends its single
-    commands through :class:`~.leanclient.LeanRedis` (redis-py, less the per-command metrics it never reads)."""
+    never a hang. Commands are packed by hiredis (:mod:`inferq.redis.fastpack`)."""
     client = _client(settings, cluster=cluster, socket_timeout=socket_timeout)
     if settings.redis_auth_secret:
         _reauthenticate_on_refusal(client)
@@ -76,7 +73,18 @@ def _client(settings: Settings, *, cluster: bool | None, socket_timeout: float |
         return RedisCluster.from_url(url, **options)
     options["retry"] = Retry(EqualJitterBackoff(cap=0.5, base=0.05), retries=1)
     options["retry_on_error"] = list(RECONNECT_ERRORS)  # a demoted primary: reconnect, reach the new one
-    return (LeanRedis if LEAN_CLIENT else Redis).from_url(url, **options)
+    return Redis.from_url(url, **options)
+
+
+async def pipelined(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """``commands`` in one write through redis-py's non-transactional pipeline (other clients' commands may run
+    between them), every reply parsed by redis-py's callbacks, an error reply returned in its command's place."""
+    if not commands:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return list(await pipe.execute(raise_on_error=False))
 
 
 # --- the token: Secrets Manager behind redis-py's credential provider ---

@@ -15,8 +15,8 @@ for a write that almost never waits (the socket takes it, or the transport buffe
 buffer. Callgrind (K, ``bench/clientcost.py``): the gateway's job read 189 k -> 158 k client instructions on 3.11
 (190 k -> 165 k on 3.13), a worker's start pipeline 259 k -> 223 k.
 
-redis-py also arms the socket timeout for every reply it reads, where a pipeline's or a shared write's later replies
-(:mod:`inferq.redis.leanclient`) have almost always arrived with the first. :class:`BufferedReads` hands out a reply the
+redis-py also arms the socket timeout for every reply it reads, where a pipeline's later replies have almost always
+arrived with the first. :class:`BufferedReads` hands out a reply the
 parser already holds whole without it; a reply still to come is read by redis-py under its timeout.
 """
 

@@ -24,7 +24,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 from inferq.queue.jobs import TERMINAL
 from inferq.queue.keys import GROUP, LANE_KEYS, WEBHOOK_GROUP
-from inferq.redis.leanclient import pipelined
+from inferq.redis.connection import pipelined
 
 SCRIPTS_DIR = Path(__file__).parent.parent / "queue" / "scripts"
 _INCLUDE = re.compile(r'^--- @include "([A-Za-z]+)"\s*$', re.MULTILINE)

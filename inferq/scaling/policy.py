@@ -34,6 +34,14 @@ by a thin spread of jobs. Three rules, each off unless the caller gives what it 
   load of jobs waits up to ``gather_s`` for company, so one boot serves them all. Off by default: wake-on-enqueue
   promises the first job a worker at once.
 
+- **Work-based sizing** (``tokens_per_s`` > 0 and ``boot_s`` > 0, with the backlog's expected tokens; off by
+  default, where the desired count is the job-count formula of docs/operations.md): the jobs' count says how many
+  slots they need, their work how long those slots stay busy. The backlog's tokens (each job's ``max_tokens``,
+  ``backlog_tokens`` in the stats hash) over one worker's throughput (output tokens per second of a slot, measured
+  by the workers, times its slots; ``tokens_per_s`` until measured) are the seconds of work waiting; the fleet
+  needs no more workers than finish it within a boot time, since one more would start serving only after the
+  others are done. The job-count need stays the ceiling.
+
 Without those inputs (``Demand`` built from job counts alone), the rules below are the whole policy.
 
 Every scale-down comes at least ``cooldown_s`` after the previous change (the exceptions: a count above
@@ -76,6 +84,9 @@ class ScalePolicy:
     arrival forecast off (the cooldown and the idle window alone decide scale-in)."""
     gather_s: float = 0.0
     """How long a few jobs at zero may wait for company before a worker is started (INFERQ_SCALE_GATHER_S)."""
+    tokens_per_s: float = 0.0
+    """Work-based sizing (INFERQ_SCALE_TOKENS_PER_S): the output tokens per second one worker is assumed to
+    produce until the workers have measured it; 0 (the default) turns work-based sizing off: job counts alone."""
     drain: bool = True
     """Whether decisions carry a drain target (INFERQ_SCALE_DRAIN): off where nothing turns the desired count into
     workers (compose's fixed workers), since a target there would idle workers that no scale-in removes."""
@@ -85,8 +96,8 @@ class ScalePolicy:
             raise ValueError(f"scale bounds must satisfy 0 <= min <= max, got min={self.min} max={self.max}")
         if self.target_per_worker < 1:
             raise ValueError(f"target_per_worker must be >= 1, got {self.target_per_worker}")
-        if min(self.cooldown_s, self.zero_after_s, self.boot_s, self.gather_s) < 0:
-            raise ValueError("cooldown_s, zero_after_s, boot_s and gather_s must be >= 0")
+        if min(self.cooldown_s, self.zero_after_s, self.boot_s, self.gather_s, self.tokens_per_s) < 0:
+            raise ValueError("cooldown_s, zero_after_s, boot_s, gather_s and tokens_per_s must be >= 0")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ScalePolicy:
@@ -98,14 +109,15 @@ class ScalePolicy:
             zero_after_s=float(settings.scale_to_zero_after_s),
             boot_s=float(settings.scale_boot_s),
             gather_s=float(settings.scale_gather_s),
+            tokens_per_s=float(settings.scale_tokens_per_s),
             drain=settings.scale_drain,
         )
 
 
 @dataclass(frozen=True)
 class Demand:
-    """What the queue and the fleet look like now. The last three are optional: a caller that does not know them
-    (None) gets the job-count policy alone, without gathering or the arrival forecast."""
+    """What the queue and the fleet look like now. The last five are optional: a caller that does not know them
+    (None) gets the job-count policy alone, without gathering, the arrival forecast or work-based sizing."""
 
     lag: int = 0
     pending: int = 0
@@ -117,10 +129,15 @@ class Demand:
     """The queue's running count of accepted jobs (``enqueued`` in ``inferq:{Q}:stats``): the arrival forecast."""
     job_s: float | None = None
     """Measured backend seconds of one job (the workers' mean): what one job costs a worker slot."""
+    backlog_tokens: int | None = None
+    """The unfinished jobs' expected tokens (``backlog_tokens`` in ``inferq:{Q}:stats``): the work waiting."""
+    slot_tokens_per_s: float | None = None
+    """Measured output tokens per backend second of one job slot (the workers' heartbeats); None before any."""
 
     @classmethod
     def from_observation(cls, observation: Observation, *, now_ms: int | None = None, enqueued: int | None = None,
-                         job_s: float | None = None) -> Demand:
+                         job_s: float | None = None, backlog_tokens: int | None = None,
+                         slot_tokens_per_s: float | None = None) -> Demand:
         oldest = observation.oldest_age_s(now_ms) if now_ms is not None and observation.lag else None
         return cls(
             lag=observation.lag,
@@ -130,6 +147,8 @@ class Demand:
             oldest_wait_s=oldest if now_ms is not None else None,
             enqueued=enqueued,
             job_s=job_s,
+            backlog_tokens=backlog_tokens,
+            slot_tokens_per_s=slot_tokens_per_s,
         )
 
     @property
@@ -222,8 +241,34 @@ def wanted(policy: ScalePolicy, demand: Demand) -> int:
 
 
 def _needed(policy: ScalePolicy, demand: Demand) -> int:
-    """Workers the backlog alone asks for, within the bounds."""
-    return min(max(math.ceil(demand.backlog / policy.target_per_worker), policy.min), policy.max)
+    """Workers the backlog alone asks for, within the bounds: enough for its jobs to find a slot, and, when its
+    work is known, no more than finish that work within a boot time (:func:`workers_for_work`)."""
+    need = math.ceil(demand.backlog / policy.target_per_worker)
+    by_work = workers_for_work(policy, demand)
+    if by_work is not None:
+        need = min(need, by_work)
+    return min(max(need, policy.min), policy.max)
+
+
+def worker_tokens_per_s(policy: ScalePolicy, demand: Demand) -> float:
+    """One worker's throughput: the measured output tokens per second of a slot times the slots of a worker, or
+    the assumed ``tokens_per_s`` before any measurement; 0 when work-based sizing is off."""
+    if policy.tokens_per_s <= 0:
+        return 0.0
+    if demand.slot_tokens_per_s is not None and demand.slot_tokens_per_s > 0:
+        return demand.slot_tokens_per_s * policy.target_per_worker
+    return policy.tokens_per_s
+
+
+def workers_for_work(policy: ScalePolicy, demand: Demand) -> int | None:
+    """Workers that finish the backlog's expected work within a boot time: ``ceil(backlog_tokens / throughput /
+    boot_s)``, at least one while there is a backlog. A worker beyond them would serve only after the others
+    have done the work (it boots for ``boot_s``), so it is not started, and under load it drains. None (job
+    counts decide) with work-based sizing off, or without the backlog's tokens or a boot time."""
+    rate = worker_tokens_per_s(policy, demand)
+    if demand.backlog_tokens is None or rate <= 0 or policy.boot_s <= 0 or demand.backlog <= 0:
+        return None
+    return max(1, math.ceil(demand.backlog_tokens / rate / policy.boot_s))
 
 
 def arrival_rate(policy: ScalePolicy, demand: Demand, state: ScaleState, now: float) -> ScaleState:

@@ -187,7 +187,7 @@ def test_the_vllm_sidecar_runs_the_registry_args_and_a_mock_model_gets_no_gpu(gp
                             "--disable-uvicorn-access-log"]
     assert chat["vllm"]["ResourceRequirements"] == [{"Type": "GPU", "Value": "1"}]
     assert chat["vllm"]["MemoryReservation"] == 15000
-    assert chat["worker"]["DependsOn"] == [{"ContainerName": "vllm", "Condition": "HEALTHY"}]
+    assert chat["worker"]["DependsOn"] == [{"ContainerName": "vllm", "Condition": "START"}]  # beside the server
     embed = containers(gpu, "EmbedSmall")
     assert list(embed) == ["worker"]
     assert embed["worker"]["Image"] == "123456789012.dkr.ecr.us-east-1.amazonaws.com/inferq-worker:embed"
@@ -374,8 +374,9 @@ def test_gateway_workers_and_the_batch_driver_may_read_and_write_claim_checks(
     gateway = translated["Resources"]["GatewayFunction"]["Properties"]["Role"]["Fn::GetAtt"][0]
     claims = [s for owner, s in role_statements(translated)
               if owner == gateway and "claims/" in json.dumps(s["Resource"])]
-    assert [(sorted(s["Action"]), s["Resource"]) for s in claims] == [
-        (["s3:GetObject", "s3:PutObject"], {"Fn::Sub": "${FilesBucket.Arn}/claims/*"})
+    assert [(sorted(as_list(s["Action"])), s["Resource"]) for s in claims] == [
+        (["s3:GetObject", "s3:PutObject"], {"Fn::Sub": "${FilesBucket.Arn}/claims/*"}),
+        (["s3:DeleteObject"], {"Fn::Sub": "${FilesBucket.Arn}/claims/requests/*"}),  # a job's body when it ends
     ]
     assert translated["Resources"]["Gpu"]["Properties"]["Parameters"]["FilesBucket"] == {"Ref": "FilesBucket"}
     gpu = load(NESTED["gpu"])
@@ -384,17 +385,28 @@ def test_gateway_workers_and_the_batch_driver_may_read_and_write_claim_checks(
     statements = [s for _, s in role_statements({"Resources": {"TaskRole": task_role}})]
     s3 = [s for s in statements if any(a.startswith("s3:") for a in as_list(s["Action"]))]
     assert s3 == [{"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
-                   "Resource": "arn:aws:s3:::files/claims/*"}]
+                   "Resource": "arn:aws:s3:::files/claims/*"},
+                  {"Effect": "Allow", "Action": "s3:DeleteObject", "Resource": "arn:aws:s3:::files/claims/requests/*"}]
     env = {e["Name"]: e["Value"] for e in resolver.value(containers(gpu, "")["worker"]["Environment"])}
     assert Settings.from_env(env).files_bucket == "files"
-    expiry = [r for r in translated["Resources"]["FilesBucket"]["Properties"]["LifecycleConfiguration"]["Rules"]
-              if r.get("Prefix") == "claims/"]
-    assert [r["ExpirationInDays"] for r in expiry] == [7]  # more than a queueing time plus the one-day result TTL
+    rules = {r.get("Prefix"): r for r in
+             translated["Resources"]["FilesBucket"]["Properties"]["LifecycleConfiguration"]["Rules"]}
+    assert rules["claims/"]["ExpirationInDays"] == 7  # more than a queueing time plus the one-day result TTL
+    # results live as long as their record: INFERQ_RESULT_TTL_S in whole days (S3 counts days from creation)
+    assert rules["claims/results/"]["ExpirationInDays"] == -(-Settings().result_ttl_s // 86400)
+    assert rules["claims/results/"]["Status"] == "Enabled"
+    # stored files: FileRetentionDays (0 disables the rule)
+    files = rules["files/"]
+    assert files["Status"] == {"Fn::If": ["HasFileRetention", "Enabled", "Disabled"]}
+    assert files["ExpirationInDays"] == {"Fn::If": ["HasFileRetention", {"Ref": "FileRetentionDays"}, 1]}
+    assert translated["Parameters"]["FileRetentionDays"]["Default"] == 30
     scaler = translated["Resources"]["ScalerFunction"]["Properties"]["Role"]["Fn::GetAtt"][0]
     scaler_claims = [(s["Action"], s["Resource"]) for owner, s in role_statements(translated)
                      if owner == scaler and "claims/" in json.dumps(s["Resource"])]
-    # the batch driver claim-checks a line's large body, as a submit does, and reads results back into output files
-    assert scaler_claims == [(["s3:GetObject", "s3:PutObject"], {"Fn::Sub": "${FilesBucket.Arn}/claims/*"})]
+    # the batch driver claim-checks a line's large body, as a submit does, and reads results back into output files;
+    # it deletes a line's body when its batch's cancel ends the line's job
+    assert scaler_claims == [(["s3:GetObject", "s3:PutObject"], {"Fn::Sub": "${FilesBucket.Arn}/claims/*"}),
+                             ("s3:DeleteObject", {"Fn::Sub": "${FilesBucket.Arn}/claims/requests/*"})]
 
 
 def test_sam_local_env_names_the_bucket_and_only_variables_the_gateway_declares(translated: dict[str, Any]) -> None:

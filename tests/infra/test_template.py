@@ -440,7 +440,9 @@ def test_gpu_task_runs_vllm_and_a_worker_that_waits_for_it(nested: dict[str, dic
     assert vllm["ResourceRequirements"] == [{"Type": "GPU", "Value": "1"}]
     assert "8000/health" in " ".join(vllm["HealthCheck"]["Command"])
     assert worker["Command"] == ["python", "-m", "gpu_worker"]
-    assert worker["DependsOn"] == [{"ContainerName": "vllm", "Condition": "HEALTHY"}]
+    # started beside the model server: the worker waits for /health itself (tests/integration/worker/test_boot.py)
+    assert worker["DependsOn"] == [{"ContainerName": "vllm", "Condition": "START"}]
+    assert vllm["Essential"] is True and worker["Essential"] is True  # either dying stops the task
     assert worker["StopTimeout"] == 120
     env = Resolver(
         nested["gpu"], overrides={"RedisUrl": "rediss://cache:6379/0", "RedisAuthSecretArn": "arn:secret"}

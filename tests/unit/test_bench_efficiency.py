@@ -11,17 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.efficiency import (
-    WARMUP,
-    _means,
-    _submit_all,
-    _warm_up,
-    aggregate,
-    engine_placement,
-    pin_group,
-    request_set,
-    verdicts,
-)
+from bench.efficiency import aggregate, verdicts
+from bench.vllm_paths import WARMUP, _means, _submit_all, _warm_up, engine_placement, pin_group, request_set
 from gpu_worker.backends.base import EngineLoad
 
 

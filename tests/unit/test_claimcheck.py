@@ -1,5 +1,6 @@
-"""The claim-check references (inferq.queue.claimcheck): content-addressed, scoped to their tenant and job, and never
-shown to a client as they are stored."""
+"""The claim-check references (inferq.queue.claimcheck): one object per job (the same for a resent submit), scoped
+to their tenant and job, under a prefix per kind (the lifecycle rules' unit), and never shown to a client as they
+are stored."""
 
 from __future__ import annotations
 
@@ -17,26 +18,45 @@ def job(tenant: str, result: dict[str, object]) -> Job:
                attempts=1, deliveries=1, created_at=1.0, result=result)
 
 
-def test_a_request_claim_is_content_addressed_so_a_resend_makes_the_same_reference() -> None:
-    first, again = claimcheck.request_claim("t", DATA), claimcheck.request_claim("t", DATA)
-    assert first == again and first.key.startswith("claims/t/requests/") and first.bytes == len(DATA)
-    assert claimcheck.request_claim("u", DATA).key != first.key
+def test_a_request_claim_is_one_jobs_and_the_same_for_a_resend_with_its_idempotency_key() -> None:
+    first, again = claimcheck.request_claim("t", DATA, "idem-1"), claimcheck.request_claim("t", DATA, "idem-1")
+    assert first == again and first.key.startswith("claims/requests/t/") and first.bytes == len(DATA)
+    assert "idem-1" not in first.key  # the key's digest names the object, not the key
+    assert claimcheck.request_claim("t", DATA, "idem-2").key != first.key
+    # without an idempotency key every job gets its own object: one job's end never deletes another's body
+    assert claimcheck.request_claim("t", DATA, None).key != claimcheck.request_claim("t", DATA, None).key
+    assert claimcheck.request_claim("u", DATA, "idem-1").key != first.key
     assert claimcheck.verify(first, DATA) and not claimcheck.verify(first, DATA + b" ")
+    assert claimcheck.result_claim("t", "job_a", DATA).key.startswith("claims/results/t/job_a/")
 
 
 def test_a_body_is_a_claim_only_when_it_points_into_its_own_tenants_requests() -> None:
-    claim = claimcheck.request_claim("t", DATA)
+    claim = claimcheck.request_claim("t", DATA, None)
     body = claimcheck.claimed_body(claim)
     assert claimcheck.claim_of_body(body, "t") == claim
     assert claimcheck.claim_of_body(body, "u") is None  # another tenant's object is never read for this job
     assert claimcheck.claim_of_body({**body, "model": "m"}, "t") is None  # a real body with that field is a body
-    forged = {claimcheck.MARKER: {**claim.to_json(), "key": "claims/t/requests/../../u/x.json"}}
+    forged = {claimcheck.MARKER: {**claim.to_json(), "key": "claims/requests/t/../../u/x.json"}}
     assert claimcheck.claim_of_body(forged, "t") is None
     assert claimcheck.claim_of_body({claimcheck.MARKER: {**claim.to_json(), "bytes": -1}}, "t") is None
+    # a record written before the kind-first layout is still read
+    legacy = claimcheck.Claim(f"claims/t/requests/{claim.sha256}.json", claim.bytes, claim.sha256)
+    assert claimcheck.claim_of_body(claimcheck.claimed_body(legacy), "t") == legacy
+
+
+def test_one_tenants_prefix_inside_anothers_namespace_gives_no_access_to_it() -> None:
+    """A tenant named "results" has the request prefix claims/requests/results/, where a tenant named "requests"
+    kept its results in the old layout (claims/requests/results/<job>/<sha>.json): only keys in the exact shape of
+    a request object are claims, so those results are not reachable by a forged body."""
+    old_result = claimcheck.Claim(f"claims/requests/results/job_x/{'a' * 64}.json", 10, "a" * 64)
+    assert claimcheck.claim_of_body(claimcheck.claimed_body(old_result), "results") is None
+    other_digest = claimcheck.Claim(f"claims/requests/t/{'b' * 64}/{'c' * 32}.json", 10, "a" * 64)
+    assert claimcheck.claim_of_body(claimcheck.claimed_body(other_digest), "t") is None  # named by its digest
 
 
 def test_a_tenant_prefix_never_contains_another_tenants() -> None:
-    assert not claimcheck.tenant_prefix("a/b").startswith(claimcheck.tenant_prefix("a"))
+    assert not claimcheck.request_prefix("a/b").startswith(claimcheck.request_prefix("a"))
+    assert not claimcheck.result_prefix("a/b", "j").startswith(claimcheck.result_prefix("a", "j"))
 
 
 def test_a_claimed_result_is_shown_by_url_never_by_its_reference() -> None:

@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-from emulator.samlocal import LOCAL_SCALER_TIMEOUT_S, env_vars, leaves_out, patch_built_template
+from emulator.sambuild import LOCAL_SCALER_TIMEOUT_S, leaves_out, patch_built_template
+from emulator.samlocal import env_vars
 from tests.infra.cfn import load
 
 ROOT = Path(__file__).resolve().parents[2]

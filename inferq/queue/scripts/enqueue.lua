@@ -9,6 +9,8 @@
   Safe to resend (G9): the client generates the job ids, so a resent copy finds the records it made and answers
   what the first run answered (each job's first entry is kept in its record as first_entry), adding nothing;
   that check comes before the idempotency key, so a first submission never comes back as a replay of itself.
+  The stats field backlog_tokens grows by the tokens field of each accepted job (its expected tokens: the scaler
+  sizes the fleet by them; the job's first field, when it has one); terminate takes them back when the job ends.
 
   KEYS[1] stats
   KEYS[2] expiry (jobs with a ttl_s, scored by the time they expire unless started)
@@ -52,7 +54,7 @@ for tenant, count in pairs(offered) do
   taken[tenant] = 0
 end
 
-local replies, accepted = {}, 0
+local replies, accepted, acceptedTokens = {}, 0, 0
 a = 4
 for i = 1, jobs do
   local streamKey, jobKey, idemKey = KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3]
@@ -88,6 +90,9 @@ for i = 1, jobs do
     if hasIdem then
       rcall('SET', idemKey, jobId, 'EX', idemTtl)
     end
+    if ARGV[fieldsFrom] == 'tokens' then  -- the producer passes it first: no search through the fields
+      acceptedTokens = acceptedTokens + (tonumber(ARGV[fieldsFrom + 1]) or 0)
+    end
     replies[i] = {0, jobId, entry}
   end
 end
@@ -102,5 +107,8 @@ for tenant, count in pairs(offered) do
 end
 if accepted > 0 then
   rcall('HINCRBY', statsKey, 'enqueued', accepted)
+end
+if acceptedTokens > 0 then
+  rcall('HINCRBY', statsKey, 'backlog_tokens', acceptedTokens)
 end
 return replies

@@ -43,7 +43,7 @@ local now, resultTtl, eventsMaxlen = ARGV[1], ARGV[2], ARGV[3]
 --- @include "terminate"
 --- @include "settleGuard"
 
-local tally = {n = 0, statuses = {}, latency = 0, tenants = {}, webhooks = 0}
+local tally = {n = 0, statuses = {}, latency = 0, tenants = {}, webhooks = 0, tokens = 0}
 local replies, acks = {}, {}
 for i = 0, (#KEYS - 3) / 3 - 1 do
   local streamKey, jobKey, doneKey = KEYS[4 + 3 * i], KEYS[5 + 3 * i], KEYS[6 + 3 * i]
@@ -51,7 +51,7 @@ for i = 0, (#KEYS - 3) / 3 - 1 do
   local entryId, newStatus, resultJson, errorJson, lease, call = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
     ARGV[a + 4], ARGV[a + 5]
   local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 'refused', 'tenant',
-    'webhook_url', 'created_at')
+    'webhook_url', 'created_at', 'tokens')
   local refusal = settleGuard(streamKey, statsKey, jobKey, entryId, lease, call, job, true)
   if refusal then
     replies[i + 1] = refusal
@@ -77,7 +77,7 @@ for i = 0, (#KEYS - 3) / 3 - 1 do
     extra[#extra + 1] = 'settled'
     extra[#extra + 1] = call .. '|0'  -- memo(call, 0) without encoding the constant answer
     terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, job[1], newStatus, now, resultTtl, eventsMaxlen,
-      extra, {job[7], job[8], job[9]}, tally)
+      extra, {job[7], job[8], job[9], job[10]}, tally)
     replies[i + 1] = 0
   end
 end

@@ -1,6 +1,7 @@
 --[[
-  Re-enqueue a dead-lettered job for its tenant with its attempts reset, in its own lane; it leaves the dead-letter stream and
-  counts again among the queue's and the tenant's unfinished jobs.
+  Re-enqueue a dead-lettered job for its tenant with its attempts and its engine-death strikes reset, in its own lane;
+  it leaves the dead-letter stream and the tenant's part of the dead-letter index, and counts again among the queue's
+  and the tenant's unfinished jobs, and its tokens in backlog_tokens.
   Safe to resend (G9): the answer is recorded against the call token (field redrive_call), so a resent copy
   answers as the first run did, never "not dead-lettered", and adds no second entry.
 
@@ -12,6 +13,7 @@
   KEYS[6] tenants (unfinished jobs per tenant)
   KEYS[7] job record
   KEYS[8] done (long-poll wakeup)
+  KEYS[9] dlq index (per tenant: keys.dlq_index)
 
   ARGV[1] tenant
   ARGV[2] now (ms)
@@ -27,13 +29,14 @@
     -3 QUEUE_FULL           {-3, the queue's unfinished jobs}: likewise
 ]]
 local rcall = redis.call
-local statsKey, dlqKey, tenantsKey, jobKey, doneKey = KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local statsKey, dlqKey, tenantsKey, jobKey, doneKey, dlqIndexKey = KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local tenant, call = ARGV[1], ARGV[3]
 
 --- @include "replay"
 --- @include "laneStream"
 
-local job = rcall('HMGET', jobKey, 'id', 'status', 'tenant', 'dead_lettered', 'dlq_entry', 'redrive_call', 'lane')
+local job = rcall('HMGET', jobKey, 'id', 'status', 'tenant', 'dead_lettered', 'dlq_entry', 'redrive_call', 'lane',
+  'tokens')
 local jobId, status, owner, dead, dlqEntry = job[1], job[2], job[3], job[4], job[5]
 if not jobId or owner ~= tenant then
   return {CODE_NOT_FOUND}
@@ -62,15 +65,25 @@ if maxDepth > 0 then
 end
 if dlqEntry and dlqEntry ~= '' then
   rcall('XDEL', dlqKey, dlqEntry)
+  -- its member of the index, as the deadLetter include wrote it from the same entry id
+  local ms, seq = string.match(dlqEntry, '^(%d+)-(%d+)$')
+  if ms and dlqIndexKey then
+    rcall('ZREM', dlqIndexKey, owner .. '|' .. string.format('%013d', 9999999999999 - tonumber(ms)) .. '|' ..
+      string.format('%010d', 9999999999 - tonumber(seq)) .. '|' .. jobId)
+  end
 end
 rcall('PERSIST', jobKey)
 rcall('DEL', doneKey)
+-- strikes: the engine deaths counted against it (retry.lua); the cause is fixed, so a redriven job starts clean
 rcall('HDEL', jobKey, 'result', 'error', 'last_error', 'started_at', 'finished_at', 'dlq_entry', 'cancel', 'worker',
-  'expires_at', 'lease')
+  'expires_at', 'lease', 'strikes')
 local entry = rcall('XADD', laneStream(1, job[7]), '*', 'job', jobId, 'attempt', '1')
 rcall('HSET', jobKey, 'status', 'queued', 'attempts', '1', 'deliveries', '0', 'dead_lettered', '0', 'entry', entry,
   'redriven_at', ARGV[2])
 rcall('HINCRBY', statsKey, 'unfinished', 1)
 rcall('HINCRBY', statsKey, 'redriven', 1)
+if tonumber(job[8] or '') then
+  rcall('HINCRBY', statsKey, 'backlog_tokens', tonumber(job[8]))  -- its expected work counts again (enqueue.lua)
+end
 rcall('HINCRBY', tenantsKey, owner, 1)
 return remember(jobKey, 'redrive_call', call, {0, entry})

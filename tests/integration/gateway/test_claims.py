@@ -20,7 +20,7 @@ from tests.support import s3 as moto_s3
 from tests.support.s3 import MotoS3
 
 from .conftest import AppFactory
-from .support import KEYS, A
+from .support import KEYS, A, B
 
 s3 = moto_s3.s3  # the moto S3 server and a fresh bucket: fixtures shared by the claim-check tests
 bucket = moto_s3.bucket
@@ -66,14 +66,15 @@ async def test_a_2mb_prompt_and_its_2mb_result_round_trip_through_s3_with_a_smal
     assert created["status"] == "queued" and created["result"] is None
     memory, body_len, _ = await record_cost(queue, created["id"])
     assert body_len < 512 and memory < SMALL_RECORD_BYTES, (memory, body_len)
-    [request_key] = s3.keys(bucket, "claims/tenant-a/requests/")
+    [request_key] = s3.keys(bucket, "claims/requests/tenant-a/")
 
     async with running_worker(settings.replace(files_bucket=bucket), queue):
         done = await terminal(queue, created["id"], timeout=60)
     assert done.status.value == "succeeded", done.error
     memory, body_len, result_len = await record_cost(queue, created["id"])
     assert result_len < 512 and memory < SMALL_RECORD_BYTES, (memory, result_len)
-    [result_key] = s3.keys(bucket, f"claims/tenant-a/results/{created['id']}/")
+    [result_key] = s3.keys(bucket, f"claims/results/tenant-a/{created['id']}/")
+    assert s3.keys(bucket, "claims/requests/tenant-a/") == []  # the ended job's body object is deleted
 
     # GET: a 2 MB result fits one response, so it comes inline, exactly as an inline job's would
     got = (await client.get(f"/v1/jobs/{created['id']}", headers=A)).json()
@@ -108,7 +109,8 @@ async def test_a_2mb_prompt_and_its_2mb_result_round_trip_through_s3_with_a_smal
     first = await submit(client, chat(prompt), **key)
     replay = await client.post("/v1/jobs", json={"body": chat(prompt)}, headers={**A, **key})
     assert replay.status_code == 200 and replay.json()["id"] == first["id"]
-    assert s3.keys(bucket, "claims/tenant-a/requests/") == [request_key]
+    [first_key] = s3.keys(bucket, "claims/requests/tenant-a/")
+    assert first_key != request_key  # the keyed job's own object, written twice
 
     # S3 unreadable when the job is read: its URL, signed locally, instead of an error
     app.state.gateway.claims.response_inline_max = 3 * MIB
@@ -166,3 +168,27 @@ async def test_an_unreachable_store_on_submit_is_a_503_to_retry_never_a_500(
     assert response.status_code == 503
     small = await client.post("/v1/jobs", json={"body": chat("small")}, headers=A)
     assert small.status_code == 202  # a job that needs no claim check does not need S3
+
+
+async def test_a_job_cancelled_while_queued_has_its_body_object_deleted_by_the_gateway(
+    s3: MotoS3, bucket: str, queue: Queue, make_app: AppFactory,
+    open_client: Callable[[FastAPI], httpx.AsyncClient],
+) -> None:
+    """Issue 40 leftovers, point 3: the cancel ends the job at the gateway, which deletes its own body object (and
+    only it: another job with the same body keeps its own); a resent cancel answers 409 and deletes nothing more."""
+    client = open_client(make_app(files_bucket=bucket, max_body_bytes=MIB))
+    prompt = "cancel me " * 20_000
+    doomed, other = await submit(client, chat(prompt)), await submit(client, chat(prompt))
+    keys = s3.keys(bucket, "claims/requests/tenant-a/")
+    assert len(keys) == 2
+    cancelled = await client.post(f"/v1/jobs/{doomed['id']}/cancel", headers=A)
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    [left] = s3.keys(bucket, "claims/requests/tenant-a/")
+    record = await queue.get(other["id"], "tenant-a")
+    assert record is not None and left == record.body[claimcheck.MARKER]["key"]
+    again = await client.post(f"/v1/jobs/{doomed['id']}/cancel", headers=A)
+    assert again.status_code == 409
+    assert s3.keys(bucket, "claims/requests/tenant-a/") == [left]
+    # another tenant cannot cancel (nor delete) it
+    assert (await client.post(f"/v1/jobs/{other['id']}/cancel", headers=B)).status_code == 404
+    assert s3.keys(bucket, "claims/requests/tenant-a/") == [left]

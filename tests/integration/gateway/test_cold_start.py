@@ -19,6 +19,7 @@ import json, sys
 from tests.conftest import load_event
 DEFERRED = ["functions.gateway.files", "functions.gateway.batches", "functions.gateway.console",
             "functions.gateway.events", "functions.gateway.catalog", "functions.gateway.webhooks"]
+ON_DEMAND = ["functions.gateway.schemas", "functions.storage", "jsonschema", "urllib.request"]
 seen = {}
 import functions.gateway.app as m
 class Context:
@@ -32,6 +33,7 @@ event = load_event("apiGatewayProxyV2GetJob.json")
 event["rawPath"] = event["requestContext"]["http"]["path"] = f"/v1/jobs/{job}"
 seen["get_status"] = m.handler(event, Context())["statusCode"]
 seen["after_submit_and_get"] = [name for name in DEFERRED if name in sys.modules]
+seen["on_demand_after_submit_and_get"] = [name for name in ON_DEMAND if name in sys.modules]
 seen["routes_grew_on_hot_requests"] = len(m.app.routes) != routes_at_import
 from fastapi.routing import APIRoute
 seen["api_routes_after_hot"] = sum(isinstance(r, APIRoute) for r in m.app.routes)
@@ -53,6 +55,7 @@ seen["models"] = json.loads(reply["body"])
 seen["after_models"] = [name for name in DEFERRED if name in sys.modules]
 seen["routes_grew"] = len(m.app.routes) > routes_at_import
 seen["openapi_paths"] = sorted(m.app.openapi()["paths"])
+seen["schemas_after_openapi"] = "functions.gateway.schemas" in sys.modules
 print(json.dumps(seen))
 """
 
@@ -66,6 +69,8 @@ def test_a_new_sandbox_builds_the_other_routes_only_when_a_request_needs_them(se
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["after_import"] == [] and seen["after_submit_and_get"] == []
+    # nor what only the OpenAPI document, a large body, a schema-carrying body or an HTTP wake needs
+    assert seen["on_demand_after_submit_and_get"] == []
     assert seen["submit_status"] == 202 and seen["get_status"] == 200
     assert not seen["routes_grew_on_hot_requests"] and seen["api_routes_after_hot"] == 0  # no FastAPI route built
     assert seen["declined_status"] == 422 and seen["api_routes_after_declined"] > 0
@@ -75,3 +80,4 @@ def test_a_new_sandbox_builds_the_other_routes_only_when_a_request_needs_them(se
                                          "functions.gateway.catalog", "functions.gateway.webhooks"}
     assert seen["routes_grew"]
     assert {"/v1/jobs", "/v1/files", "/v1/batches", "/v1/models"} <= set(seen["openapi_paths"])
+    assert seen["schemas_after_openapi"]

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from inferq.queue.jobs import JobRequest, JobStatus
-from inferq.queue.protocol import Delivery, Outcome, Queue, now_ms
+from inferq.queue.protocol import Delivery, NotDeadLettered, Outcome, Queue, now_ms
+
+from .resend import Resending
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "secret prompt"}]}
 ERROR = {"type": "engine_died", "message": "the model server died"}
@@ -110,3 +112,39 @@ async def test_listing_one_tenant_reads_none_of_another_tenants_dead_letters(q: 
     q.redis.pipeline = counting_pipeline  # type: ignore[method-assign]
     assert [j.id for j in await q.dead_letters("quiet", 20)] == [mine]
     assert reads == [q.keys.job(mine)]
+
+
+async def test_a_redrive_resets_the_engine_death_strikes_and_removes_the_jobs_index_member(q: Queue) -> None:
+    """Issue 40 leftovers, point 4: the redrive itself (not a later listing) removes the job's member of the tenant's
+    dead-letter index, and the engine deaths counted against the job start again from none; in the ``*-resent``
+    modes every script call, the redrive's included, runs twice and the copy changes nothing (G9)."""
+    [other] = await _dead_letter(q, "a")
+    job, _ = await q.enqueue("a", req())
+    [delivery] = await _read(q, 1)
+    # the engine died twice while running it: poison at two strikes
+    assert await q.retry(delivery, delay_ms=0, error=ERROR, dead_letter="engine_died", strikes=2) \
+        is Outcome.RETRY_SCHEDULED
+    [delivery] = await _read(q, 1)
+    assert await q.retry(delivery, delay_ms=0, error=ERROR, dead_letter="engine_died", strikes=2) \
+        is Outcome.DEAD_LETTERED
+    assert await q.redis.hget(q.keys.job(job.id), "strikes") == "2"
+    members = await q.redis.zrange(q.keys.dlq_index, 0, -1)
+    assert sorted(m.rsplit("|", 1)[-1] for m in members) == sorted([job.id, other])
+
+    redriven = await q.redrive("a", job.id)
+    assert redriven.status is JobStatus.QUEUED and not redriven.dead_lettered
+    assert not await q.redis.hexists(q.keys.job(job.id), "strikes")
+    assert [m.rsplit("|", 1)[-1] for m in await q.redis.zrange(q.keys.dlq_index, 0, -1)] == [other]
+    assert await q.redis.xlen(q.keys.dlq) == 1
+    # one engine death after the redrive is the first strike again: retried, not dead-lettered at once
+    [delivery] = await _read(q, 1)
+    assert await q.retry(delivery, delay_ms=0, error=ERROR, dead_letter="engine_died", strikes=2) \
+        is Outcome.RETRY_SCHEDULED
+    assert await q.redis.hget(q.keys.job(job.id), "strikes") == "1"
+    # a second redrive of the same job (not dead-lettered now) is refused and changes nothing
+    before = await q.redis.zrange(q.keys.dlq_index, 0, -1)
+    with pytest.raises(NotDeadLettered):
+        await q.redrive("a", job.id)
+    assert await q.redis.zrange(q.keys.dlq_index, 0, -1) == before
+    if isinstance(q.scripts, Resending):
+        assert q.scripts.checked.get("redrive", 0) >= 1

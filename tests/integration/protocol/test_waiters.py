@@ -16,7 +16,7 @@ from inferq.queue.jobs import JobRequest, JobStatus
 from inferq.queue.producer import QueueFull
 from inferq.queue.protocol import Delivery, Outcome, Queue
 from inferq.queue.waiters import SharedWaiters
-from inferq.redis.leanclient import pipelined
+from inferq.redis.connection import pipelined
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 OK = {"status_code": 200, "body": {}}

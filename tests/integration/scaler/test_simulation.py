@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench import sim_fleet, sim_strategies, simulate
+from bench import sim_fleet, sim_strategies, sim_work, simulate
 from inferq.scaling.policy import ScalePolicy
 
 
@@ -17,7 +17,8 @@ def test_the_quick_simulation_reports_every_strategy_and_plots(tmp_path: Path) -
     assert json.loads((tmp_path / "elasticity.json").read_text())["results"] == section["results"]
     results = section["results"]
     assert set(results) == {"always_on", "keda_like", "inferq_60s", "inferq_10s", "inferq_10s_jobs_only",
-                            "inferq_10s_gather", "keda_like_peak_max", "inferq_10s_peak_max", "inferq_10s_warm_pool"}
+                            "inferq_10s_gather", "inferq_10s_work", "keda_like_peak_max", "inferq_10s_peak_max",
+                            "inferq_10s_warm_pool"}
     jobs = section["scenario"]["jobs"]
     for r in results.values():
         assert r["jobs"] == jobs  # every job served, by every strategy
@@ -28,6 +29,14 @@ def test_the_quick_simulation_reports_every_strategy_and_plots(tmp_path: Path) -
     assert set(section["traces"]) == {"bursty_day", "business_hours", "trickle", "spike_storm"}
     for trace in section["traces"].values():
         assert {r["jobs"] for r in trace["results"].values()} == {trace["jobs"]}
+        assert "inferq_10s_work" in trace["results"]
+    two = section["two_models"]  # a fleet per model, each model's rows and the two together
+    assert set(two["models"]) == {"chat", "summarize"}
+    for key, both in two["both"].items():
+        per_model = [m["results"][key] for m in two["models"].values()]
+        assert both["jobs"] == sum(m["jobs"] for m in two["models"].values()) == sum(r["jobs"] for r in per_model)
+        assert abs(both["gpu_minutes"] - sum(r["gpu_minutes"] for r in per_model)) < 1e-6
+    assert "two models, a fleet each" in simulate.render(section)
 
 
 def test_the_seeded_day_meets_the_issue_41_targets() -> None:
@@ -39,6 +48,42 @@ def test_the_seeded_day_meets_the_issue_41_targets() -> None:
     assert simulate.targets(results, "inferq_10s", "keda_like")["met"]
     # the drain target and forecast are what moved it: the job-count policy alone uses more
     assert results["inferq_10s"]["gpu_minutes"] < results["inferq_10s_jobs_only"]["gpu_minutes"]
+    # sized by work, beside it on the same day: fewer GPU-minutes, the same jobs
+    assert results["inferq_10s_work"]["jobs"] == 10860
+    assert results["inferq_10s_work"]["gpu_minutes"] < results["inferq_10s"]["gpu_minutes"]
+
+
+def test_tokens_leave_the_seeded_day_as_it_is() -> None:
+    """The tokens come from a generator of their own: the day's arrivals and service times are make_trace's."""
+    sc = sim_fleet.Scenario()
+    plain = sim_fleet.make_trace(sc)
+    tokens = sim_work.with_tokens(plain, sc.seed)
+    assert (tokens.arrivals, tokens.service) == (plain.arrivals, plain.service)
+    assert tokens.max_tokens is not None and tokens.out_tokens is not None
+    assert all(m >= o for m, o in zip(tokens.max_tokens, tokens.out_tokens, strict=True))
+
+
+def test_the_sims_backlog_tokens_follow_its_unfinished_jobs() -> None:
+    """Three jobs at once, one worker of window 1: the backlog's tokens fall by each job's max_tokens as it ends,
+    and the measured throughput is its output over its service time."""
+    sc = sim_fleet.Scenario(seed=1, day_s=100.0, window=1, bursts=0)
+    trace = sim_fleet.Trace([0.0, 0.0, 0.0], [10.0, 10.0, 10.0], [], max_tokens=[512, 256, 64],
+                            out_tokens=[250, 250, 50])
+    seen = []
+
+    class One(sim_fleet.Controller):
+        def start(self, sim: sim_fleet.Sim) -> None:
+            sim.workers = [sim_fleet.Worker(asked_at=0.0, ready_at=0.0)]
+            sim.desired = 1
+            for t in (5.0, 15.0, 25.0, 35.0):
+                sim.at(t, sim_fleet.TICK)
+
+        def on_tick(self, sim: sim_fleet.Sim, now: float, tag: object) -> None:
+            o = sim.observe(now)
+            seen.append((o.backlog_tokens, o.slot_tokens_per_s))
+
+    sim_fleet.Sim(trace, sc).run(One())
+    assert seen == [(832, None), (320, 25.0), (64, 25.0), (0, 550 / 30)]
 
 
 def test_a_surplus_worker_stops_pulling_and_stops_once_empty() -> None:

@@ -97,3 +97,26 @@ def test_surplus_follows_start_order_among_live_workers_only() -> None:
     assert [surplus(fleet, beats, w, 0, now, 15_000) for w in "abc"] == [True, True, True]
     tie = {"x": "100 0 0", "y": "100 0 0"}
     assert surplus(tie, {"x": f"{int(now)} 0", "y": f"{int(now)} 0"}, "y", 1, now, 15_000)
+
+
+async def test_a_worker_publishes_its_output_tokens_and_the_backlog_tokens_fall_as_its_jobs_end(
+    settings: Settings, queue: Queue
+) -> None:
+    """The throughput the scaler sizes by (output tokens per backend second, inferq:{Q}:fleet) comes from the
+    answers' usage; the queue's expected work (backlog_tokens, kept while sizing by work is on) drops to zero as the
+    jobs end."""
+    queue.settings = queue.settings.replace(scale_tokens_per_s=200.0)
+    jobs = [await submit(queue, {**chat("one two three four five six"), "max_tokens": 64}) for _ in range(4)]
+    assert int(await queue.redis.hget(queue.keys.stats, "backlog_tokens") or 0) == 4 * 64
+    async with running_worker(settings, queue, worker_id="counting") as worker:
+        for job in jobs:
+            assert (await terminal(queue, job.id)).status is JobStatus.SUCCEEDED
+        runs, _, tokens = worker._run_totals()
+        assert runs == 4 and tokens > 0  # the mock echoes the prompt: its words are its completion tokens
+
+        async def published() -> bool:
+            record = await queue.redis.hget(queue.keys.fleet, "counting")
+            return record is not None and record.split(" ")[1:2] == ["4"] and int(record.split(" ")[3]) == tokens
+
+        await eventually(published, what="the fleet record with the worker's tokens")
+    assert int(await queue.redis.hget(queue.keys.stats, "backlog_tokens") or 0) == 0

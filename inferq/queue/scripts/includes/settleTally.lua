@@ -1,6 +1,6 @@
 --[[
   Write the counters terminate added up in a tally (the queue's and the tenants' unfinished jobs, the terminal
-  status counts, latency_ms_total, webhook_events): one increment per counter for all the jobs the tally holds.
+  status counts, latency_ms_total, webhook_events, backlog_tokens): one increment per counter for all the jobs the tally holds.
   terminate calls it for a job of its own; a script ending several jobs calls it once for them all (terminate
   includes it).
 ]]
@@ -14,6 +14,9 @@ local function settleTally(statsKey, tenantsKey, tally)
   end
   if tally.latency > 0 then
     rcall('HINCRBY', statsKey, 'latency_ms_total', string.format('%d', tally.latency))
+  end
+  if (tally.tokens or 0) > 0 then
+    rcall('HINCRBY', statsKey, 'backlog_tokens', -tally.tokens)
   end
   if tally.webhooks > 0 then
     rcall('HINCRBY', statsKey, 'webhook_events', tally.webhooks)

@@ -2,10 +2,11 @@
   Move a job to a terminal status, once. Callers have checked that it is not terminal yet.
   Emits the terminal event (webhooks), wakes long-poll waiters, settles the counters (the queue's and the
   tenant's unfinished jobs, latency_ms_total: the sum of finished_at - created_at over terminal jobs, which the
-  console divides by the terminal counts), starts the result TTL (or keeps the record until its keep_until, a
+  console divides by the terminal counts; backlog_tokens: the expected tokens of the unfinished jobs, each job's
+  tokens field, which the scaler sizes the fleet by), starts the result TTL (or keeps the record until its keep_until, a
   batch line's: its batch's end).
   extra: flat list of more job fields to set (result, error, dead_lettered, ...).
-  known (optional): {tenant, webhook_url, created_at} of the job, when the caller has read them already (one
+  known (optional): {tenant, webhook_url, created_at, tokens} of the job, when the caller has read them already (one
   command less on the hot path).
   tally (optional): a script ending several jobs passes one table for all of them, and the counters are added
   up in it, to be written once by settleTally before the script returns; without one they are written here, by
@@ -18,7 +19,8 @@
 
 local function terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, status, now, resultTtl,
                          eventsMaxlen, extra, known, tally)
-  local tenant, webhook, createdAt = unpack(known or rcall('HMGET', jobKey, 'tenant', 'webhook_url', 'created_at'))
+  local tenant, webhook, createdAt, tokens = unpack(known or
+    rcall('HMGET', jobKey, 'tenant', 'webhook_url', 'created_at', 'tokens'))
   rcall('HSET', jobKey, 'status', status, 'finished_at', now, 'entry', '', unpack(extra))
   local keepBody = false
   for i = 1, #extra, 2 do
@@ -27,13 +29,16 @@ local function terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId
   if not keepBody then
     rcall('HDEL', jobKey, 'body')
   end
-  local counts = tally or {n = 0, statuses = {}, latency = 0, tenants = {}, webhooks = 0}
+  local counts = tally or {n = 0, statuses = {}, latency = 0, tenants = {}, webhooks = 0, tokens = 0}
   local hooked = webhook and webhook ~= ''
   counts.n = counts.n + 1
   if hooked then
     counts.webhooks = counts.webhooks + 1
   end
   counts.statuses[status] = (counts.statuses[status] or 0) + 1
+  if tokens then
+    counts.tokens = counts.tokens + (tonumber(tokens) or 0)
+  end
   if createdAt then
     counts.latency = counts.latency + math.max(0, tonumber(now) - tonumber(createdAt))
   end
