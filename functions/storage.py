@@ -6,18 +6,19 @@ object's user metadata, so a file is one object and no second store can disagree
 <upload id>/<part id>`` holds the parts of an open upload until it is completed or cancelled. The tenant is
 percent-encoded into the key, so one tenant's prefix never contains another's.
 
-boto3 is synchronous: async callers run these methods in a thread. It is imported when the first client is made,
-never at import time; ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` point it at moto in the emulator.
+boto3 is synchronous: async callers run these methods in a thread. The client is :func:`inferq.aws.s3_client` (the
+worker's claim checks use the same one), made on first use: boto3 is imported then, never at import time.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 from urllib.parse import quote, unquote
+
+from inferq.aws import s3_client
 
 PART_BYTES = 8 * 1024 * 1024
 """Size of one multipart part the writer sends (S3's minimum is 5 MiB but for the last): the most it holds."""
@@ -55,24 +56,6 @@ class Usage:
     bytes: int
     parts: dict[str, int]
     """Upload id -> bytes its parts hold (open, or left behind by one that ended: the caller tells them apart)."""
-
-
-def s3_client() -> Any:
-    import boto3
-    from botocore.config import Config
-
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        config=Config(
-            s3={"addressing_style": "path"} if endpoint else {},
-            signature_version="s3v4",  # presigned URLs (claim checks) with an X-Amz-Expires, as S3 now requires
-            connect_timeout=3,
-            read_timeout=30,
-            retries={"mode": "standard", "total_max_attempts": 3},
-        ),
-    )
 
 
 def _tenant(tenant: str) -> str:

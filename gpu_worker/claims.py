@@ -2,14 +2,14 @@
 request body is read back from S3; after it answers, a result larger than ``INFERQ_INLINE_MAX_BYTES`` is stored in
 S3 and the record gets its reference (:mod:`inferq.queue.claimcheck`), so the job's Redis memory stays bounded.
 
-S3 trouble is a transient fault: each read or write is tried a few times here with backoff, then the attempt
-fails with a :class:`RetryableError`, which the worker retries with its usual backoff, bounded by
-``INFERQ_MAX_ATTEMPTS`` (and a job that ran out is dead-lettered and can be redriven): a job is never lost to S3.
+S3 trouble is a transient fault: each read or write is tried :data:`inferq.aws.S3_ATTEMPTS` times by botocore
+(standard retry mode, with backoff), then the attempt fails with a :class:`RetryableError`, which the worker
+retries with its usual backoff, bounded by ``INFERQ_MAX_ATTEMPTS`` (and a job that ran out is dead-lettered and
+can be redriven): a job is never lost to S3.
 A claimed body that is gone (its object expired) or does not match its reference fails the job at once.
 
-boto3 is synchronous: its calls run in a thread. The client is made on first use; ``AWS_ENDPOINT_URL_S3`` or
-``AWS_ENDPOINT_URL`` point it at moto in the emulator. (The worker image has no ``functions/``, so this module
-does not share ``functions/storage.py``'s client.)
+boto3 is synchronous: its calls run in a thread. The client is made on first use by :func:`inferq.aws.s3_client`,
+the one the gateway's ``functions/storage.py`` uses too.
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from inferq import aws
 from inferq.config.settings import Settings
 from inferq.queue import claimcheck
 from inferq.queue.jobs import Job
-from inferq.retry import backoff_ms
 
 from .backends.base import FatalError, RetryableError
 
@@ -32,31 +31,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-TRIES = 3
-"""S3 calls per read or write before the attempt is handed to the worker's retry."""
-BASE_MS, MAX_MS = 200, 2000
 DELETE_TIMEOUT_S = 5.0
 """Longest wait for S3 to delete an ended job's request body (the worker moves on; the lifecycle rule is the net)."""
 URL_TTL_S = 3600
 """How long a webhook's ``body_url`` is valid: a receiver may take a while to read what it was sent."""
-
-
-def s3_client() -> Any:
-    import boto3
-    from botocore.config import Config
-
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        config=Config(
-            s3={"addressing_style": "path"} if endpoint else {},
-            signature_version="s3v4",
-            connect_timeout=3,
-            read_timeout=30,
-            retries={"mode": "standard", "total_max_attempts": 2},
-        ),
-    )
 
 
 class _Missing(Exception):
@@ -75,7 +53,7 @@ class ClaimCheck:
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = s3_client()
+            self._client = aws.s3_client()
         return self._client
 
     async def request_body(self, job: Job) -> dict[str, Any]:
@@ -155,15 +133,10 @@ class ClaimCheck:
         self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
 
     async def _s3(self, what: str, call: Callable[[], T]) -> T:
-        attempt = 1
-        while True:
-            try:
-                return await asyncio.to_thread(call)
-            except _Missing:
-                raise FatalError("the request body is gone from S3 (its object expired before the job ran)") from None
-            except Exception as exc:  # botocore's errors, a dropped connection, credentials: all worth a retry
-                if attempt >= TRIES:
-                    raise RetryableError(f"could not {what} in S3: {type(exc).__name__}") from exc
-                log.warning("S3 call failed (try %d of %d): %s", attempt, TRIES, type(exc).__name__)
-                await asyncio.sleep(backoff_ms(attempt, BASE_MS, MAX_MS) / 1000.0)
-                attempt += 1
+        try:
+            return await asyncio.to_thread(call)  # botocore has retried it (inferq.aws.S3_ATTEMPTS)
+        except _Missing:
+            raise FatalError("the request body is gone from S3 (its object expired before the job ran)") from None
+        except Exception as exc:  # botocore's errors, a dropped connection, credentials: the job's retry
+            log.warning("S3 call failed after %d tries: %s", aws.S3_ATTEMPTS, type(exc).__name__)
+            raise RetryableError(f"could not {what} in S3: {type(exc).__name__}") from exc

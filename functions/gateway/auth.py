@@ -2,11 +2,12 @@
 
 Keys are compared as SHA-256 digests with :func:`hmac.compare_digest`, against every stored digest, so the time
 taken does not depend on which key (if any) matched. In AWS only digests exist: the Secrets Manager secret named
-by ``INFERQ_API_KEYS_SECRET`` holds ``{"<sha256 hex of key>": "<tenant>", ...}``, read with boto3 (imported on
-first use, off the cold-start path) and cached for ``INFERQ_API_KEYS_CACHE_S`` seconds. A key added to the secret
-is accepted, and a key removed from it refused, once the cache expires. A failed refresh keeps serving the last
-good copy for at most ``INFERQ_API_KEYS_MAX_STALE_S`` seconds past its expiry; after that every request is 503 until
-the secret can be read again (fail closed: a removed key cannot live on while Secrets Manager is unreachable).
+by ``INFERQ_API_KEYS_SECRET`` holds ``{"<sha256 hex of key>": "<tenant>", ...}``, read with Powertools' parameters
+utility (it and boto3 imported on first use, off the cold-start path: :mod:`inferq.aws`) and cached for
+``INFERQ_API_KEYS_CACHE_S`` seconds. A key added to the secret is accepted, and a key removed from it refused, once
+the cache expires. A failed refresh keeps serving the last good copy for at most ``INFERQ_API_KEYS_MAX_STALE_S``
+seconds past its expiry; after that every request is 503 until the secret can be read again (fail closed: a removed
+key cannot live on while Secrets Manager is unreachable).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import hmac
 import json
 import logging
 import re
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -83,58 +83,58 @@ def parse_secret(raw: str) -> list[tuple[bytes, str]]:
 
 
 class SecretKeys:
-    """Digests from a Secrets Manager secret, cached for ``cache_s`` seconds."""
+    """Digests from a Secrets Manager secret, read through Powertools' parameters utility and cached for
+    ``cache_s`` seconds (:class:`inferq.aws.CachedSecret`, which adds the stale bound Powertools lacks)."""
 
     def __init__(self, secret_id: str, cache_s: float, *, client: Any = None, max_stale_s: float = 900.0) -> None:
-        self.secret_id = secret_id
-        self.cache_s = cache_s
-        self.max_stale_s = max_stale_s
-        self._read_at = 0.0
-        self._down_until = 0.0
-        """When the cached copy was read (monotonic): it is served at most ``cache_s + max_stale_s`` after."""
-        self._client = client
-        self._digests: list[tuple[bytes, str]] | None = None
-        self._fresh_until = 0.0
-        self._lock = threading.Lock()
+        from inferq.aws import CachedSecret  # boto3 and Powertools load at the first read, not here
 
-    def _secrets_manager(self) -> Any:
-        if self._client is None:
-            import boto3  # lazily: boto3 costs ~0.2 s of import, paid only when a secret is used
-            from botocore.config import Config
+        self.secret = CachedSecret(secret_id, int(cache_s), max_stale_s=max_stale_s,
+                                   retry_after_s=min(REFRESH_BACKOFF_S, max(cache_s, 1.0)), client=client)
+        self._parsed: tuple[str, list[tuple[bytes, str]]] | None = None
+        """The last good copy: the secret's string and its digests (parsed once per copy)."""
+        self._good_at = 0.0
+        """When the last good copy was read (monotonic)."""
+        self._malformed: str | None = None
 
-            self._client = boto3.client(
-                "secretsmanager", config=Config(connect_timeout=2, read_timeout=3, retries={"max_attempts": 2})
-            )
-        return self._client
+    @property
+    def secret_id(self) -> str:
+        return self.secret.secret_id
 
-    def _refresh(self) -> list[tuple[bytes, str]]:
-        with self._lock:  # one reader at a time; the others find the fresh copy
-            if self._digests is not None and time.monotonic() < self._fresh_until and not self._too_stale():
-                return self._digests
-            try:
-                reply = self._secrets_manager().get_secret_value(SecretId=self.secret_id)
-                digests = parse_secret(reply.get("SecretString") or "")
-            except Exception as exc:
-                if self._digests is None or self._too_stale():
-                    self._down_until = time.monotonic() + REFRESH_BACKOFF_S  # 503 at once meanwhile, no pile-up
-                    raise KeysUnavailable(f"cannot read the API keys secret: {type(exc).__name__}") from exc
-                log.warning("API keys secret refresh failed; serving the cached copy", exc_info=True)
-                self._fresh_until = time.monotonic() + min(REFRESH_BACKOFF_S, max(self.cache_s, 1.0))
-                return self._digests
-            self._digests = digests
-            self._read_at = time.monotonic()
-            self._fresh_until = self._read_at + self.cache_s
-            return digests
+    def forget_client(self) -> None:
+        self.secret.forget_client()
 
-    def _too_stale(self) -> bool:
-        return time.monotonic() - self._read_at > self.cache_s + self.max_stale_s
+    def _digests(self, *, wait: bool = True) -> list[tuple[bytes, str]]:
+        from inferq.aws import SecretUnavailable
+
+        try:
+            raw = self.secret.get(wait=wait)
+        except SecretUnavailable as exc:
+            raise KeysUnavailable(f"cannot read the API keys secret: {exc}") from exc
+        parsed = self._parsed
+        if parsed is not None and parsed[0] is raw:
+            return parsed[1]  # the same copy as last time: parsed once
+        try:
+            if raw is self._malformed:
+                raise ValueError("unchanged since it was found malformed")
+            digests = parse_secret(raw)
+        except ValueError as exc:
+            # never a silently empty key set: the last good keys within the stale bound, else 503
+            self._malformed = raw
+            bound = self.secret.max_age_s + self.secret.max_stale_s
+            if parsed is not None and time.monotonic() - self._good_at <= bound:
+                log.warning("API keys secret is malformed; serving the last good keys")
+                return parsed[1]
+            raise KeysUnavailable(f"the API keys secret is malformed: {exc}") from exc
+        self._parsed = (raw, digests)
+        self._good_at = self.secret.read_at
+        return digests
 
     async def tenant_for(self, key: str) -> str | None:
-        digests = self._digests
-        if time.monotonic() < self._down_until:
-            raise KeysUnavailable("the API keys secret could not be read a moment ago")
-        if digests is None or time.monotonic() >= self._fresh_until or self._too_stale():
-            digests = await asyncio.to_thread(self._refresh)
+        if self.secret.cached():
+            digests = self._digests(wait=False)  # from the cache: no read, no thread
+        else:
+            digests = await asyncio.to_thread(self._digests)
         return _match(digest(key), digests)
 
 

@@ -42,14 +42,20 @@ def drop_connections(app: Any) -> None:
     _forget_client(gw.keys)
     for store in (getattr(gw, "file_store", None), getattr(gw.claims, "store", None)):
         _forget_client(store)
-    if gw.settings.redis_auth_secret:  # the cache token's reader (its token, still valid, is kept)
+    if gw.settings.redis_auth_secret:  # the cache token's reader (the token in hand is kept)
         _forget_client(provider_for(gw.settings.redis_auth_secret))
 
 
 def _forget_client(holder: Any) -> None:
-    """Our own lazily made clients live in ``_client`` (auth.SecretKeys, wake.LambdaWaker, storage.Bucket,
-    connection.SecretCredentialProvider), made again on next use when None."""
-    if holder is not None and getattr(holder, "_client", None) is not None:
+    """Our own lazily made clients: a holder of a cached secret (auth.SecretKeys, connection.SecretCredentialProvider)
+    drops it with ``forget_client()``; the others (wake.LambdaWaker, storage.Bucket) keep theirs in ``_client``.
+    Either is made again on next use."""
+    if holder is None:
+        return
+    forget = getattr(holder, "forget_client", None)
+    if callable(forget):
+        forget()
+    elif getattr(holder, "_client", None) is not None:
         holder._client = None
 
 

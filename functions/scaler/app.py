@@ -106,6 +106,7 @@ def reset() -> None:
     """Forget the settings and the ECS client (tests, or a process that changed its environment)."""
     global _settings, _ecs_client, _fleets
     _settings, _ecs_client, _fleets = None, None, []
+    _webhook_secrets.clear()
 
 
 def trigger(event: Any) -> str:
@@ -222,15 +223,24 @@ def webhook_pass(settings: Settings) -> WebhookPass | None:
 WEBHOOK_SECRET_MAX_AGE_S = 300
 
 
+_webhook_secrets: dict[str, Any] = {}
+"""Secret id -> its :class:`inferq.aws.CachedSecret`."""
+
+
 def with_webhook_secret(settings: Settings) -> Settings:
     """``INFERQ_WEBHOOK_SECRET_ID``: the signing secret read from Secrets Manager at first use and kept for five
-    minutes (Powertools' cache), so a rotated secret reaches the scaler without a redeploy."""
+    minutes (Powertools' cache, through :class:`inferq.aws.CachedSecret`: short timeouts inside a tick), so a
+    rotated secret reaches the scaler without a redeploy. An expired copy is never used to sign: a failed read
+    raises (:class:`inferq.aws.SecretUnavailable`), and the tick sends no webhooks (the workers deliver them)."""
     if settings.webhook_secret or not settings.webhook_secret_id:
         return settings
-    from aws_lambda_powertools.utilities import parameters
+    from inferq.aws import CachedSecret
 
-    value = parameters.get_secret(settings.webhook_secret_id, max_age=WEBHOOK_SECRET_MAX_AGE_S)
-    return settings.replace(webhook_secret=value.decode() if isinstance(value, bytes) else str(value))
+    secret = _webhook_secrets.get(settings.webhook_secret_id)
+    if secret is None:
+        secret = CachedSecret(settings.webhook_secret_id, WEBHOOK_SECRET_MAX_AGE_S)
+        _webhook_secrets[settings.webhook_secret_id] = secret
+    return settings.replace(webhook_secret=secret.get())
 
 
 def _run(coro: Coroutine[Any, Any, _T]) -> _T:

@@ -14,8 +14,6 @@ import asyncio
 import json
 import logging
 import math
-import threading
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import cache
 from typing import Any
@@ -116,84 +114,62 @@ def static_provider(raw: str) -> redis.credentials.UsernamePasswordCredentialPro
 
 
 class SecretCredentialProvider(redis.credentials.CredentialProvider):
-    """The cache's AUTH credentials, read from a Secrets Manager secret and kept for ``ttl_s``.
+    """The cache's AUTH credentials, read from a Secrets Manager secret through Powertools' parameters utility and
+    kept for ``ttl_s`` (:class:`inferq.aws.CachedSecret`).
 
     One provider per secret and process (:func:`provider_for`) serves every client, so a process reads the secret
-    about once per ``ttl_s`` however many connections it opens. Thread-safe: the read is a blocking boto3 call,
-    which an asyncio caller makes on a worker thread."""
+    about once per ``ttl_s`` however many connections it opens. A failed read keeps a token already in hand, read
+    again every :data:`RETRY_READ_AFTER_S` (a Secrets Manager outage must not take the cache with it: the server
+    itself refuses a token rotated out). Thread-safe: the read is a blocking boto3 call, which an asyncio caller
+    makes on a worker thread."""
 
-    def __init__(
-        self,
-        secret_id: str,
-        *,
-        ttl_s: float = TOKEN_TTL_S,
-        client: Any = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, secret_id: str, *, ttl_s: float = TOKEN_TTL_S, client: Any = None) -> None:
+        from inferq.aws import CachedSecret  # no AWS SDK until a secret is read
+
         self.secret_id = secret_id
         self.ttl_s = ttl_s
-        self.reads = 0
-        """Secrets Manager reads so far (tests and diagnostics; never the value)."""
-        self._client = client
-        self._clock = clock
-        self._credentials: Credentials | None = None
-        self._valid_until = -math.inf
-        self._lock = threading.Lock()
+        self.secret = CachedSecret(secret_id, int(ttl_s), max_stale_s=math.inf, retry_after_s=RETRY_READ_AFTER_S,
+                                   client=client)
 
-    def get_credentials(self) -> Credentials:
-        with self._lock:
-            if self._credentials is None or self._clock() >= self._valid_until:
-                self._read(keep_stale=True)
-            assert self._credentials is not None
-            return self._credentials
+    @property
+    def reads(self) -> int:
+        """Secrets Manager reads so far (tests and diagnostics; never the value)."""
+        return self.secret.reads
+
+    def forget_client(self) -> None:
+        self.secret.forget_client()
+
+    def get_credentials(self, *, wait: bool = True) -> Credentials:
+        from inferq.aws import SecretUnavailable
+
+        try:
+            return credentials_from_secret(self.secret.get(wait=wait))
+        except SecretUnavailable as exc:
+            log.warning("cache token: %s", exc)
+            # a ConnectionError is what every caller already treats as "Redis unreachable, retry later" (G8)
+            raise redis.exceptions.ConnectionError(f"cache token secret unreadable: {exc}") from exc
 
     async def get_credentials_async(self) -> Credentials:
-        if self._credentials is not None and self._clock() < self._valid_until:
-            return self._credentials  # the common case: no thread hop
+        if self.secret.cached():
+            return self.get_credentials(wait=False)  # the common case: from the cache, no thread hop
         return await asyncio.to_thread(self.get_credentials)
 
     def refresh(self, refused: Credentials) -> bool:
         """The server refused ``refused``: read the secret again now. True when it holds other credentials than
         the refused ones (worth another try); False when it does not or cannot be read."""
-        with self._lock:
-            if self._credentials is not None and self._credentials != refused:
-                return True  # another connection has already read the rotated token
-            try:
-                self._read(keep_stale=False)
-            except redis.exceptions.ConnectionError:
-                return False
-            return self._credentials != refused
+        from inferq.aws import SecretUnavailable
+
+        if self.secret.cached() and self.get_credentials(wait=False) != refused:
+            return True  # another connection has already read the rotated token
+        try:
+            raw = self.secret.read_now()
+        except SecretUnavailable as exc:
+            log.warning("cache token: %s", exc)
+            return False
+        return credentials_from_secret(raw) != refused
 
     async def refresh_async(self, refused: Credentials) -> bool:
         return await asyncio.to_thread(self.refresh, refused)
-
-    def _read(self, *, keep_stale: bool) -> None:
-        """Read the secret (the caller holds the lock). A failed read keeps a token already in hand for
-        :data:`RETRY_READ_AFTER_S` when ``keep_stale``: a Secrets Manager outage must not take the cache with it."""
-        try:
-            raw = self._secrets_manager().get_secret_value(SecretId=self.secret_id)["SecretString"]
-        except Exception as exc:  # botocore's errors have no common base worth importing here
-            log.warning("cache token: reading secret %s failed (%s)", self.secret_id, type(exc).__name__)
-            if keep_stale and self._credentials is not None:
-                self._valid_until = self._clock() + RETRY_READ_AFTER_S
-                return
-            # a ConnectionError is what every caller already treats as "Redis unreachable, retry later" (G8)
-            raise redis.exceptions.ConnectionError(f"cache token secret unreadable: {type(exc).__name__}") from exc
-        self.reads += 1
-        self._credentials = credentials_from_secret(raw)
-        self._valid_until = self._clock() + self.ttl_s
-
-    def _secrets_manager(self) -> Any:
-        if self._client is None:
-            import boto3  # only processes that use a secret pay for the import
-            from botocore.config import Config
-
-            # short timeouts: the read sits inside a connection's handshake
-            self._client = boto3.client(
-                "secretsmanager",
-                config=Config(connect_timeout=2, read_timeout=3, retries={"mode": "standard", "total_max_attempts": 2}),
-            )
-        return self._client
 
 
 @cache

@@ -8,10 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from aws_lambda_powertools import Logger, Metrics
-from moto import mock_aws
 from redis.exceptions import ResponseError
 
 from emulator.valkey import ValkeyProcess, wait_in_sync
@@ -20,25 +18,7 @@ from inferq.config.settings import Settings
 from inferq.queue.protocol import Queue
 from inferq.scaling.policy import ScalePolicy
 from tests.integration.worker.support import chat, submit
-
-CLUSTER, SERVICE = "inferq", "gpu-workers"
-
-
-@pytest.fixture
-def ecs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_ECS", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    with mock_aws():
-        client = boto3.client("ecs")
-        client.create_cluster(clusterName=CLUSTER)
-        client.register_task_definition(
-            family="inferq-worker", containerDefinitions=[{"name": "worker", "image": "inferq-worker", "memory": 512}]
-        )
-        client.create_service(cluster=CLUSTER, serviceName=SERVICE, taskDefinition="inferq-worker", desiredCount=0)
-        yield client
+from tests.support.ecs import CLUSTER, SERVICE
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
-"""The web console in a real headless Chromium against ``inferq up`` with two tenants (alice, bob) and a third that
-only loads the queue: alice types her key, sees the queue, watches her job go from queued to succeeded, redrives a
-dead-lettered job and sees it run again, finds bob's jobs nowhere, and the page stays usable with 10,000 jobs
-queued. Every page is reachable and usable from the keyboard, and every input has a label. A screenshot of each
-page goes to the test's output; with INFERQ_README_SCREENSHOT=1 the overview's also goes to docs/img/console.png
-for the README (a test run leaves the checkout as it was).
+"""The web console in a real headless Chromium (Debian's, driven by Playwright) against ``inferq up`` with two
+tenants (alice, bob) and a third that only loads the queue: alice types her key, sees the queue, watches her job go
+from queued to succeeded, redrives a dead-lettered job and sees it run again, finds bob's jobs nowhere, and the page
+stays usable with 10,000 jobs queued. Every page is reachable and usable from the keyboard, and every input has a
+label. A screenshot of each page goes to the test's output; with INFERQ_README_SCREENSHOT=1 the overview's also goes
+to docs/img/console.png for the README (a test run leaves the checkout as it was).
 
 The tests share one stack and one browser and run in file order (the last one fills the queue)."""
 
@@ -14,6 +14,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -333,7 +334,8 @@ def test_the_page_stays_responsive_with_ten_thousand_jobs_queued(stack: Emulator
             await asyncio.gather(*(one(i) for i in range(QUEUED_JOBS)))
 
     started = time.monotonic()
-    asyncio.run(fill())
+    with ThreadPoolExecutor(1) as pool:  # Playwright's sync API holds this thread's event loop
+        pool.submit(asyncio.run, fill()).result()
     print(f"queued {QUEUED_JOBS} jobs in {time.monotonic() - started:.1f}s")
     wait_for(lambda: alice.scale()["unfinished"] >= QUEUED_JOBS, 30, 0.5, "the backlog")
 

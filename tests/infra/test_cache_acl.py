@@ -30,15 +30,12 @@ from inferq.queue.keys import Keys
 from inferq.queue.protocol import Queue
 from inferq.redis import acl
 from tests.integration.scaler.test_handler import (  # noqa: F401  (fixtures)
-    CLUSTER,
-    SERVICE,
     LambdaContext,
-    aws_env,
-    desired_count,
     ecs,
     scaler_env,
     scheduled,
 )
+from tests.support.ecs import CLUSTER, SERVICE, desired_count
 from tests.support.tls import HttpsReceiver, private_ca
 
 from .cfn import NESTED, Resolver, load

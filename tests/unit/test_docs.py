@@ -212,6 +212,167 @@ def test_every_inferq_variable_the_code_reads_is_documented() -> None:
     )
 
 
+# ------------------------------------------------------------------ settings: docs/configuration.md is the one source
+
+VARIABLE = re.compile(r"\bINFERQ_[A-Z0-9_]*[A-Z0-9]\b")
+QUOTED_DEFAULT = re.compile(
+    r"`?(INFERQ_[A-Z0-9_]*[A-Z0-9])`? \((?:default )?`?(\d[\d,]*(?:\.\d+)?)`?(?: ?(?:s|ms|seconds))?\)")
+"""A default given in prose beside its variable: "`INFERQ_API_KEYS_CACHE_S` (300 s)", "INFERQ_WINDOW_MAX (64)"."""
+
+
+def hand_written_pages() -> list[Path]:
+    """The pages a person writes (:data:`HAND_WRITTEN`): they may name a setting, but its meaning and default live
+    in docs/configuration.md."""
+    return sorted(set(HAND_WRITTEN) - {gen_docs.CONFIGURATION_PATH})
+
+
+def documented_variables() -> set[str]:
+    documented = {Settings.variable(f.name) for f in dataclasses.fields(Settings)}
+    return documented | {Settings.variable(name) for name in gen_docs.PLANNED} | set(gen_docs.OTHER_VARIABLES)
+
+
+def test_every_variable_a_page_or_the_template_names_is_on_the_configuration_page() -> None:
+    placeholders = {"INFERQ_X", "INFERQ_NAME"}
+    unknown = {}
+    for path in [*hand_written_pages(), ROOT / "template.yaml", *sorted((ROOT / "infra").glob("*.yaml"))]:
+        for name in set(VARIABLE.findall(path.read_text())) - documented_variables() - placeholders:
+            unknown[name] = path.relative_to(ROOT).as_posix()
+    assert not unknown, f"named but not in docs/configuration.md (no such setting?): {unknown}"
+
+
+def test_every_page_that_names_a_setting_links_to_the_configuration_page() -> None:
+    unlinked = []
+    for path in hand_written_pages():
+        text = path.read_text()
+        if not VARIABLE.search(text):
+            continue
+        target = os.path.relpath(gen_docs.CONFIGURATION_PATH, path.parent)
+        if f"]({target}" not in text and f"]({target.removeprefix('./')}" not in text:
+            unlinked.append(path.relative_to(ROOT).as_posix())
+    assert not unlinked, f"these pages name settings but do not link to docs/configuration.md: {unlinked}"
+
+
+def test_a_default_quoted_beside_its_variable_is_the_code_default() -> None:
+    """A page that says "`INFERQ_X` (300 s)" says what the code does: the generated table is the source."""
+    defaults = {Settings.variable(f.name): f.default for f in dataclasses.fields(Settings)}
+    wrong, checked = [], 0
+    sources = [*hand_written_pages(), ROOT / "template.yaml", *sorted((ROOT / "infra").glob("*.yaml"))]
+    for path in sources:
+        text = path.read_text()
+        for m in QUOTED_DEFAULT.finditer(text):
+            name, quoted = m.group(1), float(m.group(2).replace(",", ""))
+            default = defaults.get(name)
+            if not isinstance(default, int | float) or isinstance(default, bool):
+                continue
+            checked += 1
+            if quoted != default:
+                wrong.append(f"{path.relative_to(ROOT)}:{_line(text, m.start())}: {m.group(0)!r}, the default "
+                             f"is {default}")
+    assert checked >= 5  # the check sees the pages' defaults
+    assert not wrong, "defaults quoted in the docs that are not the code's (docs/configuration.md): " + "; ".join(
+        wrong)
+
+
+def test_a_template_parameter_described_as_a_setting_sets_that_setting() -> None:
+    """A parameter whose description begins with a variable ("INFERQ_WINDOW, the jobs one worker runs ...") is the
+    one that variable is set from: directly, or through the nested stack it is passed to."""
+    from tests.infra.cfn import load
+
+    template = ROOT / "template.yaml"
+    texts = [template.read_text(), *(p.read_text() for p in sorted((ROOT / "infra").glob("*.yaml")))]
+    described = {}
+    for name, parameter in load(template)["Parameters"].items():
+        found = re.match(r"\s*(INFERQ_[A-Z0-9_]*[A-Z0-9])\b", str(parameter.get("Description", "")))
+        if found:
+            described[name] = found.group(1)
+    assert len(described) >= 10  # the check sees the template's parameters
+
+    def set_from(variable: str) -> list[str]:  # a function's Variables, or a task definition's Environment
+        shapes = (rf"^\s*{variable}: (.+)$", rf"^\s*- Name: {variable}\n\s*Value: (.+)$")
+        return [m.group(1) for text in texts for shape in shapes for m in re.finditer(shape, text, re.MULTILINE)]
+
+    wrong = []
+    for parameter, variable in described.items():
+        passed_as = {m.group(1) for m in re.finditer(rf"^\s*(\w+): !Ref {parameter}\s*$", texts[0], re.MULTILINE)}
+        names = {parameter} | passed_as
+        if not any(re.search(rf"\b{n}\b", line) for n in names for line in set_from(variable)):
+            wrong.append(f"{parameter} (described as {variable}, which is set from {set_from(variable) or 'nothing'})")
+    assert not wrong, f"template parameters described as a setting they do not set: {wrong}"
+
+    # and a parameter's range is one the setting's parser accepts: no stack deploys a value its processes refuse
+    fields = {Settings.variable(f.name): f for f in dataclasses.fields(Settings)}
+    outside = []
+    for parameter, variable in described.items():
+        spec, field = load(template)["Parameters"][parameter], fields.get(variable)
+        parse = field.metadata.get("parse") if field else None
+        code, cells = getattr(parse, "__code__", None), getattr(parse, "__closure__", None) or ()
+        bounds = dict(zip(code.co_freevars, [c.cell_contents for c in cells], strict=True)) if code else {}
+        lo, hi = bounds.get("lo"), bounds.get("hi")
+        unset_below = any("AWS::NoValue" in line for line in set_from(variable))  # e.g. 0: the variable is not set
+        if "MinValue" in spec and lo is not None and float(spec["MinValue"]) < lo and not unset_below:
+            outside.append(f"{parameter}: MinValue {spec['MinValue']} < {variable}'s {lo}")
+        if "MaxValue" in spec and hi is not None and float(spec["MaxValue"]) > hi:
+            outside.append(f"{parameter}: MaxValue {spec['MaxValue']} > {variable}'s {hi}")
+    assert not outside, f"template parameters that allow values the setting refuses: {outside}"
+
+
+def _names_in(node: object) -> set[str]:
+    """Every variable a piece of template sets: keys of ``Variables``, ``Name`` of an ECS environment or secret
+    entry (inside ``Fn::If`` too)."""
+    found: set[str] = set()
+    if isinstance(node, dict):
+        if isinstance(node.get("Name"), str):
+            found.add(node["Name"])
+        if isinstance(node.get("Variables"), dict):
+            found |= set(node["Variables"])
+        for value in node.values():
+            found |= _names_in(value)
+    elif isinstance(node, list):
+        for value in node:
+            found |= _names_in(value)
+    return found
+
+
+def test_deploy_md_says_which_process_gets_which_variable_as_the_templates_do() -> None:
+    """DEPLOY.md's table (variable | gateway | scaler | worker | from) against template.yaml (the functions, with
+    Globals) and infra/gpu.yaml (the worker container): each variable a process gets is in a row with that
+    process's cell filled, and a filled cell is a variable the process does get."""
+    from tests.infra.cfn import load
+
+    template, gpu = load(ROOT / "template.yaml"), load(ROOT / "infra" / "gpu.yaml")
+    shared = _names_in(template["Globals"]["Function"].get("Environment", {}))
+    containers = gpu["Resources"]["TaskDefinition"]["Properties"]["ContainerDefinitions"]
+    worker = next(c for c in containers if c.get("Name") == "worker")
+    gets = {
+        "gateway": shared | _names_in(template["Resources"]["GatewayFunction"]["Properties"].get("Environment")),
+        "scaler": shared | _names_in(template["Resources"]["ScalerFunction"]["Properties"].get("Environment")),
+        "worker": _names_in(worker.get("Environment")) | _names_in(worker.get("Secrets")),
+    }
+    prefixes = ("INFERQ_", "POWERTOOLS_")
+    gets = {role: {n for n in names if n.startswith(prefixes)} for role, names in gets.items()}
+    text = (ROOT / "DEPLOY.md").read_text()
+    table = re.search(r"^\| variable \| gateway \| scaler \| worker \| from \|\n\|[-|]+\|\n((?:\|.*\|\n)+)", text,
+                      re.MULTILINE)
+    assert table, "DEPLOY.md has no table | variable | gateway | scaler | worker | from |"
+    listed: set[str] = set()
+    wrong = []
+    for row in table.group(1).splitlines():
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        names = set(re.findall(r"`((?:INFERQ|POWERTOOLS)_[A-Z0-9_]*[A-Z0-9])", cells[0]))
+        names |= {re.sub(r"_[A-Z0-9]+$", m.group(2), m.group(1))
+                  for m in re.finditer(r"`(INFERQ_[A-Z0-9_]+)/(_[A-Z0-9]+)`", cells[0])}  # `INFERQ_SCALE_MIN/_MAX`
+        listed |= names
+        for role, cell in zip(("gateway", "scaler", "worker"), cells[1:4], strict=True):
+            given = names & gets[role]
+            if cell and not given:
+                wrong.append(f"{sorted(names)}: DEPLOY.md says the {role} gets it, the template gives it none")
+            if not cell and given:
+                wrong.append(f"{sorted(given)}: the template gives it to the {role}, DEPLOY.md's cell is empty")
+    missing = sorted(set().union(*gets.values()) - listed)
+    assert not missing, f"variables the templates set that DEPLOY.md's table does not list: {missing}"
+    assert not wrong, "; ".join(wrong)
+
+
 def test_the_openapi_document_has_every_route_of_the_app() -> None:
     import json
 

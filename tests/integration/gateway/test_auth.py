@@ -1,10 +1,13 @@
-"""API keys from Secrets Manager (moto): SHA-256 digests only, cached, a failed refresh serves the last good copy,
-and an unreadable secret is a 503 (the store is down), never a 401 (the key is wrong) or a 500."""
+"""API keys from Secrets Manager (moto): SHA-256 digests only, cached with Powertools' parameters utility (a rotation
+is picked up once max_age has passed), a failed refresh serves the last good copy up to the stale bound, and an
+unreadable secret is a 503 (the store is down), never a 401 (the key is wrong) or a 500."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,15 +42,18 @@ def secrets(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 class Counting:
-    """A boto3 client that counts GetSecretValue calls."""
+    """A boto3 client that counts GetSecretValue calls (``calls``) and those that answered (``reads``)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        self.calls = 0
         self.reads = 0
 
     def get_secret_value(self, **kwargs: Any) -> Any:
+        self.calls += 1
+        reply = self.client.get_secret_value(**kwargs)
         self.reads += 1
-        return self.client.get_secret_value(**kwargs)
+        return reply
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -78,43 +84,82 @@ async def test_the_secret_is_read_once_per_cache_period(
     for _ in range(5):
         assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
     assert counting.reads == 1
-    # A revoked key stays valid until the cache expires, then is refused.
+    assert store.secret.reads == 1
+    # A revoked key stays valid while the copy is cached (Powertools' max_age).
     secrets.put_secret_value(SecretId=SECRET, SecretString=json.dumps({sha(OTHER): "tenant-t"}))
     assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
-    store.cache_s = 0
-    store._fresh_until = 0.0
-    assert_envelope(await client.get("/v1/dlq", headers=bearer(KEY)), 401)
-    assert (await client.get("/v1/dlq", headers=bearer(OTHER))).status_code == 200
-    assert counting.reads >= 2
+    assert counting.reads == 1
+
+
+async def test_a_rotation_is_picked_up_once_the_cache_expires(
+    secrets: Any, settings: Settings, open_client: Callable[..., httpx.AsyncClient]
+) -> None:
+    secrets.create_secret(Name=SECRET, SecretString=json.dumps({sha(KEY): "tenant-s"}))
+    counting = Counting(secrets)
+    store = SecretKeys(SECRET, cache_s=1, client=counting)
+    client = open_client(create_app(settings, keys=store))
+    assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
+    secrets.put_secret_value(SecretId=SECRET, SecretString=json.dumps({sha(OTHER): "tenant-t"}))
+    assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200  # cached: the old keys
+    assert counting.reads == 1
+    await asyncio.sleep(1.1)  # past max_age (whole seconds, Powertools' unit)
+    assert_envelope(await client.get("/v1/dlq", headers=bearer(KEY)), 401)  # revoked
+    assert (await client.get("/v1/dlq", headers=bearer(OTHER))).status_code == 200  # added
+    assert counting.reads == 2
 
 
 async def test_a_failed_refresh_keeps_the_last_good_keys(
     secrets: Any, settings: Settings, open_client: Callable[..., httpx.AsyncClient]
 ) -> None:
     secrets.create_secret(Name=SECRET, SecretString=json.dumps({sha(KEY): "tenant-s"}))
-    store = SecretKeys(SECRET, cache_s=0, client=secrets)
+    counting = Counting(secrets)
+    store = SecretKeys(SECRET, cache_s=1, client=counting)
     client = open_client(create_app(settings, keys=store))
     assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
     secrets.delete_secret(SecretId=SECRET, ForceDeleteWithoutRecovery=True)
-    store._fresh_until = 0.0
-    assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
+    await asyncio.sleep(1.1)
+    for _ in range(3):
+        assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
+    assert counting.calls == 2  # the failed read is tried once, not on every request (retried after a pause)
+    assert store.secret.reads == 1
 
 
 async def test_a_failed_refresh_serves_the_last_keys_only_up_to_the_stale_bound_then_fails_closed(
     secrets: Any, settings: Settings, open_client: Callable[..., httpx.AsyncClient]
 ) -> None:
     secrets.create_secret(Name=SECRET, SecretString=json.dumps({sha(KEY): "tenant-s"}))
-    store = SecretKeys(SECRET, cache_s=60, client=secrets, max_stale_s=120)
+    store = SecretKeys(SECRET, cache_s=1, client=secrets, max_stale_s=1)
     client = open_client(create_app(settings, keys=store))
     assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
+    read_at = time.monotonic()
     secrets.delete_secret(SecretId=SECRET, ForceDeleteWithoutRecovery=True)
-    store._read_at -= 100  # read 100 s ago: expired, within the bound
-    store._fresh_until = 0.0
+    await asyncio.sleep(1.2)  # expired, within the bound (1 s + 1 s)
     assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
-    store._read_at -= 100  # now 200 s: past cache_s + max_stale_s, even while the backoff holds the next read
+    await asyncio.sleep(max(0.0, read_at + 2.2 - time.monotonic()))  # past cache_s + max_stale_s
     response = await client.get("/v1/dlq", headers=bearer(KEY))
     assert_envelope(response, 503, "unavailable")
     assert "retry-after" in response.headers
+    # Secrets Manager answers again: so does the gateway, with what the secret holds now
+    secrets.create_secret(Name=SECRET, SecretString=json.dumps({sha(OTHER): "tenant-t"}))
+    await asyncio.sleep(1.1)  # the pause before the next read after a failed one (min(10 s, cache_s))
+    assert (await client.get("/v1/dlq", headers=bearer(OTHER))).status_code == 200
+    assert_envelope(await client.get("/v1/dlq", headers=bearer(KEY)), 401)
+
+
+async def test_a_malformed_rotation_serves_the_last_good_keys_within_the_bound(
+    secrets: Any, settings: Settings, open_client: Callable[..., httpx.AsyncClient]
+) -> None:
+    secrets.create_secret(Name=SECRET, SecretString=json.dumps({sha(KEY): "tenant-s"}))
+    store = SecretKeys(SECRET, cache_s=1, client=secrets, max_stale_s=1)
+    client = open_client(create_app(settings, keys=store))
+    assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
+    read_at = time.monotonic()
+    secrets.put_secret_value(SecretId=SECRET, SecretString="{}")  # an operator's mistake: never "no keys"
+    await asyncio.sleep(1.1)
+    assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
+    assert store.secret.reads == 2
+    await asyncio.sleep(max(0.0, read_at + 2.2 - time.monotonic()))
+    assert_envelope(await client.get("/v1/dlq", headers=bearer(KEY)), 503, "unavailable")
 
 
 @pytest.mark.parametrize(
@@ -147,3 +192,19 @@ def test_no_keys_at_all_refuses_to_build_the_app(settings: Settings) -> None:
     with pytest.raises(SettingsError) as excinfo:
         create_app(settings.replace(api_keys=None, api_keys_secret=None))
     assert excinfo.value.variable == "INFERQ_API_KEYS"
+
+
+async def test_a_restored_snapshot_reads_the_secret_again_with_a_new_client(
+    secrets: Any, settings: Settings, open_client: Callable[..., httpx.AsyncClient]
+) -> None:
+    from functions.gateway import snapstart
+
+    secrets.create_secret(Name=SECRET, SecretString=json.dumps({sha(KEY): "tenant-s"}))
+    counting = Counting(secrets)
+    store = SecretKeys(SECRET, cache_s=300, client=counting)
+    client = open_client(create_app(settings, keys=store))
+    assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
+    snapstart._forget_client(store)  # what drop_connections does to the key store after a restore
+    assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
+    assert store.secret.reads == 2  # read again after the restore ...
+    assert counting.calls == 1  # ... by a new client: the one from before the snapshot is gone

@@ -1,3 +1,4 @@
-"""The scaler handler's fixtures (moto ECS, the function's environment), shared with the registry's tests."""
+"""The scaler handler's fixtures (the shared moto ECS with the function's environment), shared with the registry's
+tests."""
 
-from .test_handler import aws_env, ecs, scaler_env  # noqa: F401
+from .test_handler import ecs, scaler_env  # noqa: F401

@@ -1,6 +1,7 @@
 """The scaler Lambda end to end: the real handler, a real Valkey backlog, ECS in moto, EMF on stdout.
 
-Each test gets its own queue and its own moto ECS (cluster ``inferq``, service ``gpu-workers`` at desired 0).
+Each test gets its own queue and its own moto ECS (the shared ``ecs`` fixture of tests/conftest.py: cluster
+``inferq``, service ``gpu-workers`` at desired 0).
 ``UpdateService`` calls are seen through botocore's own event hooks on the handler's client.
 """
 
@@ -17,10 +18,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import boto3
 import pytest
 import redis
-from moto import mock_aws
 
 from functions.gateway.wake import wake_event
 from functions.scaler import app
@@ -29,8 +28,8 @@ from inferq.config.settings import Settings, SettingsError
 from inferq.queue.jobs import JobRequest, Priority
 from inferq.queue.protocol import Queue
 from tests.conftest import load_event
+from tests.support.ecs import CLUSTER, SERVICE, desired_count
 
-CLUSTER, SERVICE = "inferq", "gpu-workers"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 QUEUE_METRICS = {"Lag", "Pending", "Delayed", "Desired", "Running", "OldestJobAgeSeconds", "Dlq"}
 
@@ -57,15 +56,6 @@ def closed_port() -> int:
 
 
 @pytest.fixture
-def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_ECS", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-
-
-@pytest.fixture
 def scaler_env(monkeypatch: pytest.MonkeyPatch, settings: Settings, aws_env: None) -> Iterator[None]:
     """The environment the SAM template gives the function, pointing at this test's queue."""
     for name in list(os.environ):
@@ -84,15 +74,9 @@ def scaler_env(monkeypatch: pytest.MonkeyPatch, settings: Settings, aws_env: Non
 
 
 @pytest.fixture
-def ecs(scaler_env: None) -> Iterator[Any]:
-    with mock_aws():
-        client = boto3.client("ecs")
-        client.create_cluster(clusterName=CLUSTER)
-        client.register_task_definition(
-            family="inferq-worker", containerDefinitions=[{"name": "worker", "image": "inferq-worker", "memory": 512}]
-        )
-        client.create_service(cluster=CLUSTER, serviceName=SERVICE, taskDefinition="inferq-worker", desiredCount=0)
-        yield client
+def ecs(ecs: Any, scaler_env: None) -> Any:
+    """The shared moto ECS (tests/conftest.py), with the function's environment."""
+    return ecs
 
 
 @pytest.fixture
@@ -115,10 +99,6 @@ def updates(ecs: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(app, "ecs_client", ecs_client)
     return calls
-
-
-def desired_count(ecs: Any) -> int:
-    return int(ecs.describe_services(cluster=CLUSTER, services=[SERVICE])["services"][0]["desiredCount"])
 
 
 def set_desired(ecs: Any, count: int) -> None:

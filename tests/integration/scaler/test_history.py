@@ -8,7 +8,7 @@ from functions.scaler import app
 from inferq.queue.history import read_history
 from inferq.queue.protocol import Queue
 
-from .test_handler import LambdaContext, aws_env, ecs, enqueue, scaler_env, scheduled  # noqa: F401
+from .test_handler import LambdaContext, ecs, enqueue, scaler_env, scheduled  # noqa: F401
 
 
 async def test_a_tick_appends_a_sample_of_the_counters_and_the_fleet(queue: Queue, ecs: Any) -> None:  # noqa: F811

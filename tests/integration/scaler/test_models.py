@@ -14,6 +14,7 @@ from functions.scaler import app
 from inferq.config.settings import Settings
 from inferq.queue.protocol import Queue
 from inferq.redis.connection import connect
+from tests.support.ecs import create_service
 
 from .test_handler import CLUSTER, LambdaContext, emf, enqueue, scheduled
 
@@ -39,7 +40,7 @@ def registry_env(tmp_path: Path, settings: Settings, monkeypatch: pytest.MonkeyP
 @pytest.fixture
 def two_services(ecs: Any, registry_env: Any) -> Any:
     for service in ("svc-chat", "svc-embed"):
-        ecs.create_service(cluster=CLUSTER, serviceName=service, taskDefinition="inferq-worker", desiredCount=0)
+        create_service(ecs, service)
     return ecs
 
 
