@@ -27,12 +27,26 @@ SECRETS_CONNECT_TIMEOUT_S, SECRETS_READ_TIMEOUT_S, SECRETS_ATTEMPTS = 2, 3, 2
 """Short: a secret is read inside a request (the API keys) or a connection's handshake (the cache token)."""
 
 
+SDK_LOGGERS = ("boto3", "botocore", "s3transfer", "urllib3")
+"""The AWS SDK's loggers. At DEBUG botocore logs whole responses, a secret's value among them, so they are held at
+INFO or above whatever a process's root level is (``INFERQ_LOG_LEVEL=DEBUG`` on a worker, a Lambda's log level)."""
+
+
+def quiet_sdk_logs() -> None:
+    """Hold the AWS SDK's loggers at INFO or above: no secret reaches a log through botocore's DEBUG output."""
+    for name in SDK_LOGGERS:
+        sdk = logging.getLogger(name)
+        if sdk.getEffectiveLevel() < logging.INFO:
+            sdk.setLevel(logging.INFO)
+
+
 def s3_client() -> Any:
     """The one S3 client configuration: path-style addressing on an endpoint (moto), SigV4 (presigned claim-check
     URLs carry ``X-Amz-Expires``, as S3 requires), :data:`S3_ATTEMPTS` attempts."""
     import boto3
     from botocore.config import Config
 
+    quiet_sdk_logs()
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
     return boto3.client(
         "s3",
@@ -58,6 +72,7 @@ def _provider(client: Any, on_read: Any) -> Any:
     implement (its "bring your own provider" extension point)."""
     from aws_lambda_powertools.utilities.parameters import SecretsProvider
 
+    quiet_sdk_logs()
     class ReportingSecretsProvider(SecretsProvider):
         def _get(self, name: str, **sdk_options: Any) -> str | bytes:
             value: str | bytes = super()._get(name, **sdk_options)

@@ -3,6 +3,7 @@ secrets cached with Powertools' parameters utility plus a stale bound (moto's Se
 
 from __future__ import annotations
 
+import logging
 import math
 import subprocess
 import sys
@@ -141,3 +142,20 @@ def test_an_event_loops_caller_is_answered_from_the_copy_in_hand_while_a_thread_
     finally:
         release.set()
         reader.join(10)
+
+
+def test_a_secret_read_with_every_log_at_debug_writes_no_value(secrets: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """botocore at DEBUG logs whole responses: reading a secret (or making an S3 client) holds the SDK's loggers at
+    INFO, so a process run at INFERQ_LOG_LEVEL=DEBUG (or a Lambda at DEBUG) logs no secret value."""
+    value = "the-secret-value-" + "x" * 16
+    secrets.create_secret(Name="s", SecretString=value)
+    for name in aws.SDK_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET)  # as a fresh process has them
+    with caplog.at_level(logging.DEBUG):  # the root logger at DEBUG
+        secrets.get_secret_value(SecretId="s")
+        assert [r for r in caplog.records if value in r.getMessage()], "botocore at DEBUG no longer logs responses"
+        caplog.clear()
+        assert aws.CachedSecret("s", 1, client=secrets).get() == value
+        secrets.get_secret_value(SecretId="s")  # any later SDK call in the same process
+        aws.s3_client()
+    assert not [r.name for r in caplog.records if value in r.getMessage()]
