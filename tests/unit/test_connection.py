@@ -129,7 +129,9 @@ async def test_a_rotated_requirepass_is_picked_up_by_new_connections_without_a_r
             admin.auth("new-3")
             await client.connection_pool.disconnect()
             assert await asyncio.gather(*(client.get("k") for _ in range(20))) == ["v"] * 20
-            assert provider_for("tok").reads == 3
+            # once more, not per connection (that would be 22); one read more again if the cache's max_age (wall
+            # clock, whole seconds) passed during the burst on a loaded machine
+            assert provider_for("tok").reads in (3, 4)
             with pytest.raises(redis.exceptions.AuthenticationError):
                 redis.Redis(host=server.host, port=server.port, password="old-token-1").ping()
         finally:
