@@ -26,6 +26,7 @@ from inferq.config.parsers import (
     _queue,
     _redis_url,
     _tenant_priorities,
+    _tenant_weights,
     _tenants,
     _window,
     _windows,
@@ -68,6 +69,26 @@ class Settings:
             "parse": _tenant_priorities,
             "doc": "Each tenant's default `priority` (lane) for jobs that name none; a job's own `priority` wins. "
             "Unset, or a tenant not listed: `normal`.",
+        },
+    )
+    fair_share: bool = field(
+        default=True,
+        metadata={
+            "parse": _bool,
+            "doc": "Fair share inside each lane (G10, docs/guarantees.md): tenants with jobs waiting are served in "
+            "turn, in proportion to their weights (`INFERQ_TENANT_WEIGHTS`), counted in work (estimated tokens). "
+            "`false`: first come, first served inside a lane (jobs already waiting for their turn are still "
+            "admitted, in it). Set the same in every process (gateway, scaler, workers).",
+        },
+    )
+    tenant_weights: dict[str, float] | None = field(
+        default=None,
+        metadata={
+            "parse": _tenant_weights,
+            "doc": "Each tenant's weight in fair share (`tenant:weight,...`): with jobs waiting in a lane, tenants "
+            "get its workers' takes in proportion to their weights, counted in work. Unset, or a tenant not listed: "
+            "1. Read where jobs are accepted (the gateway, and the scaler's batch driver): a job keeps the weight "
+            "it was accepted with.",
         },
     )
     max_priority: Priority = field(
@@ -210,6 +231,10 @@ class Settings:
         lane = (self.tenant_priorities or {}).get(tenant, Priority.NORMAL)
         ceiling = self.max_priority_of(tenant)
         return lane if LANES.index(lane) >= LANES.index(ceiling) else ceiling
+
+    def weight_of(self, tenant: str) -> float:
+        """A tenant's weight in fair share (``INFERQ_TENANT_WEIGHTS``; else 1)."""
+        return (self.tenant_weights or {}).get(tenant, 1.0)
 
     def max_priority_of(self, tenant: str) -> Priority:
         """The highest lane a tenant may ask for (``INFERQ_TENANT_MAX_PRIORITY``; else ``INFERQ_MAX_PRIORITY``)."""

@@ -105,6 +105,10 @@ class JobRequest:
     idempotency_key: str | None = None
     traceparent: str | None = None
     priority: Priority = Priority.NORMAL
+    work: int | None = None
+    """The job's work in fair share when the caller knows it better than its body can tell (a claimed body: the
+    gateway estimates it before the body goes to S3); None: :func:`inferq.queue.fairshare.estimated_work` of the
+    body. Not part of the request: the digest leaves it out."""
 
     def digest(self) -> str:
         request: dict[str, Any] = {

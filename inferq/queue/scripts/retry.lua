@@ -9,6 +9,8 @@
   The client derives the call token from the lease and what is written, so the worker's own retry of the same
   write is a resend too. A copy so late that another delivery has written since is refused (TERMINAL or
   STALE_OWNER) and changes nothing but those counters.
+  The next attempt queued at once goes where its lane takes it from (includes/fairPlace, G10): behind its tenant's
+  jobs waiting for admission when jobs wait, so a retry takes its tenant's turn like any job.
 
   KEYS[1] stream of the delivery's entry: the job's lane, where the next attempt goes too
   KEYS[2] stats
@@ -19,6 +21,7 @@
   KEYS[7] job record
   KEYS[8] done (long-poll wakeup)
   KEYS[9] dlq index (per tenant: keys.dlq_index)
+  KEYS[10..11] the lane's fair-share keys (keys.fair_lane after its stream): waiting jobs, tags
 
   ARGV[1] entry id
   ARGV[2] now (ms)
@@ -32,10 +35,12 @@
   ARGV[10] (optional) a poison reason (engine_died: the model server died running the job): the attempt adds a
            strike to the job (field strikes); at ARGV[11] strikes it is dead-lettered now whatever its attempts,
            with this reason. Empty or absent: retry as usual
-  ARGV[11] (optional) strikes that make the job poison (1: at once)
+  ARGV[11] strikes that make the job poison (1: at once)
+  ARGV[12] "1": fair share (else the next attempt goes straight into the stream)
 
   Returns
-    {1, attempt, due_ms}   next attempt queued (due_ms 0: in the stream now; else in the delayed set)
+    {1, attempt, due_ms}   next attempt queued (due_ms 0: in the stream or waiting for admission now; else in the
+                           delayed set)
     {2}                    attempts exhausted (or poison): failed and dead-lettered
     -1 NOT_FOUND           entry acknowledged
     -4 TERMINAL            {-4, status}: late failure of a finished job, discarded and counted; acknowledged
@@ -47,8 +52,9 @@ local streamKey, statsKey, eventsKey, delayedKey, dlqKey = KEYS[1], KEYS[2], KEY
 local tenantsKey, jobKey, doneKey, dlqIndexKey = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local entryId, now, delay, maxAttempts = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local errorJson, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local poison = ARGV[10] or ''
-local strikesNeeded = tonumber(ARGV[11] or '1')
+local poison = ARGV[10]
+local strikesNeeded = tonumber(ARGV[11])
+local fair = ARGV[12] == '1'
 
 
 --- @include "ackEntry"
@@ -56,8 +62,13 @@ local strikesNeeded = tonumber(ARGV[11] or '1')
 --- @include "terminate"
 --- @include "deadLetter"
 --- @include "settleGuard"
+--- @include "fairLane"
+--- @include "undelivered"
+--- @include "fairPlace"
+--- @include "fairCost"
 
-local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 'refused', 'attempts', 'cancel')
+local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 'refused', 'attempts', 'cancel',
+  'tenant', 'work', 'weight')
 local refusal = settleGuard(streamKey, statsKey, jobKey, entryId, lease, call, job, true)
 if refusal then
   return refusal
@@ -91,6 +102,7 @@ if delay > 0 then
   rcall('ZADD', delayedKey, due, jobId)
   return remember(jobKey, 'settled', call, {1, attempts, due})
 end
-local newEntry = rcall('XADD', streamKey, '*', 'job', jobId, 'attempt', attempts)
-rcall('HSET', jobKey, 'entry', newEntry)
+local lane = fairLane(streamKey, 10)
+rcall('HSET', jobKey, 'entry', fairPlace(lane, jobId, job[9], attempts, fairCost(job[10], job[11]), false, fair))
+fairFlush(lane)
 return remember(jobKey, 'settled', call, {1, attempts, 0})

@@ -2,8 +2,8 @@
 against a real Valkey.
 
 After every step: each job has exactly one status; ``unfinished`` equals the number of non-terminal jobs, and the
-per-tenant counts agree; a non-terminal job has exactly one live place (stream entry, pending or not, or the
-delayed set) and a terminal one none, so the streams are empty when every job is terminal; every entry of a job is
+per-tenant counts agree; a non-terminal job has exactly one live place (stream entry, pending or not, its lane's jobs
+waiting for admission -- fair share, G10 -- or the delayed set) and a terminal one none, so the streams are empty when every job is terminal; every entry of a job is
 in its own lane's stream, and a delivery comes from its job's lane; a terminal status never changes; and a terminal
 job is never handed to the model again. Reads are sometimes blocking ones across the lanes, which give back what
 they take beyond their count.
@@ -201,12 +201,16 @@ class QueueMachine(RuleBasedStateMachine):
                  for lane in LANES}
         entries = sum(lanes.values(), Counter())
         delayed = set(self.run(self.q.redis.zrange(self.q.keys.delayed, 0, -1)))
+        members = {lane: set(self.run(self.q.redis.zrange(self.q.keys.fair_jobs(lane), 0, -1))) for lane in LANES}
+        waiting = {lane: Counter(m.split("|", 2)[2] for m in members[lane]) for lane in LANES}
         open_jobs = 0
         for job_id, record in zip(self.jobs, records, strict=True):
             status = JobStatus(record["status"])
-            places = entries[job_id] + (job_id in delayed)
             lane = Priority(record["lane"])
+            held = sum(waiting[other][job_id] for other in LANES)
+            places = entries[job_id] + (job_id in delayed) + held
             assert entries[job_id] == lanes[lane][job_id], f"{job_id} of lane {lane} has entries in another lane"
+            assert held == waiting[lane][job_id], f"{job_id} of lane {lane} waits for admission in another lane"
             if status.terminal:
                 assert places == 0, f"terminal {job_id} still has {places} live places"
                 previous = self.final.setdefault(job_id, status.value)
@@ -214,8 +218,12 @@ class QueueMachine(RuleBasedStateMachine):
             else:
                 open_jobs += 1
                 assert places == 1, f"{status.value} {job_id} has {places} live places"
-                if record.get("entry"):
-                    assert entries[job_id] == 1 and job_id not in delayed
+                entry = record.get("entry") or ""
+                if entry.startswith("w:"):  # waiting for admission, or admitted and not started (G10)
+                    assert held or entries[job_id] == 1, f"{job_id} says it waits but is nowhere"
+                    assert not held or entry[2:] in members[lane], f"{job_id} waits under another member"
+                elif entry:
+                    assert entries[job_id] == 1 and job_id not in delayed and not held
         unfinished = int(self.run(self.q.redis.hget(self.q.keys.stats, "unfinished")) or 0)
         assert unfinished == open_jobs
         per_tenant = Counter(r["tenant"] for r in records if not JobStatus(r["status"]).terminal)
