@@ -7,7 +7,7 @@ free (one suspect at a time, see :meth:`Puller.reclaim`), and hands each deliver
 while the worker is surplus (:class:`~gpu_worker.fleet.Fleet`), and gives back at once what it read as the worker
 stopped or turned surplus.
 
-In burst mode (``python -m gpu_worker --burst``) the loop ends once the queue is drained: nothing queued, delayed,
+In burst mode the loop ends once the queue is drained: nothing queued, delayed,
 pending or held, and no outcome left to write.
 """
 

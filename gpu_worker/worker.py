@@ -82,7 +82,7 @@ def default_worker_id() -> str:
 
 
 class Worker:
-    """One worker on ``queue``, calling ``backend``. ``burst``: drain the queue, then return (``--burst``)."""
+    """One worker on ``queue``, calling ``backend``. ``burst``: drain the queue, then return."""
 
     def __init__(
         self,
