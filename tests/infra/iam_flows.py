@@ -127,7 +127,7 @@ async def work_until_idle(stack: Stack, *, protected: bool = True) -> None:
                                     client=httpx.AsyncClient(transport=ecs_agent(stack)), idle_grace_s=0)
         try:
             await Worker(settings, queue, MockBackend(queue.redis, Keys(settings.queue)), webhooks=False, block_ms=50,
-                         protection=protection if protected else None).run_until_idle()
+                         protection=protection if protected else None, burst=True).run()
         finally:
             await queue.close()
 
