@@ -17,6 +17,7 @@ from inferq.queue.jobs import Job, JobRequest, Priority
 from .errors import ApiError
 from .models import ALLOW_PRIVATE, NO_SURROGATES, JobCreate, surrogate_free
 from .responses import JSONResponse
+from .waits import wait_slot
 
 if TYPE_CHECKING:
     from .shared import Gateway
@@ -87,8 +88,9 @@ async def get(gw: "Gateway", tenant: str, job_id: str, wait: float) -> Answer:
     """GET /v1/jobs/{id} once authenticated: the job as it is, or as soon as it ends within ``wait`` seconds."""
     queue = gw.job_queue(job_id_or_404(job_id))
     if wait > 0:
-        waited = queue.wait(job_id, tenant, wait, shared=gw.shared_waits, with_body=False)
-        job = await gw.call(waited, extra_s=wait)
+        async with wait_slot(gw, tenant, wait):  # INFERQ_TENANT_MAX_WAITS: 429 past it
+            waited = queue.wait(job_id, tenant, wait, shared=gw.shared_waits, with_body=False)
+            job = await gw.call(waited, extra_s=wait)
     else:
         job = await gw.call(queue.get(job_id, tenant, with_body=False))  # the job object has no body
     if job is None:

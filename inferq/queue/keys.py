@@ -139,6 +139,12 @@ class Keys:
         """String: one rate-limit call's answer, kept a few seconds so a resent copy answers the same."""
         return f"{self.prefix}rate:{tenant}:call:{token}"
 
+    def waits(self, tenant: str) -> str:
+        """Sorted set: a tenant's long-poll slots (``INFERQ_TENANT_MAX_WAITS``), slot token -> when the slot lapses
+        (ms): a slot its holder never gave back (a Lambda sandbox that died mid-wait) is free from then. The primary
+        queue's only: one bound per tenant for the whole deployment. Expires with its last slot."""
+        return f"{self.prefix}waits:{tenant}"
+
     @property
     def mock_calls(self) -> str:
         return self.prefix + "mock:calls"

@@ -15,7 +15,7 @@ from inferq.queue.jobs import ENDPOINTS
 from ..dependencies import GatewayDep, Tenant
 from ..errors import ApiError
 from ..files import QUOTA_EXCEEDED, check_file_id, file_store, in_s3
-from ..models import MetadataKey, MetadataValue
+from ..models import Metadata
 from ..openapi import documented
 
 router = APIRouter()
@@ -29,7 +29,7 @@ class BatchCreate(BaseModel):
     input_file_id: str = Field(max_length=64)
     endpoint: str
     completion_window: str = Field(max_length=16)
-    metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=16)
+    metadata: Metadata | None = None
 
 
 def _batch_id(batch_id: str) -> str:

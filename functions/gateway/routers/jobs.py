@@ -12,6 +12,7 @@ from ..jobs import answered, get, job_id_or_404, job_response, submit
 from ..models import IDEMPOTENCY_KEY_MAX, JOB_CREATE_EXAMPLE, MAX_WAIT_S
 from ..openapi import doc, errors
 from ..responses import JSONResponse
+from ..waits import wait_responses
 
 router = APIRouter()
 
@@ -66,7 +67,7 @@ async def submit_job(
     "/v1/jobs/{job_id}",
     summary="Get a job, optionally waiting for it to finish",
     response_model=None,
-    responses={200: doc("JobObject", "The job"), **errors(400, 401, 404, 413, 422, 503)},
+    responses={200: doc("JobObject", "The job"), **errors(400, 401, 404, 413, 422, 503), **wait_responses()},
 )
 async def get_job(
     request: Request,
