@@ -100,6 +100,9 @@ async def test_a_route_built_on_the_dependency_holds_a_slot_until_it_has_answere
 
     client = open_client(app)
     first = asyncio.ensure_future(client.get("/test/wait?wait=5", headers=A))
+    async with asyncio.timeout(GUARD_S):  # the first holds the slot before the second asks (not a race to Redis)
+        while await queue.redis.zcard(queue.keys.waits("tenant-a")) != 1:
+            await asyncio.sleep(0.01)
     answered, _ = await refused_at_once([client.get("/test/wait?wait=5", headers=A)], refused=1)
     assert_refused(answered[0])
     assert not first.done()
