@@ -147,6 +147,11 @@ SETTING_DOCS: dict[str, str] = {
     "(`ceil(backlog / INFERQ_SCALE_TARGET_PER_WORKER)`), and no job carries the `tokens` field: the queue does no "
     "work for the counter. Set it for every process that enqueues too (the gateway, the scaler's batch driver: the "
     "template does); docs/benchmarks.md compares the two.",
+    "scale_spot_fallback_s": "With a Spot fleet (infra/gpu.yaml's `SpotCapacity`): how long a task of the service may "
+    "wait for a Spot instance (`PROVISIONING`) before the scaler starts an on-demand stand-in for it on the "
+    "fallback service, named the service's name + `-on-demand`. Once Spot is short, tasks asked for within the "
+    "next 30 minutes get a stand-in at once; stand-ins go as Spot tasks start or the queue needs fewer workers. "
+    "0 (the default outside the stack, which sets 180): no fallback service; Spot tasks wait for capacity.",
     "scale_drain": "Whether the scaler asks the workers beyond the fleet's need to take no new jobs and drain (the "
     "drain target, `target` in the scale hash), so scale-in takes effect under load. `false` where nothing turns "
     "the desired count into workers, as in `emulator/compose.yaml`'s fixed workers.",

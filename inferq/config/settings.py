@@ -144,6 +144,7 @@ class Settings:
     scale_gather_s: float = _setting(0.0, _float(0.0))
     scale_tokens_per_s: float = _setting(0.0, _float(0.0))
     scale_drain: bool = _setting(True, _bool)
+    scale_spot_fallback_s: float = _setting(0.0, _float(0.0))
     emulator_boot_s: float = _setting(0.0, _float(0.0))
     scaler_interval_s: float = _setting(60.0, _float(0.1))
     scaler_function: str | None = _setting(None, _optional_str)
