@@ -157,6 +157,10 @@ SETTING_DOCS: dict[str, str] = {
     "the desired count into workers, as in `emulator/compose.yaml`'s fixed workers.",
     "emulator_boot_s": "`inferq up` only: how long the emulator's ECS agent keeps a new task starting (counted as "
     "pending) before its worker process starts, to emulate a GPU instance's boot.",
+    "emulator_interrupt_every_s": "`inferq up` only: Spot interruptions as a chaos setting: each worker the "
+    "emulator's ECS agent starts is interrupted as EC2 Spot interrupts an instance (drained: SIGTERM, no longer "
+    "counted as running, its replacement started at once) after a random time with this mean, in seconds. 0 (the "
+    "default): only `inferq interrupt` does it.",
     "scaler_interval_s": "The emulator's period between scaler calls (`inferq up` sets 2). In AWS the schedule fires "
     "every minute and one invocation evaluates every 5 s until near its end.",
     "scaler_function": "The scaler Lambda the gateway invokes asynchronously to wake the fleet from zero (AWS).",

@@ -21,62 +21,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from inferq.queue.history import record_sample
 from inferq.queue.protocol import Observation, Queue
 from inferq.redis.faults import classify, is_recoverable
 from inferq.scaling.policy import Decision, Demand, ScalePolicy, ScaleState, decide
 
+from .ecs import ECS_ERRORS, EcsService, EcsUnavailable, ServiceCounts
+
 if TYPE_CHECKING:
     from .standins import StandIns, StandInStep
 
-ECS_ERRORS: tuple[type[BaseException], ...] = (BotoCoreError, ClientError)
-
-
-class EcsUnavailable(Exception):
-    """The service cannot be read or updated (API error, missing or inactive service)."""
-
-
-@dataclass(frozen=True)
-class ServiceCounts:
-    desired: int
-    running: int
-    pending: int  # tasks still starting: provisioning an instance, pulling the image, loading the model
-
-
-class EcsService:
-    """The one GPU service the scaler sizes."""
-
-    def __init__(self, client: Any, cluster: str, service: str) -> None:
-        self.client = client
-        self.cluster = cluster
-        self.service = service
-
-    def counts(self) -> ServiceCounts:
-        try:
-            reply = self.client.describe_services(cluster=self.cluster, services=[self.service])
-        except ECS_ERRORS as exc:
-            raise EcsUnavailable(f"DescribeServices failed: {exc}") from exc
-        services = reply.get("services") or []
-        if not services:
-            reasons = ", ".join(f.get("reason", "?") for f in reply.get("failures") or []) or "not found"
-            raise EcsUnavailable(f"service {self.service} in cluster {self.cluster}: {reasons}")
-        found = services[0]
-        if found.get("status", "ACTIVE") != "ACTIVE":
-            raise EcsUnavailable(f"service {self.service} is {found.get('status')}")
-        return ServiceCounts(
-            desired=int(found.get("desiredCount", 0)),
-            running=int(found.get("runningCount", 0)),
-            pending=int(found.get("pendingCount", 0)),
-        )
-
-    def set_desired(self, count: int) -> None:
-        try:
-            self.client.update_service(cluster=self.cluster, service=self.service, desiredCount=count)
-        except ECS_ERRORS as exc:
-            raise EcsUnavailable(f"UpdateService failed: {exc}") from exc
-
+__all__ = ["ECS_ERRORS", "Cadence", "EcsService", "EcsUnavailable", "Scaler", "ServiceCounts", "Tick"]
 
 @dataclass(frozen=True)
 class Cadence:

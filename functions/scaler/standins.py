@@ -15,7 +15,7 @@ from typing import Any
 
 from inferq.scaling.capacity import Fallback, stand_ins
 
-from .scaler import ECS_ERRORS, EcsService, EcsUnavailable, ServiceCounts
+from .ecs import ECS_ERRORS, EcsService, EcsUnavailable, ServiceCounts
 
 DESCRIBE_BATCH = 100  # DescribeTasks takes at most 100 tasks
 

@@ -146,6 +146,7 @@ class Settings:
     scale_drain: bool = _setting(True, _bool)
     scale_spot_fallback_s: float = _setting(0.0, _float(0.0))
     emulator_boot_s: float = _setting(0.0, _float(0.0))
+    emulator_interrupt_every_s: float = _setting(0.0, _float(0.0))
     scaler_interval_s: float = _setting(60.0, _float(0.1))
     scaler_function: str | None = _setting(None, _optional_str)
     scaler_wake_url: str | None = _setting(None, _optional_str)

@@ -331,7 +331,8 @@ def test_the_scaler_may_update_exactly_the_models_services(root: dict[str, Any],
         assert outputs == [["Gpu", f"Outputs.Service{s}Arn"] for s in MODELS]
     for statement in ecs:  # the Spot tasks' waits: read-only, in the one cluster
         if statement not in services:
-            assert statement["Condition"] == {"ArnEquals": {"ecs:cluster": {"Fn::GetAtt": ["Gpu", "Outputs.ClusterArn"]}}}
+            cluster = {"Fn::GetAtt": ["Gpu", "Outputs.ClusterArn"]}
+            assert statement["Condition"] == {"ArnEquals": {"ecs:cluster": cluster}}
     # the count and nothing else, on any of the models' task definitions and capacity providers
     update = next(s for s in ecs if as_list(s["Action"]) == ["ecs:UpdateService"])["Condition"]
     assert update["ArnEqualsIfExists"]["ecs:task-definition"] == [
