@@ -115,6 +115,16 @@ class Settings:
             "size). 0: one second's worth of the rate (at least 1).",
         },
     )
+    tenant_max_waits: int = field(
+        default=10,
+        metadata={
+            "parse": _int(0, 10_000),
+            "doc": "Long polls one tenant may hold at once, all gateway instances together (`GET /v1/jobs/{id}?wait=`, "
+            "`GET /v1/events?wait=`, a job's stream with `wait`, a synchronous completion): each holds a gateway "
+            "execution for its length, so past it a wait is 429 `rate_limited` with `Retry-After` at once. A wait "
+            "of 0 takes none. Size the gateway's reserved concurrency against it (docs/operations.md). 0: no limit.",
+        },
+    )
     api_keys_max_stale_s: int = field(
         default=900,
         metadata={

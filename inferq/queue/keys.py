@@ -158,6 +158,11 @@ class Keys:
     def usage_exported(self) -> str:
         """String: the last hour whose usage the scaler exported (S3, CloudWatch); the primary queue's only."""
         return self.prefix + "usage:exported"
+    def waits(self, tenant: str) -> str:
+        """Sorted set: a tenant's long-poll slots (``INFERQ_TENANT_MAX_WAITS``), slot token -> when the slot lapses
+        (ms): a slot its holder never gave back (a Lambda sandbox that died mid-wait) is free from then. The primary
+        queue's only: one bound per tenant for the whole deployment. Expires with its last slot."""
+        return f"{self.prefix}waits:{tenant}"
 
     @property
     def mock_calls(self) -> str:
