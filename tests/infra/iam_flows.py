@@ -381,3 +381,33 @@ async def scaler_batch_driver(stack: Stack) -> None:
         with stack.acting("gateway"):
             output = await client.get(f"/v1/files/{states[0]['output_file_id']}/content", headers=A)
         assert output.status_code == 200 and len(output.content.splitlines()) == 2, output.text[:300]
+
+
+@flow("scaler", "usage export")
+async def scaler_usage_export(stack: Stack) -> None:
+    """The scaler's usage pass (functions/scaler/usage.py): each day's usage put under ``usage/``, nothing else."""
+    import logging
+    import time
+
+    from functions.scaler.usage import SETTLE_S, usage_pass
+    from inferq.config.settings import Settings
+    from inferq.redis.connection import connect
+    from inferq.usage.export import day_key
+    from inferq.usage.periods import DAY_S, HOUR_S, hour_start
+
+    async with gateway(stack) as client:
+        answer = await as_gateway(stack, client.post("/v1/jobs", headers=A, json=chat("metered")))
+        assert answer.status_code == 202, answer.text
+    await work_until_idle(stack, protected=False)
+    now = time.time()
+    with stack.acting("scaler"):
+        settings = Settings.from_env()
+        redis = connect(settings)
+        try:
+            # once this hour has settled: it is exported, its day's object written
+            await usage_pass(settings, [(None, settings)], redis, logging.getLogger("iam.usage"),
+                             now=hour_start(now) + HOUR_S + SETTLE_S + 1)
+        finally:
+            await redis.aclose()
+    day = hour_start(now) - hour_start(now) % DAY_S
+    assert day_key(day) in keys_under(stack, "usage/"), keys_under(stack, "usage/")
