@@ -280,6 +280,14 @@ async def gateway_uploads(stack: Stack) -> None:
 
 @flow("gateway", "wakes the scaler")
 async def gateway_wakes_the_scaler(stack: Stack) -> None:
+    from inferq.queue.keys import Keys
+
+    with stack.acting(None):  # no wake-up in the last seconds (an earlier flow's submit may have made one)
+        redis = admin_redis(stack)
+        try:
+            await redis.delete(Keys(stack.roles["gateway"].env.get("INFERQ_QUEUE", "default")).wake)
+        finally:
+            await redis.aclose()
     async with gateway(stack) as client:
         # the fleet is at zero (no decision yet): a submit wakes the scaler by an asynchronous invoke
         answer = await as_gateway(stack, client.post("/v1/jobs", headers=A, json=chat("wake up")))
