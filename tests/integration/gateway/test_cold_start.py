@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[3]
 CHILD = r"""
 import json, sys
 from tests.conftest import load_event
-ROUTERS = ["jobs", "dlq", "operations", "console", "files", "uploads", "batches", "events", "catalog", "webhooks"]
+ROUTERS = ["jobs", "dlq", "operations", "console", "files", "uploads", "batches", "events", "catalog", "webhooks",
+           "usage"]
 DEFERRED = ["functions.gateway.files", *(f"functions.gateway.routers.{name}" for name in ROUTERS)]
 ON_DEMAND = ["functions.gateway.schemas", "functions.storage", "jsonschema", "urllib.request"]
 seen = {}
@@ -77,7 +78,7 @@ def test_a_new_sandbox_builds_the_other_routes_only_when_a_request_needs_them(se
     assert seen["models_status"] == 200 and seen["models"]["object"] == "list"
     assert set(seen["after_models"]) == {"functions.gateway.files"} | {
         f"functions.gateway.routers.{name}" for name in ("jobs", "dlq", "operations", "console", "files", "uploads",
-                                                         "batches", "events", "catalog", "webhooks")}
+                                                         "batches", "events", "catalog", "webhooks", "usage")}
     assert seen["routes_grew"]
     assert {"/v1/jobs", "/v1/files", "/v1/batches", "/v1/models"} <= set(seen["openapi_paths"])
     assert seen["schemas_after_openapi"]
