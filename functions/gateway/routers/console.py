@@ -30,6 +30,7 @@ router = APIRouter()
 
 ASSETS = {
     "app.js": "text/javascript; charset=utf-8",
+    "usage.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
     "icon.svg": "image/svg+xml",
 }
