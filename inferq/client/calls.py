@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Generic, TypedDict, TypeVar
 
 import httpx
@@ -143,11 +144,27 @@ def read_result(job: Job) -> Flow[Job]:
     return read
 
 
+WAITS_BUSY_PAUSE_S = 1.0
+"""How often ``wait`` looks at a job without waiting while its tenant holds all its long polls (429 ``rate_limited``
+on a wait, ``INFERQ_TENANT_MAX_WAITS``): most of those end with their jobs, long before the ``Retry-After`` that
+bounds them."""
+
+
 def wait(job_id: str, timeout: float) -> Flow[Job]:
     # reaching the deadline is an answer (the job as it is), not an error
     deadline = time.monotonic() + timeout
     while True:
-        job = yield from get(job_id, _slice(deadline))
+        try:
+            job = yield from get(job_id, _slice(deadline))
+        except InferqError as exc:
+            if exc.status != 429 or exc.type != "rate_limited" or not _slice(deadline):
+                raise
+            # every long poll of this key is taken: a look without waiting takes none, then a pause, then a wait
+            job = yield from get(job_id, 0)
+            if not job.terminal and time.monotonic() < deadline:
+                yield Pause(min(WAITS_BUSY_PAUSE_S, exc.retry_after_s or WAITS_BUSY_PAUSE_S,
+                                max(0.0, deadline - time.monotonic())))
+                continue
         if job.terminal or time.monotonic() >= deadline:
             return job
 
@@ -183,6 +200,23 @@ def models() -> Flow[list[dict[str, Any]]]:
 def history(limit: int | None) -> Flow[list[dict[str, Any]]]:
     data = yield from one(Call("GET", "/v1/stats/history", _json, params={"limit": limit} if limit else None))
     return list(data["data"])
+
+
+def usage(start: float | datetime | None, end: float | datetime | None, tenant: str | None,
+          bucket: str | None) -> Flow[dict[str, Any]]:
+    """``GET /v1/usage``: the usage object as the gateway answers it."""
+    params = {name: value for name, value in (("start", _unix(start)), ("end", _unix(end)), ("tenant", tenant),
+                                              ("bucket", bucket)) if value is not None}
+    return one(Call("GET", "/v1/usage", _json, params=params or None))
+
+
+def _unix(moment: float | datetime | None) -> int | None:
+    """Unix seconds of a ``datetime`` (a naive one is UTC) or a number."""
+    if moment is None:
+        return None
+    if isinstance(moment, datetime):
+        return int((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp())
+    return int(moment)
 
 
 def webhook_secret() -> Flow[dict[str, Any]]:

@@ -70,14 +70,20 @@ class NotDeadLettered(QueueError):
     pass
 
 
-def record_fields(request: JobRequest, count_tokens: bool = False, *, work: int | None = None,
+MODEL_MAX = 128
+"""Characters of ``body.model`` a single queue's job record keeps (its usage row names it)."""
+
+
+def record_fields(request: JobRequest, count_tokens: bool = False, model: bool = False, *, work: int | None = None,
                   weight: float = 1.0) -> list[Any]:
     """The job record's fields that come from the request, as name/value pairs (enqueue.lua writes them). The body
     and metadata are stored as :func:`inferq.fastjson.dumps` writes them (what is read back is the same value; the
     request digest has its own canonical form). ``count_tokens`` (sizing by work is on,
     ``INFERQ_SCALE_TOKENS_PER_S`` > 0): the job's expected tokens too, which the queue's ``backlog_tokens`` counts;
-    off, the record and the scripts do no work for a figure nobody reads. ``work`` and ``weight``: the job's work
-    and its tenant's weight in fair share (the weight is written only when it is not 1)."""
+    off, the record and the scripts do no work for a figure nobody reads. ``model`` (a single queue, no registry,
+    metering on): ``body.model`` as field ``model``, the model its usage is counted under (a registry's queue is one
+    model's, which the reader of usage names). ``work`` and ``weight``: the job's work and its tenant's weight in
+    fair share (the weight is written only when it is not 1)."""
     fields: list[Any] = []
     if count_tokens:  # first: enqueue.lua adds it to the queue's backlog_tokens from that place
         fields += ["tokens", expected_tokens(request.body)]
@@ -85,6 +91,9 @@ def record_fields(request: JobRequest, count_tokens: bool = False, *, work: int 
                "work", work if work is not None else job_work(request)]
     if weight != 1:
         fields += ["weight", format(weight, ".17g")]
+    named = request.body.get("model") if model else None
+    if isinstance(named, str) and named:
+        fields += ["model", named[:MODEL_MAX]]
     if request.metadata:
         fields += ["metadata", fastjson.dumps(request.metadata)]
     if request.timeout_s is not None:
@@ -118,6 +127,7 @@ class Producer(QueueCore):
         keys = [keys_of.stats, keys_of.expiry, keys_of.tenants, *keys_of.fair_lane(jobs[0][1].priority)]
         args: list[Any] = [settings.max_queue_depth, settings.tenant_max_depth, settings.result_ttl_s, self.fair_flag]
         count_tokens = settings.scale_tokens_per_s > 0
+        model = not settings.models and settings.usage_retention_days > 0
         for tenant, request, job_id, now in jobs:
             job_key = keys_of.job(job_id)
             idem = request.idempotency_key
@@ -125,7 +135,7 @@ class Producer(QueueCore):
             keys += [job_key, keys_of.idem(tenant, idempotency_digest(idem)) if idem is not None else job_key]
             share = weight if weight is not None else settings.weight_of(tenant)
             work = job_work(request)
-            fields = record_fields(request, count_tokens, work=work, weight=share)
+            fields = record_fields(request, count_tokens, model, work=work, weight=share)
             expires_at = now + request.ttl_s * 1000 if request.ttl_s is not None else ""
             # the digest is what a retry with the same idempotency key is checked against: without a key, nothing is
             digest = request.digest() if idem is not None else ""
@@ -337,9 +347,11 @@ class Producer(QueueCore):
 
     async def cancel(self, tenant: str, job_id: str, *, now: int | None = None) -> Job:
         """Cancel (queued) or request cancellation (running). Raises JobNotFound or JobTerminal."""
+        now = now or now_ms()
+        usage_keys, usage_args = self.meter(now)
         keys = [*self.keys.fair_lanes, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.tenants,
-                self.keys.job(job_id), self.keys.done(job_id)]
-        args = [tenant, now or now_ms(), self.settings.result_ttl_s, self.settings.events_maxlen, new_token()]
+                self.keys.job(job_id), self.keys.done(job_id), *usage_keys]
+        args = [tenant, now, self.settings.result_ttl_s, self.settings.events_maxlen, new_token(), *usage_args]
         [reply] = await self._write([("cancel", keys, args)], replicated=True)
         if int(reply[0]) == Code.NOT_FOUND:
             raise JobNotFound(job_id)

@@ -24,7 +24,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 from inferq.queue.fairshare import FAIR_BUFFER
 from inferq.queue.jobs import DEFAULT_EXPECTED_TOKENS, TERMINAL
-from inferq.queue.keys import GROUP, LANE_KEYS, WEBHOOK_GROUP
+from inferq.queue.keys import GROUP, LANE_KEYS, USAGE_OTHER, USAGE_ROWS, WEBHOOK_GROUP
 from inferq.redis.connection import pipelined
 
 SCRIPTS_DIR = Path(__file__).parent.parent / "queue" / "scripts"
@@ -34,7 +34,7 @@ _KEY = re.compile(r"^\s*KEYS\[(\d+)(?:\.\.(n|\d+))?\][^\n]*?(\(optional\))?\s*$"
 up), with ``(optional)`` at the end of the line for a key that may be left out."""
 
 NAMES = ("enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive", "expire", "observe",
-         "requeue", "skipevents", "webhooksecret", "ratelimit", "admit")
+         "requeue", "skipevents", "webhooksecret", "ratelimit", "takewait", "givewait", "admit")
 
 
 class Code(IntEnum):
@@ -100,11 +100,12 @@ _COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
 @cache
 def prelude(source: str | None = None) -> str:
     """The Lua locals every script starts with: ``GROUP``, ``CODE_<NAME>`` per :class:`Code`, ``TERMINAL``,
-    ``WEBHOOK_GROUP``, ``LANE_KEYS`` (the lanes in the order a script that may touch any lane takes their streams)
-    ``DEFAULT_WORK`` (the work of a job whose record has none: :data:`~inferq.queue.jobs.DEFAULT_EXPECTED_TOKENS`)
-    and ``FAIR_BUFFER`` (:data:`~inferq.queue.fairshare.FAIR_BUFFER`). The two tables are built on every run of a
-    script (garbage for the server to collect afterwards), so with ``source`` (a script's expanded source) each of
-    the last five is defined only when its code, comments left out, uses it."""
+    ``WEBHOOK_GROUP``, ``LANE_KEYS`` (the lanes in the order a script that may touch any lane takes their streams),
+    ``USAGE_ROWS`` with ``USAGE_OTHER`` (:data:`inferq.queue.keys.USAGE_ROWS`), ``DEFAULT_WORK`` (the work of a job
+    whose record has none: :data:`~inferq.queue.jobs.DEFAULT_EXPECTED_TOKENS`) and ``FAIR_BUFFER``
+    (:data:`~inferq.queue.fairshare.FAIR_BUFFER`). The two tables are built on every run of a script (garbage for
+    the server to collect afterwards), so with ``source`` (a script's expanded source) each of the last six is
+    defined only when its code, comments left out, uses it."""
     used = _COMMENT.sub("", source) if source is not None else None
     codes = "\n".join(f"local CODE_{code.name} = {code.value}" for code in Code)
     out = f"local GROUP = '{GROUP}'\n{codes}\n"
@@ -116,6 +117,8 @@ def prelude(source: str | None = None) -> str:
     if used is None or re.search(r"\bLANE_KEYS\b", used):
         lanes = ", ".join(f"'{lane}'" for lane in LANE_KEYS)
         out += f"local LANE_KEYS = {{{lanes}}}\n"
+    if used is None or re.search(r"\bUSAGE_ROWS\b", used):
+        out += f"local USAGE_ROWS, USAGE_OTHER = {USAGE_ROWS}, '{USAGE_OTHER}'\n"
     if used is None or re.search(r"\bDEFAULT_WORK\b", used):
         out += f"local DEFAULT_WORK = {DEFAULT_EXPECTED_TOKENS}\n"
     if used is None or re.search(r"\bFAIR_BUFFER\b", used):

@@ -66,7 +66,8 @@ def host_platform() -> str:
 class Resolver:
     """Evaluates a template's parameters, conditions and the intrinsics that pick values, with every parameter at
     its default unless overridden. A reference to a resource stays symbolic: its logical id, or ``Res.Attr``;
-    ``attributes`` gives concrete stand-ins where the reader needs one (a URL that must parse)."""
+    ``attributes`` gives concrete stand-ins where the reader needs one (a URL that must parse, a bucket's name for
+    ``Ref``, its ARN for ``Res.Arn``)."""
 
     template: Mapping[str, Any]
     overrides: Mapping[str, str] | None = None
@@ -109,9 +110,13 @@ class Resolver:
         if function == "Ref":
             if args == "AWS::NoValue":
                 return NO_VALUE
-            if args in self.template.get("Parameters", {}) or args.startswith("AWS::"):
+            if args in self.template.get("Parameters", {}):
+                kind = str(self.template["Parameters"][args].get("Type", ""))
+                value = self.parameter(args)
+                return value.split(",") if kind.startswith(("CommaDelimitedList", "List<")) else value
+            if args.startswith("AWS::"):
                 return self.parameter(args)
-            return args
+            return (self.attributes or {}).get(args, args)
         if function == "Fn::GetAtt":
             name = ".".join(args) if isinstance(args, list) else args
             return (self.attributes or {}).get(name, name)
@@ -143,6 +148,14 @@ class Resolver:
             return self.template["Mappings"][name][top][second]
         if function == "Fn::Sub" and isinstance(args, str):
             return re.sub(r"\$\{([^}!]+)\}", lambda m: str(self._substitute(m.group(1))), args)
+        if function == "Fn::Sub":
+            text, variables = args
+            local = {k: self.value(v) for k, v in variables.items()}
+
+            def substitute(name: str) -> str:
+                return str(local[name]) if name in local else str(self._substitute(name))
+
+            return re.sub(r"\$\{([^}!]+)\}", lambda m: substitute(m.group(1)), text)
         raise NotImplementedError(f"{function} in {node}")
 
 

@@ -12,12 +12,16 @@
   KEYS[13] tenants (unfinished jobs per tenant)
   KEYS[14] job record
   KEYS[15] done (long-poll wakeup)
+  KEYS[16] usage of the hour (keys.usage_hour of now; includes/meter): a job cancelled here is counted there
+  KEYS[17] usage totals of the month (keys.usage_month of now)
 
   ARGV[1] tenant
   ARGV[2] now (ms)
   ARGV[3] result TTL (s)
   ARGV[4] events max length
   ARGV[5] call token (random, one per call)
+  ARGV[6] when the hour's usage expires (unix s; "0": metering off)
+  ARGV[7] when the month's usage totals expire (unix s)
 
   Returns
     {0}            cancelled now
@@ -29,6 +33,7 @@ local rcall = redis.call
 local statsKey, eventsKey, delayedKey = KEYS[10], KEYS[11], KEYS[12]
 local tenantsKey, jobKey, doneKey = KEYS[13], KEYS[14], KEYS[15]
 local tenant, now, resultTtl, eventsMaxlen, call = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local METER = {hour = KEYS[16], month = KEYS[17], hourUntil = ARGV[6], monthUntil = ARGV[7]}
 
 --- @include "replay"
 --- @include "terminate"

@@ -15,11 +15,15 @@
   KEYS[14] tenants (unfinished jobs per tenant)
   KEYS[15] job record
   KEYS[16] done (long-poll wakeup)
+  KEYS[17] usage of the hour (keys.usage_hour of now; includes/meter): a job expired here is counted there
+  KEYS[18] usage totals of the month (keys.usage_month of now)
 
   ARGV[1] job id
   ARGV[2] now (ms)
   ARGV[3] result TTL (s)
   ARGV[4] events max length
+  ARGV[5] when the hour's usage expires (unix s; "0": metering off)
+  ARGV[6] when the month's usage totals expire (unix s)
 
   Returns
     {0}            expired now
@@ -30,6 +34,7 @@ local rcall = redis.call
 local statsKey, eventsKey, delayedKey, expiryKey = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local tenantsKey, jobKey, doneKey = KEYS[14], KEYS[15], KEYS[16]
 local jobId, now, resultTtl, eventsMaxlen = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local METER = {hour = KEYS[17], month = KEYS[18], hourUntil = ARGV[5], monthUntil = ARGV[6]}
 
 --- @include "terminate"
 --- @include "fairLane"

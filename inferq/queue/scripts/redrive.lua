@@ -79,9 +79,10 @@ if dlqEntry and dlqEntry ~= '' then
 end
 rcall('PERSIST', jobKey)
 rcall('DEL', doneKey)
--- strikes: the engine deaths counted against it (retry.lua); the cause is fixed, so a redriven job starts clean
+-- strikes: the engine deaths counted against it (retry.lua); the cause is fixed, so a redriven job starts clean.
+-- run_ms, gpu_ms: its dead-lettering counted them in its usage (includes/meter); the next ending counts only its own
 rcall('HDEL', jobKey, 'result', 'error', 'last_error', 'started_at', 'finished_at', 'dlq_entry', 'cancel', 'worker',
-  'expires_at', 'lease', 'strikes')
+  'expires_at', 'lease', 'strikes', 'run_ms', 'gpu_ms')
 local laneAt = 1
 for i, name in ipairs(LANE_KEYS) do
   if name == job[7] then

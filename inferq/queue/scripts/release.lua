@@ -20,7 +20,10 @@
   ARGV[1] entry id
   ARGV[2] lease token of the delivery (from start)
   ARGV[3] call token (the same for the same write of one delivery: queue.settle_token)
-  ARGV[4] "1": fair share (else the job goes straight into the stream)
+  ARGV[4] run ms of the job's attempts, this one's included (field run_ms; the attempt ran until given
+          back, and the job's ending counts every attempt's time in its usage, includes/meter); as retry's ARGV[12]
+  ARGV[5] GPU ms of the job's attempts likewise (field gpu_ms)
+  ARGV[6] "1": fair share (else the job goes straight into the stream)
 
   Returns
     {0, entry}       released under a new entry (or w:<its member of the lane's waiting jobs>)
@@ -49,9 +52,12 @@ end
 local jobId, attempts, deliveries = job[1], job[7], tonumber(job[8] or '0')
 ackEntry(streamKey, entryId)
 local lane = fairLane(streamKey, 4)
-local newEntry = fairPlace(lane, jobId, job[9], attempts, fairCost(job[10], job[11]), true, ARGV[4] == '1')
+local newEntry = fairPlace(lane, jobId, job[9], attempts, fairCost(job[10], job[11]), true, ARGV[6] == '1')
 fairFlush(lane)
 rcall('HSET', jobKey, 'status', 'queued', 'entry', newEntry, 'deliveries', math.max(deliveries - 1, 0))
+if (ARGV[4] or '') ~= '' then
+  rcall('HSET', jobKey, 'run_ms', ARGV[4], 'gpu_ms', ARGV[5])
+end
 rcall('HDEL', jobKey, 'lease')
 rcall('HINCRBY', statsKey, 'released', 1)
 return remember(jobKey, 'settled', call, {0, newEntry})

@@ -21,7 +21,9 @@
   KEYS[7] job record
   KEYS[8] done (long-poll wakeup)
   KEYS[9] dlq index (per tenant: keys.dlq_index)
-  KEYS[10..11] the lane's fair-share keys (keys.fair_lane after its stream): waiting jobs, tags
+  KEYS[10] usage of the hour (keys.usage_hour of now; includes/meter): a job this ends is counted there
+  KEYS[11] usage totals of the month (keys.usage_month of now)
+  KEYS[12..13] the lane's fair-share keys (keys.fair_lane after its stream): waiting jobs, tags
 
   ARGV[1] entry id
   ARGV[2] now (ms)
@@ -36,7 +38,13 @@
            strike to the job (field strikes); at ARGV[11] strikes it is dead-lettered now whatever its attempts,
            with this reason. Empty or absent: retry as usual
   ARGV[11] strikes that make the job poison (1: at once)
-  ARGV[12] "1": fair share (else the next attempt goes straight into the stream)
+  ARGV[12] run ms of the job's attempts, this one's included (field run_ms: its ending counts them in its usage;
+           the client adds this attempt's to the record's as its delivery read it, which only the delivery's own
+           writes change); "" to leave the field as it is
+  ARGV[13] GPU ms of the job's attempts likewise (the workers' shares of their busy time; field gpu_ms)
+  ARGV[14] when the hour's usage expires (unix s; "0": metering off)
+  ARGV[15] when the month's usage totals expire (unix s)
+  ARGV[16] "1": fair share (else the next attempt goes straight into the stream)
 
   Returns
     {1, attempt, due_ms}   next attempt queued (due_ms 0: in the stream or waiting for admission now; else in the
@@ -54,7 +62,8 @@ local entryId, now, delay, maxAttempts = ARGV[1], tonumber(ARGV[2]), tonumber(AR
 local errorJson, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local poison = ARGV[10]
 local strikesNeeded = tonumber(ARGV[11])
-local fair = ARGV[12] == '1'
+local METER = {hour = KEYS[10], month = KEYS[11], hourUntil = ARGV[14], monthUntil = ARGV[15]}
+local fair = ARGV[16] == '1'
 
 
 --- @include "ackEntry"
@@ -74,6 +83,9 @@ if refusal then
   return refusal
 end
 local jobId, attempts, cancel = job[1], tonumber(job[7] or '1'), job[8]
+if (ARGV[12] or '') ~= '' then  -- the attempts' time, counted when the job ends (meter: from the record)
+  rcall('HSET', jobKey, 'run_ms', ARGV[12], 'gpu_ms', ARGV[13])
+end
 
 ackEntry(streamKey, entryId)
 if cancel == '1' then
@@ -102,7 +114,7 @@ if delay > 0 then
   rcall('ZADD', delayedKey, due, jobId)
   return remember(jobKey, 'settled', call, {1, attempts, due})
 end
-local lane = fairLane(streamKey, 10)
+local lane = fairLane(streamKey, 12)
 rcall('HSET', jobKey, 'entry', fairPlace(lane, jobId, job[9], attempts, fairCost(job[10], job[11]), false, fair))
 fairFlush(lane)
 return remember(jobKey, 'settled', call, {1, attempts, 0})
