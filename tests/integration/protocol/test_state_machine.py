@@ -5,8 +5,8 @@ After every step: each job has exactly one status; ``unfinished`` equals the num
 per-tenant counts agree; a non-terminal job has exactly one live place (stream entry, pending or not, its lane's jobs
 waiting for admission -- fair share, G10 -- or the delayed set) and a terminal one none, so the streams are empty
 when every job is terminal; every entry of a job is in its own lane's stream, and a delivery comes from its job's
-lane; a terminal status never changes; and a terminal job is never handed to the model again. Reads are sometimes blocking ones across the lanes, which give back what
-they take beyond their count.
+lane; a terminal status never changes; and a terminal job is never handed to the model again. Reads are sometimes
+blocking ones across the lanes, which give back what they take beyond their count.
 Leases expire at once here (claim-idle 0), so every reclaim steals from a live consumer: the hardest case. The
 consumer that lost an entry keeps its delivery and may still finish, retry or release it (a stale holder, G9):
 each such write must be refused and change nothing. Any script call may be resent (run twice with the same
