@@ -11,7 +11,7 @@ import pytest
 
 from inferq.queue.jobs import DEFAULT_EXPECTED_TOKENS, JobRequest, JobStatus, expected_tokens
 from inferq.queue.protocol import Outcome, Queue
-from tests.integration.protocol.queued import read_all
+from tests.support.queued import read_all
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 RESULT = {"status_code": 200, "body": {}}

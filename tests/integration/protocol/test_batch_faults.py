@@ -18,7 +18,7 @@ from inferq.config.settings import Settings
 from inferq.queue import claimcheck
 from inferq.queue.jobs import JobRequest, JobStatus
 from inferq.queue.protocol import Queue
-from tests.integration.protocol.queued import read_all
+from tests.support.queued import read_all
 from tests.support.s3 import in_process_bucket
 
 BUCKET = "inferq-test-batch-faults"

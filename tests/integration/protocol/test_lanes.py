@@ -13,7 +13,7 @@ import pytest
 from inferq.queue.jobs import LANES, JobRequest, JobStatus, Priority
 from inferq.queue.keys import GROUP
 from inferq.queue.protocol import JobTerminal, Lease, Outcome, Queue, now_ms
-from tests.integration.protocol.queued import read_all
+from tests.support.queued import read_all
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 ERROR = {"type": "server_error", "message": "503"}

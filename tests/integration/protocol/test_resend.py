@@ -17,8 +17,8 @@ from inferq.queue.protocol import Delivery, Lease, Outcome, Queue, QueueFull, Te
 from inferq.queue.waitslots import WaitsFull, WaitSlots
 from inferq.redis.scripting import NAMES, all_scripts
 from inferq.webhooks.tenant_secrets import rotate_secret, tenant_secret
-from tests.integration.protocol.queued import queued, read_all
 from tests.integration.protocol.resend import DelayingProxy, Resending, difference, snapshot, without_refusals
+from tests.support.queued import queued, read_all
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 RESENT = ["standalone-resent", "cluster-resent"]

@@ -28,8 +28,8 @@ from inferq.queue.protocol import (
     now_ms,
 )
 from inferq.redis.scripting import Code, all_scripts, load
-from tests.integration.protocol.queued import queued, read_all
 from tests.integration.protocol.resend import Resending
+from tests.support.queued import queued, read_all
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
