@@ -11,7 +11,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from inferq.queue.jobs import Priority
 from inferq.queue.protocol import Queue
+from tests.support.queued import queued
 
 from .conftest import AppFactory
 from .support import CHAT, A, B
@@ -25,7 +27,7 @@ def _job(**body: Any) -> dict[str, Any]:
 
 
 async def _queued(queue: Queue) -> int:
-    return sum([await queue.redis.xlen(stream) for stream in queue.keys.lane_streams])
+    return sum([len(await queued(queue, lane)) for lane in Priority])
 
 
 # ---------------------------------------------------------------- the body the engine receives

@@ -21,6 +21,7 @@ from inferq.config.settings import Settings
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Queue
 from inferq.usage.spend import Spend
+from tests.support.queued import read_all
 
 from .conftest import AppFactory
 from .support import KEYS, A, B
@@ -31,7 +32,7 @@ WITH_OPERATOR = {**KEYS, "key-operator-0003": "ops"}
 
 
 async def run_all(queue: Queue, spend: Spend, status: JobStatus = JobStatus.SUCCEEDED) -> None:
-    deliveries, _ = await queue.read("w", 100)
+    deliveries, _ = await read_all(queue, "w", 100)
     for d in deliveries:
         await queue.finish(d, status, result={} if status is JobStatus.SUCCEEDED else None,
                            error=None if status is JobStatus.SUCCEEDED else {"type": "x", "message": "y"},
