@@ -52,7 +52,8 @@ class QueueMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         config = Settings(redis_url=self.server.url, queue="sm" + uuid.uuid4().hex[:10], claim_idle_ms=0,
-                          max_attempts=2, max_deliveries=3, max_queue_depth=12, tenant_max_depth=8)
+                          max_attempts=2, max_deliveries=3, max_queue_depth=12, tenant_max_depth=8,
+                          tenant_weights={"t1": 1.0, "t2": 2.5})
         self.q = Queue.connect(config)
         self.resend = Resending(self.q, always=False)
         self.q.scripts = self.resend
@@ -108,9 +109,10 @@ class QueueMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ rules
 
-    @rule(idem=st.sampled_from([None, "a", "b"]), tenant=st.sampled_from(["t1", "t2"]), lane=st.sampled_from(LANES))
-    def enqueue(self, idem: str | None, tenant: str, lane: Priority) -> None:
-        request = JobRequest(body={"p": 1}, idempotency_key=idem, priority=lane)
+    @rule(idem=st.sampled_from([None, "a", "b"]), tenant=st.sampled_from(["t1", "t2"]), lane=st.sampled_from(LANES),
+          work=st.sampled_from([1, 100, 4000]))
+    def enqueue(self, idem: str | None, tenant: str, lane: Priority, work: int) -> None:
+        request = JobRequest(body={"p": 1, "max_tokens": work}, idempotency_key=idem, priority=lane)
         try:
             job, replayed = self.run(self.q.enqueue(tenant, request))
         except (QueueFull, IdempotencyConflict):  # the same key with another lane is another request
@@ -231,6 +233,21 @@ class QueueMachine(RuleBasedStateMachine):
         if open_jobs == 0:
             for stream in self.q.keys.lane_streams:
                 assert self.run(self.q.redis.xlen(stream)) == 0
+
+    @invariant()
+    def waiting_jobs_are_the_records_that_say_so_each_at_or_after_its_lanes_virtual_time(self) -> None:
+        """Fair share (G10): a member of a lane's waiting set is a queued job of that lane whose field entry names
+        that member, at its current attempt; no waiting job starts before the lane's virtual time (admission takes
+        the lowest start tag first)."""
+        for lane in LANES:
+            waiting = self.run(self.q.redis.zrange(self.q.keys.fair_jobs(lane), 0, -1, withscores=True))
+            clock = float(self.run(self.q.redis.hget(self.q.keys.fair_tags(lane), ":clock")) or 0)
+            for member, score in waiting:
+                tenant, attempt, job_id = member.split("|", 2)
+                record = self.run(self.q.redis.hgetall(self.q.keys.job(job_id)))
+                assert record["status"] == "queued" and record["entry"] == f"w:{member}", (member, record)
+                assert (record["tenant"], record["attempts"], record["lane"]) == (tenant, attempt, lane.value)
+                assert -score >= clock, f"{member} starts at {-score}, before the lane's virtual time {clock}"
 
     async def _records(self) -> list[dict[str, str]]:
         pipe = self.q.redis.pipeline(transaction=False)
