@@ -2,17 +2,17 @@
 weights, counted in work.
 
 **Fair admission.** A lane's stream holds only what the workers are about to read; the rest of the lane's jobs wait
-for admission in ``inferq:{Q}:fair:<lane>:jobs`` (one sorted set per lane, all scores 0, a member
-``<tenant>|<order>|<job id>|<attempt>|<cost>`` per job, so a tenant's jobs are one lex range in the order they came).
-Admission moves them into the stream in start-time fair queuing order (Goyal, Vin and Cheng's SFQ; the virtual-time
-scheme of weighted fair queuing): each tenant with jobs waiting has a virtual start tag (``fair:<lane>:tenants``);
-the lowest is admitted next, the lane's virtual time becomes that tag, and the tenant's next tag is that tag plus the
-job's cost, its work over the tenant's weight. So over any stretch in which two tenants both have jobs waiting, the
-work each is admitted, divided by its weight, differs by at most one job's cost of each; and a tenant whose first
-job arrives behind another's backlog starts at the virtual time, so it is admitted next or after about one job of
-each other tenant with jobs waiting, never after the backlog. A tenant that runs out of waiting jobs keeps its last
-finish tag (``fair:<lane>:tags``), and comes back at that tag or the virtual time, whichever is later: sending one
-job at a time, or few big ones, gains nothing.
+for admission in ``inferq:{Q}:fair:<lane>:jobs`` (one sorted set per lane, a member ``<tenant>|<attempt>|<job id>``
+per job, scored by minus its virtual start tag). Admission moves them into the stream in start-time fair queuing
+order (Goyal, Vin and Cheng's SFQ; the virtual-time scheme of weighted fair queuing): each job waiting has a virtual
+start tag, set when it is placed; the lowest is admitted next and the lane's virtual time becomes that tag. A job
+placed starts at the lane's virtual time or its tenant's last finish tag, whichever is later, and moves the tenant's
+finish tag on by its cost, its work over the tenant's weight. So over any stretch in which two tenants both have
+jobs waiting, the work each is admitted, divided by its weight, differs by at most one job's cost of each; and a
+tenant whose first job arrives behind another's backlog starts at the virtual time, so it is admitted next or after
+about one job of each other tenant with jobs waiting, never after the backlog. A tenant that runs out of waiting
+jobs keeps its last finish tag (``fair:<lane>:tags``), and comes back at that tag or the virtual time, whichever is
+later: sending one job at a time, or few big ones, gains nothing.
 
 Who admits: a worker, for its free slots and its read plan (:mod:`inferq.queue.lanes`), in the same round trip as
 its read (``admit.lua``); the maintenance sweeps (the workers' and the scaler's), one entry per lane, so no job waits

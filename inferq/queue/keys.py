@@ -66,7 +66,8 @@ class Keys:
 
     def fair_jobs(self, lane: str) -> str:
         """Sorted set: the lane's jobs waiting for admission into its stream, one member ``<tenant>|<attempt>|<job
-        id>`` each, scored by the job's virtual start tag (the lowest is admitted next)."""
+        id>`` each, scored by minus the job's virtual start tag (the lowest tag, the highest score, is admitted
+        next)."""
         return f"{self.prefix}fair:{lane}:jobs"
 
     def fair_tags(self, lane: str) -> str:

@@ -241,6 +241,7 @@ def test_the_reading_check_tells_a_process_that_reads_a_setting_from_one_that_do
 # --- the other way round: what a process reads, the template sets (or its default is right for production) ---
 
 PRODUCTION_DEFAULTS: dict[str, str] = {
+    "fair_share": "on: G10, fair share inside each lane; off is for comparisons (the bench's first come, first served)",
     "api_keys_cache_s": "5 minutes between reads of the keys secret: a revoked key stops within that",
     "api_keys_max_stale_s": "15 minutes of serving the last keys read while Secrets Manager fails, then fail closed",
     "batch_completion_windows": "24h, the one window OpenAI's Batch API has",
@@ -282,10 +283,12 @@ NOT_RUN: dict[tuple[str, str], str] = {
     **{("AuthorizerFunction", name): _NO_CACHE for name in (
         "claim_idle_ms", "events_maxlen", "max_attempts", "max_deliveries", "max_queue_depth", "queue",
         "redis_auth", "redis_auth_secret", "redis_max_connections", "redis_timeout_s", "redis_url",
-        "redis_wait_replicas", "result_ttl_s", "scale_tokens_per_s", "tenant_max_depth", "usage_retention_days")},
+        "redis_wait_replicas", "result_ttl_s", "scale_tokens_per_s", "tenant_max_depth", "tenant_weights",
+        "usage_retention_days")},
     ("worker", "max_queue_depth"): _PRODUCER,
     ("worker", "tenant_max_depth"): _PRODUCER,
     ("worker", "scale_tokens_per_s"): _PRODUCER + " (the expected tokens are written at submit)",
+    ("worker", "tenant_weights"): _PRODUCER + " (a job's weight is written at submit, and its retries keep it)",
     ("GatewayFunction", "webhook_secret"): "the gateway signs no webhook (the workers and the scaler deliver them)",
 }
 """(process, setting): the process's code names the setting, but the process never runs that code."""
