@@ -148,6 +148,16 @@ def test_the_imports_form_no_circle() -> None:
     assert found == [], "import circles:\n" + "\n".join(sorted(found))
 
 
+def test_the_package_imports_nothing_of_the_repository() -> None:
+    """Imports go one way: ``functions/``, ``gpu_worker/``, ``emulator/`` and ``bench/`` build on ``inferq``, the
+    package the wheel installs alone, which never reaches back into them (``inferq up`` finds the emulator through
+    an entry point the repository registers: inferq/cli/main.py)."""
+    graph = import_graph(tuple(p for p in PACKAGES if (ROOT / p).is_dir()))
+    upward = sorted(f"{name} -> {target}" for name, targets in graph.items() if name.split(".")[0] == "inferq"
+                    for target in targets if target.split(".")[0] != "inferq")
+    assert upward == [], "the package imports the repository's code:\n" + "\n".join(upward)
+
+
 def test_the_graph_sees_the_imports_it_must() -> None:
     """Module-level, function-level, relative and ``TYPE_CHECKING`` imports are all edges."""
     graph = import_graph(("functions",))
