@@ -490,7 +490,28 @@ def test_the_job_timeout_reaches_the_workers_that_enforce_it_and_not_the_gateway
     assert worker_environment(nested["gpu"])["INFERQ_JOB_TIMEOUT_S"] == str(default)
 
 
-def test_a_generated_webhook_secret_reaches_the_workers_and_the_scaler_by_reference_only(
+def test_the_deployment_wide_webhook_key_is_off_unless_asked_for(translated: dict[str, Any]) -> None:
+    """L1 (issue 47): a key that signs every tenant's webhooks lets whoever holds it forge any of them. By default
+    there is none: no secret, no variable, no grant, an empty output; tenants' own secrets sign."""
+    assert translated["Parameters"]["SharedWebhookKey"]["Default"] == "off"
+    resolver = Resolver(translated)
+    assert not resolver.condition("HasSharedWebhookKey") and not resolver.condition("CreateWebhookSecret")
+    assert resolver.value(translated["Resources"]["Gpu"]["Properties"]["Parameters"]["WebhookSecretArn"]) == ""
+    assert "INFERQ_WEBHOOK_SECRET_ID" not in resolver.value(environment(translated, "ScalerFunction"))
+    assert resolver.value(translated["Outputs"]["WebhookSecretArn"]["Value"]) == ""
+    role = role_of(translated, "ScalerFunction")
+    reads = [resolver.value(s) for owner, s in role_statements(translated) if owner == role
+             and "secretsmanager:GetSecretValue" in as_list(s["Action"])]
+    assert [r for r in reads if r and r.get("Resource") in ("WebhookSecret", WEBHOOK_ARN)] == []
+    # an ARN with the key off is refused at deploy time (the template's description and DEPLOY.md say so too)
+    rule = translated["Rules"]["SharedWebhookKeyNeedsOn"]
+    assert rule["RuleCondition"] == {"Fn::Equals": [{"Ref": "SharedWebhookKey"}, "off"]}
+    assert rule["Assertions"][0]["Assert"] == {"Fn::Equals": [{"Ref": "WebhookSecretArn"}, ""]}
+    for text in (translated["Parameters"]["SharedWebhookKey"]["Description"], (ROOT / "DEPLOY.md").read_text()):
+        assert "forge" in text
+
+
+def test_a_shared_webhook_key_reaches_the_workers_and_the_scaler_by_reference_only(
     translated: dict[str, Any], nested: dict[str, dict[str, Any]]
 ) -> None:
     resources = translated["Resources"]
@@ -499,12 +520,14 @@ def test_a_generated_webhook_secret_reaches_the_workers_and_the_scaler_by_refere
     assert generated["Properties"]["GenerateSecretString"]["PasswordLength"] >= 32
     gpu_parameters = resources["Gpu"]["Properties"]["Parameters"]
     scaler_env = environment(translated, "ScalerFunction")
-    for resolver, arn in ((Resolver(translated), "WebhookSecret"),
-                          (Resolver(translated, overrides={"WebhookSecretArn": WEBHOOK_ARN}), WEBHOOK_ARN)):
+    on = {"SharedWebhookKey": "on"}
+    for resolver, arn in ((Resolver(translated, overrides=on), "WebhookSecret"),
+                          (Resolver(translated, overrides={**on, "WebhookSecretArn": WEBHOOK_ARN}), WEBHOOK_ARN)):
         assert resolver.value(gpu_parameters["WebhookSecretArn"]) == arn
         assert resolver.value(scaler_env)["INFERQ_WEBHOOK_SECRET_ID"] == arn
         assert resolver.value(translated["Outputs"]["WebhookSecretArn"]["Value"]) == arn
-    assert not Resolver(translated, overrides={"WebhookSecretArn": WEBHOOK_ARN}).condition("CreateWebhookSecret")
+    assert not Resolver(translated, overrides={**on, "WebhookSecretArn": WEBHOOK_ARN}).condition(
+        "CreateWebhookSecret")
     # the value itself never sits in a function or task definition
     for logical_id in FUNCTIONS:
         assert "INFERQ_WEBHOOK_SECRET" not in environment(translated, logical_id)
@@ -525,7 +548,7 @@ def _policies(gpu: dict[str, Any], role: str, **overrides: str) -> Any:
 def test_only_the_scaler_and_the_tasks_execution_role_may_read_the_webhook_secret(
     translated: dict[str, Any], nested: dict[str, dict[str, Any]]
 ) -> None:
-    resolver = Resolver(translated)
+    resolver = Resolver(translated, overrides={"SharedWebhookKey": "on"})
     readers = {
         owner
         for owner, statement in role_statements(translated)
