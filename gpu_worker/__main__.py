@@ -51,7 +51,8 @@ async def serve(settings: Settings, model: Model | None = None) -> int:
     metrics = WorkerMetrics(settings.queue, settings.window_limit)
     metrics.serve(settings.metrics_port)
     worker = Worker(
-        settings, queue, backend, metrics=metrics, protection=TaskProtection.from_environment(settings)
+        settings, queue, backend, metrics=metrics, protection=TaskProtection.from_environment(settings),
+        webhooks=settings.worker_webhooks,  # off in the GPU task: no route to the internet (the scaler delivers)
     )
     loop = asyncio.get_running_loop()
     stopped = asyncio.Event()

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Body, Depends
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from inferq.webhooks.envelope import SecretsUnavailable
 from inferq.webhooks.tenant_secrets import (
     KEEP_PREVIOUS_S,
     MAX_KEEP_PREVIOUS_S,
@@ -16,6 +17,7 @@ from inferq.webhooks.tenant_secrets import (
     tenant_secret,
 )
 
+from .errors import ApiError
 from .openapi import documented
 
 NO_STORE = {"Cache-Control": "no-store"}
@@ -35,6 +37,17 @@ def _answer(secret: TenantSecret) -> JSONResponse:
     return JSONResponse(secret.to_api(), headers=NO_STORE)
 
 
+async def _secret(gw: Any, call: Any) -> TenantSecret:
+    """The secret, sealed and opened with the secrets key (INFERQ_WEBHOOK_SECRETS_KEY): KMS not answering is a
+    503 to retry, as Redis's is."""
+    try:
+        secret: TenantSecret = await gw.call(call)
+    except SecretsUnavailable:
+        raise ApiError(503, "the webhook secrets key cannot be used right now; retry later",
+                       headers={"Retry-After": "2"}) from None
+    return secret
+
+
 def routes(gw: Any, router: APIRouter) -> None:
     Tenant = Annotated[str, Depends(gw.authenticate)]
 
@@ -42,7 +55,7 @@ def routes(gw: Any, router: APIRouter) -> None:
                 responses=documented("The secret (`whsec_…`), and the replaced one while it still signs",
                                      400, 401, 413, 422, 503))
     async def get_secret(tenant: Tenant) -> JSONResponse:
-        return _answer(await gw.call(tenant_secret(gw.queue, tenant)))
+        return _answer(await _secret(gw, tenant_secret(gw.queue, tenant)))
 
     @router.post("/v1/webhooks/secret/rotate", summary="Replace the tenant's webhook signing secret",
                  response_model=None,
@@ -50,4 +63,4 @@ def routes(gw: Any, router: APIRouter) -> None:
                                       400, 401, 413, 422, 503))
     async def rotate(tenant: Tenant, payload: Annotated[SecretRotate | None, Body()] = None) -> JSONResponse:
         keep = (payload or SecretRotate()).keep_previous_s
-        return _answer(await gw.call(rotate_secret(gw.queue, tenant, keep)))
+        return _answer(await _secret(gw, rotate_secret(gw.queue, tenant, keep)))
