@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from .iam_calls import ACCOUNT, REGION
 from .iam_stack import API_KEY, BUCKET, CLUSTER, TASK_ID, TENANT, Stack
 
 A = {"Authorization": f"Bearer {API_KEY}"}
@@ -353,6 +354,35 @@ async def scaler_ticks(stack: Stack) -> None:
 
     [(headers, body)] = stack.receiver.requests
     assert verify_webhook(secret["secret"], headers, body)["id"] == hooked.json()["id"]
+
+
+@flow("scaler", "Spot is short: an on-demand stand-in on the fallback service")
+async def scaler_stands_in_for_spot(stack: Stack) -> None:
+    from moto.ecs.models import ecs_backends
+
+    from functions.scaler import app as scaler_app
+    from tests.integration.scaler.test_handler import LambdaContext, scheduled
+
+    from .iam_stack import FALLBACK, SERVICE
+
+    async with gateway(stack) as client:
+        answer = await as_gateway(stack, client.post("/v1/jobs", headers=A, json=chat("waits for Spot")))
+        assert answer.status_code == 202, answer.text
+    with stack.acting(None):  # ECS asked for one Spot task and found no instance for it (moto reports it pending)
+        spot = ecs_backends[ACCOUNT][REGION].services[f"{CLUSTER}:{SERVICE}"]
+        spot.desired_count, spot.running_count, spot.pending_count = 1, 0, 1
+    with stack.acting("scaler"):
+        scaler_app.reset()
+        try:
+            ticked = scaler_app.handler(scheduled(), LambdaContext(remaining_ms=500))
+        finally:
+            scaler_app.reset()
+    assert ticked["errors"] == [], ticked
+    with stack.acting(None):
+        fallback = ecs_backends[ACCOUNT][REGION].services[f"{CLUSTER}:{FALLBACK}"]
+        assert fallback.desired_count == 1  # the stand-in
+        fallback.desired_count = spot.desired_count = spot.pending_count = 0
+    await work_until_idle(stack, protected=False)
 
 
 async def killed_finalisation(stack: Stack, batch_id: str) -> None:

@@ -4,7 +4,7 @@ the calling key's tenant's, never another's; the store is :mod:`inferq.webhooks.
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends
+from fastapi import APIRouter, Body
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,8 +17,12 @@ from inferq.webhooks.tenant_secrets import (
     tenant_secret,
 )
 
-from .errors import ApiError
-from .openapi import documented
+from ..dependencies import GatewayDep, Tenant
+from ..errors import ApiError
+from ..shared import Gateway
+from ..openapi import documented
+
+router = APIRouter()
 
 NO_STORE = {"Cache-Control": "no-store"}
 """A secret is never kept by a cache on the way."""
@@ -37,8 +41,8 @@ def _answer(secret: TenantSecret) -> JSONResponse:
     return JSONResponse(secret.to_api(), headers=NO_STORE)
 
 
-async def _secret(gw: Any, call: Any) -> TenantSecret:
-    """The secret, sealed and opened with the secrets key (INFERQ_WEBHOOK_SECRETS_KEY): KMS not answering is a
+async def _secret(gw: Gateway, call: Any) -> TenantSecret:
+    """The secret, sealed and opened with the secrets key (``INFERQ_WEBHOOK_SECRETS_KEY``): KMS not answering is a
     503 to retry, as Redis's is."""
     try:
         secret: TenantSecret = await gw.call(call)
@@ -48,19 +52,18 @@ async def _secret(gw: Any, call: Any) -> TenantSecret:
     return secret
 
 
-def routes(gw: Any, router: APIRouter) -> None:
-    Tenant = Annotated[str, Depends(gw.authenticate)]
+@router.get("/v1/webhooks/secret", summary="The tenant's webhook signing secret", response_model=None,
+            responses=documented("The secret (`whsec_…`), and the replaced one while it still signs",
+                                 400, 401, 413, 422, 503))
+async def get_secret(gw: GatewayDep, tenant: Tenant) -> JSONResponse:
+    return _answer(await _secret(gw, tenant_secret(gw.queue, tenant)))
 
-    @router.get("/v1/webhooks/secret", summary="The tenant's webhook signing secret", response_model=None,
-                responses=documented("The secret (`whsec_…`), and the replaced one while it still signs",
-                                     400, 401, 413, 422, 503))
-    async def get_secret(tenant: Tenant) -> JSONResponse:
-        return _answer(await _secret(gw, tenant_secret(gw.queue, tenant)))
 
-    @router.post("/v1/webhooks/secret/rotate", summary="Replace the tenant's webhook signing secret",
-                 response_model=None,
-                 responses=documented("The new secret, and the replaced one with when it stops signing",
-                                      400, 401, 413, 422, 503))
-    async def rotate(tenant: Tenant, payload: Annotated[SecretRotate | None, Body()] = None) -> JSONResponse:
-        keep = (payload or SecretRotate()).keep_previous_s
-        return _answer(await _secret(gw, rotate_secret(gw.queue, tenant, keep)))
+@router.post("/v1/webhooks/secret/rotate", summary="Replace the tenant's webhook signing secret",
+             response_model=None,
+             responses=documented("The new secret, and the replaced one with when it stops signing",
+                                  400, 401, 413, 422, 503))
+async def rotate(gw: GatewayDep, tenant: Tenant,
+                 payload: Annotated[SecretRotate | None, Body()] = None) -> JSONResponse:
+    keep = (payload or SecretRotate()).keep_previous_s
+    return _answer(await _secret(gw, rotate_secret(gw.queue, tenant, keep)))
