@@ -19,7 +19,7 @@ from inferq.webhooks.tenant_secrets import (
 
 from ..dependencies import GatewayDep, Tenant
 from ..errors import ApiError
-from ..shared import Gateway
+from ..gateway import Gateway
 from ..openapi import documented
 
 router = APIRouter()
