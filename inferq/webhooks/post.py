@@ -72,7 +72,7 @@ class WebhookPost:
             log.warning("webhook refused: %s is not https", target.scheme, extra=where)
             return Outcome.REFUSED
         refusal = None if self.settings.webhook_allow_private else netguard.port_refusal(
-            target.port or 443, self.settings.webhook_ports)
+            443 if target.port is None else target.port, self.settings.webhook_ports)
         if refusal:
             log.warning("webhook refused: %s", refusal, extra=where)
             return Outcome.REFUSED
