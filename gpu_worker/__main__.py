@@ -58,6 +58,7 @@ async def serve(settings: Settings, model: Model | None = None, *, burst: bool =
     worker = Worker(
         settings, queue, backend, metrics=metrics, protection=TaskProtection.from_environment(settings), gpus=gpus,
         burst=burst,
+        webhooks=settings.worker_webhooks,  # off in the GPU task: no route to the internet (the scaler delivers)
     )
     loop = asyncio.get_running_loop()
     stopped = asyncio.Event()
