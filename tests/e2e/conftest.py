@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from emulator.valkey import free_port
+from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
@@ -49,17 +50,6 @@ def process_group(pgid: int) -> dict[int, str]:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             found[int(entry)] = cmdline.strip()
     return found
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def chat(text: str, **mock: Any) -> dict[str, Any]:
@@ -109,7 +99,7 @@ class Emulator:
                 raise AssertionError(f"inferq up exited with {self.process.returncode}:\n{self.logs()[-4000:]}")
             return "inferq: ready on" in self.logs()
 
-        wait_for(ready, timeout, what="inferq: ready")
+        eventually(ready, what="inferq: ready", timeout=timeout)
         self.ready_s = time.monotonic() - started
         key = (self.data_dir / "dev-api-key").read_text().strip()
         self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=30.0)

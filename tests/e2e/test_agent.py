@@ -9,7 +9,7 @@ import io
 import json
 import sys
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import boto3
@@ -18,6 +18,7 @@ import pytest
 from emulator.agent import EcsAgent
 from emulator.ecs import MotoEcs, Names
 from emulator.procs import LogSink
+from tests.support.waiting import NeverHappened, eventually_async
 
 # A task that sets its own protection from PROTECT (a list of worker ids), then waits; IGNORE_TERM ignores SIGTERM.
 TASK = r"""
@@ -69,15 +70,14 @@ class Harness:
     def live(self) -> dict[str, Any]:
         return {t.worker_id: t for t in self.agent.live()}
 
-    async def until(self, condition: Any, timeout: float = 10.0) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not condition():
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"timed out; agent log:\n{self.log.getvalue()}")
-            await asyncio.sleep(0.05)
+    async def until(self, condition: Callable[[], Any], what: str, timeout: float = 10.0) -> None:
+        try:
+            await eventually_async(condition, what=what, timeout=timeout)
+        except NeverHappened as failure:
+            raise NeverHappened(f"{failure}; agent log:\n{self.log.getvalue()}") from None
 
     async def protected_reported(self, count: int) -> None:
-        await self.until(lambda: self.log.getvalue().count("| protection") >= count)
+        await self.until(lambda: self.log.getvalue().count("| protection") >= count, f"{count} protection calls")
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ async def harness() -> AsyncIterator[Harness]:
 
 async def test_scale_in_stops_unprotected_tasks_only_and_waits_for_protection_to_end(harness: Harness) -> None:
     await harness.set_desired(3)
-    await harness.until(lambda: len(harness.live()) == 3)
+    await harness.until(lambda: len(harness.live()) == 3, "3 live tasks")
     await harness.protected_reported(3)
     service = await harness.service()
     assert (service["desiredCount"], service["runningCount"]) == (3, 3)
@@ -108,7 +108,7 @@ async def test_scale_in_stops_unprotected_tasks_only_and_waits_for_protection_to
 
     await harness.set_desired(1)
     # worker-2 is the only unprotected task: it goes; the two protected ones stay although one is surplus
-    await harness.until(lambda: set(harness.live()) == {"worker-1", "worker-3"})
+    await harness.until(lambda: set(harness.live()) == {"worker-1", "worker-3"}, "worker-2 stopped")
     await asyncio.sleep(1.0)
     assert set(harness.live()) == {"worker-1", "worker-3"}
     assert "1 surplus task(s) protected from scale-in" in harness.log.getvalue()
@@ -118,33 +118,34 @@ async def test_scale_in_stops_unprotected_tasks_only_and_waits_for_protection_to
     status, reply = await call("PUT", harness.agent.agent_uri(third.id) + "/task-protection/v1/state",
                                {"ProtectionEnabled": False})
     assert status == 200 and reply["protection"]["ProtectionEnabled"] is False
-    await harness.until(lambda: set(harness.live()) == {"worker-1"})
-    await harness.until(lambda: "worker-3 stopped (exit -15)" in harness.log.getvalue())
+    await harness.until(lambda: set(harness.live()) == {"worker-1"}, "only worker-1 live")
+    await harness.until(lambda: "worker-3 stopped (exit -15)" in harness.log.getvalue(), "worker-3 stopped by SIGTERM")
     service = await harness.service()
     assert (service["desiredCount"], service["runningCount"]) == (1, 1)
 
 
 async def test_a_dead_task_is_replaced_and_a_task_ignoring_sigterm_is_killed(harness: Harness) -> None:
     await harness.set_desired(1)
-    await harness.until(lambda: "worker-1" in harness.live())
+    await harness.until(lambda: "worker-1" in harness.live(), "worker-1 live")
     await harness.protected_reported(1)
     harness.live()["worker-1"].child.signal(9)
-    await harness.until(lambda: "worker-2" in harness.live())
+    await harness.until(lambda: "worker-2" in harness.live(), "worker-2 replacing worker-1")
     assert "worker-1 exited on its own (exit -9); replacing it\n" in harness.log.getvalue()
 
     await harness.set_desired(4)  # worker-3 .. worker-5; worker-4 ignores SIGTERM
-    await harness.until(lambda: len(harness.live()) == 4)
+    await harness.until(lambda: len(harness.live()) == 4, "4 live tasks")
     await harness.protected_reported(5)  # every task has made its protection call (worker-3 protects itself)
     await harness.set_desired(1)
-    await harness.until(lambda: set(harness.live()) == {"worker-3"})
-    await harness.until(lambda: "worker-4 stopped (exit -9)" in harness.log.getvalue(), timeout=5)
+    await harness.until(lambda: set(harness.live()) == {"worker-3"}, "only worker-3 live")
+    await harness.until(lambda: "worker-4 stopped (exit -9)" in harness.log.getvalue(), "worker-4 killed",
+                        timeout=5)
     assert "worker-4 | " in harness.log.getvalue()
     assert "| did not stop within 1s: SIGKILL" in harness.log.getvalue()
 
 
 async def test_the_protection_endpoint_rejects_what_ecs_rejects(harness: Harness) -> None:
     await harness.set_desired(1)
-    await harness.until(lambda: len(harness.live()) == 1)
+    await harness.until(lambda: len(harness.live()) == 1, "one live task")
     [task] = harness.live().values()
     url = harness.agent.agent_uri(task.id) + "/task-protection/v1/state"
     for body in ({"ProtectionEnabled": "yes"}, {"ProtectionEnabled": True, "ExpiresInMinutes": 0},
@@ -164,7 +165,7 @@ async def test_a_crash_loop_slows_replacements_down() -> None:
     harness = Harness(ecs, agent, log)
     try:
         await harness.set_desired(1)
-        await harness.until(lambda: "(crash loop)" in log.getvalue())
+        await harness.until(lambda: "(crash loop)" in log.getvalue(), "a crash loop noticed")
         lines = [line for line in log.getvalue().splitlines() if "exited on its own (exit 3)" in line]
         assert len(lines) == 3  # replaced at once twice; the third failure in a row is a crash loop
         assert lines[-1].endswith("replacing it in 0.5s (crash loop)")
@@ -188,7 +189,7 @@ async def test_an_emulated_boot_keeps_a_task_pending_and_a_scale_in_cancels_it_f
         assert not harness.live()  # still booting
         service = await harness.service()
         assert (service["runningCount"], service["pendingCount"]) == (0, 1)
-        await harness.until(lambda: set(harness.live()) == {"worker-1"}, timeout=10)
+        await harness.until(lambda: set(harness.live()) == {"worker-1"}, "worker-1 booted", timeout=10)
         service = await harness.service()
         assert (service["runningCount"], service["pendingCount"]) == (1, 0)
 

@@ -23,8 +23,9 @@ import pytest
 
 from inferq.client import AsyncClient, Client, JobStatus
 from tests.support.browser import Browser, chromium
+from tests.support.waiting import eventually
 
-from .conftest import FAST, ROOT, Emulator, wait_for
+from .conftest import FAST, ROOT, Emulator
 
 ALICE, BOB, LOADER = "key-alice-console-0001", "key-bob-console-0002", "key-load-console-0003"
 README_SHOT = ROOT / "docs" / "img" / "console.png"
@@ -337,7 +338,7 @@ def test_the_page_stays_responsive_with_ten_thousand_jobs_queued(stack: Emulator
     with ThreadPoolExecutor(1) as pool:  # Playwright's sync API holds this thread's event loop
         pool.submit(asyncio.run, fill()).result()
     print(f"queued {QUEUED_JOBS} jobs in {time.monotonic() - started:.1f}s")
-    wait_for(lambda: alice.scale()["unfinished"] >= QUEUED_JOBS, 30, 0.5, "the backlog")
+    eventually(lambda: alice.scale()["unfinished"] >= QUEUED_JOBS, what="the backlog", timeout=30, interval=0.5)
 
     show(browser, "overview")
     took_ms = browser.js("(async () => { const t = performance.now(); await refreshScale(); await refreshHistory(); "

@@ -10,12 +10,14 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .conftest import ROOT, Emulator, chat, wait_for
+from tests.support.waiting import eventually
+
+from .conftest import ROOT, Emulator, chat
 
 
 def wait_idle(stack: Emulator, timeout: float = 60.0) -> None:
     """Nothing queued or running: one test's jobs do not leak into the next one's numbers."""
-    wait_for(lambda: stack.scale()["unfinished"] == 0, timeout, 0.2, "the queue to drain")
+    eventually(lambda: stack.scale()["unfinished"] == 0, what="the queue to drain", timeout=timeout, interval=0.2)
 
 
 def test_the_stack_gets_ready_and_prints_how_to_submit(stack: Emulator) -> None:
@@ -27,7 +29,7 @@ def test_the_stack_gets_ready_and_prints_how_to_submit(stack: Emulator) -> None:
     def roles() -> set[str]:
         return {line.split("|", 1)[0].strip() for line in stack.logs().splitlines() if "|" in line[:12]}
 
-    wait_for(lambda: {"valkey", "gateway", "scaler"} <= roles(), 10, 0.2, "log lines prefixed by role")
+    eventually(lambda: {"valkey", "gateway", "scaler"} <= roles(), what="log lines prefixed by role", interval=0.2)
     assert stack.client.get("/readyz").status_code == 200
     assert stack.client.get("/v1/scale", headers={"Authorization": "Bearer wrong-key-123"}).status_code == 401
 
@@ -46,13 +48,13 @@ def test_backlog_scales_the_fleet_up_and_idleness_back_to_zero(stack: Emulator) 
     wait_idle(stack)
     jobs = [stack.submit(chat(f"backlog {i}", latency_ms=400)) for i in range(40)]
     # 40 jobs, 4 per worker: the policy wants 10, capped at INFERQ_SCALE_MAX=3 real worker processes
-    wait_for(lambda: stack.scale()["desired"] == 3, 15, 0.2, "desired 3")
-    wait_for(lambda: len(stack.workers()) == 3, 15, 0.2, "3 worker processes")
+    eventually(lambda: stack.scale()["desired"] == 3, what="desired 3", timeout=15, interval=0.2)
+    eventually(lambda: len(stack.workers()) == 3, what="3 worker processes", timeout=15, interval=0.2)
     for job in jobs:
         assert stack.finish(job["id"])["status"] == "succeeded"
     # cooldown 3 s, idle 4 s before zero: back to no worker process at all
-    wait_for(lambda: stack.scale()["desired"] == 0, 30, 0.3, "desired 0")
-    wait_for(lambda: not stack.workers(), 20, 0.2, "no worker process left")
+    eventually(lambda: stack.scale()["desired"] == 0, what="desired 0", timeout=30, interval=0.3)
+    eventually(lambda: not stack.workers(), what="no worker process left", timeout=20, interval=0.2)
     assert "scale-in" in stack.logs()
 
 
@@ -116,9 +118,10 @@ def test_valkey_killed_is_restarted_with_its_data_and_the_stack_recovers(stack: 
     time.sleep(1.5)  # AOF everysec: what was written more than a second ago is on disk
     [valkey] = [pid for pid, cmd in stack.processes().items() if "valkey-server" in cmd]
     os.kill(valkey, signal.SIGKILL)
-    wait_for(lambda: [p for p, c in stack.processes().items() if "valkey-server" in c and p != valkey], 10, 0.1,
-             "a new valkey-server")
-    wait_for(lambda: stack.client.get("/readyz").status_code == 200, 15, 0.2, "the gateway to be ready again")
+    eventually(lambda: [p for p, c in stack.processes().items() if "valkey-server" in c and p != valkey],
+               what="a new valkey-server")
+    eventually(lambda: stack.client.get("/readyz").status_code == 200, what="the gateway to be ready again",
+               timeout=15, interval=0.2)
     assert stack.job(before["id"])["status"] == "succeeded"  # replayed from the AOF
     after = stack.submit(chat("after the crash"))
     assert stack.finish(after["id"], timeout=60)["status"] == "succeeded"

@@ -15,8 +15,9 @@ from gpu_worker.worker import Worker
 from inferq.config.settings import Settings
 from inferq.queue.jobs import LANES, Job, JobRequest, JobStatus, Priority
 from inferq.queue.protocol import Queue, now_ms
+from tests.support.waiting import eventually_async
 
-from .support import chat, eventually, mock_calls, running_worker, status_is, submit, terminal
+from .support import chat, mock_calls, running_worker, status_is, submit, terminal
 
 
 class RecordingBackend(MockBackend):
@@ -61,7 +62,7 @@ async def test_a_low_backlog_gets_a_tenth_of_the_takes_under_a_constant_high_str
     await queue.enqueue_many("acme", [_request(Priority.HIGH) for _ in range(120)])
     backend = RecordingBackend(queue)
     async with running_worker(settings.replace(window=1, drain_s=0), queue, backend, webhooks=False):
-        await eventually(lambda: _at_least(backend, 100), timeout=60, what="100 takes")
+        await eventually_async(lambda: _at_least(backend, 100), what="100 takes", timeout=60)
     first = backend.lanes[:100]
     assert first.count(Priority.LOW) >= 10, first
     assert first.count(Priority.HIGH) >= 80, first
