@@ -67,6 +67,10 @@ class Harness:
                                         services=[self.ecs.names.service])
         return dict(reply["services"][0])
 
+    async def counts_are(self, *, running: int, pending: int) -> bool:
+        service = await self.service()
+        return (service["runningCount"], service["pendingCount"]) == (running, pending)
+
     def live(self) -> dict[str, Any]:
         return {t.worker_id: t for t in self.agent.live()}
 
@@ -109,9 +113,9 @@ async def test_scale_in_stops_unprotected_tasks_only_and_waits_for_protection_to
     await harness.set_desired(1)
     # worker-2 is the only unprotected task: it goes; the two protected ones stay although one is surplus
     await harness.until(lambda: set(harness.live()) == {"worker-1", "worker-3"}, "worker-2 stopped")
-    await asyncio.sleep(1.0)
-    assert set(harness.live()) == {"worker-1", "worker-3"}
-    assert "1 surplus task(s) protected from scale-in" in harness.log.getvalue()
+    await harness.until(lambda: "1 surplus task(s) protected from scale-in" in harness.log.getvalue(),
+                        "the agent's decision to spare the protected surplus task")
+    assert set(harness.live()) == {"worker-1", "worker-3"}  # decided, and spared
     assert (await harness.service())["runningCount"] == 2
 
     third = harness.live()["worker-3"]
@@ -180,26 +184,23 @@ async def test_an_emulated_boot_keeps_a_task_pending_and_a_scale_in_cancels_it_f
     log = io.StringIO()
     ecs = MotoEcs(Names("agent-boot", "agent-boot-workers"), stop_timeout_s=1)
     await asyncio.to_thread(ecs.start)
-    agent = await EcsAgent(ecs, LogSink(log), {"PYTHONUNBUFFERED": "1"}, stop_timeout_s=1.0, boot_s=1.5,
+    # a boot long enough that the scale-in below lands within it on a loaded machine
+    agent = await EcsAgent(ecs, LogSink(log), {"PYTHONUNBUFFERED": "1"}, stop_timeout_s=1.0, boot_s=3.0,
                            worker_argv=[sys.executable, "-c", TASK]).start()
     harness = Harness(ecs, agent, log)
     try:
         await harness.set_desired(1)
-        await asyncio.sleep(0.5)
+        await eventually_async(lambda: harness.counts_are(running=0, pending=1), what="one task pending")
         assert not harness.live()  # still booting
-        service = await harness.service()
-        assert (service["runningCount"], service["pendingCount"]) == (0, 1)
         await harness.until(lambda: set(harness.live()) == {"worker-1"}, "worker-1 booted", timeout=10)
-        service = await harness.service()
-        assert (service["runningCount"], service["pendingCount"]) == (1, 0)
+        assert await harness.counts_are(running=1, pending=0)
 
         await harness.set_desired(2)
-        await asyncio.sleep(0.3)
+        await eventually_async(lambda: harness.counts_are(running=1, pending=1), what="worker-2 booting")
         await harness.set_desired(1)  # while worker-2 boots: its boot is cancelled, worker-1 keeps running
-        await asyncio.sleep(2.0)
+        await eventually_async(lambda: harness.counts_are(running=1, pending=0), what="worker-2's boot cancelled")
         assert set(harness.live()) == {"worker-1"}
-        assert "started worker-2" not in log.getvalue()
-        assert (await harness.service())["pendingCount"] == 0
+        assert "started worker-2" not in log.getvalue()  # a cancelled boot never starts its worker
     finally:
         await agent.shutdown()
         ecs.stop()

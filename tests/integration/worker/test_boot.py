@@ -105,8 +105,8 @@ async def test_a_stop_request_ends_the_wait(settings: Settings, queue: Queue) ->
     try:
         stopped = asyncio.Event()
         waiting = asyncio.create_task(_model_server_ready(settings.replace(openai_base_url=server.url), queue, stopped))
-        await asyncio.sleep(0.5)
-        assert not waiting.done()
+        await eventually_async(lambda: server.seen >= 2, what="the worker polling /health again")
+        assert not waiting.done()  # still loading: it waits
         stopped.set()
         await asyncio.wait_for(waiting, 5)
     finally:
