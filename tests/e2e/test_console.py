@@ -247,7 +247,9 @@ def test_the_overview_charts_throughput_and_latency(stack: Emulator, browser: Br
         jobs = [alice.submit(chat(f"chart {batch}.{i}", latency_ms=200)) for i in range(8)]
         for job in jobs:
             alice.wait(job.id, timeout=60)
-        time.sleep(5)
+        sampled = alice.history()[-1:]
+        eventually(lambda last=sampled: alice.history()[-1:] != last, what="the scaler's next sample", timeout=30,
+                   interval=0.5)
     show(browser, "overview")
     browser.wait("refreshHistory().then(() => Number(document.getElementById('chart-throughput').dataset.points) "
                  ">= 2)", timeout=60, what="throughput points")

@@ -3,6 +3,7 @@ and kill -9 of workers during a few hundred jobs loses none."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.support.waiting import eventually
+from tests.support.waiting import NeverHappened, eventually
 
 from .conftest import ROOT, Emulator, chat
 
@@ -63,17 +64,20 @@ def test_kill_9_of_workers_during_hundreds_of_jobs_loses_none(stack: Emulator) -
     dead_before = {j["id"] for j in stack.client.get("/v1/dlq?limit=100").json()["data"]}  # the session stack is shared
     with ThreadPoolExecutor(8) as pool:
         jobs = list(pool.map(lambda i: stack.submit(chat(f"job {i}", latency_ms=100)), range(300)))
-    killed = 0
-    deadline = time.monotonic() + 30
-    while killed < 4 and time.monotonic() < deadline:
+    killed: list[int] = []
+
+    def oldest_worker_busy() -> int | None:  # the oldest: the one most likely to hold jobs
         workers = stack.workers()
-        if workers and stack.scale()["unfinished"] > 40:
-            os.kill(workers[0], signal.SIGKILL)  # the oldest: the one most likely to hold jobs
-            killed += 1
-            time.sleep(0.6)
-        else:
-            time.sleep(0.1)
-    assert killed >= 2, "the fleet finished before the test could kill workers"
+        return workers[0] if workers and stack.scale()["unfinished"] > 40 else None
+
+    with contextlib.suppress(NeverHappened):  # the fleet may finish the backlog before the fourth kill
+        for _ in range(4):
+            victim = eventually(oldest_worker_busy, what="a worker to kill while jobs are in flight", timeout=30,
+                                interval=0.1)
+            os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+            eventually(lambda pid=victim: pid not in stack.workers(), what="the killed worker gone")
+    assert len(killed) >= 2, "the fleet finished before the test could kill workers"
     with ThreadPoolExecutor(8) as pool:
         finished = list(pool.map(lambda job: stack.finish(job["id"], timeout=90), jobs))
     statuses = {job["status"] for job in finished}

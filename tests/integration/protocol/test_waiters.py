@@ -169,7 +169,7 @@ async def test_a_wait_that_runs_out_answers_the_job_as_it_is_then_and_a_job_past
 ) -> None:
     job, _ = await q.enqueue("t", JobRequest(body=dict(BODY)))
     wait = asyncio.create_task(q.wait(job.id, "t", 1.0, shared=True, with_body=False))
-    await asyncio.sleep(0.2)
+    await registered(q, job.id)
     [d] = (await q.read("w1", 1))[0]  # started while the wait runs: not an end, so no wake
     answer = await asyncio.wait_for(wait, 5)
     assert answer is not None and answer.status is JobStatus.RUNNING and answer.started_at is not None
@@ -209,7 +209,7 @@ async def test_a_reader_that_cannot_read_the_records_still_wakes_the_waiters_who
         await pipelined(q._waiters._redis, [("HMGET", "k", "f")])
     deliveries = await started(q, 3)
     waits = [asyncio.create_task(q.wait(d.job.id, "t", 20, shared=True, with_body=False)) for d in deliveries]
-    await asyncio.sleep(0.2)
+    await registered(q, *(d.job.id for d in deliveries))
     await q.finish_many([(d, JobStatus.FAILED, None, {"type": "x", "message": "y"}) for d in deliveries])
     jobs = await asyncio.wait_for(asyncio.gather(*waits), 5)  # well before the 30 s recheck
     assert [j.status for j in jobs if j] == [JobStatus.FAILED] * 3

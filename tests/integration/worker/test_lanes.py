@@ -5,7 +5,6 @@ in every lane, each job staying in its lane."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -142,8 +141,11 @@ async def test_a_job_whose_ttl_passed_expires_without_running(settings: Settings
 
 
 async def test_a_worker_idle_on_every_lane_wakes_for_a_job_in_any_lane(settings: Settings, queue: Queue) -> None:
+    async def blocked_reading() -> bool:
+        return any(c["cmd"] == "xreadgroup" and "b" in c["flags"] for c in await queue.redis.client_list())
+
     async with running_worker(settings, queue, webhooks=False):
-        await asyncio.sleep(0.3)  # it is blocked across the three empty lanes now
+        await eventually_async(blocked_reading, what="the worker blocked across the three empty lanes")
         for lane in (Priority.LOW, Priority.HIGH, Priority.NORMAL):
             job = await submit(queue, chat(lane.value), priority=lane)
             assert (await terminal(queue, job.id, timeout=5)).status is JobStatus.SUCCEEDED

@@ -284,7 +284,12 @@ async def test_pruning_forgets_dead_workers_but_never_a_consumer_holding_entries
     await submit(queue, chat("held"))
     await queue.read("gone-holding", 1)  # a consumer that died holding an entry
     await queue.heartbeat("gone-idle", 0, now=int(time.time() * 1000) - 10_000)
-    await asyncio.sleep(0.6)
+
+    async def both_idle_past(ms: int) -> bool:
+        consumers = await queue.redis.xinfo_consumers(queue.keys.stream, GROUP)
+        return all(c["idle"] > ms for c in consumers if c["name"].startswith("gone-"))
+
+    await eventually_async(lambda: both_idle_past(600), what="the dead consumers idle past 0.5 s")
     await queue.heartbeat("alive", 0)
     worker = Worker(settings, queue, MockBackend(queue.redis, queue.keys), worker_id="pruner")
     await worker._prune(gone_after_s=0.5)
