@@ -101,7 +101,7 @@ def test_a_write_on_a_transport_closed_under_it_is_resent_at_once(valkey: Valkey
     silently and the command waits for its read to fail."""
 
     async def check(url: str) -> None:
-        client = connect(Settings(redis_url=url, redis_timeout_s=5.0))
+        client = connect(Settings(redis_url=url, redis_timeout_s=30.0))
         key = f"{{{queue_name}}}:closed"
         assert await client.set(key, "1") is True
         connections = (client.connection_pool._available_connections if not isinstance(client, RedisCluster)
@@ -112,7 +112,7 @@ def test_a_write_on_a_transport_closed_under_it_is_resent_at_once(valkey: Valkey
             await asyncio.sleep(0)  # the close runs to its end (uvloop: the handle is closed)
         started = asyncio.get_running_loop().time()
         assert await client.get(key) == "1"
-        assert asyncio.get_running_loop().time() - started < 2.0  # not the 5 s read timeout
+        assert asyncio.get_running_loop().time() - started < 10.0  # at once, not after the 30 s read timeout
         await client.aclose()
 
     import uvloop
