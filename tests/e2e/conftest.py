@@ -4,6 +4,7 @@ process group holds exactly the processes it started)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -175,21 +176,28 @@ class Emulator:
         assert code in (0, -signal.SIGKILL), f"inferq up exited with {code}:\n{self.logs()[-3000:]}"
 
 
-@pytest.fixture(scope="session")
-def start_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Emulator]]:
-    started: list[Emulator] = []
-
-    def start(**env: str) -> Emulator:
-        emulator = Emulator(tmp_path_factory.mktemp("inferq") / "data", {**FAST, **env})
-        started.append(emulator)
-        return emulator.start()
-
-    yield start
-    for emulator in started:
+@contextlib.contextmanager
+def running_emulator(tmp_path_factory: pytest.TempPathFactory, **env: str) -> Iterator[Emulator]:
+    """``inferq up`` with short timings (and ``env``) for the block, then stopped with nothing left running."""
+    emulator = Emulator(tmp_path_factory.mktemp("inferq") / "data", {**FAST, **env})
+    try:
+        yield emulator.start()
+    finally:
         emulator.cleanup()
 
 
 @pytest.fixture(scope="session")
-def stack(start_emulator: Callable[..., Emulator]) -> Emulator:
-    """The emulator shared by the tests that need only a running stack with short timings."""
-    return start_emulator()
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
+    """The emulator shared by the tests that need only a running stack with short timings and leave it as they
+    found it: no test on it kills its parts (those start their own, :func:`own_stack`) or relies on another having
+    run first."""
+    with running_emulator(tmp_path_factory) as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Emulator]]:
+    """``own_stack(**env)``: a stack of the test's own (it kills parts of it, needs it fresh, or sets it up
+    differently), stopped when the test ends, so no stack idles on for the rest of the session."""
+    with contextlib.ExitStack() as stacks:
+        yield lambda **env: stacks.enter_context(running_emulator(tmp_path_factory, **env))

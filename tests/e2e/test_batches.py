@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from openai import APIStatusError, NotFoundError, OpenAI
 
 from tests.support.waiting import eventually
 
-from .conftest import Emulator
+from .conftest import Emulator, running_emulator
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -24,8 +24,9 @@ TERMINAL_BATCH = {"completed", "failed", "expired", "cancelled"}
 
 
 @pytest.fixture(scope="module")
-def batch_stack(start_emulator: Callable[..., Emulator]) -> Emulator:
-    return start_emulator(**BATCH_ENV)
+def batch_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
+    with running_emulator(tmp_path_factory, **BATCH_ENV) as stack:
+        yield stack
 
 
 def client_for(stack: Emulator) -> OpenAI:
@@ -180,8 +181,9 @@ def test_a_file_larger_than_one_request_goes_through_uploads(batch_stack: Emulat
 
 
 def test_the_feed_delivers_each_terminal_job_once_across_cursors_and_a_gateway_restart(
-    batch_stack: Emulator,
+    own_stack: Callable[..., Emulator],
 ) -> None:
+    batch_stack = own_stack(**BATCH_ENV)  # its gateway is killed
     http = batch_stack.client
     start = http.get("/v1/events", params={"limit": 1000}).json()
     cursor = start["cursor"]
@@ -229,9 +231,11 @@ def restart_gateway(stack: Emulator) -> None:
     eventually(answers, what="a new gateway", timeout=60, interval=0.3)
 
 
-def test_a_batch_survives_its_scaler_gateway_and_a_worker_being_killed(batch_stack: Emulator) -> None:
+def test_a_batch_survives_its_scaler_gateway_and_a_worker_being_killed(own_stack: Callable[..., Emulator]) -> None:
     import os
     import signal
+
+    batch_stack = own_stack(**BATCH_ENV)
 
     client = client_for(batch_stack)
     n = 2000

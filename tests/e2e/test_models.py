@@ -32,8 +32,8 @@ def to(model: str, text: str, **mock: Any) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(300)
-def test_two_fleets_scale_apart_and_route_by_model(start_emulator: Callable[..., Emulator]) -> None:
-    emulator = start_emulator(INFERQ_MODELS="models.example.yaml")
+def test_two_fleets_scale_apart_and_route_by_model(own_stack: Callable[..., Emulator]) -> None:
+    emulator = own_stack(INFERQ_MODELS="models.example.yaml")
     assert '"model": "chat"' in emulator.logs() and "--model chat" in emulator.logs()  # the hint names a real model
     listed = models(emulator)
     assert list(listed) == ["chat", "embed"]
