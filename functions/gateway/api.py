@@ -101,12 +101,13 @@ def _all_routes(gw: Gateway, app: FastAPI) -> None:
     """The job routes first (the hot path's submit and get among them), then the console, Files/Uploads, Batches,
     the feed and /v1/models (own modules, imported here: a Lambda sandbox that only submits and gets never imports
     them, nor builds a FastAPI route)."""
-    from . import batches, catalog, console, events, files, webhooks
+    from . import batches, catalog, console, events, files, usage, webhooks
 
     routes.routes(gw, app.router)
     console.install(gw, app.router)
     for module in (files, batches, events, catalog, webhooks):  # Files/Uploads, Batches, the feed, /v1/models, secrets
         module.routes(gw, app.router)
+    app.include_router(usage.router)  # module-level handlers on an APIRouter
 
 
 class _RouteToBuild:

@@ -35,8 +35,8 @@ JOB_ID_BODY = 4 + 26
 
 _TOP_FIELDS = {"default", "models"}
 _MODEL_FIELDS = {"name", "aliases", "queue", "service", "window", "window_max", "job_timeout_s", "max_attempts",
-                 "max_queue_depth", "scale", "backend", "deploy"}
-_PLAIN_OVERRIDES = ("window", "window_max", "job_timeout_s", "max_attempts", "max_queue_depth")
+                 "max_queue_depth", "gpu_hour_usd", "scale", "backend", "deploy", "multimodal"}
+_PLAIN_OVERRIDES = ("window", "window_max", "job_timeout_s", "max_attempts", "max_queue_depth", "gpu_hour_usd")
 _SCALE_FIELDS = {"min": "scale_min", "max": "scale_max", "target_per_worker": "scale_target_per_worker",
                  "down_cooldown_s": "scale_down_cooldown_s", "to_zero_after_s": "scale_to_zero_after_s"}
 _BACKEND_FIELDS = {"kind", "base_url", "served_model", "args"}
@@ -55,6 +55,8 @@ class Model:
     served_model: str
     backend_args: Mapping[str, Any] = field(default_factory=dict)
     deploy: Mapping[str, Any] = field(default_factory=dict)
+    multimodal: bool = False
+    """The model takes images (``image_url`` content parts); every other model takes text only."""
 
     @property
     def keys(self) -> Keys:
@@ -76,6 +78,11 @@ class Registry:
 
     def by_queue(self, queue: str) -> Model | None:
         return next((m for m in self.models if m.queue == queue), None)
+
+    def multimodal(self, requested: Any) -> bool:
+        """Whether the model a ``body.model`` names takes images (an unknown name: no)."""
+        model = self.resolve(requested) if requested is None or isinstance(requested, str) else None
+        return model is not None and model.multimodal
 
     @property
     def primary(self) -> Model:
@@ -182,11 +189,14 @@ def _model(where: _Where, index: int, raw: Any, base: Settings) -> Model:
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)
                                   or (isinstance(value, int) and value < 1)):
             raise where.error(f"{at} deploy.{key}", f"must be {'a positive integer' if kind is int else 'a string'}")
+    multimodal = entry.get("multimodal", False)
+    if not isinstance(multimodal, bool):
+        raise where.error(f"{at} multimodal", "must be true or false")
     try:
         settings = base.replace(**overrides)
     except SettingsError as exc:  # a combination (scale.min above scale.max, ...) checked by Settings itself
         raise where.error(at, str(exc)) from None
-    return Model(name, tuple(aliases), queue, service, settings, served_model, dict(args), dict(deploy))
+    return Model(name, tuple(aliases), queue, service, settings, served_model, dict(args), dict(deploy), multimodal)
 
 
 def parse(raw: Any, base: Settings, path: str) -> Registry:

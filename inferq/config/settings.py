@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from inferq.config.parsers import (
     AUTO,
+    Budget,
     SettingsError,
     _api_keys,
     _backend,
@@ -25,6 +26,7 @@ from inferq.config.parsers import (
     _priority,
     _queue,
     _redis_url,
+    _tenant_budgets,
     _tenant_priorities,
     _tenants,
     _window,
@@ -38,8 +40,9 @@ PREFIX = "INFERQ_"
 __all__ = ["PREFIX", "Settings", "SettingsError", "load_or_exit", "window_seconds"]
 
 
-def _setting(default: Any, parse: Callable[[str, str], Any]) -> Any:
-    return field(default=default, metadata={"parse": parse})
+def _setting(default: Any, parse: Callable[[str, str], Any], *, secret: bool = False) -> Any:
+    """A field read from its variable by ``parse``; ``secret``: never in the settings' repr (logs, tracebacks)."""
+    return field(default=default, repr=not secret, metadata={"parse": parse})
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class Settings:
     redis_auth: str | None = field(default=None, repr=False, metadata={"parse": _optional_str})
     redis_max_connections: int = _setting(1000, _int(1))
     queue: str = _setting("default", _queue)
-    api_keys: dict[str, str] | None = _setting(None, _api_keys)
+    api_keys: dict[str, str] | None = _setting(None, _api_keys, secret=True)
     api_keys_secret: str | None = _setting(None, _optional_str)
     api_keys_cache_s: int = _setting(300, _int(0))
     claim_idle_ms: int = _setting(30000, _int(1))
@@ -113,6 +116,16 @@ class Settings:
             "size). 0: one second's worth of the rate (at least 1).",
         },
     )
+    tenant_max_waits: int = field(
+        default=10,
+        metadata={
+            "parse": _int(0, 10_000),
+            "doc": "Long polls one tenant may hold at once, all gateway instances together (`GET /v1/jobs/{id}?wait=`, "
+            "`GET /v1/events?wait=`, a job's stream with `wait`, a synchronous completion): each holds a gateway "
+            "execution for its length, so past it a wait is 429 `rate_limited` with `Retry-After` at once. A wait "
+            "of 0 takes none. Size the gateway's reserved concurrency against it (docs/operations.md). 0: no limit.",
+        },
+    )
     api_keys_max_stale_s: int = field(
         default=900,
         metadata={
@@ -130,7 +143,7 @@ class Settings:
     drain_s: int = _setting(25, _int(0, 3600))
     backend: str = _setting("mock", _backend)
     openai_base_url: str = _setting("http://127.0.0.1:8000", _http_url)
-    openai_api_key: str | None = _setting(None, _optional_str)
+    openai_api_key: str | None = _setting(None, _optional_str, secret=True)
     vllm_model: str | None = _setting(None, _optional_str)
     metrics_port: int = _setting(9100, _int(0, 65535))
     retry_base_ms: int = _setting(1000, _int(0))
@@ -158,7 +171,7 @@ class Settings:
             "(the scaler Lambda reads it at first use, again every 5 minutes); `INFERQ_WEBHOOK_SECRET` wins when set.",
         },
     )
-    webhook_secret: str | None = _setting(None, _optional_str)
+    webhook_secret: str | None = _setting(None, _optional_str, secret=True)
     webhook_max_age_s: int = _setting(3600, _int(1))
     webhook_allow_private: bool = _setting(False, _bool)
     events_maxlen: int = _setting(100000, _int(100))
@@ -195,6 +208,43 @@ class Settings:
             "doc": "The registry model a worker serves (required when `INFERQ_MODELS` names more than one).",
         },
     )
+    usage_retention_days: int = field(
+        default=400,
+        metadata={
+            "parse": _int(0, 3660),
+            "doc": "Days each hourly usage bucket is kept in Redis (`GET /v1/usage`, docs/operations.md): 400, as AWS "
+            "Cost Explorer keeps 13 months and a year-on-year month can be compared. About 80 bytes a row (tenant, "
+            "lane, model) an hour. The daily export to S3 (`usage/`) keeps them for good. 0: metering off (nothing "
+            "counted, no budgets).",
+        },
+    )
+    gpu_hour_usd: float = field(
+        default=1.006,
+        metadata={
+            "parse": _float(0.0),
+            "doc": "Price of one GPU-hour in US dollars, what usage turns GPU-seconds into an estimated cost with; a "
+            "model of the registry may set its own (`gpu_hour_usd`). Default: the on-demand price of the stack's "
+            "`g5.xlarge` (one A10G) in us-east-1, Linux (aws.amazon.com/ec2/pricing/on-demand).",
+        },
+    )
+    tenant_budgets: dict[str, Budget] | None = field(
+        default=None,
+        metadata={
+            "parse": _tenant_budgets,
+            "doc": "Monthly budgets per tenant (UTC calendar month, all models together): `tenant:<N>tokens` "
+            "(prompt and completion) and/or `tenant:<N>usd` (estimated, from `INFERQ_GPU_HOUR_USD`). Past one, the "
+            "tenant's submits answer 429 `quota_exceeded` naming it until the month ends; the scaler emits "
+            "`BudgetUsedPercent` per budgeted tenant (alarm at 80). Unset, or a tenant not listed: no budget.",
+        },
+    )
+    usage_tenant_metrics: bool = field(
+        default=False,
+        metadata={
+            "parse": _bool,
+            "doc": "The scaler's hourly usage metrics (EMF) also per tenant (dimensions `model`, `tenant`), besides "
+            "per model. Off by default: each tenant's metrics are custom metrics CloudWatch bills for.",
+        },
+    )
     log_level: str = _setting("INFO", _log_level)
     log_payloads: bool = _setting(False, _bool)
 
@@ -217,6 +267,11 @@ class Settings:
 
     def priority_allowed(self, tenant: str, priority: Priority) -> bool:
         return LANES.index(priority) >= LANES.index(self.max_priority_of(tenant))
+
+    def reads_usage_of_others(self, tenant: str) -> bool:
+        """Whether a tenant may read other tenants' usage (``GET /v1/usage?tenant=``): only an operator named in
+        ``INFERQ_ADMIN_TENANTS``; unset, no one (one team's bill is not another's to read)."""
+        return self.admin_tenants is not None and tenant in self.admin_tenants
 
     def is_admin(self, tenant: str) -> bool:
         """Whether a tenant may see queue-wide numbers (``INFERQ_ADMIN_TENANTS``; unset: every tenant)."""

@@ -26,7 +26,8 @@ from .test_jobs import dead_letter, submit
 from .test_submit import assert_envelope
 
 BUCKET = "inferq-tenant-limits"
-LINE = json.dumps({"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}})
+LINE = json.dumps({"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions",
+                   "body": {"model": "m", "messages": [{"role": "user", "content": "c0"}]}})
 
 
 @pytest.fixture
