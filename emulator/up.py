@@ -37,6 +37,8 @@ DEFAULT_VALKEY_PORT = 6380
 DEFAULT_FILES_BUCKET = "inferq-files"
 READY_TIMEOUT_S = 60.0
 ENDPOINTS_FILE = "endpoints.json"
+WEBHOOK_SECRETS_KEY_FILE = "webhook-secrets.key"
+"""The local master key of the tenants' webhook secrets (inferq/webhooks/envelope.py), made on first use, mode 0600."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -131,6 +133,8 @@ class Supervisor:
             self._start_valkey()
         child_env = {
             "INFERQ_WEBHOOK_ALLOW_PRIVATE": "true",  # local receivers are the point here (the shell may say false)
+            # the tenants' webhook secrets sealed in Valkey as in AWS, with a local key in place of KMS's
+            "INFERQ_WEBHOOK_SECRETS_KEY": f"file:{(self.data_dir / WEBHOOK_SECRETS_KEY_FILE).resolve()}",
             **self.env,
             **aws_env(self.ecs.endpoint),
             **keys_env,
@@ -168,7 +172,7 @@ class Supervisor:
         self.agents = await start_fleets(
             self.ecs, self.registry, self.sink, worker_env, stop_timeout_s=self.stop_timeout_s,
             metrics_port_base=metrics_base, log_protection=self.settings.log_level == "DEBUG",
-            boot_s=self.settings.emulator_boot_s,
+            boot_s=self.settings.emulator_boot_s, interrupt_every_s=self.settings.emulator_interrupt_every_s,
         )
         self.agent = self.agents[0]
         await self._wait_ready()
@@ -275,6 +279,8 @@ class Supervisor:
             "files_bucket": self.child_env["INFERQ_FILES_BUCKET"],
             "api_key_file": str(self.data_dir / "dev-api-key") if self.api_key else None,
             "scaler": not self.args.no_scaler,
+            # each fleet's ECS agent: `inferq interrupt` asks one to interrupt a worker as Spot does
+            "agents": {agent.service: f"http://127.0.0.1:{agent.port}" for agent in self.agents},
         }
         path = self.data_dir / ENDPOINTS_FILE
         path.with_suffix(".tmp").write_text(json.dumps(endpoints, indent=2) + "\n")

@@ -22,20 +22,21 @@ from typing import Any, TypeVar
 from inferq.config.settings import Settings
 from inferq.queue.jobs import Job, JobStatus
 from inferq.queue.protocol import Delivery, Outcome, Queue
-from inferq.redis.batching import Batcher
+from inferq.redis.coalescing import Coalescer
 from inferq.redis.faults import FaultRun
 from inferq.retry import backoff_ms
+from inferq.usage.spend import Spend
 
 from .attempt import Abort, Attempt
 from .backends.base import BackendError, EngineDied, FatalError, RetryableError, digest
-from .claims import ClaimCheck
+from .claim_check import ClaimCheck
 from .metrics import WorkerMetrics
 
 log = logging.getLogger("gpu_worker.worker")  # the worker's own logger: moving code here changes no log line
 
 T = TypeVar("T")
 
-FinishItem = tuple[Delivery, JobStatus, Any, Any]
+FinishItem = tuple[Delivery, JobStatus, Any, Any, Spend | None]
 
 
 @dataclass(frozen=True)
@@ -112,14 +113,14 @@ class Settler:
     (a ``time.monotonic()`` value, None while the worker runs) is when writes against an unreachable Redis stop
     trying: a write not made by then answers None and its entry stays pending, to be reclaimed."""
 
-    def __init__(self, settings: Settings, queue: Queue, metrics: WorkerMetrics, claims: ClaimCheck,
+    def __init__(self, settings: Settings, queue: Queue, metrics: WorkerMetrics, claim_check: ClaimCheck,
                  faults: Callable[[str], FaultRun]) -> None:
         self.settings = settings
         self.queue = queue
         self.metrics = metrics
-        self.claims = claims
+        self.claim_check = claim_check
         self._faults = faults
-        self.finishes: Batcher[FinishItem, Outcome] = Batcher(queue.finish_many)
+        self.finishes: Coalescer[FinishItem, Outcome] = Coalescer(queue.finish_many)
         self.deadline: float | None = None
 
     @property
@@ -130,50 +131,54 @@ class Settler:
     async def wait_idle(self) -> None:
         await self.finishes.wait_idle()
 
-    async def settle(self, delivery: Delivery, settle: Settle) -> Outcome | None:
-        """Write ``settle`` for ``delivery``; the queue's answer, or None when the deadline ran out first."""
+    async def settle(self, delivery: Delivery, settle: Settle, spend: Spend | None = None) -> Outcome | None:
+        """Write ``settle`` for ``delivery``, with what the attempt spent (counted in its tenant's usage); the
+        queue's answer, or None when the deadline ran out first. A dropped attempt (lost to another worker) writes
+        nothing, and its time is counted nowhere."""
         if settle.kind == "drop":
             return None
         if settle.kind == "finish":
-            outcome = await self.finish(delivery, settle)
+            outcome = await self.finish(delivery, settle, spend)
         elif settle.kind in ("retry", "poison"):
-            outcome = await self.retry(delivery, settle)
+            outcome = await self.retry(delivery, settle, spend)
         else:
-            outcome = await self.release(delivery)
+            outcome = await self.release(delivery, spend)
         if outcome is Outcome.DUPLICATE:
             self.metrics.duplicates.inc()
         if outcome in (Outcome.WRITTEN, Outcome.ENDED):  # ended here, and not dead-lettered: its body is done with
-            await self.claims.drop_request_body(delivery.job)
+            await self.claim_check.drop_request_body(delivery.job)
         if outcome is None:
             log.error("could not write the outcome (%s) before giving up; the entry will be reclaimed", settle.kind)
         elif outcome not in (Outcome.WRITTEN, Outcome.RETRY_SCHEDULED, Outcome.RELEASED):
             log.info("outcome of %s: %s", settle.kind, outcome.value)
         return outcome
 
-    async def finish(self, delivery: Delivery, settle: Settle) -> Outcome | None:
+    async def finish(self, delivery: Delivery, settle: Settle, spend: Spend | None = None) -> Outcome | None:
         """Succeeded, failed or cancelled: joins the finishes written in the next round trip."""
         assert settle.status is not None
-        item = (delivery, settle.status, settle.result, settle.error)
+        item: FinishItem = (delivery, settle.status, settle.result, settle.error, spend)
         outcome = await self.retrying(lambda: self.finishes.submit(item))
         if outcome is Outcome.WRITTEN:
             self.metrics.outcome(settle.status.value)
         return outcome
 
-    async def retry(self, delivery: Delivery, settle: Settle) -> Outcome | None:
+    async def retry(self, delivery: Delivery, settle: Settle, spend: Spend | None = None) -> Outcome | None:
         """Again after a backoff, or dead-lettered past the attempts (a poison job: past its strikes)."""
         delay = backoff_ms(delivery.job.attempts, self.settings.retry_base_ms, self.settings.retry_max_ms)
         if settle.kind == "poison":
             outcome = await self.retrying(lambda: self.queue.retry(
-                delivery, delay_ms=delay, error=settle.error, dead_letter="engine_died", strikes=settle.strikes))
+                delivery, delay_ms=delay, error=settle.error, dead_letter="engine_died", strikes=settle.strikes,
+                spend=spend))
         else:
-            outcome = await self.retrying(lambda: self.queue.retry(delivery, delay_ms=delay, error=settle.error))
+            outcome = await self.retrying(lambda: self.queue.retry(delivery, delay_ms=delay, error=settle.error,
+                                                                   spend=spend))
         if outcome in (Outcome.RETRY_SCHEDULED, Outcome.DEAD_LETTERED):
             self.metrics.outcome("retried" if outcome is Outcome.RETRY_SCHEDULED else "dead_lettered")
         return outcome
 
-    async def release(self, delivery: Delivery) -> Outcome | None:
+    async def release(self, delivery: Delivery, spend: Spend | None = None) -> Outcome | None:
         """Give the entry back without spending an attempt (a drain, or a read the worker will not run)."""
-        outcome = await self.retrying(lambda: self.queue.release(delivery))
+        outcome = await self.retrying(lambda: self.queue.release(delivery, spend=spend))
         if outcome is Outcome.RELEASED:
             self.metrics.outcome("released")
         return outcome

@@ -2,7 +2,7 @@
 
 :meth:`JobRunner.start` makes the job's :class:`~gpu_worker.attempt.Attempt` and its task; the task
 
-1. reads a claimed request body back from S3 (:class:`~gpu_worker.claims.ClaimCheck`),
+1. reads a claimed request body back from S3 (:class:`~gpu_worker.claim_check.ClaimCheck`),
 2. calls the backend under the job's timeout, at the engine from the call's start to its answer
    (:class:`EngineOccupancy`),
 3. stores a large result in S3, and classifies the end (:mod:`gpu_worker.outcomes`),
@@ -23,11 +23,12 @@ from collections.abc import Callable
 
 from inferq.config.settings import Settings
 from inferq.queue.protocol import Delivery
+from inferq.usage.spend import BusyShare
 
 from . import outcomes
 from .attempt import Attempt
 from .backends.base import Backend, check_status, child_traceparent, trace_id
-from .claims import ClaimCheck
+from .claim_check import ClaimCheck
 from .held import HeldJobs
 from .logs import bind_job
 from .metrics import WorkerMetrics
@@ -63,16 +64,19 @@ class JobRunner:
     fault (a bug: the worker stops)."""
 
     def __init__(
-        self, settings: Settings, backend: Backend, claims: ClaimCheck, settler: Settler, held: HeldJobs,
+        self, settings: Settings, backend: Backend, claim_check: ClaimCheck, settler: Settler, held: HeldJobs,
         metrics: WorkerMetrics, *, on_engine_died: Callable[[], None], on_error: Callable[[BaseException], None],
+        gpus: int = 1,
     ) -> None:
         self.settings = settings
         self.backend = backend
-        self.claims = claims
+        self.claim_check = claim_check
         self.settler = settler
         self.held = held
         self.metrics = metrics
         self.engine = EngineOccupancy()
+        self.busy = BusyShare(gpus)
+        """The worker's busy time, split among the attempts at the model server at once: each one's GPU time."""
         self._on_engine_died = on_engine_died
         self._on_error = on_error
 
@@ -95,7 +99,7 @@ class JobRunner:
             self.metrics.run_time.observe(time.monotonic() - attempt.started)
             if settle.kind == "poison":
                 self._on_engine_died()
-            await self.settler.settle(attempt.delivery, settle)
+            await self.settler.settle(attempt.delivery, settle, attempt.spend)
         except Exception as exc:  # a bug in writing the outcome: the worker stops; the entry is released or reclaimed
             self._on_error(exc)
         finally:
@@ -109,14 +113,18 @@ class JobRunner:
         deadline = asyncio.timeout(timeout_s)
         try:
             async with deadline:
-                request_body = await self.claims.request_body(record)
+                request_body = await self.claim_check.request_body(record)
                 self.engine.enter(attempt)
+                self.busy.begin(attempt)
                 status, body = await self.backend.complete(
                     record.url, request_body, timeout_s=timeout_s, traceparent=traceparent, job=record
                 )
+            attempt.spend = self.busy.end(attempt)  # the model server is done with it
             status, body = check_status(status, body)
             self.metrics.answered(body)
-            result = await self.claims.result(record, status, body)
+            # its tokens, read here: a large answer goes to S3 next, and its record keeps a reference
+            attempt.spend = attempt.spend.with_tokens(body.get("usage") if isinstance(body, dict) else None)
+            result = await self.claim_check.result(record, status, body)
         except asyncio.CancelledError:
             if attempt.abort is None:
                 raise  # not ours (the loop is shutting down): let it through
@@ -128,6 +136,8 @@ class JobRunner:
                                    shared=attempt.shared)
         finally:
             self.engine.leave(attempt)
+            if attempt in self.busy:  # a call that failed or was aborted ran until now
+                attempt.spend = self.busy.end(attempt)
         if self.settings.log_payloads:
             log.debug("response", extra={"status_code": status, "body": body})
         return outcomes.succeeded(result)

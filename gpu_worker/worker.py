@@ -46,7 +46,7 @@ from inferq.webhooks.sender import WebhookSender
 
 from .attempt import Abort
 from .backends.base import Backend
-from .claims import ClaimCheck
+from .claim_check import ClaimCheck
 from .fleet import Fleet
 from .held import HeldJobs
 from .leases import LeaseKeeper
@@ -82,7 +82,8 @@ def default_worker_id() -> str:
 
 
 class Worker:
-    """One worker on ``queue``, calling ``backend``. ``burst``: drain the queue, then return."""
+    """One worker on ``queue``, calling ``backend``. ``burst``: drain the queue, then return. ``gpus``: the GPUs its
+    model server uses (each busy second is that many GPU-seconds in its tenants' usage)."""
 
     def __init__(
         self,
@@ -98,6 +99,7 @@ class Worker:
         block_ms: int = BLOCK_MS,
         window: Window | None = None,
         burst: bool = False,
+        gpus: int = 1,
     ) -> None:
         _check_same_protocol(settings, queue.settings)
         self.settings = settings
@@ -118,11 +120,12 @@ class Worker:
         self.metrics = metrics or WorkerMetrics(settings.queue, self.window.size)
         self._watch_window()
         self.held = HeldJobs(self.window, on_change=self._occupancy_changed)
-        self.claims = ClaimCheck(settings)  # large bodies and results in S3
-        self.settler = Settler(settings, queue, self.metrics, self.claims, self._faults)
+        self.claim_check = ClaimCheck(settings)  # large bodies and results in S3
+        self.settler = Settler(settings, queue, self.metrics, self.claim_check, self._faults)
         self.fleet = Fleet(settings, queue, self.id, self.metrics, held=lambda: len(self.held))
-        self.runner = JobRunner(settings, backend, self.claims, self.settler, self.held, self.metrics,
-                                on_engine_died=self._engine_died, on_error=lambda exc: self._died("job writer", exc))
+        self.runner = JobRunner(settings, backend, self.claim_check, self.settler, self.held, self.metrics,
+                                on_engine_died=self._engine_died, on_error=lambda exc: self._died("job writer", exc),
+                                gpus=gpus)
         self.puller = Puller(
             settings, self.id, queue=queue, reader=self.reader, held=self.held, start=self.runner.start,
             settler=self.settler, fleet=self.fleet, metrics=self.metrics, stopping=self._stopping,
@@ -132,7 +135,7 @@ class Worker:
                                   on_fault=self._count_fault)
         self.maintenance = Maintenance(queue, self.id, self.fleet, held=lambda: len(self.held), faults=self._faults)
         self.webhooks = (
-            WebhookSender(queue, settings, self.id, on_outcome=self.metrics.webhook, present=self.claims.job_api)
+            WebhookSender(queue, settings, self.id, on_outcome=self.metrics.webhook, present=self.claim_check.job_api)
             if webhooks else None
         )
 

@@ -147,11 +147,20 @@ SETTING_DOCS: dict[str, str] = {
     "(`ceil(backlog / INFERQ_SCALE_TARGET_PER_WORKER)`), and no job carries the `tokens` field: the queue does no "
     "work for the counter. Set it for every process that enqueues too (the gateway, the scaler's batch driver: the "
     "template does); docs/benchmarks.md compares the two.",
+    "scale_spot_fallback_s": "With a Spot fleet (infra/gpu.yaml's `SpotCapacity`): how long a task of the service may "
+    "wait for a Spot instance (`PROVISIONING`) before the scaler starts an on-demand stand-in for it on the "
+    "fallback service, named the service's name + `-on-demand`. Once Spot is short, tasks asked for within the "
+    "next 30 minutes get a stand-in at once; stand-ins go as Spot tasks start or the queue needs fewer workers. "
+    "0 (the default outside the stack, which sets 180): no fallback service; Spot tasks wait for capacity.",
     "scale_drain": "Whether the scaler asks the workers beyond the fleet's need to take no new jobs and drain (the "
     "drain target, `target` in the scale hash), so scale-in takes effect under load. `false` where nothing turns "
     "the desired count into workers, as in `emulator/compose.yaml`'s fixed workers.",
     "emulator_boot_s": "`inferq up` only: how long the emulator's ECS agent keeps a new task starting (counted as "
     "pending) before its worker process starts, to emulate a GPU instance's boot.",
+    "emulator_interrupt_every_s": "`inferq up` only: Spot interruptions as a chaos setting: each worker the "
+    "emulator's ECS agent starts is interrupted as EC2 Spot interrupts an instance (drained: SIGTERM, no longer "
+    "counted as running, its replacement started at once) after a random time with this mean, in seconds. 0 (the "
+    "default): only `inferq interrupt` does it.",
     "scaler_interval_s": "The emulator's period between scaler calls (`inferq up` sets 2). In AWS the schedule fires "
     "every minute and one invocation evaluates every 5 s until near its end.",
     "scaler_function": "The scaler Lambda the gateway invokes asynchronously to wake the fleet from zero (AWS).",
@@ -166,6 +175,15 @@ SETTING_DOCS: dict[str, str] = {
     "given up.",
     "webhook_allow_private": "Allow `webhook_url`s that name loopback, private, link-local, unique-local, multicast "
     "or unspecified addresses or `localhost` (refused with 422 otherwise). For development: `inferq up` sets it.",
+    "webhook_ports": "The ports a `webhook_url` may name (an https URL without one is port 443); any other is 422 at "
+    "submit. `INFERQ_WEBHOOK_ALLOW_PRIVATE=true` lifts the rule with the address guard's.",
+    "webhook_blocked_networks": "CIDR blocks a webhook may not reach besides the guard's own table (loopback, "
+    "private, link-local, carrier-grade NAT, ...): the stack sets its VPC's, which may lie outside RFC 1918.",
+    "webhook_secrets_key": "What seals the tenants' webhook secrets in Redis: a KMS key ARN or `alias/<name>` (AWS: "
+    "envelope encryption, data keys cached), or `file:<path>` of a local 32-byte key made on first use (`inferq up` "
+    "sets one in `--data-dir`). Unset: stored as they are (docs/api.md, \"Webhooks\").",
+    "worker_webhooks": "Whether workers deliver webhooks beside the scaler. The GPU task sets `false`: its engine "
+    "shares its network, which has no route to the internet (the scaler delivers).",
     # logs
     "log_level": "Log level of every process.",
     "log_payloads": "Log request and response bodies at DEBUG in the worker. Off: prompts and outputs are never "

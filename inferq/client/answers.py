@@ -204,7 +204,8 @@ class RateLimited(TooManyRequests):
 
 
 class QuotaExceeded(TooManyRequests):
-    """429 ``quota_exceeded``: a tenant quota on files or on batches not yet ended."""
+    """429 ``quota_exceeded``: a tenant quota, or (on submit) the tenant's monthly budget (``INFERQ_TENANT_BUDGETS``):
+    the message names it. Not worth retrying soon: ``submit`` does not."""
 
 
 class ServerError(InferqError):
@@ -259,7 +260,8 @@ ERRORS: dict[str, type[InferqError]] = {
     "files_unavailable": FilesUnavailable,
 }
 """Every error ``type`` of the envelope (docs/api.md's table) -> its class: a new type is one row here and a class
-beside its status's (tests/unit/test_client.py fails naming a type of the table that has no row, or shares one)."""
+beside its status's (tests/unit/test_client_errors.py fails naming a type of the table that has no row, or shares
+one)."""
 
 def _classes(base: type[InferqError]) -> list[type[InferqError]]:
     return [base] + [c for sub in base.__subclasses__() for c in _classes(sub)]

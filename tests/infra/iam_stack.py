@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from botocore.awsrequest import AWSResponse
@@ -34,6 +35,8 @@ from botocore.handlers import BUILTIN_HANDLERS
 
 from emulator.valkey import ValkeyProcess
 from inferq.redis import acl
+from inferq.scaling.capacity import fallback_service
+from inferq.webhooks import envelope
 
 from .cfn import NESTED, NO_VALUE, TEMPLATE, Resolver, load
 from .iam_calls import ACCOUNT, REGION, Names, Recorder
@@ -41,6 +44,8 @@ from .iam_policy import Policy
 
 BUCKET = "inferq-files-iam"
 CLUSTER, SERVICE = "inferq", "gpu-workers"
+FALLBACK = fallback_service(SERVICE)
+SPOT_TASK = f"arn:aws:ecs:us-east-1:123456789012:task/{CLUSTER}/spot-waiting"
 SCALER_FUNCTION = "inferq-ScalerFunction-IAMTEST"
 API_KEY, TENANT = "key-tenant-a-0001", "tenant-a"
 WEBHOOK_KEY = "whsec_dGVzdCBzaWduaW5nIGtleQ=="
@@ -73,10 +78,14 @@ class Stack:
     valkey: ValkeyProcess
     roles: dict[str, Role]
     bucket_policy: Policy
+    key_policies: dict[str, Policy]
+    """KMS key ARN -> its key policy."""
     names: Names
     recorder: Recorder
     admin: tuple[str, str]
     values: dict[str, str] = field(default_factory=dict)
+    receiver: Any = None
+    """The webhook receiver (tests.support.tls.HttpsReceiver): what it was sent."""
 
     sessions: dict[str | None, Any] = field(default_factory=dict)
 
@@ -109,6 +118,7 @@ class Stack:
         # environment for code that makes its own session
         os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = key, secret
         boto3.DEFAULT_SESSION = self.session(role)
+        envelope.reset()  # each role is its own process: no data key one unwrapped is another's
         try:
             with self.recorder.acting(role):
                 yield
@@ -165,6 +175,7 @@ def resolve_values(valkey: ValkeyProcess) -> tuple[dict[str, str], Names]:
         "Gpu.Outputs.ClusterArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/{CLUSTER}",
         "Gpu.Outputs.ServiceName": SERVICE,
         "Gpu.Outputs.ServiceArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:service/{CLUSTER}/{SERVICE}",
+        "Gpu.Outputs.FallbackServiceArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:service/{CLUSTER}/{FALLBACK}",
         "Gpu.Outputs.TaskDefinitionArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/inferq-worker:1",
         "Gpu.Outputs.CapacityProviderName": "inferq-gpu",
         "Network.Outputs.PrivateSubnetIds": "subnet-0a,subnet-0b",
@@ -180,11 +191,14 @@ def resolve_values(valkey: ValkeyProcess) -> tuple[dict[str, str], Names]:
         arn = _secret(secrets, f"inferq-cache-{role}",
                       json.dumps({"username": f"inferq-{role}", "token": tokens[role]}))
         values[f"Cache.Outputs.{role.capitalize()}AuthSecretArn"] = arn
+    key = boto3.client("kms", region_name=REGION).create_key(Description="inferq webhook secrets (test)")
+    values["WebhookSecretsKey"] = values["WebhookSecretsKey.Arn"] = key["KeyMetadata"]["Arn"]
     ecs = boto3.client("ecs", region_name=REGION)
     ecs.create_cluster(clusterName=CLUSTER)
     ecs.register_task_definition(family="inferq-worker",
                                  containerDefinitions=[{"name": "worker", "image": "w", "memory": 512}])
-    ecs.create_service(cluster=CLUSTER, serviceName=SERVICE, taskDefinition="inferq-worker", desiredCount=0)
+    for service in (SERVICE, FALLBACK):  # the Spot service and its on-demand fallback (the stack's default)
+        ecs.create_service(cluster=CLUSTER, serviceName=service, taskDefinition="inferq-worker", desiredCount=0)
     return values, Names()
 
 
@@ -238,6 +252,8 @@ def build(valkey: ValkeyProcess, recorder: Recorder, *, overrides: Mapping[str, 
 
     bucket_statements = resolver.value(root["Resources"]["FilesBucketPolicy"]["Properties"]["PolicyDocument"])
     bucket_policy = Policy.of("FilesBucketPolicy", bucket_statements)
+    key_policies = {values[f"{key}.Arn"]: Policy.of(key, resolver.value(
+        root["Resources"][key]["Properties"]["KeyPolicy"])) for key in ("WebhookSecretsKey",)}
 
     iam = boto3.client("iam", region_name=REGION)
     for each in roles.values():
@@ -250,8 +266,8 @@ def build(valkey: ValkeyProcess, recorder: Recorder, *, overrides: Mapping[str, 
     iam.put_user_policy(UserName="test-admin", PolicyName="all", PolicyDocument=json.dumps(
         {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
     admin = iam.create_access_key(UserName="test-admin")["AccessKey"]
-    return Stack(valkey, roles, bucket_policy, names, recorder, (admin["AccessKeyId"], admin["SecretAccessKey"]),
-                 values)
+    return Stack(valkey, roles, bucket_policy, key_policies, names, recorder,
+                 (admin["AccessKeyId"], admin["SecretAccessKey"]), values)
 
 
 # ---------------------------------------------------------------------- what moto can enforce
@@ -289,6 +305,11 @@ STUBBED: dict[str, dict[str, Any]] = {
     # moto has no task protection; what ECS answers (UpdateTaskProtection / GetTaskProtection)
     "before-call.ecs.UpdateTaskProtection": {"protectedTasks": [], "failures": []},
     "before-call.ecs.GetTaskProtection": {"protectedTasks": [], "failures": []},
+    # moto starts no task for a service, and none of its own waits for an instance: a Spot task ECS has been trying
+    # to place since long ago (the scaler asks only while the service counts a task starting)
+    "before-call.ecs.ListTasks": {"taskArns": [SPOT_TASK]},
+    "before-call.ecs.DescribeTasks": {"tasks": [{"taskArn": SPOT_TASK, "lastStatus": "PROVISIONING",
+                                                  "createdAt": datetime(2026, 1, 1, tzinfo=UTC)}], "failures": []},
 }
 
 
