@@ -75,7 +75,7 @@ class Harness:
     def live(self) -> dict[str, Any]:
         return {t.worker_id: t for t in self.agent.live()}
 
-    async def until(self, condition: Callable[[], Any], what: str, timeout: float = 10.0) -> None:
+    async def until(self, condition: Callable[[], Any], what: str = "the agent's state", timeout: float = 10.0) -> None:
         try:
             await eventually_async(condition, what=what, timeout=timeout)
         except NeverHappened as failure:
@@ -211,23 +211,24 @@ async def test_a_spot_interruption_stops_a_protected_task_and_replaces_it_at_onc
     """As ECS drains a Spot instance: the task goes whatever its protection, stops counting as running, and its
     replacement starts while it is still stopping (worker-4 ignores SIGTERM: it lives until the SIGKILL)."""
     await harness.set_desired(1)
-    await harness.until(lambda: "worker-1" in harness.live())
+    await harness.until(lambda: "worker-1" in harness.live(), "worker-1 live")
     await harness.protected_reported(1)  # worker-1 protects itself
     status, reply = await call("POST", f"http://127.0.0.1:{harness.agent.port}/interrupt", {"notice_s": 120})
     assert status == 200 and reply["worker"] == "worker-1" and reply["kill_after_s"] == 1.0  # the stop timeout
-    await harness.until(lambda: "worker-2" in harness.live())
+    await harness.until(lambda: "worker-2" in harness.live(), "worker-2 live")
     assert "stopping worker-1 (Spot interruption, 120s notice): SIGTERM" in harness.log.getvalue()
-    await harness.until(lambda: "worker-1 stopped (exit -15)" in harness.log.getvalue())
+    await harness.until(lambda: "worker-1 stopped (exit -15)" in harness.log.getvalue(), "worker-1 stopped by SIGTERM")
     service = await harness.service()
     assert (service["desiredCount"], service["runningCount"]) == (1, 1)
 
     await harness.set_desired(3)  # worker-3, worker-4 (ignores SIGTERM)
-    await harness.until(lambda: {"worker-3", "worker-4"} <= set(harness.live()))
+    await harness.until(lambda: {"worker-3", "worker-4"} <= set(harness.live()), "worker-3 and worker-4 live")
     await harness.protected_reported(4)
     assert harness.agent.interrupt("worker-4", notice_s=0.5) is not None
-    await harness.until(lambda: "worker-5" in harness.live())
+    await harness.until(lambda: "worker-5" in harness.live(), "worker-5 live")
     assert "worker-4" not in harness.live() and "worker-4 stopped" not in harness.log.getvalue()  # still stopping
-    await harness.until(lambda: "worker-4 stopped (exit -9)" in harness.log.getvalue())  # the notice's end
+    await harness.until(lambda: "worker-4 stopped (exit -9)" in harness.log.getvalue(),  # the notice's end
+                        "worker-4 killed")
     assert harness.agent.interrupted == 2
 
 
@@ -235,7 +236,7 @@ async def test_the_interrupt_endpoint_names_a_live_worker_or_says_why_not(harnes
     url = f"http://127.0.0.1:{harness.agent.port}/interrupt"
     assert (await call("POST", url, {}))[0] == 404  # no live task yet
     await harness.set_desired(1)
-    await harness.until(lambda: "worker-1" in harness.live())
+    await harness.until(lambda: "worker-1" in harness.live(), "worker-1 live")
     for body in ({"notice_s": -1}, {"notice_s": "soon"}, {"worker": 3}, [1]):
         status, reply = await call("POST", url, body)
         assert status == 400 and reply["error"]["type"] == "invalid_request", body
@@ -256,8 +257,8 @@ async def test_random_interruptions_keep_the_service_whole() -> None:
     harness = Harness(ecs, agent, log)
     try:
         await harness.set_desired(2)
-        await harness.until(lambda: agent.interrupted >= 3, timeout=30)
-        await harness.until(lambda: len(harness.live()) == 2)
+        await harness.until(lambda: agent.interrupted >= 3, "three interruptions", timeout=30)
+        await harness.until(lambda: len(harness.live()) == 2, "two live tasks")
         assert log.getvalue().count("(Spot interruption, 120s notice)") == agent.interrupted
     finally:
         await agent.shutdown()
