@@ -153,6 +153,8 @@ class Job:
     traceparent: str | None = None
     entry: str | None = None
     priority: Priority = Priority.NORMAL
+    has_output: bool = False
+    """The job has written output an attempt continues after (``inferq.queue.output``)."""
 
     @classmethod
     def from_hash(cls, record: dict[str, str]) -> Job:
@@ -185,6 +187,7 @@ class Job:
             traceparent=get("trace") or None,
             entry=get("entry") or None,
             priority=_LANES.get(lane) or Priority(lane),
+            has_output=get("out") == "1",
         )
         return job
 
@@ -210,7 +213,7 @@ class Job:
 RECORD_FIELDS_BUT_BODY = (
     "id", "tenant", "status", "url", "attempts", "deliveries", "created_at", "started_at", "finished_at", "result",
     "error", "dead_lettered", "cancel", "metadata", "timeout_s", "ttl_s", "webhook_url", "trace", "entry", "lane",
-    "expires_at",
+    "expires_at", "out",
 )
 """The job record's fields that :meth:`Job.from_hash` and :meth:`~.producer.Producer.get` read, but the request
 body: the gateway reads a job with ``HMGET`` of these, so a body of up to ``INFERQ_INLINE_MAX_BYTES`` need not travel
