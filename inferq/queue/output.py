@@ -15,7 +15,10 @@ prefix of the final text.
   deltas it hands out always spell the final text, whatever was flushed, lost in a failover or trimmed.
 
 The job record's ``out`` field says that the job has written output (the first append sets it, closing removes
-it): a worker starting an attempt reads the kept output only then.
+it): a worker starting an attempt reads the kept output only then. Its ``watch`` field says that someone reads the
+output while the job runs (set at enqueue by the front door's ``stream: true``, or by a reader's first read:
+``watchoutput.lua``): only then does the worker write the output as it is made. A job nobody watches writes none while
+it runs (its result has the whole text), only what an attempt that did not succeed made, for the next to continue.
 """
 
 from __future__ import annotations
@@ -111,6 +114,12 @@ async def close(queue: Any, job_ids: Sequence[str]) -> None:
     """Close the output streams of jobs that have ended (one round trip); a job that goes on keeps its output."""
     if job_ids:
         await queue.scripts.many([close_call(queue, job_id) for job_id in job_ids])
+
+
+async def watch(queue: Any, job_id: str, tenant: str) -> bool:
+    """Mark a running or queued job of ``tenant`` as watched (``watchoutput.lua``): its worker writes its output as it
+    is made from now on. False when the job is unknown, another tenant's or has ended."""
+    return bool(await queue.scripts("watchoutput", [queue.keys.job(job_id)], [tenant]))
 
 
 async def kept(queue: Any, job_id: str) -> Kept:
@@ -210,6 +219,8 @@ class OutputReader:
         page = Page(self._job_of(record_of(RECORD_FIELDS_BUT_BODY, values)), cursor)
         if page.job is None:
             return page
+        if not page.job.watched and not page.job.status.terminal and self.tenant is not None:
+            await watch(self.queue, self.job_id, self.tenant)  # its worker writes its output from now on
         ended = self._apply(page, _pairs(entries))
         full = len(entries) >= PAGE_ENTRIES
         while not page.deltas and not full and not page.job.status.terminal:

@@ -31,7 +31,8 @@ _INCLUDE = re.compile(r'^--- @include "([A-Za-z]+)"\s*$', re.MULTILINE)
 _KEY = re.compile(r"^\s*KEYS\[(\d+)(\.\.n)?\][^\n]*?(\(optional\))?\s*$", re.MULTILINE)
 
 NAMES = ("enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive", "expire", "observe",
-         "requeue", "skipevents", "webhooksecret", "ratelimit", "appendoutput", "closeoutput")
+         "requeue", "skipevents", "webhooksecret", "ratelimit", "appendoutput", "closeoutput",
+         "watchoutput")
 
 
 class Code(IntEnum):
