@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from inferq.config.settings import Settings
 from inferq.queue import output
 from inferq.queue.output import Kept
 from inferq.queue.protocol import Delivery
@@ -38,6 +39,22 @@ log = logging.getLogger(__name__)
 
 SETTLE_WRITES = 3
 """Writes :meth:`OutputWriter.settle` tries at most (a misplaced batch is sent again from where the stream ends)."""
+
+
+async def output_for(queue: Any, settings: Settings, delivery: Delivery, body: dict[str, Any], timeout_s: float,
+                     on_cancel: Callable[[], None]) -> OutputWriter | None:
+    """The writer of an attempt's output, continuing after what earlier attempts kept (read only when the record
+    says there is some); None for a request whose output cannot stream (:func:`~gpu_worker.backends.base.continuable`:
+    it is answered whole)."""
+    from .backends.base import continuable
+
+    job = delivery.job
+    if not continuable(job.url, body):
+        return None
+    kept = await output.kept(queue, job.id) if job.has_output else Kept()
+    return OutputWriter(queue, delivery, kept, live=job.watched, flush_ms=settings.output_flush_ms,
+                        flush_tokens=settings.output_flush_tokens, ttl_s=int(timeout_s) + settings.result_ttl_s,
+                        on_cancel=on_cancel)
 
 
 class OutputWriter:

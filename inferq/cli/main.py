@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 USAGE = """usage: inferq {up,submit,wait,status,cancel,dlq,redrive} [options]
 
   up       run the whole stack on this machine (gateway, Valkey, scaler, workers)
-  submit   submit a job: inferq submit "text" [--wait], or many: inferq submit --file jobs.jsonl
+  submit   submit a job: inferq submit "text" [--wait | --stream], or many: inferq submit --file jobs.jsonl
   wait     wait for jobs to end and print them: inferq wait ID...
   status   live view of the queue and the fleet; with job ids, print those jobs
   cancel   cancel jobs: inferq cancel ID...
@@ -158,6 +158,7 @@ def submit(argv: list[str]) -> int:
                         "'-' reads stdin. Re-running the same file submits nothing twice")
     parser.add_argument("--concurrency", type=int, default=16, help="requests in flight with --file (16)")
     parser.add_argument("--wait", action="store_true", help="wait for the jobs to end and print them")
+    parser.add_argument("--stream", action="store_true", help="print the answer as it is made, then how the job ended")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds --wait waits at most (300)")
     parser.add_argument("--model", default="mock", help="body.model (default mock)")
     parser.add_argument("--max-tokens", type=int, help="body.max_tokens")
@@ -169,6 +170,8 @@ def submit(argv: list[str]) -> int:
     if (args.text is None) == (args.file is None):
         parser.error("give either the text of one job or --file")
     if args.file is not None:
+        if args.stream:
+            parser.error("--stream prints one job's answer: give the text of one job")
         return _submit_file(args)
 
     body: dict[str, Any] = {"model": args.model}
@@ -184,6 +187,8 @@ def submit(argv: list[str]) -> int:
         job = client.submit(body, url="/v1/completions" if args.completions else None,
                             idempotency_key=args.idempotency_key)
         _remember(args.data_dir, [job.id])
+        if args.stream:
+            return _stream(client, job, args, started)
         if not args.wait:
             _print_job(job, args.json)
             return 0
@@ -193,6 +198,28 @@ def submit(argv: list[str]) -> int:
         return 1
     _print_job(job, args.json, time.monotonic() - started)
     return _exit_code([job])
+
+
+def _stream(client: Client, job: Job, args: argparse.Namespace, started: float) -> int:
+    """Print the job's answer as it is made (its output stream), then how it ended."""
+    print(job.id, file=sys.stderr)
+    output = client.stream(job.id, timeout=max(0.0, args.timeout - (time.monotonic() - started)))
+    wrote = False
+    for piece in output:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+        wrote = True
+    if wrote:
+        print()
+    if not output.done:
+        print(f"{job.id} still {output.status or 'running'} after {args.timeout:g}s", file=sys.stderr)
+        return 1
+    ended = client.get(job.id)
+    if ended.status.value != "succeeded":
+        _print_job(ended, args.json, time.monotonic() - started)
+        return 1
+    print(f"{job.id} succeeded after {time.monotonic() - started:.2f}s", file=sys.stderr)
+    return 0
 
 
 def _submit_file(args: argparse.Namespace) -> int:
