@@ -42,7 +42,7 @@ SETTLE_WRITES = 3
 
 
 async def output_for(queue: Any, settings: Settings, delivery: Delivery, body: dict[str, Any], timeout_s: float,
-                     on_cancel: Callable[[], None]) -> OutputWriter | None:
+                     on_cancel: Callable[[], object]) -> OutputWriter | None:
     """The writer of an attempt's output, continuing after what earlier attempts kept (read only when the record
     says there is some); None for a request whose output cannot stream (:func:`~gpu_worker.backends.base.continuable`:
     it is answered whole)."""
@@ -61,7 +61,7 @@ class OutputWriter:
     """The output of one attempt of one job."""
 
     def __init__(self, queue: Any, delivery: Delivery, kept: Kept, *, live: bool, flush_ms: int, flush_tokens: int,
-                 ttl_s: int, on_cancel: Callable[[], None] | None = None,
+                 ttl_s: int, on_cancel: Callable[[], object] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.queue = queue
         self.delivery = delivery

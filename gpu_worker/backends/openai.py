@@ -20,6 +20,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferq.queue.jobs import Job
+from inferq.queue.output import first_choice_text
 
 from .base import (
     EngineDied,
@@ -150,6 +151,15 @@ class OpenAIBackend:
                                            timeout=timeout) as response:
                 if not 200 <= response.status_code < 300:
                     return check_status(response.status_code, parse_body(await response.aread()))
+                if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                    # a server that does not stream answers whole: its text is the output, all at once
+                    answer = parse_body(await response.aread())
+                    text = first_choice_text(answer)
+                    if text:
+                        output.write(text, 1)
+                    self._answered += 1
+                    self._answered_s += time.perf_counter() - sent
+                    return 200, with_kept(url, answer, output.kept, output.kept_tokens)
                 ended = False
                 async for line in response.aiter_lines():
                     data = sse_data(line)

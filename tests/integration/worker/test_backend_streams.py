@@ -183,7 +183,7 @@ async def test_the_openai_backend_streams_and_answers_as_unstreamed() -> None:
 
 async def test_the_openai_backend_continues_after_the_kept_output() -> None:
     body = sse(chunk(" world", role="assistant"), chunk("", finish="length"), USAGE, b"[DONE]")
-    backend, seen = openai_with(httpx.Response(200, content=body))
+    backend, seen = openai_with(httpx.Response(200, content=body, headers={"content-type": "text/event-stream"}))
     out = Written(kept="Hello", kept_tokens=2)
     answer = await stream(backend, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
                                     "max_tokens": 5}, out)
@@ -195,11 +195,22 @@ async def test_the_openai_backend_continues_after_the_kept_output() -> None:
     await backend.aclose()
 
 
+async def test_a_server_that_does_not_stream_is_read_whole() -> None:
+    whole = {"object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": " b"}}]}
+    backend, _ = openai_with(httpx.Response(200, json=whole))
+    out = Written(kept="a", kept_tokens=1)
+    answer = await stream(backend, chat("x"), out)
+    assert out.pieces == [" b"] and answer["choices"][0]["message"]["content"] == "a b"
+    await backend.aclose()
+
+
 async def test_the_openai_backend_classifies_an_error_before_and_during_the_stream() -> None:
+    events = {"content-type": "text/event-stream"}
     backend, _ = openai_with(
         httpx.Response(400, json={"error": {"message": "bad", "code": 400}}),
-        httpx.Response(200, content=sse(chunk("a"), {"error": {"message": "engine hiccup", "code": 500}})),
-        httpx.Response(200, content=sse(chunk("a"))),  # the server stopped without [DONE]
+        httpx.Response(200, content=sse(chunk("a"), {"error": {"message": "engine hiccup", "code": 500}}),
+                       headers=events),
+        httpx.Response(200, content=sse(chunk("a")), headers=events),  # the server stopped without [DONE]
     )
     with pytest.raises(FatalError, match="bad"):
         await stream(backend, chat("x"), Written())
