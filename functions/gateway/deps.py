@@ -36,5 +36,6 @@ Tenant = Annotated[str, Depends(_tenant)]
 
 @asynccontextmanager
 async def wait_slot(gw: Gateway, tenant: str) -> AsyncIterator[None]:
-    """One of the tenant's concurrent waits (``INFERQ_TENANT_MAX_WAITS``) for the time of a wait or a stream."""
+    """One of the tenant's concurrent waits (its bound of concurrent long polls) for the time of a wait or a
+    stream."""
     yield

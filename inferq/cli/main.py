@@ -188,7 +188,9 @@ def submit(argv: list[str]) -> int:
                             idempotency_key=args.idempotency_key)
         _remember(args.data_dir, [job.id])
         if args.stream:
-            return _stream(client, job, args, started)
+            from .streaming import print_stream
+
+            return print_stream(client, job, args, started, _print_job)
         if not args.wait:
             _print_job(job, args.json)
             return 0
@@ -198,28 +200,6 @@ def submit(argv: list[str]) -> int:
         return 1
     _print_job(job, args.json, time.monotonic() - started)
     return _exit_code([job])
-
-
-def _stream(client: Client, job: Job, args: argparse.Namespace, started: float) -> int:
-    """Print the job's answer as it is made (its output stream), then how it ended."""
-    print(job.id, file=sys.stderr)
-    output = client.stream(job.id, timeout=max(0.0, args.timeout - (time.monotonic() - started)))
-    wrote = False
-    for piece in output:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-        wrote = True
-    if wrote:
-        print()
-    if not output.done:
-        print(f"{job.id} still {output.status or 'running'} after {args.timeout:g}s", file=sys.stderr)
-        return 1
-    ended = client.get(job.id)
-    if ended.status.value != "succeeded":
-        _print_job(ended, args.json, time.monotonic() - started)
-        return 1
-    print(f"{job.id} succeeded after {time.monotonic() - started:.2f}s", file=sys.stderr)
-    return 0
 
 
 def _submit_file(args: argparse.Namespace) -> int:
