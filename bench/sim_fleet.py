@@ -3,7 +3,7 @@ fleet that serves it, with boot time, windows, scale-in protection and the drain
 (:mod:`bench.sim_strategies`) drive it through :class:`Controller`, defined here so that this module imports
 nothing of theirs.
 
-What the fleet copies from the real code (gpu_worker/pull.py, gpu_worker/protection.py, the ECS service):
+What the fleet copies from the real code (gpu_worker/fleet.py, gpu_worker/protection.py, the ECS service):
 - a worker takes up to ``window`` jobs and pulls the oldest waiting job as soon as it has a free slot; idle
   workers are served in turn, as Redis serves blocked ``XREADGROUP`` clients;
 - a worker beyond the scaler's drain target (``target``: the oldest ``target`` running workers pull, the newer

@@ -17,37 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
-from inferq.queue.protocol import Delivery, Lease, Queue
+from inferq.queue.protocol import Lease, Queue
 from inferq.redis.faults import Fault, FaultRun
 
+from .attempt import Abort, Attempt
+
 log = logging.getLogger(__name__)
-
-
-class Abort:
-    """Why a job's backend call was cancelled from outside its task."""
-
-    CANCEL = "cancel"  # the client cancelled it: finish it cancelled
-    LOST = "lost"  # another worker holds it now, or it already ended: write nothing
-    SHUTDOWN = "shutdown"  # the drain is over: give it back without spending an attempt
-
-
-@dataclass(eq=False)
-class InFlight:
-    """A job this worker holds: its delivery, the task running it, and what is happening to it."""
-
-    delivery: Delivery
-    task: asyncio.Task[None] | None = None
-    abort: str | None = None
-    settling: bool = False  # the backend call is over and its outcome is being written: too late to abort
-
-    def cancel(self, reason: str) -> bool:
-        if self.settling or self.abort is not None or self.task is None or self.task.done():
-            return False
-        self.abort = reason
-        self.task.cancel()
-        return True
 
 
 def renew_interval_s(claim_idle_ms: int) -> float:
@@ -55,8 +31,10 @@ def renew_interval_s(claim_idle_ms: int) -> float:
 
 
 class LeaseKeeper:
+    """Renews the leases of ``jobs()`` (the attempts the worker holds) as ``consumer``."""
+
     def __init__(
-        self, queue: Queue, consumer: str, jobs: Callable[[], Iterable[InFlight]], *, claim_idle_ms: int,
+        self, queue: Queue, consumer: str, jobs: Callable[[], Iterable[Attempt]], *, claim_idle_ms: int,
         on_fault: Callable[[Fault], None] | None = None,
     ) -> None:
         self.queue = queue

@@ -1,14 +1,19 @@
-"""The worker loop: pull through a window, run each job on the backend, write one outcome per attempt.
+"""The worker: pull through a window, run each job on the backend, write one outcome per attempt.
 
-Tasks of one worker, all on one event loop:
+:class:`Worker` owns its collaborators, each made here with what it needs and each with one concern:
 
-- the pull loop (:mod:`gpu_worker.pull`) reads only as many entries as it has free slots, higher lanes first,
-  reclaims idle entries of dead workers when slots are free (one suspect at a time), and starts one task per job;
-- each job's task calls the backend under the job's timeout and writes the outcome: finish (succeeded, failed,
-  cancelled — coalesced with other jobs' into one round trip), retry with backoff, release, or nothing (lost);
-- :class:`~gpu_worker.leases.LeaseKeeper` renews the leases and aborts cancelled or lost jobs;
-- the maintenance task (also :mod:`gpu_worker.pull`) heartbeats and promotes due retries; the protection task
-  holds ECS scale-in protection while busy; the webhook task delivers terminal events (see ``webhooks.py``).
+- :class:`~gpu_worker.held.HeldJobs`: the jobs it holds and the room its window leaves
+  (:mod:`gpu_worker.window`: fixed, or sized from the model server's load);
+- :class:`~gpu_worker.pull.Puller`: the pull loop: reads only as many entries as there are free slots, higher lanes
+  first, reclaims idle entries of dead workers (one suspect at a time), hands each delivery to the runner;
+- :class:`~gpu_worker.runner.JobRunner`: one task per job: the backend call under the job's timeout, then its
+  outcome through the :class:`~gpu_worker.outcomes.Settler` (finish, coalesced with other jobs' into one round
+  trip; retry with backoff; release; or nothing, when lost);
+- :class:`~gpu_worker.leases.LeaseKeeper`: renews the leases, aborts cancelled or lost jobs;
+- :class:`~gpu_worker.maintenance.Maintenance`: heartbeat and fleet record (:class:`~gpu_worker.fleet.Fleet`,
+  drain when surplus), promotion of due retries, expiry, pruning;
+- :class:`~gpu_worker.protection.TaskProtection` (on ECS): scale-in protection while busy; and the
+  :class:`~inferq.webhooks.sender.WebhookSender`: terminal events to their webhooks.
 
 Redis faults follow :mod:`inferq.redis.faults`: a TRANSIENT or CAPACITY one (a failover's ``READONLY``, a timeout, a
 full server) is retried with backoff everywhere, counted in ``redis_errors``; an outcome that cannot be written yet
@@ -16,10 +21,11 @@ keeps its slot until it can (or, past the shutdown grace, is left to be reclaime
 finished is lost (G8).
 
 Every task is supervised. Anything else (a BUG-class error, or any unexpected exception) that ends the pull loop,
-the lease keeper, the maintenance, protection or webhook task, or an outcome's write, stops the worker at once:
-it stops pulling, releases every job it holds without spending an attempt, deregisters, and :meth:`Worker.run`
-returns with :attr:`Worker.failure` set (``python -m gpu_worker`` exits 1, so ECS replaces the task). A worker never
-runs on with a dead task: without its lease keeper, every long job would be reclaimed and run twice (G4).
+the lease keeper, the maintenance, window, protection or webhook task, or an outcome's write, stops the worker at
+once: it stops pulling, releases every job it holds without spending an attempt, deregisters, and
+:meth:`Worker.run` returns with :attr:`Worker.failure` set (``python -m gpu_worker`` exits 1, so ECS replaces the
+task). A worker never runs on with a dead task: without its lease keeper, every long job would be reclaimed and run
+twice (G4).
 """
 
 from __future__ import annotations
@@ -31,32 +37,29 @@ import os
 import secrets
 import socket
 import time
-from typing import Any, TypeVar
+from typing import Any
 
 from inferq.config.settings import Settings
-from inferq.queue.jobs import JobStatus
-from inferq.queue.protocol import Delivery, Outcome, Queue
-from inferq.redis.batching import Batcher
+from inferq.queue.protocol import Queue
+from inferq.redis.faults import Fault, FaultRun
 from inferq.webhooks.sender import WebhookSender
 
-from .backends.base import (
-    Backend,
-    check_status,
-    child_traceparent,
-    trace_id,
-)
+from .attempt import Abort
+from .backends.base import Backend
 from .claims import ClaimCheck
-from .leases import Abort, InFlight, LeaseKeeper
-from .logs import bind_job
+from .fleet import Fleet
+from .held import HeldJobs
+from .leases import LeaseKeeper
+from .maintenance import Maintenance
 from .metrics import WorkerMetrics
-from .outcomes import Settle, Settling
+from .outcomes import Settler
 from .protection import TaskProtection
-from .pull import Pulling, _first
+from .pull import Puller
+from .runner import JobRunner
+from .waits import first
 from .window import AdaptiveWindow, Window, window_for
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 BLOCK_MS = 500
 """Longest blocking read: bounds how long a stop request waits for the pull loop."""
@@ -78,7 +81,9 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
-class Worker(Pulling, Settling):
+class Worker:
+    """One worker on ``queue``, calling ``backend``. ``burst``: drain the queue, then return."""
+
     def __init__(
         self,
         settings: Settings,
@@ -92,91 +97,82 @@ class Worker(Pulling, Settling):
         webhooks: bool = True,
         block_ms: int = BLOCK_MS,
         window: Window | None = None,
+        burst: bool = False,
     ) -> None:
         _check_same_protocol(settings, queue.settings)
         self.settings = settings
         self.queue = queue
         self.backend = backend
         self.id = worker_id or settings.worker_id or default_worker_id()
-        # fixed, or sized from the backend's load (INFERQ_WINDOW=auto): the pull loop asks it before each read
-        self.window = window or window_for(settings, backend)
-        self.metrics = metrics or WorkerMetrics(settings.queue, self.window.size)
-        self.metrics.window.set(self.window.size)
-        if isinstance(self.window, AdaptiveWindow):
-            window = self.window
-            self.metrics.watch_engine(lambda: window.last_load)
         self.protection = protection
-        self.block_ms = block_ms
+        self.failure: str | None = None
+        """Why the worker stopped on its own (a task died, the model server died), or None: the process exits
+        non-zero when set."""
+        self._stopping = asyncio.Event()
+        self._skip_drain = asyncio.Event()
         self._own_reader = reader is None
         # blocking reads get their own connection, with a socket timeout longer than the block
         self.reader = reader or Queue.connect(settings, socket_timeout=settings.redis_timeout_s + block_ms / 1000.0)
-        self._in_flight: dict[str, InFlight] = {}
-        self._settling = 0  # of those, the jobs whose backend call is over and whose outcome is being written
-        # the jobs whose backend call is under way -> whether another job's call overlapped it: when the model
-        # server dies, a job that had it to itself is the cause; one that shared it may be a bystander
-        self._at_engine: dict[str, bool] = {}
-        self._suspects: set[str] = set()  # entries delivered before that never finished (see _reclaim)
-        self._next_reclaim = 0.0
-        self._slot_freed = asyncio.Event()
-        self._stopping = asyncio.Event()
-        self._skip_drain = asyncio.Event()
-        self._give_up_at: float | None = None
-        self.failure: str | None = None
-        """Why the worker stopped on its own (a task died), or None: the process exits non-zero when set."""
+        # fixed, or sized from the backend's load (INFERQ_WINDOW=auto): the held jobs ask it before each read
+        self.window = window or window_for(settings, backend)
+        self.metrics = metrics or WorkerMetrics(settings.queue, self.window.size)
+        self._watch_window()
+        self.held = HeldJobs(self.window, on_change=self._occupancy_changed)
         self.claims = ClaimCheck(settings)  # large bodies and results in S3
-        self._finishes: Batcher[tuple[Delivery, JobStatus, Any, Any], Outcome] = Batcher(self.queue.finish_many)
-        self.leases = LeaseKeeper(
-            queue, self.id, self._in_flight.values, claim_idle_ms=settings.claim_idle_ms,
-            on_fault=self._count_fault,
+        self.settler = Settler(settings, queue, self.metrics, self.claims, self._faults)
+        self.fleet = Fleet(settings, queue, self.id, self.metrics, held=lambda: len(self.held))
+        self.runner = JobRunner(settings, backend, self.claims, self.settler, self.held, self.metrics,
+                                on_engine_died=self._engine_died, on_error=lambda exc: self._died("job writer", exc))
+        self.puller = Puller(
+            settings, self.id, queue=queue, reader=self.reader, held=self.held, start=self.runner.start,
+            settler=self.settler, fleet=self.fleet, metrics=self.metrics, stopping=self._stopping,
+            faults=self._faults, block_ms=block_ms, burst=burst,
         )
+        self.leases = LeaseKeeper(queue, self.id, lambda: self.held, claim_idle_ms=settings.claim_idle_ms,
+                                  on_fault=self._count_fault)
+        self.maintenance = Maintenance(queue, self.id, self.fleet, held=lambda: len(self.held), faults=self._faults)
         self.webhooks = (
             WebhookSender(queue, settings, self.id, on_outcome=self.metrics.webhook, present=self.claims.job_api)
             if webhooks else None
         )
 
+    def _watch_window(self) -> None:
+        self.metrics.window.set(self.window.size)
+        if isinstance(self.window, AdaptiveWindow):
+            window = self.window
+            self.metrics.watch_engine(lambda: window.last_load)
+
     # ------------------------------------------------------------------ control
 
     @property
     def in_flight(self) -> int:
-        return len(self._in_flight)
+        """The jobs this worker holds now."""
+        return len(self.held)
 
     def stop(self, *, now: bool = False) -> None:
         """Stop pulling and drain (SIGTERM); ``now`` skips the drain (a second signal)."""
         if self._stopping.is_set() and not now:
             now = True  # asked twice: the operator means it
         self._stopping.set()
-        if self._give_up_at is None:  # writes against an unreachable Redis stop trying after the drain and grace
-            self._give_up_at = time.monotonic() + self.settings.drain_s + SHUTDOWN_GRACE_S
+        if self.settler.deadline is None:  # writes against an unreachable Redis stop trying after the drain and grace
+            self.settler.deadline = time.monotonic() + self.settings.drain_s + SHUTDOWN_GRACE_S
         if now:
             self._skip_drain.set()
 
     async def run(self) -> None:
-        """Work until :meth:`stop`, then drain, release and deregister."""
-        await self._run(until_idle=False)
-
-    async def run_until_idle(self) -> None:
-        """Work until nothing is queued, delayed, pending or in flight (tests, batch jobs), then shut down."""
-        await self._run(until_idle=True)
-
-    async def _run(self, until_idle: bool) -> None:
+        """Work until :meth:`stop` (or, in burst mode, until the queue is drained), then drain, release and
+        deregister."""
         if not await self._connect():
             await self._close()
             return
         log.info("worker started", extra={"window": self.settings.window, "backend": self.backend.name})
         side_stop = asyncio.Event()
-        background = [
-            asyncio.create_task(self.leases.run(side_stop), name="leases"),
-            asyncio.create_task(self._maintain(side_stop), name="maintenance"),
-        ]
-        if self.protection:
-            background.append(asyncio.create_task(self.protection.run(side_stop), name="protection"))
-        background.append(asyncio.create_task(
-            self.window.run(side_stop, self._engine_slots, self._window_changed), name="window"))
+        background = self._start_background(side_stop)
         webhook_task = (
             asyncio.create_task(self.webhooks.run(side_stop), name="webhooks") if self.webhooks else None
         )
         supervised = background + ([webhook_task] if webhook_task is not None else [])
-        pull = asyncio.create_task(self._pull(until_idle), name="pull")
+        pull = asyncio.create_task(self.puller.run(), name="pull")
         try:
             await self._supervise(pull, supervised)
             await self._drain()
@@ -197,6 +193,18 @@ class Worker(Pulling, Settling):
             log.error("worker stopped after a failure: %s", self.failure)
         else:
             log.info("worker stopped")
+
+    def _start_background(self, stop: asyncio.Event) -> list[asyncio.Task[None]]:
+        """The tasks beside the pull loop that end only when ``stop`` is set (but for the webhooks', which the
+        shutdown lets finish its delivery)."""
+        background = [
+            asyncio.create_task(self.leases.run(stop), name="leases"),
+            asyncio.create_task(self.maintenance.run(stop), name="maintenance"),
+            asyncio.create_task(self.window.run(stop, self.held.at_engine, self._window_changed), name="window"),
+        ]
+        if self.protection:
+            background.append(asyncio.create_task(self.protection.run(stop), name="protection"))
+        return background
 
     async def _supervise(self, pull: asyncio.Task[None], background: list[asyncio.Task[None]]) -> None:
         """Wait for the pull loop to end; a background task that ends before it died (they only end once the
@@ -221,6 +229,36 @@ class Worker(Pulling, Settling):
             self.failure = reason
         self.stop(now=True)
 
+    def _engine_died(self) -> None:
+        """The model server died under a job: take no more work, write what is held, exit non-zero, so the task
+        is replaced (an engine that stays dead would otherwise fail every job it is handed)."""
+        if self.failure is None:
+            self.failure = "the model server died"
+        self.stop()
+
+    # ------------------------------------------------------------------ wiring
+
+    def _count_fault(self, fault: Fault) -> None:
+        self.metrics.redis_errors.inc()
+
+    def _faults(self, what: str, *, cap_s: float = 2.0) -> FaultRun:
+        """The fault bookkeeping of one of this worker's loops (see :class:`inferq.redis.faults.FaultRun`)."""
+        return FaultRun(what, log, on_fault=self._count_fault, clients=[self.queue.redis, self.reader.redis],
+                        cap_s=cap_s)
+
+    def _window_changed(self, old: int, new: int) -> None:
+        self.metrics.window.set(new)
+        log.debug("window %d -> %d", old, new)
+        if new > old:
+            self.held.slot_freed()  # the pull loop may be waiting for a slot: there are more now
+
+    def _occupancy_changed(self, held: int) -> None:
+        self.metrics.in_flight.set(held)
+        if self.protection:
+            self.protection.set_busy(bool(held))
+
+    # ------------------------------------------------------------------ start and end
+
     async def _connect(self) -> bool:
         """Wait for Redis (a worker may start before it is reachable); False when stopped meanwhile."""
         faults = self._faults("cannot reach Redis", cap_s=5.0)
@@ -229,13 +267,30 @@ class Worker(Pulling, Settling):
                 await self.queue.ensure_groups()
                 return True
             except Exception as exc:  # absorb() re-raises what is not a Redis fault to wait out
-                await _first(asyncio.sleep(await faults.absorb(exc)), self._stopping.wait())
+                await first(asyncio.sleep(await faults.absorb(exc)), self._stopping.wait())
         return False
+
+    async def _drain(self) -> None:
+        tasks = [a.task for a in self.held if a.task is not None]
+        if tasks and not self._skip_drain.is_set():
+            log.info("draining %d jobs for up to %d s", len(tasks), self.settings.drain_s)
+            # asyncio.wait never cancels what it waits for, so the jobs still running are left alone
+            await first(asyncio.wait(tasks, timeout=self.settings.drain_s), self._skip_drain.wait())
+        self.settler.deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        left = [a for a in self.held if a.cancel(Abort.SHUTDOWN)]
+        if left:
+            log.info("releasing %d unfinished jobs", len(left))
+        tasks = [a.task for a in self.held if a.task is not None]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_S + 2)
+            for task in pending:  # stuck writing to an unreachable Redis: the entries will be reclaimed
+                task.cancel()
+        await self.settler.wait_idle()
 
     async def _close(self) -> None:
         try:
             await asyncio.wait_for(self.queue.forget_worker(self.id), 5.0)
-            await asyncio.wait_for(self._leave_fleet(), 5.0)
+            await asyncio.wait_for(self.fleet.leave(), 5.0)
         except Exception as exc:  # on the way out: the heartbeat goes stale and is pruned
             log.warning("could not deregister: %r", exc)
         if self.webhooks:
@@ -244,93 +299,6 @@ class Worker(Pulling, Settling):
             await self.protection.close()
         if self._own_reader:
             await self.reader.close()
-
-    # ------------------------------------------------------------------ one job
-
-    async def _run_job(self, job: InFlight) -> None:
-        delivery = job.delivery
-        record = delivery.job
-        traceparent = child_traceparent(record.traceparent)
-        bind_job(record.id, trace_id(traceparent))
-        timeout_s = record.timeout_s or self.settings.job_timeout_s
-        started = time.monotonic()
-        try:
-            settle = await self._call(job, timeout_s, traceparent)
-            job.settling = True
-            # the model server is done with it: its slot is free while the outcome is written (see _engine_slots)
-            self._settling += 1
-            self._slot_freed.set()
-            self.metrics.run_time.observe(time.monotonic() - started)
-            await self._settle(delivery, settle)
-        except Exception as exc:  # a bug in writing the outcome: the worker stops; the entry is released or reclaimed
-            self._died("job writer", exc)
-        finally:
-            if job.settling:
-                self._settling -= 1
-            self._in_flight.pop(delivery.key, None)
-            if delivery.key in self._suspects:
-                self._suspects.discard(delivery.key)
-                self._next_reclaim = 0.0  # the next suspect, if any, may come now
-            self._slot_freed.set()
-            self._occupancy_changed()
-
-    async def _call(self, job: InFlight, timeout_s: int, traceparent: str) -> Settle:
-        record = job.delivery.job
-        if self.settings.log_payloads:
-            log.debug("request", extra={"url": record.url, "body": record.body})
-        deadline = asyncio.timeout(timeout_s)
-        key = job.delivery.key
-        try:
-            async with deadline:
-                request_body = await self.claims.request_body(record)
-                self._engine_enter(key)
-                status, body = await self.backend.complete(
-                    record.url, request_body, timeout_s=timeout_s, traceparent=traceparent, job=record
-                )
-            status, body = check_status(status, body)
-            self.metrics.answered(body)
-            result = await self.claims.result(record, status, body)
-        except asyncio.CancelledError:
-            if job.abort is None:
-                raise  # not ours (the loop is shutting down): let it through
-            return self._aborted(job)
-        except Exception as exc:
-            if job.abort is not None:  # the abort's cancellation surfaced as another error (see cancelling())
-                return self._aborted(job)
-            return self._failed(record, exc, deadline.expired(), timeout_s, shared=self._at_engine.get(key, False))
-        finally:
-            self._at_engine.pop(key, None)
-        if self.settings.log_payloads:
-            log.debug("response", extra={"status_code": status, "body": body})
-        return Settle("finish", JobStatus.SUCCEEDED, result=result)
-
-    def _engine_enter(self, key: str) -> None:
-        """A job's backend call begins: it and every call under way overlap."""
-        if self._at_engine:
-            for other in self._at_engine:
-                self._at_engine[other] = True
-            self._at_engine[key] = True
-        else:
-            self._at_engine[key] = False
-
-    # ------------------------------------------------------------------ shutdown
-
-    async def _drain(self) -> None:
-        tasks = [j.task for j in self._in_flight.values() if j.task is not None]
-        if tasks and not self._skip_drain.is_set():
-            log.info("draining %d jobs for up to %d s", len(tasks), self.settings.drain_s)
-            # asyncio.wait never cancels what it waits for, so the jobs still running are left alone
-            await _first(asyncio.wait(tasks, timeout=self.settings.drain_s), self._skip_drain.wait())
-        self._give_up_at = time.monotonic() + SHUTDOWN_GRACE_S
-        left = [j for j in self._in_flight.values() if j.cancel(Abort.SHUTDOWN)]
-        if left:
-            log.info("releasing %d unfinished jobs", len(left))
-        tasks = [j.task for j in self._in_flight.values() if j.task is not None]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_S + 2)
-            for task in pending:  # stuck writing to an unreachable Redis: the entries will be reclaimed
-                task.cancel()
-        await self._finishes.wait_idle()
 
 
 def _error_of(task: asyncio.Task[Any]) -> BaseException | None:

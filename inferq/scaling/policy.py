@@ -21,7 +21,7 @@ kept for work that does not come, in boots for work that a kept worker would hav
 by a thin spread of jobs. Three rules, each off unless the caller gives what it needs:
 
 - **Drain target** (:attr:`Decision.target`): the workers the backlog needs now. The workers obey it (newest
-  drain first, gpu_worker/pull.py): a surplus one takes no new job, so it turns idle and unprotected under load,
+  drain first, gpu_worker/fleet.py): a surplus one takes no new job, so it turns idle and unprotected under load,
   and new work packs onto the others. The desired count itself keeps every rule below (never below busy
   workers), so ECS stops a drained worker only once it is idle.
 - **Boot-aware scale-in** (``boot_s`` > 0, with the queue's arrival counter and the workers' measured run time):

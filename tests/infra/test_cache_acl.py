@@ -263,7 +263,7 @@ async def work_until_idle(settings: Settings) -> None:
     await queue.ensure_groups()
     backend = MockBackend(queue.redis, Keys(settings.queue))
     try:
-        await Worker(settings, queue, backend, webhooks=False).run_until_idle()
+        await Worker(settings, queue, backend, webhooks=False, burst=True).run()
     finally:
         await queue.close()
 

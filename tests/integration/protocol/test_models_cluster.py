@@ -93,7 +93,7 @@ async def test_two_models_queues_live_on_different_nodes_and_each_runs_a_job(
             worker_queue = Queue.connect(settings)
             try:
                 backend = MockBackend(worker_queue.redis, worker_queue.keys)
-                await Worker(settings, worker_queue, backend).run_until_idle()
+                await Worker(settings, worker_queue, backend, burst=True).run()
             finally:
                 await worker_queue.close()
             done = await client.get(f"/v1/jobs/{ids[q]}?wait=5", headers={"Authorization": f"Bearer {KEY}"})

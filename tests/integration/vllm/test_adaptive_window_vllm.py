@@ -87,9 +87,9 @@ async def test_the_worker_reads_vllms_gauges_and_adapts_its_window(settings: Set
     # machines and moments: rather than guess a job count, keep the queue fed until the window has been cut and
     # then held for a while (or the deadline passes), then let the worker finish what was queued.
     jobs = []
-    worker = Worker(settings, queue, backend, window=window, webhooks=False)
+    worker = Worker(settings, queue, backend, window=window, webhooks=False, burst=True)
     jobs += [await submit(queue, body, url="/v1/completions") for _ in range(WINDOW_MAX)]
-    task = asyncio.create_task(worker.run_until_idle())  # never idle while fed
+    task = asyncio.create_task(worker.run())  # never idle while fed
     try:
         deadline = time.monotonic() + RUN_MAX_S
         cut_at: int | None = None

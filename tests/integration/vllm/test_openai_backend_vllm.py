@@ -42,7 +42,7 @@ async def run_jobs(settings: Settings, server: VllmServer, bodies: list[tuple[st
     try:
         jobs = [await submit(queue, body, url=url) for url, body in bodies]
         # bounded: a wedged model server fails the test instead of hanging it
-        await asyncio.wait_for(Worker(settings, queue, backend, webhooks=False).run_until_idle(), 300)
+        await asyncio.wait_for(Worker(settings, queue, backend, webhooks=False, burst=True).run(), 300)
         finished = [await queue.get(job.id) for job in jobs]
     finally:
         await backend.aclose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -17,10 +18,14 @@ from typing import Any
 
 from gpu_worker.backends.base import Backend
 from gpu_worker.backends.mock import MockBackend
+from gpu_worker.claims import ClaimCheck
+from gpu_worker.metrics import WorkerMetrics
+from gpu_worker.outcomes import Settler
 from gpu_worker.worker import Worker
 from inferq.config.settings import Settings
 from inferq.queue.jobs import Job, JobRequest
 from inferq.queue.protocol import Queue
+from inferq.redis.faults import Fault, FaultRun
 
 REPO = Path(__file__).resolve().parents[3]
 TENANT = "acme"
@@ -76,6 +81,17 @@ async def mock_calls(queue: Queue, job_id: str) -> int:
 
 async def terminal_events(queue: Queue, job_id: str) -> list[dict[str, str]]:
     return [f for _, f in await queue.redis.xrange(queue.keys.events) if f.get("job") == job_id]
+
+
+def counting_faults(queue: Queue, seen: list[Fault]) -> Callable[[str], FaultRun]:
+    """The fault bookkeeping a worker gives its collaborators, each fault appended to ``seen``."""
+    return lambda what: FaultRun(what, logging.getLogger("tests.worker"), on_fault=seen.append, clients=[queue.redis])
+
+
+def settler_for(settings: Settings, queue: Queue, seen: list[Fault] | None = None) -> Settler:
+    """A settler as a worker makes it, alone (no S3 bucket: results inline)."""
+    metrics = WorkerMetrics(settings.queue, 1)
+    return Settler(settings, queue, metrics, ClaimCheck(settings), counting_faults(queue, [] if seen is None else seen))
 
 
 @contextlib.asynccontextmanager

@@ -36,7 +36,7 @@ class Trace:
 async def run_traced(worker: Worker, backend: MockBackend) -> Trace:
     """Run the worker until the queue is empty, sampling its window, its in-flight count and the engine's queue."""
     trace = Trace()
-    task = asyncio.create_task(worker.run_until_idle())
+    task = asyncio.create_task(worker.run())
     while not task.done():
         load = await backend.load()
         trace.windows.append(worker.window.size)
@@ -58,7 +58,7 @@ async def test_the_auto_window_follows_the_engine_and_keeps_its_queue_short(sett
     ids = [(await submit(queue, chat(f"q{i}", latency_ms=100))).id for i in range(120)]
     backend = MockBackend(queue.redis, queue.keys, engine_slots=SLOTS)
     window = AdaptiveWindow(backend.load, WINDOW_MAX, poll_s=0.05)
-    worker = Worker(settings, queue, backend, window=window)
+    worker = Worker(settings, queue, backend, window=window, burst=True)
     trace = await run_traced(worker, backend)
 
     assert await all_succeeded(queue, ids)
@@ -81,7 +81,8 @@ async def test_the_auto_window_follows_the_engine_and_keeps_its_queue_short(sett
     # the same jobs through a static window as large as the maximum: the engine holds the excess in its queue
     ids = [(await submit(queue, chat(f"s{i}", latency_ms=100))).id for i in range(120)]
     static_backend = MockBackend(queue.redis, queue.keys, engine_slots=SLOTS)
-    static = await run_traced(Worker(settings.replace(window=WINDOW_MAX), queue, static_backend), static_backend)
+    static_worker = Worker(settings.replace(window=WINDOW_MAX), queue, static_backend, burst=True)
+    static = await run_traced(static_worker, static_backend)
     assert await all_succeeded(queue, ids)
     auto_waiting = sum(trace.waiting) / len(trace.waiting)
     static_waiting = sum(static.waiting) / len(static.waiting)
@@ -116,9 +117,9 @@ async def test_the_pull_loop_takes_only_what_the_current_window_has_room_for(set
     ids = [(await submit(queue, chat(f"q{i}", latency_ms=150))).id for i in range(40)]
     backend = MockBackend(queue.redis, queue.keys)
     window = ManualWindow(2)
-    worker = Worker(settings, queue, backend, window=window)
+    worker = Worker(settings, queue, backend, window=window, burst=True)
     seen: dict[int, int] = {}
-    task = asyncio.create_task(worker.run_until_idle())
+    task = asyncio.create_task(worker.run())
     steps = {0: 2, 1: 6, 2: 1}
     for phase, size in steps.items():
         if phase:

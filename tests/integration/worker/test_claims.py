@@ -232,7 +232,7 @@ async def running_worker_until_idle(settings: Settings, queue: Queue) -> None:
     from gpu_worker.backends.mock import MockBackend
     from gpu_worker.worker import Worker
 
-    await Worker(settings, queue, MockBackend(queue.redis, queue.keys), webhooks=False).run_until_idle()
+    await Worker(settings, queue, MockBackend(queue.redis, queue.keys), webhooks=False, burst=True).run()
 
 
 async def _received(receiver: Receiver) -> bool:

@@ -1,4 +1,4 @@
-"""Drain when surplus (gpu_worker/pull.py): a worker beyond the scaler's drain target takes no new job, finishes
+"""Drain when surplus (gpu_worker/fleet.py): a worker beyond the scaler's drain target takes no new job, finishes
 what it holds and drops its scale-in protection while work keeps coming; taken back, it pulls again."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ import asyncio
 import time
 
 from gpu_worker.protection import TaskProtection
-from gpu_worker.pull import surplus
 from gpu_worker.worker import Worker
 from inferq.config.settings import Settings
 from inferq.queue.jobs import JobStatus
@@ -17,7 +16,7 @@ from .support import Receiver, chat, eventually, running_worker, submit, termina
 
 
 def _runs(worker: Worker) -> int:
-    return worker._run_totals()[0]
+    return worker.fleet.run_totals()[0]
 
 
 async def _set_target(queue: Queue, target: int) -> None:
@@ -38,12 +37,12 @@ async def test_a_surplus_worker_drains_under_load_and_pulls_again_when_taken_bac
                 first = [await submit(queue, chat(f"a{i}", latency_ms=400)) for i in range(8)]
 
                 async def both_busy() -> bool:
-                    return bool(newest._in_flight) and bool(oldest._in_flight)
+                    return bool(newest.in_flight) and bool(oldest.in_flight)
 
                 await eventually(both_busy, what="both workers running jobs")
                 await _set_target(queue, 1)
-                await eventually(lambda: _true(newest._surplus), what="newest to see itself surplus")
-                held_then = _runs(newest) + len(newest._in_flight)
+                await eventually(lambda: _true(newest.fleet.surplus), what="newest to see itself surplus")
+                held_then = _runs(newest) + newest.in_flight
 
                 # work keeps coming; the surplus worker takes none of it, empties, and drops protection
                 stream = []
@@ -53,7 +52,7 @@ async def test_a_surplus_worker_drains_under_load_and_pulls_again_when_taken_bac
                 for job in first + stream:
                     assert (await terminal(queue, job.id)).status is JobStatus.SUCCEEDED
                 assert _runs(newest) <= held_then  # it ran only what it held when it turned surplus
-                assert not newest._in_flight
+                assert not newest.in_flight
                 assert _runs(oldest) >= 12  # the new work packed onto the worker within the target
 
                 async def unprotected() -> bool:
@@ -64,7 +63,7 @@ async def test_a_surplus_worker_drains_under_load_and_pulls_again_when_taken_bac
 
                 # taken back: it pulls again, no restart needed
                 await _set_target(queue, 2)
-                await eventually(lambda: _true(not newest._surplus), what="newest back within the target")
+                await eventually(lambda: _true(not newest.fleet.surplus), what="newest back within the target")
                 before = _runs(newest)
                 more = [await submit(queue, chat(f"c{i}", latency_ms=300)) for i in range(12)]
                 for job in more:
@@ -80,23 +79,12 @@ async def test_a_stale_target_is_ignored(settings: Settings, queue: Queue) -> No
     async with running_worker(settings, queue, worker_id="alone") as worker:
         job = await submit(queue, chat("x"))
         assert (await terminal(queue, job.id)).status is JobStatus.SUCCEEDED
-        assert not worker._surplus
+        assert not worker.fleet.surplus
     assert not await queue.redis.hexists(queue.keys.fleet, "alone")  # a stopped worker leaves the fleet hash
 
 
 async def _true(value: bool) -> bool:
     return value
-
-
-def test_surplus_follows_start_order_among_live_workers_only() -> None:
-    now = 1_000_000.0
-    fleet = {"a": "100 0 0", "b": "200 5 10.0", "c": "300 0 0", "dead": "50 0 0"}
-    beats = {"a": f"{int(now)} 0", "b": f"{int(now)} 1", "c": f"{int(now)} 0", "dead": f"{int(now - 60_000)} 0"}
-    assert [surplus(fleet, beats, w, 2, now, 15_000) for w in "abc"] == [False, False, True]
-    assert [surplus(fleet, beats, w, None, now, 15_000) for w in "abc"] == [False, False, False]
-    assert [surplus(fleet, beats, w, 0, now, 15_000) for w in "abc"] == [True, True, True]
-    tie = {"x": "100 0 0", "y": "100 0 0"}
-    assert surplus(tie, {"x": f"{int(now)} 0", "y": f"{int(now)} 0"}, "y", 1, now, 15_000)
 
 
 async def test_a_worker_publishes_its_output_tokens_and_the_backlog_tokens_fall_as_its_jobs_end(
@@ -111,7 +99,7 @@ async def test_a_worker_publishes_its_output_tokens_and_the_backlog_tokens_fall_
     async with running_worker(settings, queue, worker_id="counting") as worker:
         for job in jobs:
             assert (await terminal(queue, job.id)).status is JobStatus.SUCCEEDED
-        runs, _, tokens = worker._run_totals()
+        runs, _, tokens = worker.fleet.run_totals()
         assert runs == 4 and tokens > 0  # the mock echoes the prompt: its words are its completion tokens
 
         async def published() -> bool:

@@ -81,7 +81,7 @@ async def test_retries_keep_the_lane_until_the_job_succeeds(settings: Settings, 
     settings = settings.replace(retry_base_ms=50, retry_max_ms=100, max_attempts=3)
     job = await submit(queue, chat("x", fail_attempts=2), priority=lane)
     backend = RecordingBackend(queue)
-    await Worker(settings, queue, backend, webhooks=False).run_until_idle()
+    await Worker(settings, queue, backend, webhooks=False, burst=True).run()
     done = await queue.get(job.id)
     assert done is not None and done.status is JobStatus.SUCCEEDED and done.attempts == 3
     assert done.priority is lane and backend.lanes == [lane, lane, lane]
@@ -135,7 +135,7 @@ async def test_cancel_of_a_running_job_and_release_on_stop_work_in_every_lane(
 @pytest.mark.parametrize("lane", list(Priority))
 async def test_a_job_whose_ttl_passed_expires_without_running(settings: Settings, queue: Queue, lane: Priority) -> None:
     job, _ = await queue.enqueue("acme", JobRequest(body=chat("late"), ttl_s=1, priority=lane), now=now_ms() - 5000)
-    await Worker(settings, queue, MockBackend(queue.redis, queue.keys), webhooks=False).run_until_idle()
+    await Worker(settings, queue, MockBackend(queue.redis, queue.keys), webhooks=False, burst=True).run()
     done = await queue.get(job.id)
     assert done is not None and done.status is JobStatus.EXPIRED and await mock_calls(queue, job.id) == 0
     assert await lane_of_entries(queue, job.id) == []

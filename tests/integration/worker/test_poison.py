@@ -227,8 +227,8 @@ async def test_a_job_that_shared_the_dying_server_is_retried_and_the_one_that_ki
     try:
         while not (await queue.get(bystander.id)).status.terminal or not (await queue.get(culprit.id)).status.terminal:
             workers += 1  # each worker stops when its model server dies; the next one is its task's replacement
-            worker = Worker(settings.replace(retry_base_ms=300, retry_max_ms=800), queue, backend)
-            await asyncio.wait_for(worker.run_until_idle(), 30)
+            worker = Worker(settings.replace(retry_base_ms=300, retry_max_ms=800), queue, backend, burst=True)
+            await asyncio.wait_for(worker.run(), 30)
         first, second = await terminal(queue, bystander.id, 1), await terminal(queue, culprit.id, 1)
     finally:
         restarter.cancel()

@@ -4,7 +4,6 @@ leases and reclaim."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,7 @@ class CountingBackend(MockBackend):
 
 async def test_success_writes_the_model_answer_once(settings: Settings, queue: Queue) -> None:
     job = await submit(queue, chat("what is a lease"))
-    await Worker(settings, queue, MockBackend(queue.redis, queue.keys)).run_until_idle()
+    await Worker(settings, queue, MockBackend(queue.redis, queue.keys), burst=True).run()
     done = await queue.get(job.id)
     assert done is not None and done.status is JobStatus.SUCCEEDED
     assert done.result is not None and done.result["status_code"] == 200
@@ -58,7 +57,7 @@ async def test_success_writes_the_model_answer_once(settings: Settings, queue: Q
 async def test_window_bounds_the_jobs_in_flight(settings: Settings, queue: Queue) -> None:
     backend = CountingBackend(queue)
     jobs = [await submit(queue, chat(f"q{i}", latency_ms=100)) for i in range(12)]
-    await Worker(settings.replace(window=3), queue, backend).run_until_idle()
+    await Worker(settings.replace(window=3), queue, backend, burst=True).run()
     assert backend.most == 3
     for job in jobs:
         assert (await queue.get(job.id)).status is JobStatus.SUCCEEDED  # type: ignore[union-attr]
@@ -72,17 +71,18 @@ async def test_the_next_job_goes_to_the_backend_while_an_outcome_is_written_and_
     backend = CountingBackend(queue)
     jobs = [await submit(queue, chat(f"q{i}")) for i in range(3)]
     gate = asyncio.Event()
-    async with running_worker(settings.replace(window=1), queue, backend) as worker:
-        write = worker._finishes._flush
+    write = queue.finish_many
 
-        async def held(items: list[Any]) -> Any:
-            await gate.wait()
-            return await write(items)
+    async def held(items: list[Any]) -> Any:
+        await gate.wait()
+        return await write(items)
+
+    queue.finish_many = held  # type: ignore[method-assign]  # the worker's finishes are written through it
+    async with running_worker(settings.replace(window=1), queue, backend) as worker:
 
         async def two_calls() -> bool:
             return len(backend.traceparents) == 2
 
-        worker._finishes._flush = held
         # the first outcome is held: the second job was still taken and called, the third was not (2 x window)
         await eventually(two_calls, what="the second call")
         await asyncio.sleep(0.3)
@@ -98,7 +98,7 @@ async def test_traceparent_of_the_job_is_forwarded_with_a_new_span(settings: Set
     trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     await submit(queue, chat("x"), traceparent=trace)
     await submit(queue, chat("y"))
-    await Worker(settings, queue, backend).run_until_idle()
+    await Worker(settings, queue, backend, burst=True).run()
     first, second = sorted(backend.traceparents, key=lambda t: "4bf92f35" not in t)
     assert first.split("-")[1] == "4bf92f3577b34da6a3ce929d0e0e4736" and first != trace
     assert len(second.split("-")[1]) == 32  # a job without a trace gets one
@@ -107,7 +107,7 @@ async def test_traceparent_of_the_job_is_forwarded_with_a_new_span(settings: Set
 async def test_retryable_failures_back_off_then_succeed(settings: Settings, queue: Queue) -> None:
     settings = settings.replace(retry_base_ms=100, retry_max_ms=200, max_attempts=3)
     job = await submit(queue, chat("x", fail_attempts=2))
-    await Worker(settings, queue, MockBackend(queue.redis, queue.keys)).run_until_idle()
+    await Worker(settings, queue, MockBackend(queue.redis, queue.keys), burst=True).run()
     assert (await queue.stats()).get("dead_lettered", 0) == 0
     done = await queue.get(job.id)
     assert done is not None and done.status is JobStatus.SUCCEEDED
@@ -119,7 +119,7 @@ async def test_retries_are_bounded_by_max_attempts_then_dead_lettered(settings: 
     settings = settings.replace(max_attempts=2)
     queue = Queue.connect(settings)
     job = await submit(queue, chat("x", fail_attempts=10))
-    await Worker(settings, queue, MockBackend(queue.redis, queue.keys)).run_until_idle()
+    await Worker(settings, queue, MockBackend(queue.redis, queue.keys), burst=True).run()
     done = await queue.get(job.id)
     assert done is not None and done.status is JobStatus.FAILED and done.dead_lettered
     assert done.attempts == 2 and await mock_calls(queue, job.id) == 2
@@ -139,7 +139,7 @@ def test_a_worker_refuses_a_queue_with_other_protocol_settings(settings: Setting
 
 async def test_fatal_error_fails_at_once_without_retry(settings: Settings, queue: Queue) -> None:
     job = await submit(queue, chat("x", fatal=True))
-    await Worker(settings, queue, MockBackend(queue.redis, queue.keys)).run_until_idle()
+    await Worker(settings, queue, MockBackend(queue.redis, queue.keys), burst=True).run()
     done = await queue.get(job.id)
     assert done is not None and done.status is JobStatus.FAILED and not done.dead_lettered
     assert done.attempts == 1 and await mock_calls(queue, job.id) == 1
@@ -153,7 +153,7 @@ async def test_hung_backend_times_out_while_other_jobs_keep_flowing(settings: Se
     queue = Queue.connect(settings)
     hung = await submit(queue, chat("stuck", hang=True), timeout_s=2)
     others = [await submit(queue, chat(f"q{i}", latency_ms=50)) for i in range(24)]
-    await Worker(settings, queue, MockBackend(queue.redis, queue.keys)).run_until_idle()
+    await Worker(settings, queue, MockBackend(queue.redis, queue.keys), burst=True).run()
     done = await queue.get(hung.id)
     assert done is not None and done.status is JobStatus.FAILED and done.dead_lettered
     assert done.error is not None and done.error["type"] == "timeout"
@@ -221,7 +221,7 @@ async def test_a_cancelled_job_of_a_dead_worker_is_ended_without_calling_the_mod
     job = await submit(queue, chat("orphan"))
     await queue.read("dead-worker", 1)
     await queue.cancel("acme", job.id)  # running: only flagged, and its worker is gone
-    await Worker(settings, queue, MockBackend(queue.redis, queue.keys)).run_until_idle()
+    await Worker(settings, queue, MockBackend(queue.redis, queue.keys), burst=True).run()
     done = await queue.get(job.id)
     assert done is not None and done.status is JobStatus.CANCELLED
     assert await mock_calls(queue, job.id) == 0
@@ -264,34 +264,16 @@ async def test_stop_drains_jobs_that_finish_within_the_drain(settings: Settings,
 
 async def test_many_jobs_each_finish_exactly_once(settings: Settings, queue: Queue) -> None:
     jobs = [await submit(queue, chat(f"q{i}", latency_ms=i % 7)) for i in range(300)]
-    workers = [Worker(settings.replace(window=16), queue, MockBackend(queue.redis, queue.keys), worker_id=name)
+    workers = [Worker(settings.replace(window=16), queue, MockBackend(queue.redis, queue.keys), worker_id=name,
+                      burst=True)
                for name in ("a", "b")]
-    await asyncio.gather(*(worker.run_until_idle() for worker in workers))
+    await asyncio.gather(*(worker.run() for worker in workers))
     calls = await queue.redis.hgetall(queue.keys.mock_calls)
     assert len(calls) == 300 and set(calls.values()) == {"1"}
     stats = await queue.stats()
     assert stats["succeeded"] == 300 and stats["unfinished"] == 0 and stats.get("duplicate_results", 0) == 0
     events = await queue.redis.xrange(queue.keys.events)
     assert sorted(f["job"] for _, f in events) == sorted(j.id for j in jobs)
-
-
-async def test_pruning_forgets_dead_workers_but_never_a_consumer_holding_entries(
-    settings: Settings, queue: Queue
-) -> None:
-    from inferq.queue.keys import GROUP
-
-    await queue.read("gone-idle", 1)  # a consumer that holds nothing
-    await submit(queue, chat("held"))
-    await queue.read("gone-holding", 1)  # a consumer that died holding an entry
-    await queue.heartbeat("gone-idle", 0, now=int(time.time() * 1000) - 10_000)
-    await asyncio.sleep(0.6)
-    await queue.heartbeat("alive", 0)
-    worker = Worker(settings, queue, MockBackend(queue.redis, queue.keys), worker_id="pruner")
-    await worker._prune(gone_after_s=0.5)
-    consumers = {c["name"] for c in await queue.redis.xinfo_consumers(queue.keys.stream, GROUP)}
-    assert consumers == {"gone-holding"}
-    assert set(await queue.redis.hkeys(queue.keys.workers)) == {"alive"}
-    await worker.reader.close()
 
 
 @pytest.fixture

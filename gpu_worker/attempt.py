@@ -1,0 +1,56 @@
+"""One attempt of a job on this worker: its run context, from the read that delivered it to its outcome's write.
+
+An :class:`Attempt` is created by :class:`~gpu_worker.runner.JobRunner` for each delivery and lives as long as the
+worker holds the entry. Everything about the job while it runs hangs here: the delivery, the task running it, why
+it was aborted from outside (:class:`Abort`), whether its backend call is over, whether it shared the engine.
+A per-job concern added later (its output as it is produced, its share of the worker's busy time, what to keep
+when the instance is interrupted) belongs on this object and in the runner's steps, not in the worker's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from inferq.queue.protocol import Delivery
+
+
+class Abort:
+    """Why a job's backend call was cancelled from outside its task."""
+
+    CANCEL = "cancel"  # the client cancelled it: finish it cancelled
+    LOST = "lost"  # another worker holds it now, or it already ended: write nothing
+    SHUTDOWN = "shutdown"  # the drain is over: give it back without spending an attempt
+
+
+@dataclass(eq=False)
+class Attempt:
+    """A job this worker holds: its delivery, the task running it, and what is happening to it."""
+
+    delivery: Delivery
+    task: asyncio.Task[None] | None = None
+    abort: str | None = None
+    settling: bool = False
+    """The backend call is over and the outcome is being written: too late to abort, and no longer at the engine."""
+    shared: bool = False
+    """Another job's backend call overlapped this one's: when the model server dies, a job that had it to itself
+    is the cause, one that shared it may be a bystander (:class:`~gpu_worker.runner.EngineOccupancy`)."""
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def key(self) -> str:
+        return self.delivery.key
+
+    @property
+    def suspect(self) -> bool:
+        """Delivered before and never finished: its worker died or hung, maybe because of this very job."""
+        return self.delivery.job.deliveries > 1
+
+    def cancel(self, reason: str) -> bool:
+        """Abort the backend call for ``reason`` (an :class:`Abort`); False when too late or already aborted."""
+        if self.settling or self.abort is not None or self.task is None or self.task.done():
+            return False
+        self.abort = reason
+        self.task.cancel()
+        return True
