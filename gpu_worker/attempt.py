@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from inferq.queue.protocol import Delivery
 
+from .output import OutputWriter
+
 
 class Abort:
     """Why a job's backend call was cancelled from outside its task."""
@@ -37,6 +39,9 @@ class Attempt:
     """Another job's backend call overlapped this one's: when the model server dies, a job that had it to itself
     is the cause, one that shared it may be a bystander (:class:`~gpu_worker.runner.EngineOccupancy`)."""
     started: float = field(default_factory=time.monotonic)
+    output: OutputWriter | None = None
+    """Where its backend writes its output as it is made, while the call runs (:mod:`gpu_worker.output`); None for a
+    request answered whole."""
 
     @property
     def key(self) -> str:
