@@ -11,10 +11,10 @@ import redis.asyncio as aioredis
 
 from emulator.valkey import ValkeyProcess
 from inferq.config.settings import Settings
+from inferq.queue import output
 from inferq.queue.jobs import JobRequest, JobStatus, Priority, new_job_id
 from inferq.queue.keys import GROUP
 from inferq.queue.protocol import Delivery, Lease, Outcome, Queue, QueueFull, TenantQuotaFull, now_ms
-from inferq.queue import output
 from inferq.redis.scripting import NAMES, Code, all_scripts
 from inferq.webhooks.tenant_secrets import rotate_secret, tenant_secret
 from tests.integration.protocol.resend import DelayingProxy, Resending, difference, snapshot, without_refusals
