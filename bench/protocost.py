@@ -28,11 +28,15 @@ from typing import Any
 
 from inferq.queue.jobs import JobRequest, JobStatus
 from inferq.queue.protocol import Queue
+from inferq.usage.spend import Spend
 
 BATCH = 100
 FLOOR_COMMANDS = frozenset(("xadd", "xreadgroup", "xack", "rpush", "lpop"))
 BODY = {"model": "m", "prompt": "hello world " * 8, "max_tokens": 16}
-RESULT = {"status_code": 200, "body": {"choices": [{"text": "x" * 64}]}}
+RESULT = {"status_code": 200, "body": {"choices": [{"text": "x" * 64}], "usage": {"prompt_tokens": 24,
+                                                                          "completion_tokens": 16}}}
+SPEND = Spend(run_ms=5, gpu_ms=5, prompt_tokens=24, completion_tokens=16)
+"""What a worker reports with each finish (its usage; counted unless metering is off)."""
 
 
 async def _usec(q: Queue) -> dict[str, float]:
@@ -72,7 +76,7 @@ async def _inferq_once(q: Queue, n: int, phase: Phase = _phase) -> dict[str, flo
 
     async def finish() -> None:
         for i in range(0, len(deliveries), BATCH):
-            await q.finish_many([(d, JobStatus.SUCCEEDED, RESULT, None) for d in deliveries[i:i + BATCH]])
+            await q.finish_many([(d, JobStatus.SUCCEEDED, RESULT, None, SPEND) for d in deliveries[i:i + BATCH]])
 
     async def read() -> None:
         from inferq.queue.jobs import RECORD_FIELDS_BUT_BODY

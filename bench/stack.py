@@ -94,6 +94,9 @@ class Stack:
             "INFERQ_SCALE_MIN": str(self.workers),
             "INFERQ_SCALE_MAX": str(self.workers),
             "INFERQ_WINDOW": str(self.window),
+            # the load generators are one tenant with up to hundreds of closed loops, each in a long poll: the
+            # per-tenant cap on waits (a bound between tenants, docs/operations.md) would turn them into pollers
+            "INFERQ_TENANT_MAX_WAITS": "0",
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         })

@@ -101,14 +101,14 @@ def _all_routes(gw: Gateway, app: FastAPI) -> None:
     """The job routes first (the hot path's submit and get among them), then the console, Files/Uploads, Batches,
     the feed and /v1/models (own modules, imported here: a Lambda sandbox that only submits and gets never imports
     them, nor builds a FastAPI route)."""
-    from . import batches, catalog, completions, console, events, files, streams, webhooks
+    from . import batches, catalog, completions, console, events, files, streams, usage, webhooks
 
     routes.routes(gw, app.router)
     console.install(gw, app.router)
     for module in (files, batches, events, catalog, webhooks):  # Files/Uploads, Batches, the feed, /v1/models, secrets
         module.routes(gw, app.router)
-    for router in (streams.router, completions.router):  # a job's output; the OpenAI front door
-        app.include_router(router)
+    for router in (usage.router, streams.router, completions.router):  # usage; a job's output; the front door
+        app.include_router(router)  # module-level handlers on an APIRouter
 
 
 class _RouteToBuild:

@@ -14,7 +14,7 @@ from inferq.queue.jobs import ENDPOINTS
 
 from .errors import ApiError
 from .files import QUOTA_EXCEEDED, check_file_id, file_store, in_s3
-from .models import MetadataKey, MetadataValue
+from .models import Metadata
 from .openapi import documented
 
 BATCH_ID_RE = re.compile(r"^batch_[a-z2-7]{26}$")
@@ -26,7 +26,7 @@ class BatchCreate(BaseModel):
     input_file_id: str = Field(max_length=64)
     endpoint: str
     completion_window: str = Field(max_length=16)
-    metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=16)
+    metadata: Metadata | None = None
 
 
 def _batch_id(batch_id: str) -> str:

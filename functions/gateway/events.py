@@ -18,6 +18,7 @@ from inferq.queue import feed
 from .errors import ApiError
 from .models import MAX_WAIT_S
 from .openapi import documented
+from .waits import wait_responses, wait_slot
 
 BAD_CURSOR = "after: must be a cursor this endpoint returned to this key"
 
@@ -26,7 +27,8 @@ def routes(gw: Any, router: APIRouter) -> None:
     Tenant = Annotated[str, Depends(gw.authenticate)]
 
     @router.get("/v1/events", summary="The tenant's terminal jobs in the order they ended", response_model=None,
-                responses=documented("A page of job objects with its cursor", 400, 401, 413, 422, 503))
+                responses={**documented("A page of job objects with its cursor", 400, 401, 413, 422, 503),
+                           **wait_responses()})
     async def events(
         tenant: Tenant,
         after: Annotated[str | None, Query(max_length=8192, description="The `cursor` of the previous page")] = None,
@@ -49,7 +51,8 @@ def routes(gw: Any, router: APIRouter) -> None:
                 raise ApiError(422, BAD_CURSOR, type_="invalid_cursor")
             # a queue the registry no longer has is dropped; one added since starts from the retention floor
             positions.update({name: given[name] for name in names if name in given})
-        jobs, has_more = await gw.call(_read(queues, tenant, positions, limit, wait), extra_s=wait)
+        async with wait_slot(gw, tenant, wait):  # INFERQ_TENANT_MAX_WAITS: 429 past it
+            jobs, has_more = await gw.call(_read(queues, tenant, positions, limit, wait), extra_s=wait)
         # a claimed result by URL: a page of up to 1,000 jobs must not inline up to 1,000 large results
         return JSONResponse({"object": "list", "data": [gw.claims.by_url(job) for job in jobs],
                              "cursor": feed.seal(key, tenant, positions), "has_more": has_more})

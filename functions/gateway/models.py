@@ -10,11 +10,13 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     StringConstraints,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -23,12 +25,14 @@ from pydantic_core import PydanticCustomError
 from inferq.queue.jobs import ENDPOINTS
 from inferq.webhooks.netguard import check_webhook_host
 
-MAX_METADATA_PAIRS = 16
 IDEMPOTENCY_KEY_MAX = 255
 MAX_WAIT_S = 20.0
 """The longest ``wait`` of a long poll (``GET /v1/jobs/{id}``, ``GET /v1/events``)."""
-MAX_METADATA_KEY = 256
-MAX_METADATA_VALUE = 4096
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+"""``metadata`` as OpenAI bounds it (at most 16 pairs, keys up to 64 characters, values up to 512): what a job
+record keeps for a day after its job ends, so what one tenant can leave behind stays bounded (G11)."""
 MAX_TTL_S = 366 * 86400
 """The contract only says ``ttl_s >= 1``; a year keeps ``now + ttl`` far from float precision in Lua."""
 
@@ -53,8 +57,36 @@ def surrogate_free(raw: bytes) -> bool:
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
 assert set(Endpoint.__args__) == set(ENDPOINTS)  # type: ignore[attr-defined]
 
-MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=MAX_METADATA_KEY)]
-MetadataValue = Annotated[str, StringConstraints(max_length=MAX_METADATA_VALUE)]
+
+
+def _bounded_metadata(value: dict[str, str]) -> dict[str, str]:
+    # one message per bound, naming it and never the offending text (a key may be long; a value may be anything)
+    if len(value) > MAX_METADATA_PAIRS:
+        raise PydanticCustomError("metadata_pairs", "at most {limit} pairs (OpenAI's limit); this has {count}",
+                                  {"limit": MAX_METADATA_PAIRS, "count": len(value)})
+    for key, item in value.items():
+        if not 1 <= len(key) <= MAX_METADATA_KEY:
+            raise PydanticCustomError("metadata_key", "keys are 1-{limit} characters (OpenAI's limit); one has "
+                                      "{length}", {"limit": MAX_METADATA_KEY, "length": len(key)})
+        if len(item) > MAX_METADATA_VALUE:
+            raise PydanticCustomError("metadata_value", "values are at most {limit} characters (OpenAI's limit); "
+                                      "the value of key {key} has {length}",
+                                      {"limit": MAX_METADATA_VALUE, "key": repr(key), "length": len(item)})
+    return value
+
+
+Metadata = Annotated[
+    dict[str, str],
+    AfterValidator(_bounded_metadata),
+    WithJsonSchema({
+        "type": "object",
+        "maxProperties": MAX_METADATA_PAIRS,
+        "propertyNames": {"minLength": 1, "maxLength": MAX_METADATA_KEY},
+        "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE},
+    }),
+]
+"""A ``metadata`` object (a job's, a batch's): string keys and values within OpenAI's bounds, 422 beyond with a
+message naming the bound."""
 
 CHAT_BODY_EXAMPLE: dict[str, Any] = {
     "model": "meta-llama/Llama-3.1-8B-Instruct",
@@ -121,9 +153,8 @@ class JobCreate(BaseModel):
         default=None,
         description="Same tenant and key return the same job (header `Idempotency-Key` does the same).",
     )
-    metadata: dict[MetadataKey, MetadataValue] = Field(
+    metadata: Metadata = Field(
         default_factory=dict,
-        max_length=MAX_METADATA_PAIRS,
         description=f"Echoed back: at most {MAX_METADATA_PAIRS} pairs, keys 1-{MAX_METADATA_KEY} characters, "
         f"values at most {MAX_METADATA_VALUE}.",
     )

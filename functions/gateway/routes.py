@@ -28,6 +28,7 @@ from .models import (
 )
 from .openapi import doc, errors
 from .responses import JSONResponse
+from .waits import wait_responses, wait_slot
 
 if TYPE_CHECKING:
     from .shared import Gateway
@@ -98,8 +99,9 @@ async def get(gw: "Gateway", tenant: str, job_id: str, wait: float) -> Answer:
     """GET /v1/jobs/{id} once authenticated: the job as it is, or as soon as it ends within ``wait`` seconds."""
     queue = gw.job_queue(_job_id(job_id))
     if wait > 0:
-        waited = queue.wait(job_id, tenant, wait, shared=gw.shared_waits, with_body=False)
-        job = await gw.call(waited, extra_s=wait)
+        async with wait_slot(gw, tenant, wait):  # INFERQ_TENANT_MAX_WAITS: 429 past it
+            waited = queue.wait(job_id, tenant, wait, shared=gw.shared_waits, with_body=False)
+            job = await gw.call(waited, extra_s=wait)
     else:
         job = await gw.call(queue.get(job_id, tenant, with_body=False))  # the job object has no body
     if job is None:
@@ -181,7 +183,7 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
         "/v1/jobs/{job_id}",
         summary="Get a job, optionally waiting for it to finish",
         response_model=None,
-        responses={200: doc("JobObject", "The job"), **errors(400, 401, 404, 413, 422, 503)},
+        responses={200: doc("JobObject", "The job"), **errors(400, 401, 404, 413, 422, 503), **wait_responses()},
     )
     async def get_job(
         request: Request,

@@ -31,6 +31,7 @@ from inferq.redis.connection import connect
 from inferq.scaling.policy import ScalePolicy
 
 from .scaler import Cadence, EcsService, Scaler, Tick, WebhookPass
+from .usage import usage_pass
 
 logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME") or "inferq-scaler")
 logger.append_keys(name="%(name)s")  # the logger's name on every line, as on the lines of our packages' loggers
@@ -168,9 +169,10 @@ async def invoke(settings: Settings, *, once: bool, deadline: float) -> list[tup
                 model=model,
             )))
         budget_s = max(0.0, deadline - time.monotonic())  # what the clients' setup left
-        runs, _ = await asyncio.gather(  # batches advance at every size of fleet, zero included
+        runs, _, _ = await asyncio.gather(  # batches advance at every size of fleet, zero included
             asyncio.gather(*(s.run(budget_s=budget_s, span_s=SCHEDULE_PERIOD_S, once=once) for _, s in scalers)),
             drive_batches(scalers[0][1].queue.settings, scalers[0][1].queue, budget_s),
+            usage_pass(settings, fleets() or [(None, settings)], client, logger),  # the export, usage metrics
         )
         return [(model, ticks) for (model, _), ticks in zip(scalers, runs, strict=True)]
     finally:

@@ -143,11 +143,27 @@ def read_result(job: Job) -> Flow[Job]:
     return read
 
 
+WAITS_BUSY_PAUSE_S = 1.0
+"""How often ``wait`` looks at a job without waiting while its tenant holds all its long polls (429 ``rate_limited``
+on a wait, ``INFERQ_TENANT_MAX_WAITS``): most of those end with their jobs, long before the ``Retry-After`` that
+bounds them."""
+
+
 def wait(job_id: str, timeout: float) -> Flow[Job]:
     # reaching the deadline is an answer (the job as it is), not an error
     deadline = time.monotonic() + timeout
     while True:
-        job = yield from get(job_id, _slice(deadline))
+        try:
+            job = yield from get(job_id, _slice(deadline))
+        except InferqError as exc:
+            if exc.status != 429 or exc.type != "rate_limited" or not _slice(deadline):
+                raise
+            # every long poll of this key is taken: a look without waiting takes none, then a pause, then a wait
+            job = yield from get(job_id, 0)
+            if not job.terminal and time.monotonic() < deadline:
+                yield Pause(min(WAITS_BUSY_PAUSE_S, exc.retry_after_s or WAITS_BUSY_PAUSE_S,
+                                max(0.0, deadline - time.monotonic())))
+                continue
         if job.terminal or time.monotonic() >= deadline:
             return job
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlparse
 
@@ -139,6 +140,41 @@ def _tenants(name: str, raw: str) -> frozenset[str] | None:
         if not TENANT.match(tenant):
             raise SettingsError(name, f"tenant {tenant!r} must be {TENANT_RULE}")
     return frozenset(tenants) or None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A tenant's monthly budget (``INFERQ_TENANT_BUDGETS``): total tokens, estimated dollars, or both."""
+
+    tokens: int | None = None
+    usd: float | None = None
+
+    def describe(self) -> str:
+        parts = ([f"{self.tokens} tokens"] if self.tokens is not None else []) + \
+            ([f"${self.usd:g}"] if self.usd is not None else [])
+        return " and ".join(parts)
+
+
+_BUDGET_RE = re.compile(r"^(?:([0-9]+)\s*tokens|\$?([0-9]+(?:\.[0-9]+)?)\s*usd|\$([0-9]+(?:\.[0-9]+)?))$", re.I)
+
+
+def _tenant_budgets(name: str, raw: str) -> dict[str, Budget] | None:
+    """`tenant:<N>tokens` or `tenant:<N>usd` (also `tenant:$<N>`), comma-separated; a tenant may have one of each."""
+    budgets: dict[str, Budget] = {}
+    for pair in filter(None, (p.strip() for p in raw.split(","))):
+        tenant, sep, amount = (part.strip() for part in pair.partition(":"))
+        match = _BUDGET_RE.match(amount)
+        if not sep or not TENANT.match(tenant) or match is None:
+            raise SettingsError(name, f"must be 'tenant:<N>tokens' or 'tenant:<N>usd' (comma-separated), tenants of "
+                                f"{TENANT_RULE}; got {pair!r}")
+        tokens, usd, dollars = match.groups()
+        budget = budgets.get(tenant, Budget())
+        if tokens is not None:
+            budget = Budget(int(tokens), budget.usd)
+        else:
+            budget = Budget(budget.tokens, float(usd if usd is not None else dollars))
+        budgets[tenant] = budget
+    return budgets or None
 
 
 AUTO: Literal["auto"] = "auto"

@@ -35,8 +35,8 @@ JOB_ID_BODY = 4 + 26
 
 _TOP_FIELDS = {"default", "models"}
 _MODEL_FIELDS = {"name", "aliases", "queue", "service", "window", "window_max", "job_timeout_s", "max_attempts",
-                 "max_queue_depth", "scale", "backend", "deploy"}
-_PLAIN_OVERRIDES = ("window", "window_max", "job_timeout_s", "max_attempts", "max_queue_depth")
+                 "max_queue_depth", "gpu_hour_usd", "scale", "backend", "deploy"}
+_PLAIN_OVERRIDES = ("window", "window_max", "job_timeout_s", "max_attempts", "max_queue_depth", "gpu_hour_usd")
 _SCALE_FIELDS = {"min": "scale_min", "max": "scale_max", "target_per_worker": "scale_target_per_worker",
                  "down_cooldown_s": "scale_down_cooldown_s", "to_zero_after_s": "scale_to_zero_after_s"}
 _BACKEND_FIELDS = {"kind", "base_url", "served_model", "args"}

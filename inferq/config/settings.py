@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from inferq.config.parsers import (
     AUTO,
+    Budget,
     SettingsError,
     _api_keys,
     _backend,
@@ -25,6 +26,7 @@ from inferq.config.parsers import (
     _priority,
     _queue,
     _redis_url,
+    _tenant_budgets,
     _tenant_priorities,
     _tenants,
     _window,
@@ -111,6 +113,16 @@ class Settings:
             "parse": _int(0, 1_000_000),
             "doc": "How many requests a tenant may make at once above `INFERQ_RATE_LIMIT_PER_S` (the bucket's "
             "size). 0: one second's worth of the rate (at least 1).",
+        },
+    )
+    tenant_max_waits: int = field(
+        default=10,
+        metadata={
+            "parse": _int(0, 10_000),
+            "doc": "Long polls one tenant may hold at once, all gateway instances together (`GET /v1/jobs/{id}?wait=`, "
+            "`GET /v1/events?wait=`, a job's stream with `wait`, a synchronous completion): each holds a gateway "
+            "execution for its length, so past it a wait is 429 `rate_limited` with `Retry-After` at once. A wait "
+            "of 0 takes none. Size the gateway's reserved concurrency against it (docs/operations.md). 0: no limit.",
         },
     )
     api_keys_max_stale_s: int = field(
@@ -229,6 +241,43 @@ class Settings:
             "on Lambda (API Gateway's HTTP API ends a request at 30 s): the gateway function refuses to start above.",
         },
     )
+    usage_retention_days: int = field(
+        default=400,
+        metadata={
+            "parse": _int(0, 3660),
+            "doc": "Days each hourly usage bucket is kept in Redis (`GET /v1/usage`, docs/operations.md): 400, as AWS "
+            "Cost Explorer keeps 13 months and a year-on-year month can be compared. About 80 bytes a row (tenant, "
+            "lane, model) an hour. The daily export to S3 (`usage/`) keeps them for good. 0: metering off (nothing "
+            "counted, no budgets).",
+        },
+    )
+    gpu_hour_usd: float = field(
+        default=1.006,
+        metadata={
+            "parse": _float(0.0),
+            "doc": "Price of one GPU-hour in US dollars, what usage turns GPU-seconds into an estimated cost with; a "
+            "model of the registry may set its own (`gpu_hour_usd`). Default: the on-demand price of the stack's "
+            "`g5.xlarge` (one A10G) in us-east-1, Linux (aws.amazon.com/ec2/pricing/on-demand).",
+        },
+    )
+    tenant_budgets: dict[str, Budget] | None = field(
+        default=None,
+        metadata={
+            "parse": _tenant_budgets,
+            "doc": "Monthly budgets per tenant (UTC calendar month, all models together): `tenant:<N>tokens` "
+            "(prompt and completion) and/or `tenant:<N>usd` (estimated, from `INFERQ_GPU_HOUR_USD`). Past one, the "
+            "tenant's submits answer 429 `quota_exceeded` naming it until the month ends; the scaler emits "
+            "`BudgetUsedPercent` per budgeted tenant (alarm at 80). Unset, or a tenant not listed: no budget.",
+        },
+    )
+    usage_tenant_metrics: bool = field(
+        default=False,
+        metadata={
+            "parse": _bool,
+            "doc": "The scaler's hourly usage metrics (EMF) also per tenant (dimensions `model`, `tenant`), besides "
+            "per model. Off by default: each tenant's metrics are custom metrics CloudWatch bills for.",
+        },
+    )
     log_level: str = _setting("INFO", _log_level)
     log_payloads: bool = _setting(False, _bool)
 
@@ -251,6 +300,11 @@ class Settings:
 
     def priority_allowed(self, tenant: str, priority: Priority) -> bool:
         return LANES.index(priority) >= LANES.index(self.max_priority_of(tenant))
+
+    def reads_usage_of_others(self, tenant: str) -> bool:
+        """Whether a tenant may read other tenants' usage (``GET /v1/usage?tenant=``): only an operator named in
+        ``INFERQ_ADMIN_TENANTS``; unset, no one (one team's bill is not another's to read)."""
+        return self.admin_tenants is not None and tenant in self.admin_tenants
 
     def is_admin(self, tenant: str) -> bool:
         """Whether a tenant may see queue-wide numbers (``INFERQ_ADMIN_TENANTS``; unset: every tenant)."""

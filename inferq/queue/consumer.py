@@ -23,6 +23,7 @@ from inferq.queue.core import QueueCore, chunks, new_token, now_ms
 from inferq.queue.jobs import LANES, Job, JobStatus, Priority
 from inferq.queue.keys import GROUP
 from inferq.redis.scripting import Code, reply_code
+from inferq.usage.spend import NONE, Spend, UsageRows
 
 
 class Outcome(str, Enum):
@@ -59,6 +60,10 @@ class Delivery:
     reclaimed: bool = False
     lease: str = ""
     lane: Priority = Priority.NORMAL
+    spent: tuple[str, int, int] = ("", 0, 0)
+    """What the job's usage is counted under and what its earlier attempts spent, as its record said when this
+    delivery began: (model, run ms, GPU ms; fields ``model``, ``run_ms``, ``gpu_ms``). Only this delivery's own
+    retry or release changes them until it ends."""
 
     @property
     def attempt(self) -> int:
@@ -92,6 +97,9 @@ def settle_token(delivery: Delivery, *what: str) -> str:
 Entry = tuple[Priority, str, dict[str, str]]
 """A stream entry read from a lane: (lane, entry id, fields)."""
 
+Finish = tuple[Delivery, JobStatus, Any, Any] | tuple[Delivery, JobStatus, Any, Any, Spend]
+"""One finish: the delivery, its terminal status, result, error and (optionally) what the attempt spent."""
+
 
 class Consumer(QueueCore):
     def __init__(self, client: Any, settings: Settings) -> None:
@@ -104,9 +112,11 @@ class Consumer(QueueCore):
         """The start script call that begins ``live`` (lane, entry id, job id, lease; :data:`SCRIPT_BATCH` at
         most)."""
         keys_of, settings = self.keys, self.settings
-        keys = [keys_of.stats, keys_of.events, keys_of.dlq, keys_of.expiry, keys_of.tenants, keys_of.dlq_index]
+        usage_keys, usage_args = self.meter(now)
+        keys = [keys_of.stats, keys_of.events, keys_of.dlq, keys_of.expiry, keys_of.tenants, keys_of.dlq_index,
+                *usage_keys]
         args: list[Any] = [consumer, now, settings.max_deliveries, settings.result_ttl_s, settings.events_maxlen,
-                           "1" if reclaimed else "0"]
+                           "1" if reclaimed else "0", *usage_args]
         for lane, entry_id, job_id, lease in live:
             keys += [keys_of.stream_of(lane), keys_of.job(job_id), keys_of.done(job_id)]
             args += [entry_id, lease]
@@ -131,7 +141,8 @@ class Consumer(QueueCore):
         for (lane, entry_id, job_id, lease), (reply, record) in zip(live, answered, strict=True):
             code = reply_code(reply)
             if code == 0 and record:
-                deliveries.append(Delivery(entry_id, Job.from_hash(record), reclaimed, lease, lane))
+                spent = (record.get("model", ""), int(record.get("run_ms") or 0), int(record.get("gpu_ms") or 0))
+                deliveries.append(Delivery(entry_id, Job.from_hash(record), reclaimed, lease, lane, spent))
             elif code == 0:
                 # started, then gone before its read (nothing deletes a running job's record): the entry stays
                 # pending under this lease, and its next delivery finds no job and acknowledges it
@@ -240,32 +251,47 @@ class Consumer(QueueCore):
             Code.ENDED: Outcome.ENDED,
         }[Code(code)]
 
-    def _finish_call(self, items: Sequence[tuple[Delivery, JobStatus, Any, Any]], now: int) -> tuple:
+    def _spent(self, delivery: Delivery, spend: Spend | None) -> list[Any]:
+        """The run and GPU ms of all the job's attempts, as retry and release record them; "" (unchanged) when
+        this attempt spent nothing or metering is off."""
+        if spend is None or self.settings.usage_retention_days <= 0 or not (spend.run_ms or spend.gpu_ms):
+            return ["", ""]
+        _, run_ms, gpu_ms = delivery.spent
+        return [run_ms + spend.run_ms, gpu_ms + spend.gpu_ms]
+
+    def _finish_call(self, items: Sequence[Finish], now: int) -> tuple:
         """The finish script call that writes ``items`` (:data:`SCRIPT_BATCH` at most)."""
         keys_of = self.keys
-        keys = [keys_of.stats, keys_of.events, keys_of.tenants]
-        args: list[Any] = [now, self.settings.result_ttl_s, self.settings.events_maxlen]
-        for delivery, status, result, error in items:
+        usage_keys, usage_args = self.meter(now)
+        keys = [keys_of.stats, keys_of.events, keys_of.tenants, *usage_keys]
+        rows = UsageRows(self.settings.usage_retention_days > 0)
+        jobs: list[Any] = []
+        for delivery, status, result, error, *spend in items:
             job_id = delivery.job.id
             result_json = fastjson.dumps(result).decode() if result is not None else ""
             error_json = fastjson.dumps(error).decode() if error is not None else ""
             keys += [keys_of.stream_of(delivery.lane), keys_of.job(job_id), keys_of.done(job_id)]
-            args += [delivery.entry_id, status.value, result_json, error_json, delivery.lease,
-                     settle_token(delivery, "finish", status.value, result_json, error_json)]
+            jobs += [delivery.entry_id, status.value, result_json, error_json, delivery.lease,
+                     settle_token(delivery, "finish", status.value, result_json, error_json),
+                     *rows.add(delivery, status, spend[0] if spend else NONE)]
+        args: list[Any] = [now, self.settings.result_ttl_s, self.settings.events_maxlen, *usage_args, *rows.args(),
+                           *jobs]
         return ("finish", keys, args)
 
     async def finish(
-        self, delivery: Delivery, status: JobStatus, *, result: Any = None, error: Any = None, now: int | None = None
+        self, delivery: Delivery, status: JobStatus, *, result: Any = None, error: Any = None, now: int | None = None,
+        spend: Spend | None = None,
     ) -> Outcome:
         """Write the terminal state once (first writer wins) and acknowledge the entry. A delivery this worker no
-        longer holds changes nothing (Outcome.STALE)."""
+        longer holds changes nothing (Outcome.STALE). ``spend``: what this attempt spent (run and GPU time, tokens),
+        counted in the tenant's usage with what its earlier attempts spent."""
         if status not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
             raise ValueError(f"a worker cannot finish a job as {status.value}")
-        [[reply]] = await self._write([self._finish_call([(delivery, status, result, error)], now or now_ms())],
-                                      replicated=True)
+        item: Finish = (delivery, status, result, error, spend or NONE)
+        [[reply]] = await self._write([self._finish_call([item], now or now_ms())], replicated=True)
         return self._outcome(reply, Outcome.WRITTEN)
 
-    async def finish_many(self, items: Sequence[tuple[Delivery, JobStatus, Any, Any]]) -> list[Outcome]:
+    async def finish_many(self, items: Sequence[Finish]) -> list[Outcome]:
         """Several finishes in one round trip and one script call per :data:`SCRIPT_BATCH` of them: each job is
         settled as by a call of its own, and the counters they share are written once per call."""
         if not items:
@@ -275,29 +301,33 @@ class Consumer(QueueCore):
         return [self._outcome(reply, Outcome.WRITTEN) for call in replies for reply in call]
 
     async def retry(self, delivery: Delivery, *, delay_ms: int, error: Any, now: int | None = None,
-                    dead_letter: str | None = None, strikes: int = 1) -> Outcome:
+                    dead_letter: str | None = None, strikes: int = 1, spend: Spend | None = None) -> Outcome:
         """Acknowledge this attempt and queue the next (or dead-letter past max attempts), atomically. With
         ``dead_letter`` (a reason, e.g. ``engine_died``) the attempt counts a strike on the job (field
         ``strikes``): at ``strikes`` of them the job is dead-lettered now whatever its attempts, a poison job
-        never handed to another worker."""
+        never handed to another worker. ``spend``: this attempt's run and GPU time, added to the job's."""
         job_id = delivery.job.id
+        now = now or now_ms()
+        usage_keys, usage_args = self.meter(now)
         keys = [self.keys.stream_of(delivery.lane), self.keys.stats, self.keys.events, self.keys.delayed,
-                self.keys.dlq, self.keys.tenants, self.keys.job(job_id), self.keys.done(job_id), self.keys.dlq_index]
+                self.keys.dlq, self.keys.tenants, self.keys.job(job_id), self.keys.done(job_id), self.keys.dlq_index,
+                *usage_keys]
         error_json = fastjson.dumps(error).decode()
-        args = [delivery.entry_id, now or now_ms(), max(0, int(delay_ms)), self.settings.max_attempts,
+        args = [delivery.entry_id, now, max(0, int(delay_ms)), self.settings.max_attempts,
                 error_json, self.settings.result_ttl_s, self.settings.events_maxlen, delivery.lease,
                 settle_token(delivery, "retry", error_json, dead_letter or "", str(strikes)), dead_letter or "",
-                strikes]
+                strikes, *self._spent(delivery, spend), *usage_args]
         # a retry may end the job (dead-lettered, or cancelled): with replicas to wait for, it waits like finish
         [reply] = await self._write([("retry", keys, args)], replicated=True)
         if reply_code(reply) == 2:
             return Outcome.DEAD_LETTERED
         return self._outcome(reply, Outcome.RETRY_SCHEDULED)
 
-    async def release(self, delivery: Delivery) -> Outcome:
-        """Give the job back at once without spending an attempt (shutdown)."""
+    async def release(self, delivery: Delivery, *, spend: Spend | None = None) -> Outcome:
+        """Give the job back at once without spending an attempt (shutdown). ``spend``: the run and GPU time the
+        attempt had, added to the job's."""
         keys = [self.keys.stream_of(delivery.lane), self.keys.stats, self.keys.job(delivery.job.id)]
-        args = [delivery.entry_id, delivery.lease, settle_token(delivery, "release")]
+        args = [delivery.entry_id, delivery.lease, settle_token(delivery, "release"), *self._spent(delivery, spend)]
         reply = await self.scripts("release", keys, args)
         return self._outcome(reply, Outcome.RELEASED)
 

@@ -17,6 +17,7 @@ from inferq.queue.jobs import LANES, Priority
 from inferq.queue.keys import GROUP, WEBHOOK_GROUP, Keys
 from inferq.queue.lanes import LaneShare
 from inferq.redis.scripting import Scripts
+from inferq.usage.periods import hour_start, meter_args
 
 SCRIPT_BATCH = 32
 """Jobs one call of a hot-path script (enqueue, start, finish) takes at most: one script run and one increment of
@@ -53,6 +54,17 @@ class QueueCore:
         self.id_suffix = f"_{settings.queue}" if settings.models else ""
         self._reclaim_cursors = dict.fromkeys(LANES, "0-0")
         self.lane_share = LaneShare()
+        self._meter: tuple[int, list[str], list[Any]] = (-1, [], [])
+
+    def meter(self, now: int) -> tuple[list[str], list[Any]]:
+        """The usage keys (the hour's bucket, the month's totals) and their expiries that a script which may end a
+        job at ``now`` (ms) takes (``includes/meter.lua``); made once per hour."""
+        hour = hour_start(now / 1000)
+        if self._meter[0] != hour:
+            hour_label, month_label, hour_until, month_until = meter_args(now, self.settings.usage_retention_days)
+            self._meter = (hour, [self.keys.usage_hour(hour_label), self.keys.usage_month(month_label)],
+                           [hour_until, month_until])
+        return self._meter[1], self._meter[2]
 
     @classmethod
     def connect(cls, settings: Settings, **options: Any) -> Self:
@@ -132,10 +144,11 @@ class QueueCore:
 
     async def _expire_calls(self, job_ids: Sequence[str], now: int | None = None) -> int:
         now = now or now_ms()
+        usage_keys, usage_args = self.meter(now)
         calls = [
             ("expire", [*self.keys.lane_streams, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.expiry,
-                        self.keys.tenants, self.keys.job(j), self.keys.done(j)],
-             [j, now, self.settings.result_ttl_s, self.settings.events_maxlen])
+                        self.keys.tenants, self.keys.job(j), self.keys.done(j), *usage_keys],
+             [j, now, self.settings.result_ttl_s, self.settings.events_maxlen, *usage_args])
             for j in job_ids
         ]
         return sum(1 for reply in await self.scripts.many(calls) if int(reply[0]) == 0)

@@ -26,6 +26,11 @@ works locally works deployed. It names keys (``idem:<tenant>:…``) and logs: no
 
 TENANT_RULE = "1-64 ASCII letters, digits, '_', '.' or '-'"
 
+USAGE_ROWS = 64
+"""Rows (lane and model) one tenant may have in one hour's usage bucket; past them its jobs count into model
+``(other)`` (``includes/meter.lua``): a tenant naming ever new models cannot make a bucket grow without bound."""
+USAGE_OTHER = "(other)"
+
 
 @dataclass(frozen=True)
 class Keys:
@@ -144,6 +149,26 @@ class Keys:
     def rate_call(self, tenant: str, token: str) -> str:
         """String: one rate-limit call's answer, kept a few seconds so a resent copy answers the same."""
         return f"{self.prefix}rate:{tenant}:call:{token}"
+
+    def usage_hour(self, label: str) -> str:
+        """Hash: one UTC hour's usage (``inferq.usage.periods.hour_label``: ``2025-12-06T14``), a row per tenant, lane
+        and model (``includes/meter.lua``); expires ``INFERQ_USAGE_RETENTION_DAYS`` after the hour."""
+        return f"{self.prefix}usage:{label}"
+
+    def usage_month(self, label: str) -> str:
+        """Hash: each tenant's tokens and GPU ms of one UTC month (``2025-12``), what budgets are checked against;
+        expires a week into the next month."""
+        return f"{self.prefix}usage:month:{label}"
+
+    @property
+    def usage_exported(self) -> str:
+        """String: the last hour whose usage the scaler exported (S3, CloudWatch); the primary queue's only."""
+        return self.prefix + "usage:exported"
+    def waits(self, tenant: str) -> str:
+        """Sorted set: a tenant's long-poll slots (``INFERQ_TENANT_MAX_WAITS``), slot token -> when the slot lapses
+        (ms): a slot its holder never gave back (a Lambda sandbox that died mid-wait) is free from then. The primary
+        queue's only: one bound per tenant for the whole deployment. Expires with its last slot."""
+        return f"{self.prefix}waits:{tenant}"
 
     @property
     def mock_calls(self) -> str:

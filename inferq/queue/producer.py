@@ -69,16 +69,25 @@ class NotDeadLettered(QueueError):
     pass
 
 
-def record_fields(request: JobRequest, count_tokens: bool = False) -> list[Any]:
+MODEL_MAX = 128
+"""Characters of ``body.model`` a single queue's job record keeps (its usage row names it)."""
+
+
+def record_fields(request: JobRequest, count_tokens: bool = False, model: bool = False) -> list[Any]:
     """The job record's fields that come from the request, as name/value pairs (enqueue.lua writes them). The body
     and metadata are stored as :func:`inferq.fastjson.dumps` writes them (what is read back is the same value; the
     request digest has its own canonical form). ``count_tokens`` (sizing by work is on,
     ``INFERQ_SCALE_TOKENS_PER_S`` > 0): the job's expected tokens too, which the queue's ``backlog_tokens`` counts;
-    off, the record and the scripts do no work for a figure nobody reads."""
+    off, the record and the scripts do no work for a figure nobody reads. ``model`` (a single queue, no registry,
+    metering on): ``body.model`` as field ``model``, the model its usage is counted under (a registry's queue is one
+    model's, which the reader of usage names)."""
     fields: list[Any] = []
     if count_tokens:  # first: enqueue.lua adds it to the queue's backlog_tokens from that place
         fields += ["tokens", expected_tokens(request.body)]
     fields += ["url", request.url, "body", fastjson.dumps(request.body), "lane", request.priority.value]
+    named = request.body.get("model") if model else None
+    if isinstance(named, str) and named:
+        fields += ["model", named[:MODEL_MAX]]
     if request.metadata:
         fields += ["metadata", fastjson.dumps(request.metadata)]
     if request.timeout_s is not None:
@@ -104,13 +113,14 @@ class Producer(QueueCore):
         keys = [keys_of.stats, keys_of.expiry, keys_of.tenants]
         args: list[Any] = [settings.max_queue_depth, settings.tenant_max_depth, settings.result_ttl_s]
         count_tokens = settings.scale_tokens_per_s > 0
+        model = not settings.models and settings.usage_retention_days > 0
         for tenant, request, job_id, now in jobs:
             job_key = keys_of.job(job_id)
             idem = request.idempotency_key
             # without an idempotency key the job record stands in its place: the script tells them apart
             keys += [keys_of.stream_of(request.priority), job_key,
                      keys_of.idem(tenant, idempotency_digest(idem)) if idem is not None else job_key]
-            fields = record_fields(request, count_tokens)
+            fields = record_fields(request, count_tokens, model)
             expires_at = now + request.ttl_s * 1000 if request.ttl_s is not None else ""
             # the digest is what a retry with the same idempotency key is checked against: without a key, nothing is
             digest = request.digest() if idem is not None else ""
@@ -316,9 +326,11 @@ class Producer(QueueCore):
 
     async def cancel(self, tenant: str, job_id: str, *, now: int | None = None) -> Job:
         """Cancel (queued) or request cancellation (running). Raises JobNotFound or JobTerminal."""
+        now = now or now_ms()
+        usage_keys, usage_args = self.meter(now)
         keys = [*self.keys.lane_streams, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.tenants,
-                self.keys.job(job_id), self.keys.done(job_id)]
-        args = [tenant, now or now_ms(), self.settings.result_ttl_s, self.settings.events_maxlen, new_token()]
+                self.keys.job(job_id), self.keys.done(job_id), *usage_keys]
+        args = [tenant, now, self.settings.result_ttl_s, self.settings.events_maxlen, new_token(), *usage_args]
         [reply] = await self._write([("cancel", keys, args)], replicated=True)
         if int(reply[0]) == Code.NOT_FOUND:
             raise JobNotFound(job_id)

@@ -23,7 +23,7 @@ from redis.asyncio.cluster import PipelineCommand, RedisCluster
 from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 from inferq.queue.jobs import TERMINAL
-from inferq.queue.keys import GROUP, LANE_KEYS, WEBHOOK_GROUP
+from inferq.queue.keys import GROUP, LANE_KEYS, USAGE_OTHER, USAGE_ROWS, WEBHOOK_GROUP
 from inferq.redis.connection import pipelined
 
 SCRIPTS_DIR = Path(__file__).parent.parent / "queue" / "scripts"
@@ -31,8 +31,8 @@ _INCLUDE = re.compile(r'^--- @include "([A-Za-z]+)"\s*$', re.MULTILINE)
 _KEY = re.compile(r"^\s*KEYS\[(\d+)(\.\.n)?\][^\n]*?(\(optional\))?\s*$", re.MULTILINE)
 
 NAMES = ("enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive", "expire", "observe",
-         "requeue", "skipevents", "webhooksecret", "ratelimit", "appendoutput", "closeoutput",
-         "watchoutput")
+         "requeue", "skipevents", "webhooksecret", "ratelimit", "takewait", "givewait", "appendoutput",
+         "closeoutput", "watchoutput")
 
 
 class Code(IntEnum):
@@ -100,9 +100,10 @@ _COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
 @cache
 def prelude(source: str | None = None) -> str:
     """The Lua locals every script starts with: ``GROUP``, ``CODE_<NAME>`` per :class:`Code`, ``TERMINAL``,
-    ``WEBHOOK_GROUP`` and ``LANE_KEYS`` (the lanes in the order a script that may touch any lane takes their streams).
+    ``WEBHOOK_GROUP``, ``LANE_KEYS`` (the lanes in the order a script that may touch any lane takes their streams) and
+    ``USAGE_ROWS`` with ``USAGE_OTHER`` (:data:`inferq.queue.keys.USAGE_ROWS`).
     The two tables are built on every run of a script (garbage for the server to collect afterwards), so with
-    ``source`` (a script's expanded source) each of the last three is defined only when its code, comments left out,
+    ``source`` (a script's expanded source) each of the last four is defined only when its code, comments left out,
     uses it."""
     used = _COMMENT.sub("", source) if source is not None else None
     codes = "\n".join(f"local CODE_{code.name} = {code.value}" for code in Code)
@@ -115,6 +116,8 @@ def prelude(source: str | None = None) -> str:
     if used is None or re.search(r"\bLANE_KEYS\b", used):
         lanes = ", ".join(f"'{lane}'" for lane in LANE_KEYS)
         out += f"local LANE_KEYS = {{{lanes}}}\n"
+    if used is None or re.search(r"\bUSAGE_ROWS\b", used):
+        out += f"local USAGE_ROWS, USAGE_OTHER = {USAGE_ROWS}, '{USAGE_OTHER}'\n"
     return out
 
 

@@ -66,7 +66,8 @@ def host_platform() -> str:
 class Resolver:
     """Evaluates a template's parameters, conditions and the intrinsics that pick values, with every parameter at
     its default unless overridden. A reference to a resource stays symbolic: its logical id, or ``Res.Attr``;
-    ``attributes`` gives concrete stand-ins where the reader needs one (a URL that must parse)."""
+    ``attributes`` gives concrete stand-ins where the reader needs one (a URL that must parse, a bucket's name for
+    ``Ref``, its ARN for ``Res.Arn``)."""
 
     template: Mapping[str, Any]
     overrides: Mapping[str, str] | None = None
@@ -111,7 +112,7 @@ class Resolver:
                 return NO_VALUE
             if args in self.template.get("Parameters", {}) or args.startswith("AWS::"):
                 return self.parameter(args)
-            return args
+            return (self.attributes or {}).get(args, args)
         if function == "Fn::GetAtt":
             name = ".".join(args) if isinstance(args, list) else args
             return (self.attributes or {}).get(name, name)

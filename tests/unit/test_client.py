@@ -153,3 +153,34 @@ def test_only_given_fields_are_sent() -> None:
     full = submit_request({"model": "m"}, url="/v1/completions", metadata={"a": "b"}, timeout_s=5, ttl_s=60,
                           webhook_url="https://example.com/h", priority="high")
     assert full["ttl_s"] == 60 and full["priority"] == "high" and full["metadata"] == {"a": "b"}
+
+
+def test_a_wait_refused_for_the_keys_long_poll_limit_looks_without_waiting_pauses_and_waits_again() -> None:
+    """A tenant holding all its waits (``INFERQ_TENANT_MAX_WAITS``: 429 ``rate_limited`` on a wait): ``wait`` reads
+    the job without a wait (which takes no slot), pauses at most a second, then waits again; any other 429 is
+    raised."""
+    from inferq.client.calls import WAITS_BUSY_PAUSE_S, Call, Pause, Runner, wait
+
+    queued = Job.from_api({**JOB, "status": "queued", "result": None})
+    runner = Runner(wait(JOB["id"], 60))  # type: ignore[arg-type]
+    steps = iter(runner)
+    first = next(steps)
+    assert isinstance(first, Call) and first.params == {"wait": 20}
+    runner.fail(InferqError(429, "rate_limited", "10 waits running", retry_after_s=18.0))
+    look = next(steps)
+    assert isinstance(look, Call) and look.params is None  # no wait: no slot taken
+    runner.answer(queued)
+    pause = next(steps)
+    assert isinstance(pause, Pause) and pause.seconds == WAITS_BUSY_PAUSE_S
+    again = next(steps)
+    assert isinstance(again, Call) and again.params == {"wait": 20}
+    runner.answer(Job.from_api(JOB))
+    with pytest.raises(StopIteration):
+        next(steps)
+    assert runner.result.terminal
+
+    other = Runner(wait(JOB["id"], 60))  # type: ignore[arg-type]
+    next(iter(other))
+    other.fail(QueueFull(429, "queue_full", "full"))
+    with pytest.raises(QueueFull):
+        next(iter(other))

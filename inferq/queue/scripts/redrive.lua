@@ -74,9 +74,10 @@ if dlqEntry and dlqEntry ~= '' then
 end
 rcall('PERSIST', jobKey)
 rcall('DEL', doneKey)
--- strikes: the engine deaths counted against it (retry.lua); the cause is fixed, so a redriven job starts clean
+-- strikes: the engine deaths counted against it (retry.lua); the cause is fixed, so a redriven job starts clean.
+-- run_ms, gpu_ms: its dead-lettering counted them in its usage (includes/meter); the next ending counts only its own
 rcall('HDEL', jobKey, 'result', 'error', 'last_error', 'started_at', 'finished_at', 'dlq_entry', 'cancel', 'worker',
-  'expires_at', 'lease', 'strikes')
+  'expires_at', 'lease', 'strikes', 'run_ms', 'gpu_ms')
 local entry = rcall('XADD', laneStream(1, job[7]), '*', 'job', jobId, 'attempt', '1')
 rcall('HSET', jobKey, 'status', 'queued', 'attempts', '1', 'deliveries', '0', 'dead_lettered', '0', 'entry', entry,
   'redriven_at', ARGV[2])

@@ -17,6 +17,9 @@
   ARGV[1] entry id
   ARGV[2] lease token of the delivery (from start)
   ARGV[3] call token (the same for the same write of one delivery: queue.settle_token)
+  ARGV[4] (optional) run ms of the job's attempts, this one's included (field run_ms; the attempt ran until given
+          back, and the job's ending counts every attempt's time in its usage, includes/meter); as retry's ARGV[12]
+  ARGV[5] (optional) GPU ms of the job's attempts likewise (field gpu_ms)
 
   Returns
     {0, entry}       released under a new entry
@@ -41,6 +44,9 @@ local jobId, attempts, deliveries = job[1], job[7], tonumber(job[8] or '0')
 ackEntry(streamKey, entryId)
 local newEntry = rcall('XADD', streamKey, '*', 'job', jobId, 'attempt', attempts)
 rcall('HSET', jobKey, 'status', 'queued', 'entry', newEntry, 'deliveries', math.max(deliveries - 1, 0))
+if (ARGV[4] or '') ~= '' then
+  rcall('HSET', jobKey, 'run_ms', ARGV[4], 'gpu_ms', ARGV[5])
+end
 rcall('HDEL', jobKey, 'lease')
 rcall('HINCRBY', statsKey, 'released', 1)
 return remember(jobKey, 'settled', call, {0, newEntry})

@@ -19,6 +19,8 @@
   KEYS[7] job record
   KEYS[8] done (long-poll wakeup)
   KEYS[9] dlq index (per tenant: keys.dlq_index)
+  KEYS[10] usage of the hour (keys.usage_hour of now; includes/meter): a job this ends is counted there
+  KEYS[11] usage totals of the month (keys.usage_month of now)
 
   ARGV[1] entry id
   ARGV[2] now (ms)
@@ -33,6 +35,12 @@
            strike to the job (field strikes); at ARGV[11] strikes it is dead-lettered now whatever its attempts,
            with this reason. Empty or absent: retry as usual
   ARGV[11] (optional) strikes that make the job poison (1: at once)
+  ARGV[12] run ms of the job's attempts, this one's included (field run_ms: its ending counts them in its usage;
+           the client adds this attempt's to the record's as its delivery read it, which only the delivery's own
+           writes change); "" to leave the field as it is
+  ARGV[13] GPU ms of the job's attempts likewise (the workers' shares of their busy time; field gpu_ms)
+  ARGV[14] when the hour's usage expires (unix s; "0": metering off)
+  ARGV[15] when the month's usage totals expire (unix s)
 
   Returns
     {1, attempt, due_ms}   next attempt queued (due_ms 0: in the stream now; else in the delayed set)
@@ -49,6 +57,7 @@ local entryId, now, delay, maxAttempts = ARGV[1], tonumber(ARGV[2]), tonumber(AR
 local errorJson, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local poison = ARGV[10] or ''
 local strikesNeeded = tonumber(ARGV[11] or '1')
+local METER = {hour = KEYS[10], month = KEYS[11], hourUntil = ARGV[14], monthUntil = ARGV[15]}
 
 
 --- @include "ackEntry"
@@ -63,6 +72,9 @@ if refusal then
   return refusal
 end
 local jobId, attempts, cancel = job[1], tonumber(job[7] or '1'), job[8]
+if (ARGV[12] or '') ~= '' then  -- the attempts' time, counted when the job ends (meter: from the record)
+  rcall('HSET', jobKey, 'run_ms', ARGV[12], 'gpu_ms', ARGV[13])
+end
 
 ackEntry(streamKey, entryId)
 if cancel == '1' then

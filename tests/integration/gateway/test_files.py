@@ -147,6 +147,18 @@ async def test_a_batch_is_its_tenants_alone(files: httpx.AsyncClient) -> None:
     assert (await files.post(f"/v1/batches/{batch['id']}/cancel", headers=A)).json()["status"] == "cancelling"
 
 
+async def test_a_batchs_metadata_is_bounded_as_a_jobs(files: httpx.AsyncClient) -> None:
+    file_id = (await upload(files, LINE.encode() + b"\n"))["id"]
+    request = {"input_file_id": file_id, "completion_window": "24h", "endpoint": "/v1/chat/completions"}
+    at_bounds = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}
+    created = await files.post("/v1/batches", headers=A, json={**request, "metadata": at_bounds})
+    assert created.status_code == 200 and created.json()["metadata"] == at_bounds, created.text
+    for metadata, bound in (({**at_bounds, "one more": "v"}, "at most 16 pairs"), ({"k" * 65: "v"}, "keys are 1-64"),
+                            ({"k": "v" * 513}, "values are at most 512")):
+        refused = await files.post("/v1/batches", headers=A, json={**request, "metadata": metadata})
+        assert refused.status_code == 422 and bound in refused.json()["error"]["message"], refused.text
+
+
 async def test_batches_list_newest_first_with_after(files: httpx.AsyncClient) -> None:
     file_id = (await upload(files, LINE.encode()))["id"]
     ids = []

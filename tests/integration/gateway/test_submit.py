@@ -124,8 +124,9 @@ INVALID: list[tuple[str, Any]] = [
     ("idempotency key too long", {**CHAT, "idempotency_key": "k" * 256}),
     ("metadata not strings", {**CHAT, "metadata": {"a": 1}}),
     ("too many metadata pairs", {**CHAT, "metadata": {f"k{i}": "v" for i in range(17)}}),
-    ("metadata key too long", {**CHAT, "metadata": {"k" * 257: "v"}}),
-    ("metadata value too long", {**CHAT, "metadata": {"k": "v" * 4097}}),
+    ("metadata key too long", {**CHAT, "metadata": {"k" * 65: "v"}}),
+    ("metadata key empty", {**CHAT, "metadata": {"": "v"}}),
+    ("metadata value too long", {**CHAT, "metadata": {"k": "v" * 513}}),
     ("timeout zero", {**CHAT, "timeout_s": 0}),
     ("timeout too long", {**CHAT, "timeout_s": 3601}),
     ("timeout a string", {**CHAT, "timeout_s": "30"}),
@@ -147,6 +148,32 @@ async def test_invalid_requests_are_422_in_the_envelope(
     response = await client.post("/v1/jobs", content=json.dumps(request_body), headers=A)
     assert_envelope(response, 422, "invalid_request")
     assert await queue.redis.xlen(queue.keys.stream) == 0
+
+
+METADATA_BOUNDS: list[tuple[Any, str]] = [
+    ({f"k{i}": "v" for i in range(17)}, "body.metadata: at most 16 pairs (OpenAI's limit); this has 17"),
+    ({"k" * 65: "v"}, "body.metadata: keys are 1-64 characters (OpenAI's limit); one has 65"),
+    ({"k": "é" * 513}, "body.metadata: values are at most 512 characters (OpenAI's limit); the value of key 'k' has "
+                       "513"),
+]
+
+
+@pytest.mark.parametrize(("metadata", "message"), METADATA_BOUNDS, ids=["pairs", "key", "value"])
+async def test_metadata_past_openais_bounds_is_422_naming_the_bound_and_never_echoing_the_text(
+    client: httpx.AsyncClient, metadata: Any, message: str
+) -> None:
+    response = await client.post("/v1/jobs", json={**CHAT, "metadata": metadata}, headers=A)
+    assert assert_envelope(response, 422, "invalid_request")["error"]["message"] == message
+
+
+async def test_metadata_at_openais_bounds_is_kept_whole_characters_not_bytes(client: httpx.AsyncClient) -> None:
+    # 16 pairs, 64-character keys, 512-character values of a four-byte character: at the bounds, in characters
+    metadata = {f"{i:02d}" + "k" * 62: "\U0001f600" * 512 for i in range(16)}
+    response = await client.post("/v1/jobs", json={**CHAT, "metadata": metadata}, headers=A)
+    assert response.status_code == 202, response.text
+    assert response.json()["metadata"] == metadata
+    read = await client.get(f"/v1/jobs/{response.json()['id']}", headers=A)
+    assert read.json()["metadata"] == metadata
 
 
 async def test_a_batch_api_line_and_null_defaults_are_accepted(client: httpx.AsyncClient) -> None:

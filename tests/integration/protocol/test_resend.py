@@ -15,6 +15,7 @@ from inferq.queue import output
 from inferq.queue.jobs import JobRequest, JobStatus, Priority, new_job_id
 from inferq.queue.keys import GROUP
 from inferq.queue.protocol import Delivery, Lease, Outcome, Queue, QueueFull, TenantQuotaFull, now_ms
+from inferq.queue.waitslots import WaitsFull, WaitSlots
 from inferq.redis.scripting import NAMES, Code, all_scripts
 from inferq.webhooks.tenant_secrets import rotate_secret, tenant_secret
 from tests.integration.protocol.resend import DelayingProxy, Resending, difference, snapshot, without_refusals
@@ -92,6 +93,13 @@ async def test_every_script_on_each_of_its_paths_answers_the_same_and_changes_no
     rotated = await rotate_secret(q, tenant)                                        # webhooksecret: rotated
     assert rotated.previous == made.secret and rotated.secret != made.secret
     assert (await rotate_secret(q, tenant, 0)).previous is None                    # webhooksecret: none kept
+    # before the rate limit: its bucket expires a second after it is taken, which a later snapshot would see
+    slots = WaitSlots(q, limit=1, margin_s=5)
+    token = await slots.take("t", 20)                                               # takewait: taken
+    with pytest.raises(WaitsFull):                                                  # takewait: refused
+        await slots.take("t", 20)
+    assert token is not None
+    await slots.give("t", token)                                                    # givewait
     assert await q.take_rate("t", 1.0, 1) == 0.0                                   # ratelimit: allowed
     assert 0 < await q.take_rate("t", 1.0, 1) <= 1.0                                # ratelimit: refused
     assert set(q.scripts.checked) == set(NAMES)

@@ -47,16 +47,16 @@ async def live_entries(q: Queue, job_id: str) -> list[str]:
 def test_every_script_declares_its_keys_and_loads() -> None:
     names = {s.name for s in all_scripts()}
     assert names == {"enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive",
-                     "expire", "observe", "requeue", "skipevents", "webhooksecret", "ratelimit", "appendoutput",
-                     "closeoutput", "watchoutput"}
+                     "expire", "observe", "requeue", "skipevents", "webhooksecret", "ratelimit", "takewait",
+                     "givewait", "appendoutput", "closeoutput", "watchoutput"}
     assert load("enqueue").min_keys == 3 and load("enqueue").max_keys is None
     assert load("renew").max_keys is None
 
 
 async def test_a_call_with_the_wrong_key_count_is_refused_before_reaching_redis(q: Queue) -> None:
-    with pytest.raises(TypeError, match="takes 9"):
+    with pytest.raises(TypeError, match="takes 11"):
         await q.scripts("retry", [q.keys.stream], [])
-    with pytest.raises(TypeError, match="takes 3 or more"):
+    with pytest.raises(TypeError, match="takes 5 or more"):
         await q.scripts("finish", [q.keys.stats], [])
 
 

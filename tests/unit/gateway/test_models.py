@@ -43,6 +43,7 @@ def test_bounds_are_inclusive(field: str, value: Any) -> None:
 
 @pytest.mark.parametrize(("field", "value"), [
     ("timeout_s", 3601), ("ttl_s", MAX_TTL_S + 1), ("idempotency_key", "k" * 256), ("metadata", {"": "v"}),
+    ("metadata", {"k" * 65: "v"}), ("metadata", {"k": "v" * 513}), ("metadata", {f"k{i}": "v" for i in range(17)}),
     ("webhook_url", "ftp://h.example.com"), ("webhook_url", "https://h example.com"), ("url", "/v1/chat"),
 ])
 def test_past_the_bounds_is_invalid(field: str, value: Any) -> None:

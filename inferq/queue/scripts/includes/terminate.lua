@@ -8,6 +8,9 @@
   extra: flat list of more job fields to set (result, error, dead_lettered, ...).
   known (optional): {tenant, webhook_url, created_at, tokens} of the job, when the caller has read them already (one
   command less on the hot path).
+  metered (optional): true when the caller has counted the job's usage itself (finish: the worker's figures, added
+  up by its client); otherwise it is counted here from its record (fields lane, model, run_ms, gpu_ms: what its
+  attempts spent; no tokens) into its tenant's usage of the hour (includes/meter), unless metering is off.
   tally (optional): a script ending several jobs passes one table for all of them, and the counters are added
   up in it, to be written once by settleTally before the script returns; without one they are written here, by
   the same settleTally.
@@ -15,10 +18,11 @@
   The request body is dropped here (nothing reads it once the job has ended: the record lives on for its result
   only), except for a dead-lettered job (extra sets dead_lettered), which keeps it for a redrive.
 ]]
+--- @include "meter"
 --- @include "settleTally"
 
 local function terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, status, now, resultTtl,
-                         eventsMaxlen, extra, known, tally)
+                         eventsMaxlen, extra, known, tally, metered)
   local tenant, webhook, createdAt, tokens = unpack(known or
     rcall('HMGET', jobKey, 'tenant', 'webhook_url', 'created_at', 'tokens'))
   rcall('HSET', jobKey, 'status', status, 'finished_at', now, 'entry', '', unpack(extra))
@@ -30,6 +34,9 @@ local function terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId
     rcall('HDEL', jobKey, 'body')
   end
   local counts = tally or {n = 0, statuses = {}, latency = 0, tenants = {}, webhooks = 0, tokens = 0}
+  if not metered and METER.hourUntil ~= '0' then
+    meterJob(counts, status, meterRecord(jobKey, tenant))
+  end
   local hooked = webhook and webhook ~= ''
   counts.n = counts.n + 1
   if hooked then

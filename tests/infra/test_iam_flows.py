@@ -1,0 +1,147 @@
+"""The stack's IAM policies proven by its flows (issue 47): each role's real flows (tests/infra/iam_flows.py) run
+against AWS APIs (moto) with the role's policy, taken from template.yaml and infra/*.yaml, enforced, and every
+AWS call they make is evaluated against that policy.
+
+Two enforcers, each where it is faithful (tests/infra/iam_stack.py says why): moto itself refuses a role's
+PutObject, GetObject and DeleteObject outside its statements (the flow then fails on a real AccessDenied); the
+evaluator of tests/infra/iam_policy.py decides every call as AWS would (actions, ARNs with wildcards, the condition
+operators, explicit denies, the bucket policy), from the authorizations tests/infra/iam_calls.py derives per call.
+
+- :func:`test_each_flow_is_allowed_everything_it_does` fails on a call a role makes and its policy does not allow,
+  naming the call, the authorization and why;
+- :func:`test_no_role_holds_a_grant_no_flow_uses` fails on a grant no flow used (least privilege), but for the
+  ones :data:`UNEXERCISED` names with the reason no offline flow can use them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from emulator.valkey import ValkeyProcess
+
+from .iam_calls import ACCOUNT, Call, Recorder, authorizations
+from .iam_flows import FLOWS, Flow
+from .iam_policy import Decision, Grant, Request, evaluate
+from .iam_stack import Stack, build
+
+TEST_ENV = {
+    "INFERQ_INLINE_MAX_BYTES": "1024",  # small payloads are claim-checked: the S3 paths run without megabytes
+    "INFERQ_RETRY_BASE_MS": "0",
+}
+"""What the tests change in every role's environment: sizes and timings, never which AWS calls are made."""
+
+UNEXERCISED: dict[str, str] = {}
+"""Grant (as :class:`Grant` prints) -> why no flow here can use it. Empty: every grant is used by a flow."""
+
+
+@dataclass
+class Verdict:
+    call: Call
+    request: Request | None
+    decision: Decision | None
+    error: str | None = None
+
+
+@dataclass
+class Results:
+    stack: Stack
+    failures: dict[str, BaseException] = field(default_factory=dict)
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    def of(self, flow: Flow) -> list[Verdict]:
+        return [v for v in self.verdicts if v.call.flow == flow.id]
+
+
+def judge(stack: Stack, call: Call) -> list[Verdict]:
+    try:
+        requests = authorizations(call, stack.names)
+    except LookupError as exc:
+        return [Verdict(call, None, None, str(exc))]
+    role = stack.roles[call.role]
+    verdicts = []
+    for request in requests:
+        resource_policy = stack.bucket_policy if request.action.startswith("s3:") else None
+        decision = evaluate(request, role.policies, principal=role.principal,
+                            account_root=f"arn:aws:iam::{ACCOUNT}:root", resource_policy=resource_policy)
+        verdicts.append(Verdict(call, request, decision))
+    return verdicts
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Results]:
+    """Every flow of :data:`FLOWS`, run once on one stack (a flow's failure is kept for its own test)."""
+    from moto import mock_aws
+    from moto.core import enable_iam_authentication
+
+    mp = pytest.MonkeyPatch()
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_ECS", "AWS_PROFILE",
+                 "AWS_SESSION_TOKEN", "ECS_AGENT_URI"):
+        mp.delenv(name, raising=False)
+    for name, value in (("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_ACCESS_KEY_ID", "testing"),
+                        ("AWS_SECRET_ACCESS_KEY", "testing")):
+        mp.setenv(name, value)
+    valkey = ValkeyProcess(tmp_path_factory.mktemp("valkey-iam")).start()
+    recorder = Recorder()
+    try:
+        with mock_aws():
+            stack = build(valkey, recorder)
+            for role in stack.roles.values():
+                role.env.update(TEST_ENV)
+            results = Results(stack)
+            with recorder.recording(), enable_iam_authentication():
+                for flow in FLOWS:
+                    with recorder.acting(None, flow.id):
+                        try:
+                            asyncio.run(flow.run(stack))
+                        except Exception as exc:  # kept: the flow's own test reports it
+                            results.failures[flow.id] = exc
+            for call in recorder.calls:
+                results.verdicts += judge(stack, call)
+            yield results
+    finally:
+        valkey.stop()
+        mp.undo()
+
+
+def _report(verdicts: list[Verdict]) -> str:
+    lines = []
+    for v in verdicts:
+        if v.error:
+            lines.append(f"  {v.call.role}: {v.call} -> {v.error}")
+        elif v.decision is not None and not v.decision.allowed:
+            lines.append(f"  {v.call.role}: {v.call}\n      needs {v.request}: {v.decision.reason}")
+    return "\n".join(dict.fromkeys(lines))
+
+
+@pytest.mark.parametrize("flow", FLOWS, ids=[f.id for f in FLOWS])
+def test_each_flow_is_allowed_everything_it_does(results: Results, flow: Flow) -> None:
+    verdicts = results.of(flow)
+    refused = _report(verdicts)
+    failure = results.failures.get(flow.id)
+    assert not refused and failure is None, (
+        f"{flow.id}: the role's policy refuses what the flow does\n{refused}"
+        + (f"\nthe flow failed: {type(failure).__name__}: {failure}" if failure else ""))
+    assert verdicts, f"{flow.id} made no AWS call"
+
+
+def test_no_role_holds_a_grant_no_flow_uses(results: Results) -> None:
+    used: set[Grant] = {g for v in results.verdicts if v.decision and v.decision.allowed for g in v.decision.grants}
+    unused = []
+    for role in results.stack.roles.values():
+        for policy in role.policies:
+            for grant in policy.grants():
+                if grant not in used and str(grant) not in UNEXERCISED:
+                    unused.append(f"  {role.name}: {grant}")
+    assert not unused, "grants no flow uses (remove them, or add the flow that needs them):\n" + "\n".join(unused)
+
+
+def test_every_role_has_a_flow() -> None:
+    from .iam_stack import ROLES
+
+    roles = {call for call in ROLES}
+    covered = {f.role for f in FLOWS} | {"worker", "task-execution"}  # run inside the flows that queue work
+    assert roles <= covered, roles - covered
