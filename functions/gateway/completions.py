@@ -14,9 +14,11 @@ job carries its id in ``inferq-job-id``.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +28,9 @@ from starlette.responses import Response, StreamingResponse
 from inferq.queue.engine_body import BodyError, check_body
 from inferq.queue.jobs import Job, JobRequest, JobStatus, Priority
 from inferq.queue.output import Cursor, OutputReader, Page
+from inferq.queue.protocol import Queue
 
-from .deps import Tenant, gateway, wait_slot
+from .deps import Tenant, gateway
 from .errors import ApiError
 from .models import IDEMPOTENCY_KEY_MAX
 from .openapi import JOB_ERRORS, errors
@@ -36,6 +39,7 @@ from .routes import TRACEPARENT_RE
 from .shared import Gateway
 from .sse import KEEPALIVE, Chunks, job_error
 from .streams import final_text
+from .waits import wait_slot
 
 router = APIRouter()
 
@@ -136,20 +140,30 @@ async def _ended(gw: Gateway, job: Job) -> Response:
                         headers={**_headers(job), "x-should-retry": "false"})
 
 
-@dataclass(frozen=True)
+@dataclass
 class Call:
-    """One front-door call once its job is queued."""
+    """One front-door call: its request checked, then its job (once queued)."""
 
     gw: Gateway
-    job: Job
     url: str
-    model: Any
+    request: JobRequest
+    queue: Queue
+    raw_bytes: int
     stream: bool
     usage: bool
-    has_key: bool
+    job: Job | None = None
+
+    @property
+    def model(self) -> Any:
+        return self.request.body.get("model")
+
+    @property
+    def has_key(self) -> bool:
+        return self.request.idempotency_key is not None
 
 
-async def _submit(request: Request, url: str, tenant: str) -> Call:
+async def _checked(request: Request, url: str, tenant: str) -> Call:
+    """The call's request, checked (a refusal queues nothing)."""
     gw = gateway(request)
     raw = await request.body()
     body = _parse(raw)
@@ -160,33 +174,49 @@ async def _submit(request: Request, url: str, tenant: str) -> Call:
         raise ApiError(422, str(exc)) from None
     job_request = _job_request(request, url, body, gw, tenant, stream)
     queue = gw.model_queue(body.get("model"))  # an unknown model is a 404 before anything is stored
-    job_request = await gw.claims.check_in(tenant, job_request, len(raw))  # a large body goes to S3 first
-    job, replayed = await gw.call(queue.enqueue(tenant, job_request))
+    return Call(gw, url, job_request, queue, len(raw), stream, usage)
+
+
+async def _enqueue(request: Request, call: Call, tenant: str) -> Job:
+    gw = call.gw
+    job_request = await gw.claims.check_in(tenant, call.request, call.raw_bytes)  # a large body goes to S3 first
+    job, replayed = await gw.call(call.queue.enqueue(tenant, job_request))
     request.state.job_id = job.id
     gw.telemetry.count("IdempotentReplays" if replayed else "JobsEnqueued")
-    wake = gw.wake_check(queue)
+    wake = gw.wake_check(call.queue)
     if wake is not None:
         await wake()  # now, not after the answer: the answer waits for a fleet that may be at zero
-    return Call(gw, job, url, body.get("model"), stream, usage, job_request.idempotency_key is not None)
+    call.job = job
+    return job
 
 
 async def _answer(request: Request, url: str, tenant: str) -> Response:
-    call = await _submit(request, url, tenant)
-    gw, job = call.gw, call.job
+    call = await _checked(request, url, tenant)
+    gw = call.gw
     wait = gw.settings.sync_wait_s
-    async with wait_slot(gw, tenant):
-        if call.stream and gw.streams:
+    streams = call.stream and gw.streams
+    # one of the tenant's wait slots, taken before the job is queued (a refused wait queues nothing), for the wait
+    # and, streaming, for the stream after it (the job's run: at most its timeout per attempt), whose generator
+    # then gives it back when the stream ends
+    slot = wait_slot(gw, tenant, wait + (gw.settings.job_timeout_s if streams else 0))
+    await slot.__aenter__()
+    handed = False
+    try:
+        job = await _enqueue(request, call, tenant)
+        if streams:
             first = await gw.call(_reader(gw, job, tenant).read(Cursor(), wait), extra_s=wait)
+            if first.job is not None and (first.deltas or (first.done and first.job.status is JobStatus.SUCCEEDED)):
+                handed = True
+                return _streamed(call, tenant, first, slot)
             ended = first.job
         else:
-            first = None
-            queue = gw.job_queue(job.id)
-            ended = await gw.call(queue.wait(job.id, tenant, wait, shared=gw.shared_waits, with_body=False),
+            ended = await gw.call(call.queue.wait(job.id, tenant, wait, shared=gw.shared_waits, with_body=False),
                                   extra_s=wait)
+    finally:
+        if not handed:
+            await slot.__aexit__(None, None, None)
     if ended is None:
         raise ApiError(404, "no such job")  # gone between the submit and the wait: its record expired
-    if first is not None and (first.deltas or first.done) and (not first.done or ended.status is JobStatus.SUCCEEDED):
-        return _streamed(call, tenant, first)
     if not ended.status.terminal:
         return _timeout(gw, ended, call.has_key)
     if not call.stream or ended.status is not JobStatus.SUCCEEDED:
@@ -203,14 +233,17 @@ def _reader(gw: Gateway, job: Job, tenant: str) -> OutputReader:
     return OutputReader(gw.job_queue(job.id), job.id, tenant, text_of=lambda ended: final_text(gw, ended))
 
 
-def _streamed(call: Call, tenant: str, first: Page) -> Response:
+def _streamed(call: Call, tenant: str, first: Page, slot: AbstractAsyncContextManager[None]) -> Response:
     """The events from the first output on, as the output arrives, until the job ends (a host that streams; the
-    first page came within ``INFERQ_SYNC_WAIT_S``). The stream holds a wait slot of the tenant's while it runs."""
+    first page came within ``INFERQ_SYNC_WAIT_S``). The stream holds the tenant's wait ``slot`` (taken) while it
+    runs, and gives it back when it ends."""
     gw, job = call.gw, call.job
+    assert job is not None
     chunks = Chunks(call.url, job.id, job.created_at, call.model)
 
     async def events() -> AsyncIterator[bytes]:
-        async with wait_slot(gw, tenant):
+        async with contextlib.AsyncExitStack() as held:
+            held.push_async_exit(slot)
             pages = _reader(gw, job, tenant).follow(first.cursor)
             try:
                 yield chunks.start()
@@ -250,6 +283,8 @@ ANSWERS = {
               "type": "string"}}}},
     **errors(400, 401, 403, 404, 409, 413, 422, 429, 502, 503, 504, texts={
         **JOB_ERRORS,
+        429: "Unfinished jobs reached INFERQ_MAX_QUEUE_DEPTH, the key's rate limit, or the key holds "
+             "INFERQ_TENANT_MAX_WAITS waits already",
         409: "The job was cancelled (`cancelled`), or the Idempotency-Key was used with another request",
         502: "The job failed: the model server kept failing (the job's error)",
         504: "The job has not ended within INFERQ_SYNC_WAIT_S (`timeout`, naming the job, which goes on)",

@@ -1,11 +1,8 @@
 """What a router with module-level handlers asks FastAPI for: the app's :class:`~.shared.Gateway` and the caller's
-tenant (authenticated as every route is: :meth:`.shared.Gateway.authenticate`), and the per-tenant wait slot a long
-wait takes."""
+tenant (authenticated as every route is: :meth:`.shared.Gateway.authenticate`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request, Security
@@ -32,10 +29,3 @@ async def _tenant(
 
 Tenant = Annotated[str, Depends(_tenant)]
 """The caller's tenant: 401 without a known key (both schemes documented in OpenAPI, as on every route)."""
-
-
-@asynccontextmanager
-async def wait_slot(gw: Gateway, tenant: str) -> AsyncIterator[None]:
-    """One of the tenant's concurrent waits (its bound of concurrent long polls) for the time of a wait or a
-    stream."""
-    yield

@@ -11,13 +11,14 @@ from fastapi import APIRouter, Query, Request
 from inferq.queue.jobs import Job
 from inferq.queue.output import Cursor, OutputReader, first_choice_text
 
-from .deps import Tenant, gateway, wait_slot
+from .deps import Tenant, gateway
 from .errors import ApiError
 from .models import MAX_WAIT_S
 from .openapi import documented
 from .responses import JSONResponse
 from .routes import JOB_ID_RE
 from .shared import Gateway
+from .waits import wait_responses, wait_slot
 
 router = APIRouter()
 
@@ -41,7 +42,8 @@ async def final_text(gw: Gateway, job: Job) -> str | None:
 
 @router.get("/v1/jobs/{job_id}/stream", summary="A job's output as it is made", response_model=None,
             responses=documented("The deltas since the cursor: `{\"object\": \"list\", \"data\": [{\"index\", "
-                                 "\"delta\"}], \"cursor\", \"done\", \"status\"}`", 400, 401, 404, 413, 422, 429, 503))
+                                 "\"delta\"}], \"cursor\", \"done\", \"status\"}`", 400, 401, 404, 413, 422, 503)
+            | wait_responses())
 async def stream_job(
     request: Request,
     job_id: str,
@@ -57,11 +59,8 @@ async def stream_job(
     output = reader(gw, job_id, tenant)
     request.state.job_id = job_id
     page: Any
-    if wait > 0:
-        async with wait_slot(gw, tenant):
-            page = await gw.call(output.read(cursor, wait), extra_s=wait)
-    else:
-        page = await gw.call(output.read(cursor))
+    async with wait_slot(gw, tenant, wait):  # none for a wait of 0
+        page = await gw.call(output.read(cursor, wait), extra_s=wait)
     if page.job is None:
         raise ApiError(404, "no such job")
     return JSONResponse(page.to_api())

@@ -160,3 +160,22 @@ async def test_a_bad_body_is_422_and_queues_nothing(client: httpx.AsyncClient, q
 
 async def test_the_front_door_needs_a_key(client: httpx.AsyncClient) -> None:
     assert_envelope(await client.post("/v1/chat/completions", json=BODY), 401, "unauthorized")
+
+
+async def test_a_call_past_the_tenants_waits_is_429_and_queues_nothing(
+        make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient], queue: Queue) -> None:
+    client = open_client(make_app(tenant_max_waits=1))
+    submitted = await client.post("/v1/jobs", json={"body": BODY}, headers=A)
+    job_id = submitted.json()["id"]
+    holding = asyncio.create_task(client.get(f"/v1/jobs/{job_id}/stream", params={"wait": 20}, headers=A))
+    await asyncio.sleep(0.3)  # the stream's wait holds the tenant's one slot meanwhile
+    assert not holding.done()
+    for stream in (False, True):
+        refused = await client.post("/v1/chat/completions", json={**BODY, "stream": stream}, headers=A)
+        assert_envelope(refused, 429, "rate_limited")
+        assert "Retry-After" in refused.headers
+    assert await queue.redis.xlen(queue.keys.stream) == 1  # only the first job
+    assert_envelope(await client.get(f"/v1/jobs/{job_id}/stream", params={"wait": 5}, headers=A), 429,
+                    "rate_limited")
+    await client.post(f"/v1/jobs/{job_id}/cancel", headers=A)
+    assert (await asyncio.wait_for(holding, 10.0)).json()["done"]
