@@ -99,8 +99,8 @@ async def _streamed_once(q: Queue, n: int, appends: int, phase: Phase) -> dict[s
             for d in batch:
                 pages[d.job.id] = asyncio.ensure_future(readers[d.job.id].__anext__())
             await asyncio.sleep(0)  # the readers block on their streams first
-            await q.scripts.many([output.append_call(q, d.job.id, d.entry_id, d.lease, i * len(piece), piece, i + 1,
-                                                     ttl_s=600, first=i == 0) for d in batch])
+            await output.append_many(q, [output.Delta(d.job.id, d.entry_id, d.lease, i * len(piece), piece, i + 1,
+                                                      600, i == 0) for d in batch])
             await asyncio.gather(*(pages[d.job.id] for d in batch))  # each woken, its page read
 
     async def finish(batch: list[Any]) -> None:

@@ -9,7 +9,9 @@ The backend writes the first choice's text as it is made (:class:`OutputWriter` 
   nobody watches costs Redis nothing more while it runs: its result has the whole text;
 - the first piece at once (the time to first token), then at most one write per ``INFERQ_OUTPUT_FLUSH_MS`` with
   everything made meanwhile, or sooner once ``INFERQ_OUTPUT_FLUSH_TOKENS`` tokens wait: the Valkey cost of a streamed
-  job is bounded by its run time, not its tokens (docs/benchmarks.md);
+  job is bounded by its run time, not its tokens (docs/benchmarks.md). The intervals of every job of a worker end
+  on the same ticks (multiples of the interval on the event loop's clock), so their writes go together: one script
+  call for all (:class:`Appends`);
 - an attempt that does not succeed (a retry, a timeout, a hand-back at shutdown) writes all it made before its
   outcome (:meth:`settle`), watched or not, so the next attempt continues after it and the deltas always spell the
   final text.
@@ -24,14 +26,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from inferq.config.settings import Settings
 from inferq.queue import output
 from inferq.queue.output import Kept
 from inferq.queue.protocol import Delivery
+from inferq.redis.batching import Batcher
 from inferq.redis.faults import Fault, classify
 from inferq.redis.scripting import Code
 
@@ -41,8 +45,19 @@ SETTLE_WRITES = 3
 """Writes :meth:`OutputWriter.settle` tries at most (a misplaced batch is sent again from where the stream ends)."""
 
 
+class Appends:
+    """A worker's appends of output: those of its jobs that are due in the same turn of the event loop go in one
+    round trip and one script call (:class:`~inferq.redis.batching.Batcher`)."""
+
+    def __init__(self, queue: Any) -> None:
+        self._batcher: Batcher[output.Delta, output.Appended] = Batcher(partial(output.append_many, queue))
+
+    async def __call__(self, delta: output.Delta) -> output.Appended:
+        return await self._batcher.submit(delta)
+
+
 async def output_for(queue: Any, settings: Settings, delivery: Delivery, body: dict[str, Any], timeout_s: float,
-                     on_cancel: Callable[[], object]) -> OutputWriter | None:
+                     on_cancel: Callable[[], object], appends: Appends | None = None) -> OutputWriter | None:
     """The writer of an attempt's output, continuing after what earlier attempts kept (read only when the record
     says there is some); None for a request whose output cannot stream (:func:`~gpu_worker.backends.base.continuable`:
     it is answered whole)."""
@@ -54,16 +69,16 @@ async def output_for(queue: Any, settings: Settings, delivery: Delivery, body: d
     kept = await output.kept(queue, job.id) if job.has_output else Kept()
     return OutputWriter(queue, delivery, kept, live=job.watched, flush_ms=settings.output_flush_ms,
                         flush_tokens=settings.output_flush_tokens, ttl_s=int(timeout_s) + settings.result_ttl_s,
-                        on_cancel=on_cancel)
+                        on_cancel=on_cancel, appends=appends)
 
 
 class OutputWriter:
     """The output of one attempt of one job."""
 
     def __init__(self, queue: Any, delivery: Delivery, kept: Kept, *, live: bool, flush_ms: int, flush_tokens: int,
-                 ttl_s: int, on_cancel: Callable[[], object] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 ttl_s: int, on_cancel: Callable[[], object] | None = None, appends: Appends | None = None) -> None:
         self.queue = queue
+        self.appends = appends or Appends(queue)
         self.delivery = delivery
         self.kept = kept.text
         self.kept_tokens = kept.tokens
@@ -72,7 +87,6 @@ class OutputWriter:
         self.flush_tokens = flush_tokens
         self.ttl_s = ttl_s
         self.on_cancel = on_cancel
-        self.clock = clock
         self._made: list[str] = [kept.text] if kept.text else []
         self._size = kept.size
         """Bytes of the output so far, kept included."""
@@ -149,13 +163,18 @@ class OutputWriter:
             return
         if self._timer is not None:
             return
-        now = self.clock()
-        due = now if self._last_flush is None else self._last_flush + self.flush_s
-        delay = due - now
-        if delay <= 0:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._last_flush is None or not self.flush_s:
+            self._start()  # the first piece at once: the time to first token
+            return
+        # the first tick of the interval's multiples after the last write's interval: every job's writes on the
+        # same ticks, so they go together
+        due = (math.floor((self._last_flush + self.flush_s) / self.flush_s + 1e-9)) * self.flush_s
+        if due <= now:
             self._start()
         else:
-            self._timer = asyncio.get_running_loop().call_later(delay, self._start)
+            self._timer = loop.call_at(due, self._start)
 
     def _start(self) -> None:
         self._timer = None
@@ -174,11 +193,11 @@ class OutputWriter:
         """Send what is unsent; on the answer, move on, send again from where the stream ends, or stop."""
         text, tokens, batch_tokens = "".join(self._unsent), self._tokens, self._unsent_tokens
         self._unsent, self._unsent_tokens = [], 0
-        self._last_flush = self.clock()
+        self._last_flush = asyncio.get_running_loop().time()
         d = self.delivery
         try:
-            appended = await output.append(self.queue, d.job.id, d.entry_id, d.lease, self._sent, text, tokens,
-                                           ttl_s=self.ttl_s, first=self._first)
+            appended = await self.appends(output.Delta(d.job.id, d.entry_id, d.lease, self._sent, text, tokens,
+                                                       self.ttl_s, self._first))
         except Exception as exc:
             if classify(exc) is Fault.BUG:
                 log.exception("writing the output failed; the job goes on without streaming")

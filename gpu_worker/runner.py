@@ -36,7 +36,7 @@ from .held import HeldJobs
 from .logs import bind_job
 from .metrics import WorkerMetrics
 from .outcomes import Settle, Settler
-from .output import output_for
+from .output import Appends, output_for
 
 log = logging.getLogger("gpu_worker.worker")  # the worker's own logger: moving code here changes no log line
 
@@ -78,6 +78,8 @@ class JobRunner:
         self.held = held
         self.metrics = metrics
         self.engine = EngineOccupancy()
+        # the settler's queue: the output is written as the holder of the delivery, as outcomes are
+        self.appends = Appends(settler.queue)
         self._on_engine_died = on_engine_died
         self._on_error = on_error
 
@@ -117,9 +119,8 @@ class JobRunner:
         try:
             async with deadline:
                 request_body = await self.claims.request_body(record)
-                # the settler's queue: the output is written as the holder of the delivery, as outcomes are
                 attempt.output = await output_for(self.settler.queue, self.settings, attempt.delivery, request_body,
-                                                  timeout_s, lambda: attempt.cancel(Abort.CANCEL))
+                                                  timeout_s, lambda: attempt.cancel(Abort.CANCEL), self.appends)
                 self.engine.enter(attempt)
                 status, body = await self.backend.complete(
                     record.url, request_body, timeout_s=timeout_s, traceparent=traceparent, job=record,

@@ -172,7 +172,9 @@ async def _checked(request: Request, url: str, tenant: str) -> Call:
         check_body(body, url)  # what would crash or overload the engine is a 422 here, as on POST /v1/jobs
     except BodyError as exc:
         raise ApiError(422, str(exc)) from None
-    job_request = _job_request(request, url, body, gw, tenant, stream)
+    # watched from its enqueue only where the answer streams: behind API Gateway the events come together at the
+    # end, and a worker writing output nobody reads as it comes would spend Redis for nothing
+    job_request = _job_request(request, url, body, gw, tenant, stream and gw.streams)
     queue = gw.model_queue(body.get("model"))  # an unknown model is a 404 before anything is stored
     return Call(gw, url, job_request, queue, len(raw), stream, usage)
 

@@ -217,11 +217,13 @@ class Settings:
         },
     )
     output_flush_ms: int = field(
-        default=100,
+        default=1000,
         metadata={
             "parse": _int(0, 60_000),
-            "doc": "A worker writes a running job's output to Redis at most once per this many milliseconds (the "
-            "first piece at once): the deltas made meanwhile go in one write. 0: every delta at once.",
+            "doc": "A worker writes a watched job's output to Redis at most once per this many milliseconds (the "
+            "first piece at once): the deltas made meanwhile go in one write, every job's at once. Each write costs "
+            "Valkey about a third of a whole unstreamed job, its readers' wakes as much again (docs/benchmarks.md, "
+            "ST): lower it for smoother streams at that price. 0: every delta at once.",
         },
     )
     output_flush_tokens: int = field(

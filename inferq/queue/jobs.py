@@ -192,7 +192,7 @@ class Job:
             traceparent=get("trace") or None,
             entry=get("entry") or None,
             priority=_LANES.get(lane) or Priority(lane),
-            has_output=get("out") == "1",
+            has_output=get("out") not in (None, "", "0"),
             watched=get("watch") == "1",
         )
         return job

@@ -14,8 +14,8 @@ prefix of the final text.
   what it has not read from the final result: a reader never needs the stream to learn that a job ended, and the
   deltas it hands out always spell the final text, whatever was flushed, lost in a failover or trimmed.
 
-The job record's ``out`` field says that the job has written output (the first append sets it, closing removes
-it): a worker starting an attempt reads the kept output only then. Its ``watch`` field says that someone reads the
+The job record's ``out`` field holds the bytes the stream keeps (each append sets it, closing removes it): a worker
+starting an attempt reads the kept output only when it is there. Its ``watch`` field says that someone reads the
 output while the job runs (set at enqueue by the front door's ``stream: true``, or by a reader's first read:
 ``watchoutput.lua``): only then does the worker write the output as it is made. A job nobody watches writes none while
 it runs (its result has the whole text), only what an attempt that did not succeed made, for the next to continue.
@@ -75,6 +75,21 @@ class Appended:
 
 
 @dataclass(frozen=True)
+class Delta:
+    """One delta to append: whose (the job, and the delivery's entry and lease), where, what, and whether it is the
+    attempt's first append (which gives the stream its expiry, ``ttl_s``)."""
+
+    job_id: str
+    entry_id: str
+    lease: str
+    position: int
+    text: str
+    tokens: int
+    ttl_s: int
+    first: bool
+
+
+@dataclass(frozen=True)
 class Kept:
     """The output earlier attempts kept: its text, its bytes, and its tokens as the backends counted them."""
 
@@ -89,21 +104,32 @@ class Kept:
 # ---------------------------------------------------------------------- writing (the worker)
 
 
-def append_call(queue: Any, job_id: str, entry_id: str, lease: str, position: int, text: str, tokens: int, *,
-                ttl_s: int, first: bool) -> tuple[str, list[str], list[Any]]:
-    """The ``appendoutput`` script call of one delta."""
-    keys = [queue.keys.job(job_id), queue.keys.out(job_id)]
-    args = [entry_id, lease, position, text, tokens, queue.settings.output_max_bytes, ttl_s, "1" if first else "0"]
+def append_call(queue: Any, items: Sequence[Delta]) -> tuple[str, list[str], list[Any]]:
+    """The ``appendoutput`` script call of the deltas ``items`` (:data:`~inferq.queue.core.SCRIPT_BATCH` at
+    most)."""
+    keys: list[str] = []
+    args: list[Any] = [queue.settings.output_max_bytes]
+    for d in items:
+        keys += [queue.keys.job(d.job_id), queue.keys.out(d.job_id)]
+        args += [d.entry_id, d.lease, d.position, d.text, d.tokens, d.ttl_s if d.first else ""]
     return ("appendoutput", keys, args)
+
+
+async def append_many(queue: Any, items: Sequence[Delta]) -> list[Appended]:
+    """Append the deltas ``items`` in one round trip, one script call per
+    :data:`~inferq.queue.core.SCRIPT_BATCH` of them; one answer each, in order (see ``appendoutput.lua``)."""
+    from inferq.queue.core import chunks
+
+    replies = await queue.scripts.many([append_call(queue, part) for part in chunks(items)])
+    return [Appended(int(r[0]), int(r[1]), bool(int(r[2]))) for reply in replies for r in reply]
 
 
 async def append(queue: Any, job_id: str, entry_id: str, lease: str, position: int, text: str, tokens: int, *,
                  ttl_s: int, first: bool) -> Appended:
     """Append ``text`` at byte ``position`` of the job's output, as the holder of delivery ``entry_id`` with
     ``lease``; see ``appendoutput.lua``."""
-    reply = await queue.scripts(*append_call(queue, job_id, entry_id, lease, position, text, tokens, ttl_s=ttl_s,
-                                             first=first))
-    return Appended(int(reply[0]), int(reply[1]), bool(int(reply[2])))
+    [appended] = await append_many(queue, [Delta(job_id, entry_id, lease, position, text, tokens, ttl_s, first)])
+    return appended
 
 
 def close_call(queue: Any, job_id: str) -> tuple[str, list[str], list[Any]]:

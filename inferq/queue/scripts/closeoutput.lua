@@ -3,7 +3,7 @@
   text, and readers take what they have not read from it) and one end entry, `end` = the job's status, is added,
   which wakes every reader blocked on the stream; the stream then lingers briefly and goes. A job that has not
   ended (its attempt was retried or given back) keeps its output: the next attempt continues from it.
-  The record's `out` field goes with the text (a redriven job starts its output again).
+  The record's `out` (the bytes kept) goes with the text (a redriven job starts its output again).
   Trimmed, not deleted: the stream keeps its last id, so the end entry's id is above every id a reader was given.
   Safe to resend (G9): a stream that already ends with its end entry is left as it is; the answer is the same.
 
