@@ -14,6 +14,7 @@ job carries its id in ``inferq-job-id``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import time
@@ -48,6 +49,8 @@ PRIORITY_HEADER = "inferq-priority"
 KEEPALIVE_S = 15.0
 """A streamed answer quiet this long gets a comment line."""
 _SERVER_STATUS = re.compile(r"model server answered (\d{3})")
+_background: set[asyncio.Task[None]] = set()
+"""Wake checks under way (a task must be referenced until it ends)."""
 
 
 def _status_of(job: Job) -> int:
@@ -152,6 +155,7 @@ class Call:
     stream: bool
     usage: bool
     job: Job | None = None
+    replayed: bool = False
 
     @property
     def model(self) -> Any:
@@ -187,8 +191,12 @@ async def _enqueue(request: Request, call: Call, tenant: str) -> Job:
     gw.telemetry.count("IdempotentReplays" if replayed else "JobsEnqueued")
     wake = gw.wake_check(call.queue)
     if wake is not None:
-        await wake()  # now, not after the answer: the answer waits for a fleet that may be at zero
+        # now, not after the answer (the answer waits for a fleet that may be at zero), beside the wait: not in
+        # the time to first token (the check never raises)
+        _background.add(task := asyncio.create_task(wake()))
+        task.add_done_callback(_background.discard)
     call.job = job
+    call.replayed = replayed
     return job
 
 
@@ -206,7 +214,8 @@ async def _answer(request: Request, url: str, tenant: str) -> Response:
     try:
         job = await _enqueue(request, call, tenant)
         if streams:
-            first = await gw.call(_reader(gw, job, tenant).read(Cursor(), wait), extra_s=wait)
+            fresh = None if call.replayed else job  # just queued here: no output yet, nothing to look at first
+            first = await gw.call(_reader(gw, job, tenant).read(Cursor(), wait, fresh=fresh), extra_s=wait)
             if first.job is not None and (first.deltas or (first.done and first.job.status is JobStatus.SUCCEEDED)):
                 handed = True
                 return _streamed(call, tenant, first, slot)

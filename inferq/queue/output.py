@@ -231,25 +231,20 @@ class OutputReader:
         # a blocking read never outlasts the client's socket timeout; between slices the job is looked at again
         self.slice_s = slice_s or max(0.1, queue.settings.redis_timeout_s * 0.5)
 
-    async def read(self, cursor: Cursor, wait_s: float = 0.0) -> Page:
+    async def read(self, cursor: Cursor, wait_s: float = 0.0, *, fresh: Job | None = None) -> Page:
         """The deltas after ``cursor``; with ``wait_s``, as soon as there are some or the job ends, whichever is
-        first (at most ``wait_s`` seconds)."""
+        first (at most ``wait_s`` seconds). ``fresh``: the job as this process just queued it (no output yet, and
+        watched if it is to be): the wait blocks at once, one round trip sooner (the time to first token)."""
         deadline = time.monotonic() + wait_s
-        entries, values = await pipelined(self.queue.redis, [
-            ("XRANGE", self._out, f"({cursor.entry}" if cursor.entry != "0-0" else "-", "+", "COUNT", PAGE_ENTRIES),
-            ("HMGET", self._job_key, *RECORD_FIELDS_BUT_BODY),
-        ])
-        for reply in (entries, values):
-            if isinstance(reply, Exception):
-                raise reply
-        page = Page(self._job_of(record_of(RECORD_FIELDS_BUT_BODY, values)), cursor)
-        if page.job is None:
-            return page
-        if not page.job.watched and not page.job.status.terminal and self.tenant is not None:
-            await watch(self.queue, self.job_id, self.tenant)  # its worker writes its output from now on
-        ended = self._apply(page, _pairs(entries))
-        full = len(entries) >= PAGE_ENTRIES
-        while not page.deltas and not full and not page.job.status.terminal:
+        if fresh is not None and wait_s > 0:
+            page = Page(fresh, cursor)
+            ended = False
+            full = False
+        else:
+            page, ended, full = await self._first(cursor)
+            if page.job is None:
+                return page
+        while not page.deltas and not full and page.job is not None and not page.job.status.terminal:
             remaining = deadline - time.monotonic()
             if remaining <= 0.005:
                 break
@@ -260,6 +255,22 @@ class OutputReader:
                 if page.job is None:
                     return page
         return await self._finish(page)
+
+    async def _first(self, cursor: Cursor) -> tuple[Page, bool, bool]:
+        """The first look: the entries after the cursor and the job, in one round trip; marks a job watched."""
+        entries, values = await pipelined(self.queue.redis, [
+            ("XRANGE", self._out, f"({cursor.entry}" if cursor.entry != "0-0" else "-", "+", "COUNT", PAGE_ENTRIES),
+            ("HMGET", self._job_key, *RECORD_FIELDS_BUT_BODY),
+        ])
+        for reply in (entries, values):
+            if isinstance(reply, Exception):
+                raise reply
+        page = Page(self._job_of(record_of(RECORD_FIELDS_BUT_BODY, values)), cursor)
+        if page.job is None:
+            return page, False, False
+        if not page.job.watched and not page.job.status.terminal and self.tenant is not None:
+            await watch(self.queue, self.job_id, self.tenant)  # its worker writes its output from now on
+        return page, self._apply(page, _pairs(entries)), len(entries) >= PAGE_ENTRIES
 
     async def follow(self, cursor: Cursor, wait_s: float | None = None) -> Any:
         """Pages as the output arrives, until the job ends (the last page is ``done``) or ``wait_s`` passes (None:
