@@ -217,7 +217,7 @@ class Settings:
         },
     )
     output_flush_ms: int = field(
-        default=1000,
+        default=500,
         metadata={
             "parse": _int(0, 60_000),
             "doc": "A worker writes a watched job's output to Redis at most once per this many milliseconds (the "

@@ -93,7 +93,8 @@ def test_stream_true_chunks_come_as_the_job_runs(openai: OpenAI) -> None:
             arrivals.append(time.monotonic() - started)
         usage = chunk.usage or usage
     assert "".join(text) == WORDS
-    assert len(arrivals) >= 10 and arrivals[-1] - arrivals[0] >= 1.5, arrivals  # spread over the 3 s run
+    # spread over the 3 s run: the first piece at once, then a write every INFERQ_OUTPUT_FLUSH_MS (500 ms)
+    assert len(arrivals) >= 4 and arrivals[-1] - arrivals[0] >= 1.5, arrivals
     assert usage is not None and usage.completion_tokens == 40
 
 
