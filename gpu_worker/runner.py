@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from inferq.config.settings import Settings
 from inferq.queue.protocol import Delivery
+from inferq.usage.spend import BusyShare
 
 from . import outcomes
 from .attempt import Abort, Attempt
@@ -70,6 +71,7 @@ class JobRunner:
     def __init__(
         self, settings: Settings, backend: Backend, claims: ClaimCheck, settler: Settler, held: HeldJobs,
         metrics: WorkerMetrics, *, on_engine_died: Callable[[], None], on_error: Callable[[BaseException], None],
+        gpus: int = 1,
     ) -> None:
         self.settings = settings
         self.backend = backend
@@ -78,6 +80,8 @@ class JobRunner:
         self.held = held
         self.metrics = metrics
         self.engine = EngineOccupancy()
+        self.busy = BusyShare(gpus)
+        """The worker's busy time, split among the attempts at the model server at once: each one's GPU time."""
         # the settler's queue: the output is written as the holder of the delivery, as outcomes are
         self.appends = Appends(settler.queue)
         self._on_engine_died = on_engine_died
@@ -102,7 +106,7 @@ class JobRunner:
             self.metrics.run_time.observe(time.monotonic() - attempt.started)
             if settle.kind == "poison":
                 self._on_engine_died()
-            await self.settler.settle(attempt.delivery, settle)
+            await self.settler.settle(attempt.delivery, settle, attempt.spend)
             if attempt.output is not None:
                 await attempt.output.close()  # the job ended: its stream's text goes, its readers wake
         except Exception as exc:  # a bug in writing the outcome: the worker stops; the entry is released or reclaimed
@@ -122,14 +126,18 @@ class JobRunner:
                 attempt.output = await output_for(self.settler.queue, self.settings, attempt.delivery, request_body,
                                                   timeout_s, lambda: attempt.cancel(Abort.CANCEL), self.appends)
                 self.engine.enter(attempt)
+                self.busy.begin(attempt)
                 status, body = await self.backend.complete(
                     record.url, request_body, timeout_s=timeout_s, traceparent=traceparent, job=record,
                     output=attempt.output,
                 )
+            attempt.spend = self.busy.end(attempt)  # the model server is done with it
             status, body = check_status(status, body)
             if attempt.output is not None:
                 await attempt.output.settle(succeeded=True)
             self.metrics.answered(body)
+            # its tokens, read here: a large answer goes to S3 next, and its record keeps a reference
+            attempt.spend = attempt.spend.with_tokens(body.get("usage") if isinstance(body, dict) else None)
             result = await self.claims.result(record, status, body)
         except asyncio.CancelledError:
             if attempt.abort is None:
@@ -142,6 +150,8 @@ class JobRunner:
                                                              timeout_s=timeout_s, shared=attempt.shared))
         finally:
             self.engine.leave(attempt)
+            if attempt in self.busy:  # a call that failed or was aborted ran until now
+                attempt.spend = self.busy.end(attempt)
         if self.settings.log_payloads:
             log.debug("response", extra={"status_code": status, "body": body})
         return outcomes.succeeded(result)

@@ -19,6 +19,7 @@ its I/O. Every method is written once, without I/O, in :mod:`.calls`, and what e
 it (tests/unit/test_layout.py).
 - ``stream`` iterates a job's output as it is made (``GET /v1/jobs/{id}/stream``): text pieces that, joined, are the
   final text of its first choice, long-polling until the job ends.
+- ``usage`` reads the tenant's metered usage (``GET /v1/usage``), for chargeback.
 - ``events`` iterates the results feed (``GET /v1/events``): the tenant's terminal jobs in the order they ended,
   long-polling for more, resumable from a cursor the caller persists, bounded by an optional deadline or count.
 
@@ -36,6 +37,7 @@ from .aio import AsyncClient
 from .answers import (
     BadRequest,
     Conflict,
+    Forbidden,
     GatewayUnreachable,
     IdempotencyConflict,
     InferqError,
@@ -46,6 +48,7 @@ from .answers import (
     NotDeadLettered,
     NotFound,
     QueueFull,
+    QuotaExceeded,
     RequestTooLarge,
     ServerError,
     Unauthorized,
@@ -67,6 +70,7 @@ __all__ = [
     "Client",
     "Conflict",
     "EventStream",
+    "Forbidden",
     "GatewayUnreachable",
     "IdempotencyConflict",
     "InferqError",
@@ -78,6 +82,7 @@ __all__ = [
     "NotDeadLettered",
     "NotFound",
     "QueueFull",
+    "QuotaExceeded",
     "RequestTooLarge",
     "ServerError",
     "TextStream",

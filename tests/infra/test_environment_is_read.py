@@ -282,7 +282,7 @@ NOT_RUN: dict[tuple[str, str], str] = {
     **{("AuthorizerFunction", name): _NO_CACHE for name in (
         "claim_idle_ms", "events_maxlen", "max_attempts", "max_deliveries", "max_queue_depth", "queue",
         "redis_auth", "redis_auth_secret", "redis_max_connections", "redis_timeout_s", "redis_url",
-        "redis_wait_replicas", "result_ttl_s", "scale_tokens_per_s", "tenant_max_depth")},
+        "redis_wait_replicas", "result_ttl_s", "scale_tokens_per_s", "tenant_max_depth", "usage_retention_days")},
     ("worker", "max_queue_depth"): _PRODUCER,
     ("worker", "tenant_max_depth"): _PRODUCER,
     ("worker", "scale_tokens_per_s"): _PRODUCER + " (the expected tokens are written at submit)",

@@ -2,42 +2,23 @@
 :class:`inferq.queue.output.OutputReader`: the deltas after the cursor ``after``, with ``wait`` as soon as there
 are some or the job ends; once the job has ended, what the reader has not read of the final text, and ``done``."""
 
-from __future__ import annotations
-
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
-from inferq.queue.jobs import Job
-from inferq.queue.output import Cursor, OutputReader, first_choice_text
+from inferq.queue.output import Cursor
 
-from .deps import Tenant, gateway
-from .errors import ApiError
-from .models import MAX_WAIT_S
-from .openapi import documented
-from .responses import JSONResponse
-from .routes import JOB_ID_RE
-from .shared import Gateway
-from .waits import wait_responses, wait_slot
+from ..dependencies import GatewayDep, Tenant
+from ..errors import ApiError
+from ..joboutput import reader
+from ..models import MAX_WAIT_S
+from ..openapi import documented
+from ..responses import JSONResponse
+from ..waits import wait_responses, wait_slot
 
 router = APIRouter()
 
 BAD_CURSOR = "after: must be a cursor this endpoint returned for this job"
-
-
-def reader(gw: Gateway, job_id: str, tenant: str) -> OutputReader:
-    """The reader of a job's output for ``tenant`` (404 for an id that names no queue of this gateway)."""
-    if not JOB_ID_RE.match(job_id):
-        raise ApiError(404, "no such job")
-    return OutputReader(gw.job_queue(job_id), job_id, tenant, text_of=lambda job: final_text(gw, job))
-
-
-async def final_text(gw: Gateway, job: Job) -> str | None:
-    """The first choice's text of a succeeded job's result, a result held in S3 read from there."""
-    result = job.result or {}
-    if "body" not in result:
-        result = (await gw.claims.present(job)).get("result") or {}
-    return first_choice_text(result.get("body"))
 
 
 @router.get("/v1/jobs/{job_id}/stream", summary="A job's output as it is made", response_model=None,
@@ -47,12 +28,12 @@ async def final_text(gw: Gateway, job: Job) -> str | None:
 async def stream_job(
     request: Request,
     job_id: str,
+    gw: GatewayDep,
     tenant: Tenant,
     after: Annotated[str | None, Query(max_length=80, description="The `cursor` of the previous answer")] = None,
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait for output (returns at once "
                                                                   "when some arrives or the job ends)")] = 0,
 ) -> JSONResponse:
-    gw = gateway(request)
     cursor = Cursor.parse(after)
     if cursor is None:
         raise ApiError(422, BAD_CURSOR, type_="invalid_cursor")

@@ -28,19 +28,19 @@ from starlette.responses import Response, StreamingResponse
 
 from inferq.queue.engine_body import BodyError, check_body
 from inferq.queue.jobs import Job, JobRequest, JobStatus, Priority
-from inferq.queue.output import Cursor, OutputReader, Page
+from inferq.queue.output import Cursor, Page
 from inferq.queue.protocol import Queue
 
-from .deps import Tenant, gateway
-from .errors import ApiError
-from .models import IDEMPOTENCY_KEY_MAX
-from .openapi import JOB_ERRORS, errors
-from .responses import JSONResponse
-from .routes import TRACEPARENT_RE
-from .shared import Gateway
-from .sse import KEEPALIVE, Chunks, job_error
-from .streams import final_text
-from .waits import wait_slot
+from ..dependencies import GatewayDep, Tenant
+from ..errors import ApiError
+from ..joboutput import final_text, reader
+from ..jobs import TRACEPARENT_RE
+from ..models import IDEMPOTENCY_KEY_MAX
+from ..openapi import JOB_ERRORS, errors
+from ..responses import JSONResponse
+from ..shared import Gateway
+from ..sse import KEEPALIVE, Chunks, job_error
+from ..waits import wait_slot
 
 router = APIRouter()
 
@@ -49,7 +49,7 @@ PRIORITY_HEADER = "inferq-priority"
 KEEPALIVE_S = 15.0
 """A streamed answer quiet this long gets a comment line."""
 _SERVER_STATUS = re.compile(r"model server answered (\d{3})")
-_background: set[asyncio.Task[None]] = set()
+_background: set[asyncio.Future[None]] = set()
 """Wake checks under way (a task must be referenced until it ends)."""
 
 
@@ -166,16 +166,16 @@ class Call:
         return self.request.idempotency_key is not None
 
 
-async def _checked(request: Request, url: str, tenant: str) -> Call:
+async def _checked(request: Request, gw: Gateway, url: str, tenant: str) -> Call:
     """The call's request, checked (a refusal queues nothing)."""
-    gw = gateway(request)
     raw = await request.body()
     body = _parse(raw)
-    stream, usage = _stream_options(body)
     try:
-        check_body(body, url)  # what would crash or overload the engine is a 422 here, as on POST /v1/jobs
+        # the one check of a job's body, as on POST /v1/jobs, taking the fields of an answer that streams
+        check_body(body, url, streaming=True)
     except BodyError as exc:
         raise ApiError(422, str(exc)) from None
+    stream, usage = _stream_options(body)
     # watched from its enqueue only where the answer streams: behind API Gateway the events come together at the
     # end, and a worker writing output nobody reads as it comes would spend Redis for nothing
     job_request = _job_request(request, url, body, gw, tenant, stream and gw.streams)
@@ -193,16 +193,16 @@ async def _enqueue(request: Request, call: Call, tenant: str) -> Job:
     if wake is not None:
         # now, not after the answer (the answer waits for a fleet that may be at zero), beside the wait: not in
         # the time to first token (the check never raises)
-        _background.add(task := asyncio.create_task(wake()))
+        task = asyncio.ensure_future(wake())
+        _background.add(task)
         task.add_done_callback(_background.discard)
     call.job = job
     call.replayed = replayed
     return job
 
 
-async def _answer(request: Request, url: str, tenant: str) -> Response:
-    call = await _checked(request, url, tenant)
-    gw = call.gw
+async def _answer(request: Request, gw: Gateway, url: str, tenant: str) -> Response:
+    call = await _checked(request, gw, url, tenant)
     wait = gw.settings.sync_wait_s
     streams = call.stream and gw.streams
     # one of the tenant's wait slots, taken before the job is queued (a refused wait queues nothing), for the wait
@@ -215,7 +215,7 @@ async def _answer(request: Request, url: str, tenant: str) -> Response:
         job = await _enqueue(request, call, tenant)
         if streams:
             fresh = None if call.replayed else job  # just queued here: no output yet, nothing to look at first
-            first = await gw.call(_reader(gw, job, tenant).read(Cursor(), wait, fresh=fresh), extra_s=wait)
+            first = await gw.call(reader(gw, job.id, tenant).read(Cursor(), wait, fresh=fresh), extra_s=wait)
             if first.job is not None and (first.deltas or (first.done and first.job.status is JobStatus.SUCCEEDED)):
                 handed = True
                 return _streamed(call, tenant, first, slot)
@@ -240,10 +240,6 @@ async def _answer(request: Request, url: str, tenant: str) -> Response:
     return Response(events, 200, media_type="text/event-stream", headers=_headers(ended))
 
 
-def _reader(gw: Gateway, job: Job, tenant: str) -> OutputReader:
-    return OutputReader(gw.job_queue(job.id), job.id, tenant, text_of=lambda ended: final_text(gw, ended))
-
-
 def _streamed(call: Call, tenant: str, first: Page, slot: AbstractAsyncContextManager[None]) -> Response:
     """The events from the first output on, as the output arrives, until the job ends (a host that streams; the
     first page came within ``INFERQ_SYNC_WAIT_S``). The stream holds the tenant's wait ``slot`` (taken) while it
@@ -255,7 +251,7 @@ def _streamed(call: Call, tenant: str, first: Page, slot: AbstractAsyncContextMa
     async def events() -> AsyncIterator[bytes]:
         async with contextlib.AsyncExitStack() as held:
             held.push_async_exit(slot)
-            pages = _reader(gw, job, tenant).follow(first.cursor)
+            pages = reader(gw, job.id, tenant).follow(first.cursor)
             try:
                 yield chunks.start()
                 page = first
@@ -305,11 +301,11 @@ ANSWERS = {
 
 @router.post("/v1/chat/completions", summary="OpenAI's chat completion, through the queue", response_model=None,
              responses=ANSWERS)
-async def chat_completions(request: Request, tenant: Tenant) -> Response:
-    return await _answer(request, "/v1/chat/completions", tenant)
+async def chat_completions(request: Request, gw: GatewayDep, tenant: Tenant) -> Response:
+    return await _answer(request, gw, "/v1/chat/completions", tenant)
 
 
 @router.post("/v1/completions", summary="OpenAI's completion, through the queue", response_model=None,
              responses=ANSWERS)
-async def completions(request: Request, tenant: Tenant) -> Response:
-    return await _answer(request, "/v1/completions", tenant)
+async def completions(request: Request, gw: GatewayDep, tenant: Tenant) -> Response:
+    return await _answer(request, gw, "/v1/completions", tenant)
