@@ -180,11 +180,9 @@ def submit(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the job object as JSON")
     _client_args(parser)
     args = parser.parse_args(argv)
-    if (args.text is None) == (args.file is None):
-        parser.error("give either the text of one job or --file")
+    if (args.text is None) == (args.file is None) or (args.file and args.stream):
+        parser.error("give either the text of one job (--stream: print its answer as it is made) or --file")
     if args.file is not None:
-        if args.stream:
-            parser.error("--stream prints one job's answer: give the text of one job")
         return _submit_file(args)
 
     body: dict[str, Any] = {"model": args.model}
@@ -201,7 +199,7 @@ def submit(argv: list[str]) -> int:
                             idempotency_key=args.idempotency_key)
         _remember(args.data_dir, [job.id])
         if args.stream:
-            from .streaming import print_stream
+            from .streaming import print_stream  # its answer as it is made
 
             return print_stream(client, job, args, started, _print_job)
         if not args.wait:

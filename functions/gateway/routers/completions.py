@@ -47,6 +47,9 @@ router = APIRouter()
 JOB_HEADER = "inferq-job-id"
 PRIORITY_HEADER = "inferq-priority"
 KEEPALIVE_S = 15.0
+STREAM_SLOT_S = 3600
+"""How long a streamed answer's wait slot lasts at most once its first output came: the longest attempt a job may
+ask for (``timeout_s``). The stream gives it back when it ends; this bounds a slot whose gateway died."""
 """A streamed answer quiet this long gets a comment line."""
 _SERVER_STATUS = re.compile(r"model server answered (\d{3})")
 _background: set[asyncio.Future[None]] = set()
@@ -206,9 +209,8 @@ async def _answer(request: Request, gw: Gateway, url: str, tenant: str) -> Respo
     wait = gw.settings.sync_wait_s
     streams = call.stream and gw.streams
     # one of the tenant's wait slots, taken before the job is queued (a refused wait queues nothing), for the wait
-    # and, streaming, for the stream after it (the job's run: at most its timeout per attempt), whose generator
-    # then gives it back when the stream ends
-    slot = wait_slot(gw, tenant, wait + (gw.settings.job_timeout_s if streams else 0))
+    # and, streaming, for the stream after it, whose generator then gives it back when the stream ends
+    slot = wait_slot(gw, tenant, wait + (STREAM_SLOT_S if streams else 0))
     await slot.__aenter__()
     handed = False
     try:
