@@ -35,7 +35,7 @@ from inferq.config.settings import Settings
 from inferq.queue import output
 from inferq.queue.output import Kept
 from inferq.queue.protocol import Delivery
-from inferq.redis.batching import Batcher
+from inferq.redis.coalescing import Coalescer
 from inferq.redis.faults import Fault, classify
 from inferq.redis.scripting import Code
 
@@ -47,13 +47,13 @@ SETTLE_WRITES = 3
 
 class Appends:
     """A worker's appends of output: those of its jobs that are due in the same turn of the event loop go in one
-    round trip and one script call (:class:`~inferq.redis.batching.Batcher`)."""
+    round trip and one script call (:class:`~inferq.redis.coalescing.Coalescer`)."""
 
     def __init__(self, queue: Any) -> None:
-        self._batcher: Batcher[output.Delta, output.Appended] = Batcher(partial(output.append_many, queue))
+        self._coalescer: Coalescer[output.Delta, output.Appended] = Coalescer(partial(output.append_many, queue))
 
     async def __call__(self, delta: output.Delta) -> output.Appended:
-        return await self._batcher.submit(delta)
+        return await self._coalescer.submit(delta)
 
 
 async def output_for(queue: Any, settings: Settings, delivery: Delivery, body: dict[str, Any], timeout_s: float,

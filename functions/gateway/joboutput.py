@@ -12,7 +12,7 @@ from inferq.queue.output import OutputReader, first_choice_text
 from .jobs import job_id_or_404
 
 if TYPE_CHECKING:
-    from .shared import Gateway
+    from .gateway import Gateway
 
 
 def reader(gw: Gateway, job_id: str, tenant: str) -> OutputReader:
@@ -25,5 +25,5 @@ async def final_text(gw: Gateway, job: Job) -> str | None:
     """The first choice's text of a succeeded job's result, a result held in S3 read from there."""
     result = job.result or {}
     if "body" not in result:
-        result = (await gw.claims.present(job)).get("result") or {}
+        result = (await gw.claim_check.present(job)).get("result") or {}
     return first_choice_text(result.get("body"))

@@ -35,10 +35,10 @@ from ..dependencies import GatewayDep, Tenant
 from ..errors import ApiError
 from ..joboutput import final_text, reader
 from ..jobs import TRACEPARENT_RE
-from ..models import IDEMPOTENCY_KEY_MAX
+from ..request_schemas import IDEMPOTENCY_KEY_MAX
 from ..openapi import JOB_ERRORS, errors
 from ..responses import JSONResponse
-from ..shared import Gateway
+from ..gateway import Gateway
 from ..sse import KEEPALIVE, Chunks, job_error
 from ..waits import wait_slot
 
@@ -137,7 +137,7 @@ def _timeout(gw: Gateway, job: Job, has_key: bool) -> JSONResponse:
 async def _ended(gw: Gateway, job: Job) -> Response:
     """The answer for a job that has ended: the model server's response, or the job's error with its status."""
     if job.status is JobStatus.SUCCEEDED:
-        api = await gw.claims.present(job)
+        api = await gw.claim_check.present(job)
         result = api.get("result") or {}
         if "body" not in result:  # too large for one response: where to read it
             return JSONResponse(api, 200, headers=_headers(job))
@@ -188,7 +188,7 @@ async def _checked(request: Request, gw: Gateway, url: str, tenant: str) -> Call
 
 async def _enqueue(request: Request, call: Call, tenant: str) -> Job:
     gw = call.gw
-    job_request = await gw.claims.check_in(tenant, call.request, call.raw_bytes)  # a large body goes to S3 first
+    job_request = await gw.claim_check.check_in(tenant, call.request, call.raw_bytes)  # a large body goes to S3 first
     job, replayed = await gw.call(call.queue.enqueue(tenant, job_request))
     request.state.job_id = job.id
     gw.telemetry.count("IdempotentReplays" if replayed else "JobsEnqueued")
@@ -236,7 +236,7 @@ async def _answer(request: Request, gw: Gateway, url: str, tenant: str) -> Respo
         return await _ended(gw, ended)
     # stream: true where the host buffers an answer whole (Lambda): the same events, together
     chunks = Chunks(url, ended.id, ended.created_at, call.model)
-    body = (await gw.claims.present(ended)).get("result", {}).get("body")
+    body = (await gw.claim_check.present(ended)).get("result", {}).get("body")
     text = await final_text(gw, ended)
     events = chunks.start() + (chunks.text(text) if text else b"") + chunks.end(ended, body, call.usage)
     return Response(events, 200, media_type="text/event-stream", headers=_headers(ended))
@@ -264,7 +264,7 @@ def _streamed(call: Call, tenant: str, first: Page, slot: AbstractAsyncContextMa
                         yield chunks.text(delta["delta"])
                     if page.done:
                         if page.job.status is JobStatus.SUCCEEDED:
-                            body = (await gw.claims.present(page.job)).get("result", {}).get("body")
+                            body = (await gw.claim_check.present(page.job)).get("result", {}).get("body")
                             yield chunks.end(page.job, body, call.usage)
                         else:
                             yield chunks.failed(page.job)
