@@ -33,12 +33,12 @@ from inferq.queue.protocol import Queue
 
 from ..dependencies import GatewayDep, Tenant
 from ..errors import ApiError
+from ..gateway import Gateway
 from ..joboutput import final_text, reader
 from ..jobs import TRACEPARENT_RE
-from ..request_schemas import IDEMPOTENCY_KEY_MAX
 from ..openapi import JOB_ERRORS, errors
+from ..request_schemas import IDEMPOTENCY_KEY_MAX
 from ..responses import JSONResponse
-from ..gateway import Gateway
 from ..sse import KEEPALIVE, Chunks, job_error
 from ..waits import wait_slot
 

@@ -11,8 +11,8 @@ from inferq.queue.output import Cursor
 from ..dependencies import GatewayDep, Tenant
 from ..errors import ApiError
 from ..joboutput import reader
-from ..request_schemas import MAX_WAIT_S
 from ..openapi import documented
+from ..request_schemas import MAX_WAIT_S
 from ..responses import JSONResponse
 from ..waits import wait_responses, wait_slot
 
