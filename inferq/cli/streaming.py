@@ -6,15 +6,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from .common import print_job
 
 if TYPE_CHECKING:
     from inferq.client import Client, Job
 
 
-def print_stream(client: Client, job: Job, args: argparse.Namespace, started: float,
-                 print_job: Callable[[Job, bool, float | None], None]) -> int:
+def print_stream(client: Client, job: Job, args: argparse.Namespace, started: float) -> int:
     """Print the job's answer as it is made (its output stream), then how it ended."""
     print(job.id, file=sys.stderr)
     output = client.stream(job.id, timeout=max(0.0, args.timeout - (time.monotonic() - started)))
