@@ -18,6 +18,8 @@ importable from here. The blocking client is in :mod:`.blocking`, the asyncio on
 its I/O. Every method is written once, without I/O, in :mod:`.calls`, and what else both share is in
 :mod:`.common`. This package is the only part of ``inferq`` that imports httpx: the queue protocol never needs
 it (tests/unit/test_layout.py).
+- ``stream`` iterates a job's output as it is made (``GET /v1/jobs/{id}/stream``): text pieces that, joined, are the
+  final text of its first choice, long-polling until the job ends.
 - ``usage`` reads the tenant's metered usage (``GET /v1/usage``), for chargeback.
 - ``events`` iterates the results feed (``GET /v1/events``): the tenant's terminal jobs in the order they ended,
   long-polling for more, resumable from a cursor the caller persists, bounded by an optional deadline or count.
@@ -67,7 +69,7 @@ from .answers import (
     UploadNotPending,
 )
 from .blocking import Client
-from .common import AsyncEventStream, EventStream
+from .common import AsyncEventStream, AsyncTextStream, EventStream, TextStream
 from .common import RetryPolicy as RetryPolicy  # re-exported: the building blocks a caller may use directly
 from .common import error_from as error_from
 from .common import new_idempotency_key as new_idempotency_key
@@ -78,6 +80,7 @@ __all__ = [
     "ERRORS",
     "AsyncClient",
     "AsyncEventStream",
+    "AsyncTextStream",
     "BadRequest",
     "BatchTerminal",
     "Client",
@@ -106,6 +109,7 @@ __all__ = [
     "RateLimited",
     "RequestTooLarge",
     "ServerError",
+    "TextStream",
     "TooManyRequests",
     "Unauthorized",
     "Unavailable",
