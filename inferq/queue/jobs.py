@@ -109,19 +109,20 @@ class JobRequest:
     """The job's work in fair share when the caller knows it better than its body can tell (a claimed body: the
     gateway estimates it before the body goes to S3); None: :func:`inferq.queue.fairshare.estimated_work` of the
     body. Not part of the request: the digest leaves it out."""
+    watch: bool = False
+    """Its output is read as it is made from the start (the front door's ``stream: true``); not part of the request
+    an idempotency key is checked against: a streamed and an unstreamed call are the same job."""
 
     def digest(self) -> str:
-        request: dict[str, Any] = {
+        return request_digest({
             "body": self.body,
             "url": self.url,
             "metadata": self.metadata,
             "timeout_s": self.timeout_s,
             "ttl_s": self.ttl_s,
             "webhook_url": self.webhook_url,
-        }
-        if self.priority is not Priority.NORMAL:  # digests of requests made before lanes existed stay the same
-            request["priority"] = self.priority.value
-        return request_digest(request)
+            "priority": self.priority.value,
+        })
 
 
 def _seconds(ms: str | None) -> float | None:
@@ -157,6 +158,10 @@ class Job:
     traceparent: str | None = None
     entry: str | None = None
     priority: Priority = Priority.NORMAL
+    has_output: bool = False
+    """The job has written output an attempt continues after (``inferq.queue.output``)."""
+    watched: bool = False
+    """Someone reads the job's output while it runs: its worker writes it as it is made (``inferq.queue.output``)."""
 
     @classmethod
     def from_hash(cls, record: dict[str, str]) -> Job:
@@ -189,6 +194,8 @@ class Job:
             traceparent=get("trace") or None,
             entry=get("entry") or None,
             priority=_LANES.get(lane) or Priority(lane),
+            has_output=get("out") not in (None, "", "0"),
+            watched=get("watch") == "1",
         )
         return job
 
@@ -214,7 +221,7 @@ class Job:
 RECORD_FIELDS_BUT_BODY = (
     "id", "tenant", "status", "url", "attempts", "deliveries", "created_at", "started_at", "finished_at", "result",
     "error", "dead_lettered", "cancel", "metadata", "timeout_s", "ttl_s", "webhook_url", "trace", "entry", "lane",
-    "expires_at",
+    "expires_at", "out", "watch",
 )
 """The job record's fields that :meth:`Job.from_hash` and :meth:`~.producer.Producer.get` read, but the request
 body: the gateway reads a job with ``HMGET`` of these, so a body of up to ``INFERQ_INLINE_MAX_BYTES`` need not travel

@@ -24,7 +24,7 @@ from inferq.config.settings import Settings
 from inferq.queue.protocol import Queue
 
 from .auth import KeyStore, StaticKeys
-from .claims import Claims
+from .claim_check import ClaimCheck
 from .clients import QueueProvider
 from .errors import ApiError
 from .telemetry import Telemetry
@@ -52,12 +52,15 @@ class Gateway:
         self.wakes = dict(wake) if isinstance(wake, Mapping) else {queues.primary: wake}
         self.wake = self.wakes[queues.primary]
         self.telemetry = telemetry
-        self.claims = Claims(settings)
+        self.claim_check = ClaimCheck(settings)
         self.op_timeout_s = settings.redis_timeout_s + 1.0
         self._keys_in_memory = type(keys) is StaticKeys
         self.shared_waits = True
         """Long-poll waits share one reader of terminal events per queue (a long-lived process: uvicorn); the
         Lambda handler turns it off, since a frozen sandbox would stall a background reader (inferq.queue.waiters)."""
+        self.streams = True
+        """Answers may stream (uvicorn); the Lambda handler turns it off: API Gateway's HTTP API buffers a response
+        whole, so a streamed answer is made whole once the job ends (functions/gateway/routers/completions.py)."""
 
     @property
     def queue(self) -> Queue:
