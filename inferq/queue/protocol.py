@@ -58,6 +58,11 @@ class Observation:
     """Per tenant with jobs waiting for admission: how many, per lane, among the next 10,000 of the lane (only when
     asked for: :meth:`Queue.observe`'s ``by_tenant``)."""
 
+    def waiting_json(self) -> dict[str, dict[str, int]]:
+        """:attr:`waiting_by_tenant` as the gateway shows it: tenant -> lane name -> jobs waiting."""
+        return {tenant: {lane.value: n for lane, n in lanes.items()}
+                for tenant, lanes in self.waiting_by_tenant.items()}
+
     @property
     def backlog(self) -> int:
         return self.lag + self.pending + self.delayed

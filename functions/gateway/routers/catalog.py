@@ -30,6 +30,8 @@ def _entry(model_id: str, created: int, queue: Queue, seen: Observation) -> dict
             "running": seen.workers,  # workers with a live heartbeat
             "lag": seen.lag,
             "pending": seen.pending,
+            # fair share (G10): each tenant's jobs waiting for their turn, all lanes together
+            "waiting": {tenant: sum(lanes.values()) for tenant, lanes in seen.waiting_by_tenant.items()},
         },
     }
 
@@ -58,6 +60,6 @@ async def list_models(gw: GatewayDep, tenant: Tenant) -> JSONResponse:
         counts = await gw.call(asyncio.gather(*(q.redis.hget(q.keys.tenants, tenant) for q in queues)))
         data = [_tenant_entry(i, created, q, n) for i, q, n in zip(ids, queues, counts, strict=True)]
         return JSONResponse({"object": "list", "data": data})
-    seen = await gw.call(asyncio.gather(*(queue.observe() for queue in queues)))
+    seen = await gw.call(asyncio.gather(*(queue.observe(by_tenant=True) for queue in queues)))
     data = [_entry(i, created, q, o) for i, q, o in zip(ids, queues, seen, strict=True)]
     return JSONResponse({"object": "list", "data": data})

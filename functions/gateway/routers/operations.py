@@ -33,7 +33,7 @@ async def scale(
     if len(request.query_params.getlist("model")) > 1:  # FastAPI would take the last one silently
         raise ApiError(422, "model: give one model")
     queue = gw.queue if model is None else gw.model_queue(model)  # unknown: 404 model_not_found
-    seen = await gw.call(queue.observe())
+    seen = await gw.call(queue.observe(by_tenant=True))
     return JSONResponse(
         {
             "lag": seen.lag,
@@ -43,6 +43,7 @@ async def scale(
             "workers": seen.workers,
             "desired": seen.desired,
             "decision": {"reason": seen.reason or None, "at": seen.decided_at},
+            "waiting": seen.waiting_json(),  # fair share (G10): each tenant's jobs waiting for their turn
         }
     )
 
