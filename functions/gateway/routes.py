@@ -239,12 +239,13 @@ def routes(gw: "Gateway", router: APIRouter) -> None:
         responses={
             202: doc("JobObject", "Queued again", Location="/v1/jobs/{id}"),
             409: doc("ErrorEnvelope", "The job is not dead-lettered"),
-            **errors(400, 401, 404, 413, 422, 429, 503),
+            **errors(400, 401, 403, 404, 413, 422, 429, 503),
         },
     )
     async def redrive_job(request: Request, background: BackgroundTasks, job_id: str, tenant: Tenant) -> JSONResponse:
         queue = gw.job_queue(_job_id(job_id))
-        job = await gw.call(queue.redrive(tenant, job_id))
+        job = await gw.call(queue.redrive(tenant, job_id, operator=gw.settings.is_admin(tenant),
+                                          any_tenant=gw.settings.is_named_admin(tenant)))
         gw.after_enqueue(background, queue)
         return job_response(request, job, 202, {"Location": f"/v1/jobs/{job.id}"})
 

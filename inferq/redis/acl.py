@@ -46,7 +46,7 @@ SCRIPTING = ("evalsha", "script|load")
 """Scripts by SHA only, loaded once; never EVAL of arbitrary text, never SCRIPT FLUSH or KILL."""
 
 SCRIPT_COMMANDS = (
-    "del", "expire", "expireat", "get", "hdel", "hget", "hgetall", "hincrby", "hmget", "hset", "persist",
+    "del", "expire", "expireat", "get", "hdel", "hget", "hgetall", "hincrby", "hmget", "hset", "hstrlen", "persist",
     "pexpireat", "rpush", "set", "time", "xack", "xadd", "xclaim", "xdel", "xlen", "xrange", "zadd", "zcard",
     "zcount", "zrange", "zrem", "zremrangebylex", "zremrangebyscore", "zscore",
 )

@@ -469,10 +469,38 @@ def test_alarms_watch_the_scaler_metrics_by_queue(nested: dict[str, dict[str, An
         for r in resources.values()
         if r["Type"] == "AWS::CloudWatch::Alarm"
         for query in r["Properties"].get("Metrics", [])
+        if isinstance(query.get("Expression"), dict)
     )
     for metric in ("Dlq", "OldestJobAgeSeconds", "Lag"):
         assert f"MAX({metric}) FROM inferq WHERE queue = '${{QueueName}}'" in expressions
     assert "AWS::CloudWatch::Dashboard" in {r["Type"] for r in resources.values()}
+
+
+def test_the_cache_memory_alarm_watches_the_stacks_own_cache_in_each_mode(
+    translated: dict[str, Any], nested: dict[str, dict[str, Any]]
+) -> None:
+    """G11: the cache runs with noeviction, so an alarm says when it nears full, long before a write is refused."""
+    parameters = translated["Resources"]["Observability"]["Properties"]["Parameters"]
+    assert parameters["CacheMode"] == {"Fn::If": ["CreateCache", {"Ref": "CacheMode"}, ""]}
+    assert parameters["CacheName"] == {"Fn::If": ["CreateCache", {"Fn::GetAtt": ["Cache", "Outputs.Name"]}, "none"]}
+    observability = nested["observability"]
+    alarms = {r["Condition"]: r["Properties"] for r in observability["Resources"].values()
+              if r["Type"] == "AWS::CloudWatch::Alarm" and r.get("Condition", "").startswith("Watches")
+              and r["Condition"] not in ("WatchesQueue", "WatchesNoQueue")}
+    assert set(alarms) == {"WatchesReplicationGroup", "WatchesServerless", "WatchesMemoryDb"}
+    for alarm in alarms.values():
+        assert alarm["Threshold"] == {"Ref": "CacheMemoryThresholdPercent"}
+        assert alarm["AlarmActions"] == [{"Ref": "AlarmTopic"}]
+    assert observability["Parameters"]["CacheMemoryThresholdPercent"]["Default"] == 80
+    node = alarms["WatchesReplicationGroup"]
+    assert node["MetricName"] == "DatabaseMemoryUsagePercentage"
+    assert node["Dimensions"] == [{"Name": "CacheClusterId", "Value": {"Fn::Sub": "${CacheName}-001"}}]
+    conditions = observability["Conditions"]
+    for condition, mode in (("WatchesReplicationGroup", "replication-group"), ("WatchesServerless", "serverless"),
+                            ("WatchesMemoryDb", "memorydb")):
+        assert conditions[condition] == {"Fn::Equals": [{"Ref": "CacheMode"}, mode]}
+        assert mode in nested["cache"]["Parameters"]["Mode"]["AllowedValues"]
+    assert "Name" in nested["cache"]["Outputs"] and "MaxDataGb" in nested["cache"]["Outputs"]
 
 
 # --- the job timeout, the webhook secret, one scaler at a time, durability (issue 11) ---

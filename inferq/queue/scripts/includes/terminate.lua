@@ -17,9 +17,12 @@
   The wakeup list is new here: a job turns terminal once, and redrive (the one way back) deletes the list.
   The request body is dropped here (nothing reads it once the job has ended: the record lives on for its result
   only), except for a dead-lettered job (extra sets dead_lettered), which keeps it for a redrive.
+  What the record keeps is charged to its tenant until it expires (includes/holdRecord: the script names HOLDS, the
+  per-tenant bounds hash, before its includes).
 ]]
 --- @include "meter"
 --- @include "settleTally"
+--- @include "holdRecord"
 
 local function terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, status, now, resultTtl,
                          eventsMaxlen, extra, known, tally, metered)
@@ -62,6 +65,18 @@ local function terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId
   local keepUntil = rcall('HGET', jobKey, 'keep_until')
   if keepUntil then
     rcall('EXPIREAT', jobKey, keepUntil, 'GT')
+  end
+  if tenant and tenant ~= '' then
+    -- what the record keeps from now on is charged to its tenant until it expires (includes/holdRecord)
+    local bytes = HOLD_RECORD_BYTES + #(webhook or '') + rcall('HSTRLEN', jobKey, 'metadata') +
+      rcall('HSTRLEN', jobKey, 'last_error')
+    for i = 2, #extra, 2 do
+      bytes = bytes + #tostring(extra[i])
+    end
+    if keepBody then
+      bytes = bytes + rcall('HSTRLEN', jobKey, 'body')
+    end
+    holdRecord(tenant, bytes, math.max(tonumber(now) + tonumber(resultTtl) * 1000, (tonumber(keepUntil) or 0) * 1000))
   end
   rcall('RPUSH', doneKey, status)
   rcall('EXPIRE', doneKey, 300)
