@@ -241,6 +241,11 @@ class Sim:
             slot_tokens_per_s=self.produced / self.served_s if self.produced and self.served_s else None,
         )
 
+    def fixed_fleet(self, size: int) -> None:
+        """``size`` workers serving from the start, never stopped (the always-on fleet)."""
+        self.workers = [Worker(asked_at=0.0, ready_at=0.0) for _ in range(size)]
+        self.desired = size
+
     def set_target(self, target: int | None, now: float) -> None:
         """The drain target the scaler records: the oldest ``target`` live workers pull, the others drain."""
         self.target = target
@@ -298,7 +303,7 @@ class Sim:
         end = self.sc.day_s
         while self.events:
             t, kind, _, payload = heapq.heappop(self.events)
-            if t > self.sc.day_s and not self.waiting and not any(w.in_flight for w in self.workers):
+            if t > self.sc.day_s and not self.waiting and not self.busy():
                 break  # the day is over and every job is done: ticks alone would run forever
             while next_sample <= t:
                 o = self.observe(next_sample)
@@ -306,29 +311,46 @@ class Sim:
                 self.series.append((next_sample, o.lag, o.pending, len(alive),
                                     sum(1 for w in alive if w.ready_at <= next_sample)))
                 next_sample += 60.0
-            if kind == ARRIVE:
-                self.waiting.append(payload)
-                self.enqueued += 1
-                if self.trace.max_tokens is not None:
-                    self.backlog_tokens += self.trace.max_tokens[payload]
-                controller.on_arrival(self, t)
-            elif kind == DONE:
-                worker, job = payload
-                worker.in_flight -= 1
-                self.served += 1
-                self.served_s += self.trace.service[job]
-                if self.trace.max_tokens is not None and self.trace.out_tokens is not None:
-                    self.backlog_tokens -= self.trace.max_tokens[job]
-                    self.produced += self.trace.out_tokens[job]
-                self._maybe_stop(worker, t)
-            elif kind == TICK:
-                controller.on_tick(self, t, payload)
+            self.handle(controller, t, kind, payload)
             self.dispatch(t)
             end = max(end, t)
-        gpu_s = sum((w.stopped_at if w.stopped_at is not None else end) - w.asked_at for w in self.workers)
+        return self.result(end)
+
+    def busy(self) -> bool:
+        """Whether any worker still holds a job (the day may end only once none does)."""
+        return any(w.in_flight for w in self.workers)
+
+    def handle(self, controller: Controller, t: float, kind: int, payload: Any) -> None:
+        """One event: an arrival, a job's end, a worker's boot ending, or a controller's tick."""
+        if kind == ARRIVE:
+            self.waiting.append(payload)
+            self.enqueued += 1
+            if self.trace.max_tokens is not None:
+                self.backlog_tokens += self.trace.max_tokens[payload]
+            controller.on_arrival(self, t)
+        elif kind == DONE:
+            worker, job = payload
+            self.finish(worker, job, t)
+        elif kind == TICK:
+            controller.on_tick(self, t, payload)
+
+    def finish(self, worker: Worker, job: int, t: float) -> None:
+        worker.in_flight -= 1
+        self.served += 1
+        self.served_s += self.trace.service[job]
+        if self.trace.max_tokens is not None and self.trace.out_tokens is not None:
+            self.backlog_tokens -= self.trace.max_tokens[job]
+            self.produced += self.trace.out_tokens[job]
+        self._maybe_stop(worker, t)
+
+    def worker_seconds(self, end: float) -> float:
+        """GPU time: each worker from its request to its stop (or the end of the run)."""
+        return sum((w.stopped_at if w.stopped_at is not None else end) - w.asked_at for w in self.workers)
+
+    def result(self, end: float) -> dict[str, Any]:
         waits = sorted(self.waits)
         return {
-            "gpu_minutes": gpu_s / 60.0,
+            "gpu_minutes": self.worker_seconds(end) / 60.0,
             "p50_wait_s": percentile(waits, 50),
             "p95_wait_s": percentile(waits, 95),
             "max_wait_s": waits[-1] if waits else 0.0,

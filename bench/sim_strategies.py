@@ -9,7 +9,7 @@ from typing import Any
 
 from inferq.scaling.policy import Demand, ScalePolicy, ScaleState, decide
 
-from .sim_fleet import TICK, Controller, Sim, Worker
+from .sim_fleet import TICK, Controller, Sim
 
 __all__ = ["AlwaysOn", "Controller", "InferqPolicy", "KedaLike"]
 
@@ -20,8 +20,7 @@ class AlwaysOn(Controller):
         self.name = f"always-on ({size} workers)"
 
     def start(self, sim: Sim) -> None:
-        sim.workers = [Worker(asked_at=0.0, ready_at=0.0) for _ in range(self.size)]
-        sim.desired = self.size
+        sim.fixed_fleet(self.size)
 
 
 class InferqPolicy(Controller):

@@ -55,6 +55,7 @@ from typing import Any
 from inferq.scaling.policy import ScalePolicy
 
 from .sim_fleet import TRACES, Controller, Scenario, Sim, Trace, make_trace, peak_fleet
+from .sim_spot import SPOT_PER_H, dollars_section, goals_for_seed, render_dollars
 from .sim_strategies import AlwaysOn, InferqPolicy, KedaLike
 from .sim_work import WORK_TOKENS_PER_S, two_models, two_models_table, with_tokens
 
@@ -251,7 +252,8 @@ def plot(rows: list[tuple[str, dict[str, Any], Sim]], trace: Trace, path: Path) 
     plt.close(fig)
 
 
-def run(report: dict, out_dir: Path, quick: bool = False, seed: int | None = None) -> dict[str, Any]:
+def run(report: dict, out_dir: Path, quick: bool = False, seed: int | None = None,
+        spot_per_h: float = SPOT_PER_H) -> dict[str, Any]:
     """Simulate, print the table, save ``elasticity.png`` (and ``elasticity.json``) in ``out_dir``, and put the
     figures under ``report["elasticity"]``."""
     sc = Scenario() if seed is None else Scenario(seed=seed)
@@ -270,6 +272,8 @@ def run(report: dict, out_dir: Path, quick: bool = False, seed: int | None = Non
         "plot": str(png),
         "traces": simulate_traces(sc),
         "two_models": two_models(sc, _model_strategies),
+        "dollars": dollars_section(sc, trace, peak, _policy(sc, HEADROOM * peak), spot_per_h,
+                                   long_policy=lambda p: _policy(sc, HEADROOM * p)),
     }
     (out_dir / "elasticity.json").write_text(json.dumps(section, indent=2))
     report["elasticity"] = section
@@ -300,19 +304,32 @@ def render(section: dict[str, Any]) -> str:
     if "two_models" in section:
         lines.append("two models, a fleet each (max = 2 x each model's peak fleet):")
         lines.append(two_models_table(section["two_models"]))
+    if "dollars" in section:
+        lines.append(render_dollars(section["dollars"]))
     return "\n".join(lines)
 
 
-def sweep(seeds: int, quick: bool = False) -> dict[str, int]:
-    """Replay ``seeds`` other days (seeds 1..N): how many meet every target, per comparison."""
-    met = dict.fromkeys(COMPARISONS, 0)
+def sweep(seeds: int, quick: bool = False) -> dict[str, Any]:
+    """Replay ``seeds`` other days (seeds 1..N): how many meet every target, per comparison, and the Spot mix's
+    goals (dollars and p95; GPU-minutes against the work floor), with each day's figures."""
+    met: dict[str, Any] = dict.fromkeys(COMPARISONS, 0)
+    met.update(spot_dollars=0, spot_floor=0, spot_days=[])
     for seed in range(1, seeds + 1):
         sc = Scenario(seed=seed)
-        _, _, rows = simulate(sc.quick() if quick else sc)
+        sc = sc.quick() if quick else sc
+        trace, peak, rows = simulate(sc)
         results = {key: result for key, result, _ in rows}
         for key, keda in COMPARISONS.items():
             met[key] += bool(targets(results, key, keda)["met"])
-    print(f"targets met over {seeds} seeded days: " + ", ".join(f"{k} {n}/{seeds}" for k, n in met.items()))
+        spot = goals_for_seed(sc, trace, peak, _policy(sc, HEADROOM * peak))
+        met["spot_dollars"] += bool(spot["dollars_met"])
+        met["spot_floor"] += bool(spot["floor_met"])
+        met["spot_days"].append({"seed": seed, **spot})
+    counts = ", ".join(f"{k} {n}/{seeds}" for k, n in met.items() if k != "spot_days")
+    print(f"targets met over {seeds} seeded days: {counts}")
+    for day in met["spot_days"]:
+        print(f"  seed {day['seed']}: Spot mix {day['dollars_vs_on_demand']:.1%} of on-demand's dollars, p95 "
+              f"{day['p95_vs_always_on']:.2f}x always-on's, GPU-minutes {day['gpu_minutes_vs_floor']:.2f}x the floor")
     return met
 
 
@@ -322,9 +339,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--seeds", type=int, default=0, help="also replay this many other seeded days")
+    parser.add_argument("--spot-price", type=float, default=SPOT_PER_H,
+                        help=f"Spot price per GPU-hour in dollars (default {SPOT_PER_H}; on-demand is g5.xlarge's)")
     args = parser.parse_args()
     report: dict[str, Any] = {}
-    run(report, args.out, quick=args.quick, seed=args.seed)
+    run(report, args.out, quick=args.quick, seed=args.seed, spot_per_h=args.spot_price)
     if args.seeds:
         report["elasticity"]["sweep"] = sweep(args.seeds, quick=args.quick)
 

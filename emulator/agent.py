@@ -13,13 +13,19 @@ What it copies from ECS, because the worker and the scaler depend on it:
   ``DescribeServices`` tells the scaler the truth;
 - a GPU instance's boot, when ``boot_s`` (``INFERQ_EMULATOR_BOOT_S``) is set: a new task stays starting (the
   service's ``pendingCount``) that long before its worker process starts. A task still starting is the first
-  one scale-in cancels, as ECS stops tasks that are not running yet first.
+  one scale-in cancels, as ECS stops tasks that are not running yet first;
+- a Spot interruption (:meth:`EcsAgent.interrupt`: ``inferq interrupt``, or every live task after a random time
+  with mean ``INFERQ_EMULATOR_INTERRUPT_EVERY_S``): ECS drains the instance on EC2's two-minute notice, so the task
+  is stopped whether protected or not (SIGTERM now, SIGKILL after its stop timeout or the notice, whichever is
+  shorter), no longer counts as running, and the service starts its replacement at once, beside it (the stack's
+  ``MaximumPercent`` of 200), as ECS does for a task on a draining instance.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import re
 import signal
 import sys
@@ -37,6 +43,9 @@ from .httpd import HttpServer, Request
 from .procs import Child, LogSink
 
 PROTECTION_PATH = re.compile(r"^/api/(?P<task>[A-Za-z0-9-]+)/task-protection/v1/state/?$")
+INTERRUPT_PATH = "/interrupt"
+"""The emulator's own control endpoint (not an ECS API): interrupt a task as EC2 Spot does (``inferq interrupt``)."""
+SPOT_NOTICE_S = 120.0  # EC2's Spot interruption notice
 DEFAULT_PROTECTION_MINUTES = 2 * 60  # ECS's default expiry
 MAX_PROTECTION_MINUTES = 48 * 60
 FAST_FAILURE_S = 3.0
@@ -80,9 +89,18 @@ class EcsAgent:
         log_protection: bool = False,
         worker_prefix: str = "worker",
         boot_s: float = 0.0,
+        interrupt_every_s: float = 0.0,
+        rng: random.Random | None = None,
     ) -> None:
         self.ecs = ecs
+        self.service = ecs.service if isinstance(ecs, ServiceView) else ecs.services[0]
+        """The ECS service whose tasks this agent runs."""
         self.boot_s = boot_s
+        self.interrupt_every_s = interrupt_every_s
+        """Mean seconds before each live task is interrupted as by Spot (0: only on request)."""
+        self._rng = rng or random.Random()
+        self._timers: set[asyncio.Task[None]] = set()
+        self.interrupted = 0
         self._booting: list[asyncio.Task[Any]] = []
         self.worker_prefix = worker_prefix
         """Worker ids are ``<prefix>-<n>``: one agent per model's service names its workers after the model."""
@@ -131,7 +149,7 @@ class EcsAgent:
         """Stop every task (protection or not, as deleting the service does) and wait for them all."""
         self._closing = True
         self.ecs.on_desired_change = None
-        for boot in self._booting:
+        for boot in [*self._booting, *self._timers]:
             boot.cancel()
         if self._loop_task is not None:
             self._loop_task.cancel()
@@ -225,19 +243,45 @@ class EcsAgent:
         self.tasks[task_id] = task  # registered once its process exists: every task in here can be signalled
         self.sink.line("agent", f"started {worker_id} (task {task_id[:8]}, pid {child.pid})")
         self._spawn(self._watch(task))
+        if self.interrupt_every_s > 0:
+            after_s = self._rng.expovariate(1.0 / self.interrupt_every_s)
+            timer = asyncio.create_task(self._interrupt_later(task, after_s))
+            self._timers.add(timer)
+            timer.add_done_callback(self._timers.discard)
         if self._closing:
             self._stop(task, "emulator shutting down")
         return task
 
-    def _stop(self, task: Task, reason: str) -> None:
+    def _stop(self, task: Task, reason: str, grace_s: float | None = None) -> None:
         if task.stopping:
             return
         task.stopping = True
         task.stop_reason = reason
-        self.sink.line("agent", f"stopping {task.worker_id} ({reason}): SIGTERM, SIGKILL after "
-                                f"{self.stop_timeout_s:g}s")
-        self._spawn(task.child.stop(self.stop_timeout_s))
+        grace = self.stop_timeout_s if grace_s is None else grace_s
+        self.sink.line("agent", f"stopping {task.worker_id} ({reason}): SIGTERM, SIGKILL after {grace:g}s")
+        self._spawn(task.child.stop(grace))
         self._publish()
+
+    # ------------------------------------------------------------------ Spot interruptions
+
+    def interrupt(self, worker_id: str | None = None, notice_s: float = SPOT_NOTICE_S) -> Task | None:
+        """Interrupt a live task as EC2 Spot does (module docstring): ``worker_id``'s, or the longest-running
+        one's; None when there is no such task. Its replacement is started at once."""
+        live = self.live()
+        if worker_id is not None:
+            live = [t for t in live if t.worker_id == worker_id]
+        if not live:
+            return None
+        task = min(live, key=lambda t: t.started_at)
+        self.interrupted += 1
+        self._stop(task, f"Spot interruption, {notice_s:g}s notice", min(self.stop_timeout_s, notice_s))
+        self.kick()  # the service is a task short: its replacement starts now
+        return task
+
+    async def _interrupt_later(self, task: Task, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        if not self._closing and not task.stopping and self.tasks.get(task.id) is task:
+            self.interrupt(task.worker_id)
 
     async def _watch(self, task: Task) -> None:
         code = await task.child.wait()
@@ -266,6 +310,8 @@ class EcsAgent:
     # ------------------------------------------------------------------ task scale-in protection endpoint
 
     async def _handle(self, request: Request) -> tuple[int, Any]:
+        if request.path == INTERRUPT_PATH:
+            return self._handle_interrupt(request)
         match = PROTECTION_PATH.match(request.path)
         if match is None:
             return 404, {"error": {"Code": "NotFound", "Message": f"no such endpoint {request.path}"}}
@@ -298,15 +344,39 @@ class EcsAgent:
         return 200, {"protection": task.protection()}
 
 
+    def _handle_interrupt(self, request: Request) -> tuple[int, Any]:
+        """``POST /interrupt`` ``{"worker": <id, optional>, "notice_s": <seconds, optional>}``."""
+        if request.method != "POST":
+            return 405, {"error": {"type": "method_not_allowed", "message": "use POST"}}
+        try:
+            body = request.json() or {}
+            worker = body.get("worker")
+            notice = body.get("notice_s", SPOT_NOTICE_S)
+            if worker is not None and not isinstance(worker, str):
+                raise ValueError("worker must be a worker id (a string)")
+            if isinstance(notice, bool) or not isinstance(notice, int | float) or not 0 <= notice <= 3600:
+                raise ValueError("notice_s must be a number of seconds from 0 to 3600")
+        except (ValueError, AttributeError) as exc:
+            message = str(exc) if isinstance(exc, ValueError) else "body must be a JSON object"
+            return 400, {"error": {"type": "invalid_request", "message": message}}
+        task = self.interrupt(worker, float(notice))
+        if task is None:
+            which = f"worker {worker}" if worker else "any worker"
+            return 404, {"error": {"type": "not_found", "message": f"no live {which} in this fleet"}}
+        return 200, {"worker": task.worker_id, "task": task.id, "pid": task.child.pid, "notice_s": notice,
+                     "kill_after_s": min(self.stop_timeout_s, float(notice))}
+
+
 async def start_fleets(
     ecs: MotoEcs, registry: Registry | None, sink: LogSink, env: Mapping[str, str], *, stop_timeout_s: float,
-    metrics_port_base: int, log_protection: bool, boot_s: float = 0.0,
+    metrics_port_base: int, log_protection: bool, boot_s: float = 0.0, interrupt_every_s: float = 0.0,
 ) -> list[EcsAgent]:
     """One agent for the one service, or, with a model registry, one per model's service: its workers get that
     model's entry (``INFERQ_MODEL``), its service name, and metrics ports of their own."""
     if registry is None:
         return [await EcsAgent(ecs, sink, env, stop_timeout_s=stop_timeout_s, metrics_port_base=metrics_port_base,
-                               log_protection=log_protection, boot_s=boot_s).start()]
+                               log_protection=log_protection, boot_s=boot_s,
+                               interrupt_every_s=interrupt_every_s).start()]
     agents = []
     for i, model in enumerate(registry.models):
         fleet_env = {**env, "INFERQ_MODEL": model.name, "INFERQ_ECS_SERVICE": model.service}
@@ -314,5 +384,6 @@ async def start_fleets(
             ecs.fleet(model.service), sink, fleet_env, stop_timeout_s=stop_timeout_s,
             metrics_port_base=metrics_port_base + 100 * i if metrics_port_base else 0,
             log_protection=log_protection, worker_prefix=model.queue, boot_s=boot_s,
+            interrupt_every_s=interrupt_every_s,
         ).start())
     return agents

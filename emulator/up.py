@@ -168,7 +168,7 @@ class Supervisor:
         self.agents = await start_fleets(
             self.ecs, self.registry, self.sink, worker_env, stop_timeout_s=self.stop_timeout_s,
             metrics_port_base=metrics_base, log_protection=self.settings.log_level == "DEBUG",
-            boot_s=self.settings.emulator_boot_s,
+            boot_s=self.settings.emulator_boot_s, interrupt_every_s=self.settings.emulator_interrupt_every_s,
         )
         self.agent = self.agents[0]
         await self._wait_ready()
@@ -275,6 +275,8 @@ class Supervisor:
             "files_bucket": self.child_env["INFERQ_FILES_BUCKET"],
             "api_key_file": str(self.data_dir / "dev-api-key") if self.api_key else None,
             "scaler": not self.args.no_scaler,
+            # each fleet's ECS agent: `inferq interrupt` asks one to interrupt a worker as Spot does
+            "agents": {agent.service: f"http://127.0.0.1:{agent.port}" for agent in self.agents},
         }
         path = self.data_dir / ENDPOINTS_FILE
         path.with_suffix(".tmp").write_text(json.dumps(endpoints, indent=2) + "\n")

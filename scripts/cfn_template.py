@@ -78,6 +78,39 @@ def unused_parameters(template: dict[str, Any]) -> set[str]:
     return set(template.get("Parameters", {})) - used
 
 
+def conditions_used(node: Any) -> set[str]:
+    """Conditions a template node names: a resource's or output's ``Condition``, ``Fn::If``'s first argument and
+    ``{"Condition": name}`` inside another condition."""
+    found: set[str] = set()
+    if isinstance(node, list):
+        for item in node:
+            found |= conditions_used(item)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key == "Condition" and isinstance(value, str):
+                found.add(value)
+            elif key == "Fn::If" and isinstance(value, list) and value:
+                found.add(value[0])
+                found |= conditions_used(value[1:])
+            else:
+                found |= conditions_used(value)
+    return found
+
+
+def drop_unused_conditions(template: dict[str, Any]) -> None:
+    """Remove the conditions nothing names any more (cfn-lint warns of them), repeatedly, since a dropped
+    condition may have been the last to name another."""
+    conditions = template.get("Conditions", {})
+    while True:
+        rest = {k: v for k, v in template.items() if k != "Conditions"}
+        used = conditions_used(rest) | conditions_used(list(conditions.values()))
+        unused = set(conditions) - used
+        if not unused:
+            return
+        for name in unused:
+            conditions.pop(name)
+
+
 def drop_parameters(template: dict[str, Any], names: set[str]) -> None:
     for name in names:
         template["Parameters"].pop(name, None)

@@ -147,11 +147,20 @@ SETTING_DOCS: dict[str, str] = {
     "(`ceil(backlog / INFERQ_SCALE_TARGET_PER_WORKER)`), and no job carries the `tokens` field: the queue does no "
     "work for the counter. Set it for every process that enqueues too (the gateway, the scaler's batch driver: the "
     "template does); docs/benchmarks.md compares the two.",
+    "scale_spot_fallback_s": "With a Spot fleet (infra/gpu.yaml's `SpotCapacity`): how long a task of the service may "
+    "wait for a Spot instance (`PROVISIONING`) before the scaler starts an on-demand stand-in for it on the "
+    "fallback service, named the service's name + `-on-demand`. Once Spot is short, tasks asked for within the "
+    "next 30 minutes get a stand-in at once; stand-ins go as Spot tasks start or the queue needs fewer workers. "
+    "0 (the default outside the stack, which sets 180): no fallback service; Spot tasks wait for capacity.",
     "scale_drain": "Whether the scaler asks the workers beyond the fleet's need to take no new jobs and drain (the "
     "drain target, `target` in the scale hash), so scale-in takes effect under load. `false` where nothing turns "
     "the desired count into workers, as in `emulator/compose.yaml`'s fixed workers.",
     "emulator_boot_s": "`inferq up` only: how long the emulator's ECS agent keeps a new task starting (counted as "
     "pending) before its worker process starts, to emulate a GPU instance's boot.",
+    "emulator_interrupt_every_s": "`inferq up` only: Spot interruptions as a chaos setting: each worker the "
+    "emulator's ECS agent starts is interrupted as EC2 Spot interrupts an instance (drained: SIGTERM, no longer "
+    "counted as running, its replacement started at once) after a random time with this mean, in seconds. 0 (the "
+    "default): only `inferq interrupt` does it.",
     "scaler_interval_s": "The emulator's period between scaler calls (`inferq up` sets 2). In AWS the schedule fires "
     "every minute and one invocation evaluates every 5 s until near its end.",
     "scaler_function": "The scaler Lambda the gateway invokes asynchronously to wake the fleet from zero (AWS).",

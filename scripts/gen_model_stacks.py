@@ -11,8 +11,11 @@ The files are derived from the hand-written templates, so a change there reaches
 - ``template.models.yaml``: ``template.yaml`` with the GPU stack below; both functions read the registry from a
   Lambda layer (``INFERQ_MODELS=/opt/inferq/models.json``); the scaler may describe and update exactly the models'
   services; three alarms per model (dead letters, oldest job age, a silent scaler); no single-queue alarms.
-- ``infra/models.generated.yaml``: ``infra/gpu.yaml`` with its one fleet (launch template, Auto Scaling group,
-  capacity provider, task definition, service) repeated per model.
+- ``infra/models.generated.yaml``: ``infra/gpu.yaml`` with its one fleet (launch template, on-demand and Spot Auto
+  Scaling groups and capacity providers, task definition, service and on-demand fallback service) repeated per
+  model; ``deploy.spot: false`` leaves a model on on-demand alone, ``deploy.spot_instance_types`` names its Spot
+  types (default: its ``instance_type`` when it names one, else the stack's SpotInstanceTypes),
+  ``deploy.on_demand_base`` the tasks it keeps on on-demand.
 - ``infra/registry/inferq/models.json``: the registry as deployed, the layer's content. A model served by the vLLM
   sidecar appears there as an ``openai`` backend on localhost:8000. Each worker gets its own entry of it in its
   task definition, written to ``INFERQ_MODELS`` before the worker starts, with ``INFERQ_MODEL`` naming it: the
@@ -33,7 +36,15 @@ from typing import Any
 
 import yaml
 
-from scripts.cfn_template import drop_parameters, dump, read_template, unused_parameters, write
+from inferq.scaling.capacity import fallback_service
+from scripts.cfn_template import (
+    drop_parameters,
+    drop_unused_conditions,
+    dump,
+    read_template,
+    unused_parameters,
+    write,
+)
 from scripts.deploy_registry import Model, Registry, RegistryError, load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +55,10 @@ LAYER_FILE = "inferq/models.json"
 LAMBDA_REGISTRY = f"/opt/{LAYER_FILE}"  # a layer's files land under /opt
 WORKER_REGISTRY = "/tmp/inferq-models.json"
 SIDECAR_URL = "http://127.0.0.1:8000"  # vLLM listens on loopback only
-FLEET = ("LaunchTemplate", "AutoScalingGroup", "WarmPool", "CapacityProvider", "TaskDefinition", "Service")
+FLEET = ("LaunchTemplate", "AutoScalingGroup", "WarmPool", "CapacityProvider", "TaskDefinition", "Service",
+         "SpotAutoScalingGroup", "SpotCapacityProvider", "FallbackService")
+SPOT = ("SpotAutoScalingGroup", "SpotCapacityProvider", "FallbackService")
+"""A model's Spot capacity and its on-demand fallback service (infra/gpu.yaml), left out with ``deploy.spot: false``."""
 GROUP_NAME = "${AWS::StackName}-gpu"  # infra/gpu.yaml's Auto Scaling group; each model's is GROUP_NAME-<model>
 
 
@@ -55,6 +69,10 @@ def logical_id(model: Model) -> str:
     return "".join(part[:1].upper() + part[1:] for part in re.split(r"[^A-Za-z0-9]+", model.name) if part)
 
 
+def spot(model: Model) -> bool:
+    return bool(model.deploy.get("spot", True))
+
+
 def deployed_registry(registry: Registry) -> dict[str, Any]:
     """The registry the processes read in AWS: queue and service written out, and a sidecar-served model as the
     OpenAI-compatible server on localhost that the worker calls (its vLLM args are the sidecar's command line)."""
@@ -62,6 +80,8 @@ def deployed_registry(registry: Registry) -> dict[str, Any]:
     entries = []
     for model in registry.models:
         entry = {**copy.deepcopy(model.entry), "queue": model.queue, "service": model.service}
+        if not spot(model):  # no fallback service for the scaler to size
+            entry["scale"] = {**(entry.get("scale") or {}), "spot_fallback_s": 0}
         if model.sidecar:
             entry["backend"] = {"kind": "openai", "base_url": SIDECAR_URL, "served_model": model.served_model}
         entries.append(entry)
@@ -127,6 +147,30 @@ def _rename(node: Any, names: dict[str, str]) -> Any:
     return node
 
 
+def _capacity(copies: dict[str, Any], names: dict[str, str], model: Model, maximum: Any) -> None:
+    """One model's Spot group, its provider and its fallback service, or none of them (``deploy.spot: false``)."""
+    service = copies[names["Service"]]["Properties"]
+    if not spot(model):
+        for name in SPOT:
+            copies.pop(names[name])
+        service["CapacityProviderStrategy"] = service["CapacityProviderStrategy"]["Fn::If"][2]
+        service["DeploymentConfiguration"]["MaximumPercent"] = 100
+        return
+    on_demand, _spot = service["CapacityProviderStrategy"]["Fn::If"][1]
+    if "on_demand_base" in model.deploy:
+        on_demand["Base"] = model.deploy["on_demand_base"]
+    group = copies[names["SpotAutoScalingGroup"]]["Properties"]
+    group["MaxSize"] = maximum
+    group["Tags"][0]["Value"] = {"Fn::Sub": f"${{AWS::StackName}}-{model.name}-spot"}
+    types = model.deploy.get("spot_instance_types") or (
+        [model.deploy["instance_type"]] if "instance_type" in model.deploy else None)
+    if types:  # else the stack's SpotInstanceTypes, as the one-model stack
+        group["MixedInstancesPolicy"]["LaunchTemplate"]["Overrides"] = [{"InstanceType": t} for t in types]
+    scaling = copies[names["SpotCapacityProvider"]]["Properties"]["AutoScalingGroupProvider"]["ManagedScaling"]
+    scaling["MaximumScalingStepSize"] = maximum if model.scale_max is None else max(1, model.scale_max)
+    copies[names["FallbackService"]]["Properties"]["ServiceName"] = fallback_service(model.service)
+
+
 def worker_registry(document: dict[str, Any], model: Model) -> dict[str, Any]:
     """One model's registry, as its workers read it: its entry only (``default`` is the gateway's business)."""
     rest = {k: v for k, v in document.items() if k not in ("models", "default")}
@@ -171,7 +215,8 @@ def gpu_template(registry: Registry, document: dict[str, Any]) -> dict[str, Any]
         + gpu["Description"]
     )
     outputs = gpu["Outputs"]
-    for name in ("ServiceName", "ServiceArn", "AutoScalingGroupName", "CapacityProviderName", "TaskDefinitionArn"):
+    for name in ("ServiceName", "ServiceArn", "AutoScalingGroupName", "CapacityProviderName", "TaskDefinitionArn",
+                 "SpotCapacityProviderName", "FallbackServiceName", "FallbackServiceArn", "SpotAutoScalingGroupName"):
         outputs.pop(name)
     for model in registry.models:
         suffix = logical_id(model)
@@ -198,24 +243,31 @@ def gpu_template(registry: Registry, document: dict[str, Any]) -> dict[str, Any]
         scaling["MaximumScalingStepSize"] = maximum if model.scale_max is None else max(1, model.scale_max)
         _task(copies[names["TaskDefinition"]], model, document)
         copies[names["Service"]]["Properties"]["ServiceName"] = model.service
+        _capacity(copies, names, model, maximum)
         resources.update(copies)
         outputs[f"Service{suffix}Name"] = {"Value": {"Fn::GetAtt": [names["Service"], "Name"]}}
         outputs[f"Service{suffix}Arn"] = {"Value": {"Ref": names["Service"]}}
         outputs[f"TaskDefinition{suffix}Arn"] = {"Value": {"Ref": names["TaskDefinition"]}}
         outputs[f"CapacityProvider{suffix}Name"] = {"Value": {"Ref": names["CapacityProvider"]}}
+        if spot(model):
+            outputs[f"FallbackService{suffix}Arn"] = {
+                "Value": {"Fn::If": ["UseSpot", {"Ref": names["FallbackService"]}, ""]}}
     lifecycle = next(p for p in resources["InstanceRole"]["Properties"]["Policies"]
                      if p["PolicyName"] == "warm-pool-lifecycle")
     lifecycle["PolicyDocument"]["Statement"][0]["Resource"] = [
         {"Fn::Sub": "arn:${AWS::Partition}:autoscaling:${AWS::Region}:${AWS::AccountId}:autoScalingGroup:*:"
                     f"autoScalingGroupName/{GROUP_NAME}-{m.name}"} for m in registry.models]
     providers = [{"Ref": "CapacityProvider" + logical_id(m)} for m in registry.models]
+    spot_providers = [{"Fn::If": ["UseSpot", {"Ref": "SpotCapacityProvider" + logical_id(m)}, {"Ref": "AWS::NoValue"}]}
+                      for m in registry.models if spot(m)]
     associations = resources["ClusterCapacityProviders"]["Properties"]
-    associations["CapacityProviders"] = providers
+    associations["CapacityProviders"] = providers + spot_providers
     associations["DefaultCapacityProviderStrategy"] = [{"CapacityProvider": providers[0], "Weight": 1}]
     outputs["ServiceNames"] = {
         "Description": "The models' ECS services, comma-separated, in registry order.",
         "Value": {"Fn::Join": [",", [{"Fn::GetAtt": ["Service" + logical_id(m), "Name"]} for m in registry.models]]},
     }
+    drop_unused_conditions(gpu)  # the Spot types' when every model names its own
     drop_parameters(gpu, unused_parameters(gpu))  # ModelId, QueueName, and what every model overrides
     return gpu
 
@@ -296,7 +348,9 @@ def root_template(registry: Registry, gpu: dict[str, Any], out: Path) -> dict[st
 
     scaler = resources["ScalerFunction"]["Properties"]
     scaler["Environment"]["Variables"].pop("INFERQ_ECS_SERVICE")  # each model names its service
-    services = [{"Fn::GetAtt": ["Gpu", f"Outputs.Service{logical_id(m)}Arn"]} for m in registry.models]
+    services = [{"Fn::GetAtt": ["Gpu", f"Outputs.Service{logical_id(m)}Arn"]} for m in registry.models] + [
+        {"Fn::If": ["UseSpot", {"Fn::GetAtt": ["Gpu", f"Outputs.FallbackService{logical_id(m)}Arn"]},
+                    {"Ref": "AWS::NoValue"}]} for m in registry.models if spot(m)]
     task_definitions = [{"Fn::GetAtt": ["Gpu", f"Outputs.TaskDefinition{logical_id(m)}Arn"]} for m in registry.models]
     providers = [{"Fn::GetAtt": ["Gpu", f"Outputs.CapacityProvider{logical_id(m)}Name"]} for m in registry.models]
     for statement in scaler["Policies"][0]["Statement"]:

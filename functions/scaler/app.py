@@ -28,9 +28,11 @@ from inferq.config.registry import load as load_registry
 from inferq.config.settings import Settings, SettingsError
 from inferq.queue.protocol import Queue
 from inferq.redis.connection import connect
+from inferq.scaling.capacity import Fallback, fallback_service
 from inferq.scaling.policy import ScalePolicy
 
 from .scaler import Cadence, EcsService, Scaler, Tick, WebhookPass
+from .standins import StandIns
 from .usage import usage_pass
 
 logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME") or "inferq-scaler")
@@ -158,15 +160,17 @@ async def invoke(settings: Settings, *, once: bool, deadline: float) -> list[tup
         scalers: list[tuple[str | None, Scaler]] = []
         for model, fleet in fleets() or [(None, settings)]:
             assert settings.ecs_cluster and fleet.ecs_service  # load_settings checked them
+            service = EcsService(ecs_client(), settings.ecs_cluster, fleet.ecs_service)
             scalers.append((model, Scaler(
                 Queue(client, fleet),
-                EcsService(ecs_client(), settings.ecs_cluster, fleet.ecs_service),
+                service,
                 ScalePolicy.from_settings(fleet),
                 metrics=metrics,
                 logger=logger,
                 webhooks=webhook_pass(fleet),
                 cadence=CADENCE,
                 model=model,
+                stand_ins=stand_ins(service, fleet),
             )))
         budget_s = max(0.0, deadline - time.monotonic())  # what the clients' setup left
         runs, _, _ = await asyncio.gather(  # batches advance at every size of fleet, zero included
@@ -177,6 +181,14 @@ async def invoke(settings: Settings, *, once: bool, deadline: float) -> list[tup
         return [(model, ticks) for (model, _), ticks in zip(scalers, runs, strict=True)]
     finally:
         await client.aclose()
+
+
+def stand_ins(service: EcsService, fleet: Settings) -> StandIns | None:
+    """With Spot (``INFERQ_SCALE_SPOT_FALLBACK_S`` > 0): the on-demand fallback service beside ``service``."""
+    if fleet.scale_spot_fallback_s <= 0:
+        return None
+    fallback = EcsService(service.client, service.cluster, fallback_service(service.service))
+    return StandIns(service, fallback, Fallback(fleet.scale_spot_fallback_s))
 
 
 async def drive_batches(settings: Settings, queue: Queue, budget_s: float) -> None:

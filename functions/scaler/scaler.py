@@ -19,61 +19,19 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from botocore.exceptions import BotoCoreError, ClientError
+from typing import TYPE_CHECKING, Any
 
 from inferq.queue.history import record_sample
 from inferq.queue.protocol import Observation, Queue
 from inferq.redis.faults import classify, is_recoverable
 from inferq.scaling.policy import Decision, Demand, ScalePolicy, ScaleState, decide
 
-ECS_ERRORS: tuple[type[BaseException], ...] = (BotoCoreError, ClientError)
+from .ecs import ECS_ERRORS, EcsService, EcsUnavailable, ServiceCounts
 
+if TYPE_CHECKING:
+    from .standins import StandIns, StandInStep
 
-class EcsUnavailable(Exception):
-    """The service cannot be read or updated (API error, missing or inactive service)."""
-
-
-@dataclass(frozen=True)
-class ServiceCounts:
-    desired: int
-    running: int
-    pending: int  # tasks still starting: provisioning an instance, pulling the image, loading the model
-
-
-class EcsService:
-    """The one GPU service the scaler sizes."""
-
-    def __init__(self, client: Any, cluster: str, service: str) -> None:
-        self.client = client
-        self.cluster = cluster
-        self.service = service
-
-    def counts(self) -> ServiceCounts:
-        try:
-            reply = self.client.describe_services(cluster=self.cluster, services=[self.service])
-        except ECS_ERRORS as exc:
-            raise EcsUnavailable(f"DescribeServices failed: {exc}") from exc
-        services = reply.get("services") or []
-        if not services:
-            reasons = ", ".join(f.get("reason", "?") for f in reply.get("failures") or []) or "not found"
-            raise EcsUnavailable(f"service {self.service} in cluster {self.cluster}: {reasons}")
-        found = services[0]
-        if found.get("status", "ACTIVE") != "ACTIVE":
-            raise EcsUnavailable(f"service {self.service} is {found.get('status')}")
-        return ServiceCounts(
-            desired=int(found.get("desiredCount", 0)),
-            running=int(found.get("runningCount", 0)),
-            pending=int(found.get("pendingCount", 0)),
-        )
-
-    def set_desired(self, count: int) -> None:
-        try:
-            self.client.update_service(cluster=self.cluster, service=self.service, desiredCount=count)
-        except ECS_ERRORS as exc:
-            raise EcsUnavailable(f"UpdateService failed: {exc}") from exc
-
+__all__ = ["ECS_ERRORS", "Cadence", "EcsService", "EcsUnavailable", "Scaler", "ServiceCounts", "Tick"]
 
 @dataclass(frozen=True)
 class Cadence:
@@ -101,6 +59,8 @@ class Tick:
     job_s: float | None = None
     backlog_tokens: int | None = None
     slot_tokens_per_s: float | None = None
+    stand_ins: StandInStep | None = None
+    """With Spot: the on-demand stand-ins this tick set (None without Spot, or when ECS could not be read)."""
 
     @property
     def desired(self) -> int | None:
@@ -126,8 +86,11 @@ class Scaler:
         cadence: Cadence | None = None,
         clock: Callable[[], float] = time.time,
         model: str | None = None,
+        stand_ins: StandIns | None = None,
     ) -> None:
         self.queue = queue
+        self.stand_ins = stand_ins
+        """With Spot: the on-demand fallback service, sized after each decision (:mod:`.standins`)."""
         self.model = model
         """The registry model this scaler sizes (a metrics dimension); None without a registry."""
         self.ecs = ecs
@@ -208,11 +171,12 @@ class Scaler:
             self.logger.info(f"scaler: {counts.desired} -> {decision.desired} workers", extra=log_extra)
         else:
             self.logger.debug("scaler: no change", extra=log_extra)
+        spot_fields = await self._stand_ins(tick, decision.desired, counts, state_fields, now)
         try:
             await asyncio.wait_for(
                 self.queue.record_decision(decision.desired, decision.reason, at=now, action=decision.action.value,
                                            target="" if decision.target is None else decision.target,
-                                           **decision.state.to_fields()),
+                                           **decision.state.to_fields(), **spot_fields),
                 self._redis_wait_s,
             )
         except Exception as exc:
@@ -220,6 +184,29 @@ class Scaler:
             # The count is applied; the next tick adopts it from ECS as a change made now.
             tick.errors.append("record")
             self.logger.warning("scaler: could not record the decision", extra=_fault(exc))
+
+    async def _stand_ins(self, tick: Tick, desired: int, counts: ServiceCounts, state_fields: dict[str, str],
+                         now: float) -> dict[str, str]:
+        """With Spot: size the on-demand fallback service for Spot tasks short of capacity; the fields to keep
+        in the scale hash (``stand_ins``, ``spot_short_at``). A failure leaves the fallback's count as it is."""
+        if self.stand_ins is None:
+            return {}
+        raw = state_fields.get("spot_short_at") or ""
+        try:
+            short_at = float(raw) if raw else None
+        except ValueError:
+            short_at = None
+        try:
+            step = await asyncio.to_thread(self.stand_ins.step, desired, counts, short_at, now)
+        except EcsUnavailable as exc:
+            tick.errors.append("stand_ins")
+            self.logger.error("scaler: could not size the on-demand fallback service", extra={"error": str(exc)})
+            return {"spot_short_at": raw}
+        tick.stand_ins = step
+        if step.changed:
+            self.logger.info(f"scaler: on-demand stand-ins {step.previous} -> {step.count}",
+                             extra={"desired": desired, "spot_running": counts.running, "short": step.short})
+        return {"stand_ins": str(step.count), "spot_short_at": "" if step.short_at is None else repr(step.short_at)}
 
     async def _housekeeping(self, tick: Tick, observation: Observation) -> None:
         """Work no worker may be up to do: move due retries into the stream, and deliver webhooks of jobs that ended
@@ -284,10 +271,13 @@ class Scaler:
         if tick.counts is not None:
             m.add_metric(name="Running", unit=MetricUnit.Count, value=tick.counts.running)
             m.add_metric(name="Starting", unit=MetricUnit.Count, value=tick.counts.pending)
+        if tick.stand_ins is not None:
+            m.add_metric(name="OnDemandStandIns", unit=MetricUnit.Count, value=tick.stand_ins.count)
+            m.add_metric(name="ShortOfSpot", unit=MetricUnit.Count, value=tick.stand_ins.short)
         m.add_metric(name="ScaleChanges", unit=MetricUnit.Count, value=1 if tick.applied else 0)
         observe_errors = sum(1 for e in tick.errors if e in ("redis", "ecs"))
         m.add_metric(name="ObserveErrors", unit=MetricUnit.Count, value=observe_errors)
-        if "apply" in tick.errors:
+        if "apply" in tick.errors or "stand_ins" in tick.errors:
             m.add_metric(name="ApplyErrors", unit=MetricUnit.Count, value=1)
         for name, value in tick.webhooks.items():
             m.add_metric(name=f"Webhooks{name.capitalize()}", unit=MetricUnit.Count, value=value)

@@ -243,7 +243,8 @@ class BatchDriver:
 
         def check() -> Validator:
             return validate(self.store.chunks(batch.tenant, batch.input_file_id), batch.endpoint,
-                            self.settings.batch_max_lines, self.settings.max_body_bytes, deadline)
+                            self.settings.batch_max_lines, self.settings.max_body_bytes, deadline,
+                            multimodal=self.lines.multimodal)
 
         checked = await asyncio.to_thread(check)
         if checked.too_many or checked.count == 0:  # refused whole: no line is looked at further

@@ -129,7 +129,7 @@ class Expansion:
         (:data:`inferq.batches.records.NOT_RUN`)."""
         if raw is None:
             return None, NO_JOB + "request_too_large"
-        request, _ = parse_line(raw, batch.endpoint, 0)
+        request, _ = parse_line(raw, batch.endpoint, 0, self.lines.multimodal)
         if request is None:  # validated already: a file changed under its id is the only way here
             return None, NO_JOB + "invalid_request"
         return request, ""

@@ -8,7 +8,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +28,18 @@ class LineError:
         return {"code": self.code, "message": self.message, "param": None, "line": self.line}
 
 
-def parse_line(raw: bytes, endpoint: str, line: int) -> tuple[dict[str, Any] | None, LineError | None]:
-    """One input line -> the request object, or the reason it is refused (custom_id uniqueness is the caller's)."""
+Multimodal = Callable[[Any], bool]
+"""Whether the model a line's ``body.model`` names takes images (the registry's ``multimodal``)."""
+
+
+def text_only(model: Any) -> bool:
+    return False
+
+
+def parse_line(raw: bytes, endpoint: str, line: int, multimodal: Multimodal = text_only
+               ) -> tuple[dict[str, Any] | None, LineError | None]:
+    """One input line -> the request object, or the reason it is refused (custom_id uniqueness is the caller's).
+    The body is the one the engine receives (:func:`inferq.queue.engine_body.check_body` rewrites guided_ fields)."""
     try:
         request = json.loads(raw)
     except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested past the parser's depth
@@ -49,7 +59,8 @@ def parse_line(raw: bytes, endpoint: str, line: int) -> tuple[dict[str, Any] | N
         return None, LineError("invalid_json_line", "this line holds a \\uD800-\\uDFFF escape that is no "
                                                     "character (a lone surrogate)", line)
     try:
-        check_body(request["body"], endpoint)  # what the engine cannot take, as the gateway's submit refuses it
+        # what the engine cannot take, as the gateway's submit refuses it
+        check_body(request["body"], endpoint, multimodal=multimodal(request["body"].get("model")))
     except BodyError as exc:
         return None, LineError("invalid_body", str(exc), line)
     return request, None
@@ -125,9 +136,10 @@ class Validator:
     failed batch's error file is written). Memory: a 12-byte digest per custom_id (about 90 bytes each in the set:
     5 MB for 50,000 lines), never the ids themselves."""
 
-    def __init__(self, endpoint: str, max_lines: int) -> None:
+    def __init__(self, endpoint: str, max_lines: int, multimodal: Multimodal = text_only) -> None:
         self.endpoint = endpoint
         self.max_lines = max_lines
+        self.multimodal = multimodal
         self.seen: set[bytes] = set()
         self.count = 0
         self.bad = 0
@@ -143,7 +155,7 @@ class Validator:
             error = LineError("too_many_requests", f"a batch holds at most {self.max_lines} requests "
                                                    "(INFERQ_BATCH_MAX_LINES); the file has more", line.number)
         elif line.data is not None:
-            request, error = parse_line(line.data, self.endpoint, line.number)
+            request, error = parse_line(line.data, self.endpoint, line.number, self.multimodal)
             if request is not None:
                 digest = hashlib.blake2b(request["custom_id"].encode(), digest_size=12).digest()
                 if digest in self.seen:
@@ -158,10 +170,10 @@ class Validator:
 
 
 def validate(chunks: Iterable[bytes], endpoint: str, max_lines: int, max_line: int | None = None,
-             deadline: float | None = None) -> Validator:
+             deadline: float | None = None, multimodal: Multimodal = text_only) -> Validator:
     """Check a whole input file, streaming; stops at the first line past ``max_lines`` (a file of a million lines
     is refused after reading ``max_lines`` + 1 of them). ``deadline`` (``time.monotonic()``): TimeoutError past it."""
-    validator = Validator(endpoint, max_lines)
+    validator = Validator(endpoint, max_lines, multimodal)
     for line in scan_lines(chunks, 0, max_line):
         validator.check(line)
         if validator.too_many:

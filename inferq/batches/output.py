@@ -171,7 +171,7 @@ class BatchOutput:
     async def _write_refused(self, batch: Batch, errors: Writer) -> int:
         """The error file of a batch that failed validation: every line, with its own error or ``batch_failed``
         (valid, not run), so each line of the file is accounted for; how many lines."""
-        validator = Validator(batch.endpoint, self.settings.batch_max_lines)
+        validator = Validator(batch.endpoint, self.settings.batch_max_lines, self.lines.multimodal)
         code, message = "batch_failed", "This request was not executed: the input file has invalid lines."
 
         def write() -> int:

@@ -47,6 +47,10 @@ class LineRouter:
         """Every queue a line may go to, the primary first."""
         return list(self._queues.values())
 
+    def multimodal(self, model: Any) -> bool:
+        """Whether the model a line's ``body.model`` names takes images (without a registry: none does)."""
+        return self.registry is not None and self.registry.multimodal(model)
+
     def queue_for(self, body: dict[str, Any]) -> Queue | None:
         """The queue of the model ``body.model`` names; None when no queue serves it."""
         if self.registry is None:

@@ -12,9 +12,11 @@ the gateway finds any job's queue without a lookup.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +37,19 @@ JOB_ID_BODY = 4 + 26
 
 _TOP_FIELDS = {"default", "models"}
 _MODEL_FIELDS = {"name", "aliases", "queue", "service", "window", "window_max", "job_timeout_s", "max_attempts",
-                 "max_queue_depth", "gpu_hour_usd", "scale", "backend", "deploy"}
+                 "max_queue_depth", "gpu_hour_usd", "scale", "backend", "deploy", "multimodal"}
 _PLAIN_OVERRIDES = ("window", "window_max", "job_timeout_s", "max_attempts", "max_queue_depth", "gpu_hour_usd")
 _SCALE_FIELDS = {"min": "scale_min", "max": "scale_max", "target_per_worker": "scale_target_per_worker",
-                 "down_cooldown_s": "scale_down_cooldown_s", "to_zero_after_s": "scale_to_zero_after_s"}
+                 "down_cooldown_s": "scale_down_cooldown_s", "to_zero_after_s": "scale_to_zero_after_s",
+                 "spot_fallback_s": "scale_spot_fallback_s"}
 _BACKEND_FIELDS = {"kind", "base_url", "served_model", "args"}
 _DEPLOY_FIELDS = {"instance_type": str, "image": str, "gpus": int, "memory_mib": int}
+_SPOT_FIELDS = {"spot", "spot_instance_types", "on_demand_base"}
+"""The model's GPU capacity in AWS (scripts/gen_model_stacks.py): ``spot`` (default true: Spot with on-demand
+stand-ins, as the stack's SpotCapacity allows), ``spot_instance_types`` (1-6 types of its GPU class; default its
+``instance_type`` alone when it names one, else the stack's SpotInstanceTypes), ``on_demand_base`` (tasks kept on
+on-demand, default 0)."""
+INSTANCE_TYPE_RE = re.compile(r"^[a-z0-9]+\.[a-z0-9]+$")
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,8 @@ class Model:
     served_model: str
     backend_args: Mapping[str, Any] = field(default_factory=dict)
     deploy: Mapping[str, Any] = field(default_factory=dict)
+    multimodal: bool = False
+    """The model takes images (``image_url`` content parts); every other model takes text only."""
 
     @property
     def keys(self) -> Keys:
@@ -76,6 +87,16 @@ class Registry:
 
     def by_queue(self, queue: str) -> Model | None:
         return next((m for m in self.models if m.queue == queue), None)
+
+    @cached_property
+    def created(self) -> int:
+        """When the registry file was last written (Unix seconds, read once): OpenAI's ``created`` of its models."""
+        return int(os.path.getmtime(self.path))
+
+    def multimodal(self, requested: Any) -> bool:
+        """Whether the model a ``body.model`` names takes images (an unknown name: no)."""
+        model = self.resolve(requested) if requested is None or isinstance(requested, str) else None
+        return model is not None and model.multimodal
 
     @property
     def primary(self) -> Model:
@@ -140,6 +161,18 @@ def _mapping(where: _Where, label: str, raw: Any, allowed: set[str]) -> dict[str
     return raw
 
 
+def _check_spot(where: _Where, at: str, deploy: Mapping[str, Any]) -> None:
+    if "spot" in deploy and not isinstance(deploy["spot"], bool):
+        raise where.error(f"{at} deploy.spot", "must be true or false")
+    types = deploy.get("spot_instance_types")
+    if types is not None and (not isinstance(types, list) or not 1 <= len(types) <= 6 or not all(
+            isinstance(t, str) and INSTANCE_TYPE_RE.match(t) for t in types)):
+        raise where.error(f"{at} deploy.spot_instance_types", "must be a list of 1 to 6 instance types (g5.xlarge)")
+    base = deploy.get("on_demand_base")
+    if base is not None and (not isinstance(base, int) or isinstance(base, bool) or base < 0):
+        raise where.error(f"{at} deploy.on_demand_base", "must be an integer >= 0")
+
+
 def _model(where: _Where, index: int, raw: Any, base: Settings) -> Model:
     entry = _mapping(where, f"models[{index}]", raw, _MODEL_FIELDS)
     name = entry.get("name")
@@ -176,17 +209,21 @@ def _model(where: _Where, index: int, raw: Any, base: Settings) -> Model:
     args = backend.get("args", {})
     if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
         raise where.error(f"{at} backend.args", "must be a mapping of argument name to value")
-    deploy = _mapping(where, f"{at} deploy", entry.get("deploy", {}), set(_DEPLOY_FIELDS))
+    deploy = _mapping(where, f"{at} deploy", entry.get("deploy", {}), set(_DEPLOY_FIELDS) | _SPOT_FIELDS)
     for key, kind in _DEPLOY_FIELDS.items():
         value = deploy.get(key)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)
                                   or (isinstance(value, int) and value < 1)):
             raise where.error(f"{at} deploy.{key}", f"must be {'a positive integer' if kind is int else 'a string'}")
+    _check_spot(where, at, deploy)
+    multimodal = entry.get("multimodal", False)
+    if not isinstance(multimodal, bool):
+        raise where.error(f"{at} multimodal", "must be true or false")
     try:
         settings = base.replace(**overrides)
     except SettingsError as exc:  # a combination (scale.min above scale.max, ...) checked by Settings itself
         raise where.error(at, str(exc)) from None
-    return Model(name, tuple(aliases), queue, service, settings, served_model, dict(args), dict(deploy))
+    return Model(name, tuple(aliases), queue, service, settings, served_model, dict(args), dict(deploy), multimodal)
 
 
 def parse(raw: Any, base: Settings, path: str) -> Registry:

@@ -40,8 +40,9 @@ PREFIX = "INFERQ_"
 __all__ = ["PREFIX", "Settings", "SettingsError", "load_or_exit", "window_seconds"]
 
 
-def _setting(default: Any, parse: Callable[[str, str], Any]) -> Any:
-    return field(default=default, metadata={"parse": parse})
+def _setting(default: Any, parse: Callable[[str, str], Any], *, secret: bool = False) -> Any:
+    """A field read from its variable by ``parse``; ``secret``: never in the settings' repr (logs, tracebacks)."""
+    return field(default=default, repr=not secret, metadata={"parse": parse})
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class Settings:
     redis_auth: str | None = field(default=None, repr=False, metadata={"parse": _optional_str})
     redis_max_connections: int = _setting(1000, _int(1))
     queue: str = _setting("default", _queue)
-    api_keys: dict[str, str] | None = _setting(None, _api_keys)
+    api_keys: dict[str, str] | None = _setting(None, _api_keys, secret=True)
     api_keys_secret: str | None = _setting(None, _optional_str)
     api_keys_cache_s: int = _setting(300, _int(0))
     claim_idle_ms: int = _setting(30000, _int(1))
@@ -174,7 +175,7 @@ class Settings:
     drain_s: int = _setting(25, _int(0, 3600))
     backend: str = _setting("mock", _backend)
     openai_base_url: str = _setting("http://127.0.0.1:8000", _http_url)
-    openai_api_key: str | None = _setting(None, _optional_str)
+    openai_api_key: str | None = _setting(None, _optional_str, secret=True)
     vllm_model: str | None = _setting(None, _optional_str)
     metrics_port: int = _setting(9100, _int(0, 65535))
     retry_base_ms: int = _setting(1000, _int(0))
@@ -188,7 +189,9 @@ class Settings:
     scale_gather_s: float = _setting(0.0, _float(0.0))
     scale_tokens_per_s: float = _setting(0.0, _float(0.0))
     scale_drain: bool = _setting(True, _bool)
+    scale_spot_fallback_s: float = _setting(0.0, _float(0.0))
     emulator_boot_s: float = _setting(0.0, _float(0.0))
+    emulator_interrupt_every_s: float = _setting(0.0, _float(0.0))
     scaler_interval_s: float = _setting(60.0, _float(0.1))
     scaler_function: str | None = _setting(None, _optional_str)
     scaler_wake_url: str | None = _setting(None, _optional_str)
@@ -202,7 +205,7 @@ class Settings:
             "(the scaler Lambda reads it at first use, again every 5 minutes); `INFERQ_WEBHOOK_SECRET` wins when set.",
         },
     )
-    webhook_secret: str | None = _setting(None, _optional_str)
+    webhook_secret: str | None = _setting(None, _optional_str, secret=True)
     webhook_max_age_s: int = _setting(3600, _int(1))
     webhook_allow_private: bool = _setting(False, _bool)
     events_maxlen: int = _setting(100000, _int(100))

@@ -5,6 +5,8 @@
   worker runs: read, reclaim, lease, finish, dead-letter), joined in :mod:`.protocol`'s :class:`Queue`, over
   :mod:`.core` (one queue on one Redis client);
 - :mod:`.waiters` (long polls), :mod:`.feed` (the results feed), :mod:`.history` (the console's charts);
-- :mod:`.claimcheck` (bodies and results too large for Redis, in S3), :mod:`.engine_body` (what the engine accepts);
+- :mod:`.claimcheck` (bodies and results too large for Redis, in S3), :mod:`.engine_body` (what the engine accepts:
+  the fields per endpoint) with :mod:`.body_fields` (each field's check), :mod:`.structured` (structured output
+  parsed and bounded) and :mod:`.grammar` (the EBNF grammars);
 - ``scripts/``: the Lua scripts, each safe to resend (G9).
 """

@@ -130,7 +130,8 @@ def test_compose_stop_drains_workers_and_nothing_is_lost(engine: Engine, stack: 
 
 
 def test_files_work_in_the_compose_stack(stack: Stack) -> None:
-    line = b'{"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "mock"}}\n'
+    line = (b'{"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions", '
+            b'"body": {"model": "mock", "messages": [{"role": "user", "content": "c0"}]}}\n')
     with stack.http() as client:
         created = client.post("/v1/files", files={"file": ("in.jsonl", line)}, data={"purpose": "batch"})
         assert created.status_code == 200, f"{created.text}\n{stack.logs(['gateway', 'moto-init'])}"

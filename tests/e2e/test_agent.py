@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import random
 import sys
 import urllib.request
 from collections.abc import AsyncIterator
@@ -199,6 +200,63 @@ async def test_an_emulated_boot_keeps_a_task_pending_and_a_scale_in_cancels_it_f
         assert set(harness.live()) == {"worker-1"}
         assert "started worker-2" not in log.getvalue()
         assert (await harness.service())["pendingCount"] == 0
+    finally:
+        await agent.shutdown()
+        ecs.stop()
+
+
+async def test_a_spot_interruption_stops_a_protected_task_and_replaces_it_at_once(harness: Harness) -> None:
+    """As ECS drains a Spot instance: the task goes whatever its protection, stops counting as running, and its
+    replacement starts while it is still stopping (worker-4 ignores SIGTERM: it lives until the SIGKILL)."""
+    await harness.set_desired(1)
+    await harness.until(lambda: "worker-1" in harness.live())
+    await harness.protected_reported(1)  # worker-1 protects itself
+    status, reply = await call("POST", f"http://127.0.0.1:{harness.agent.port}/interrupt", {"notice_s": 120})
+    assert status == 200 and reply["worker"] == "worker-1" and reply["kill_after_s"] == 1.0  # the stop timeout
+    await harness.until(lambda: "worker-2" in harness.live())
+    assert "stopping worker-1 (Spot interruption, 120s notice): SIGTERM" in harness.log.getvalue()
+    await harness.until(lambda: "worker-1 stopped (exit -15)" in harness.log.getvalue())
+    service = await harness.service()
+    assert (service["desiredCount"], service["runningCount"]) == (1, 1)
+
+    await harness.set_desired(3)  # worker-3, worker-4 (ignores SIGTERM)
+    await harness.until(lambda: {"worker-3", "worker-4"} <= set(harness.live()))
+    await harness.protected_reported(4)
+    assert harness.agent.interrupt("worker-4", notice_s=0.5) is not None
+    await harness.until(lambda: "worker-5" in harness.live())
+    assert "worker-4" not in harness.live() and "worker-4 stopped" not in harness.log.getvalue()  # still stopping
+    await harness.until(lambda: "worker-4 stopped (exit -9)" in harness.log.getvalue())  # the notice's end
+    assert harness.agent.interrupted == 2
+
+
+async def test_the_interrupt_endpoint_names_a_live_worker_or_says_why_not(harness: Harness) -> None:
+    url = f"http://127.0.0.1:{harness.agent.port}/interrupt"
+    assert (await call("POST", url, {}))[0] == 404  # no live task yet
+    await harness.set_desired(1)
+    await harness.until(lambda: "worker-1" in harness.live())
+    for body in ({"notice_s": -1}, {"notice_s": "soon"}, {"worker": 3}, [1]):
+        status, reply = await call("POST", url, body)
+        assert status == 400 and reply["error"]["type"] == "invalid_request", body
+    status, reply = await call("POST", url, {"worker": "worker-9"})
+    assert status == 404 and "worker-9" in reply["error"]["message"]
+    assert (await call("GET", url))[0] == 405
+    assert set(harness.live()) == {"worker-1"}  # none of these interrupted anything
+
+
+async def test_random_interruptions_keep_the_service_whole() -> None:
+    """INFERQ_EMULATOR_INTERRUPT_EVERY_S: every task is interrupted after a random time, and replaced."""
+    log = io.StringIO()
+    ecs = MotoEcs(Names("agent-spot", "agent-spot-workers"), stop_timeout_s=1)
+    await asyncio.to_thread(ecs.start)
+    agent = await EcsAgent(ecs, LogSink(log), {"PYTHONUNBUFFERED": "1"}, stop_timeout_s=1.0,
+                           interrupt_every_s=0.3, rng=random.Random(7),
+                           worker_argv=[sys.executable, "-c", TASK]).start()
+    harness = Harness(ecs, agent, log)
+    try:
+        await harness.set_desired(2)
+        await harness.until(lambda: agent.interrupted >= 3, timeout=30)
+        await harness.until(lambda: len(harness.live()) == 2)
+        assert log.getvalue().count("(Spot interruption, 120s notice)") == agent.interrupted
     finally:
         await agent.shutdown()
         ecs.stop()

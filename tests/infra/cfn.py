@@ -110,7 +110,11 @@ class Resolver:
         if function == "Ref":
             if args == "AWS::NoValue":
                 return NO_VALUE
-            if args in self.template.get("Parameters", {}) or args.startswith("AWS::"):
+            if args in self.template.get("Parameters", {}):
+                kind = str(self.template["Parameters"][args].get("Type", ""))
+                value = self.parameter(args)
+                return value.split(",") if kind.startswith(("CommaDelimitedList", "List<")) else value
+            if args.startswith("AWS::"):
                 return self.parameter(args)
             return (self.attributes or {}).get(args, args)
         if function == "Fn::GetAtt":
@@ -144,6 +148,14 @@ class Resolver:
             return self.template["Mappings"][name][top][second]
         if function == "Fn::Sub" and isinstance(args, str):
             return re.sub(r"\$\{([^}!]+)\}", lambda m: str(self._substitute(m.group(1))), args)
+        if function == "Fn::Sub":
+            text, variables = args
+            local = {k: self.value(v) for k, v in variables.items()}
+
+            def substitute(name: str) -> str:
+                return str(local[name]) if name in local else str(self._substitute(name))
+
+            return re.sub(r"\$\{([^}!]+)\}", lambda m: substitute(m.group(1)), text)
         raise NotImplementedError(f"{function} in {node}")
 
 

@@ -187,6 +187,13 @@ def _task_protection(action: str) -> Rule:
     return rule
 
 
+def _list_tasks(p: Mapping[str, Any], n: Names) -> list[Request]:
+    # ListTasks authorizes on the cluster's container instances, with the cluster as its condition key
+    cluster = _cluster_name(p)
+    return [Request("ecs:ListTasks", f"arn:aws:ecs:{REGION}:{ACCOUNT}:container-instance/{cluster}/*",
+                    {"ecs:cluster": ecs_cluster(cluster)})]
+
+
 def _kms(action: str) -> Rule:
     def rule(p: Mapping[str, Any], n: Names) -> list[Request]:
         key = str(p.get("KeyId") or "")
@@ -221,6 +228,8 @@ AUTHORIZATION: dict[tuple[str, str], Rule] = {
     ("ecs", "UpdateService"): _update_service,
     ("ecs", "UpdateTaskProtection"): _task_protection("ecs:UpdateTaskProtection"),
     ("ecs", "GetTaskProtection"): _task_protection("ecs:GetTaskProtection"),
+    ("ecs", "ListTasks"): _list_tasks,
+    ("ecs", "DescribeTasks"): _task_protection("ecs:DescribeTasks"),
     ("kms", "GenerateDataKey"): _kms("GenerateDataKey"),
     ("kms", "Decrypt"): _kms("Decrypt"),
     ("kms", "Encrypt"): _kms("Encrypt"),

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from .iam_calls import ACCOUNT, REGION
 from .iam_stack import API_KEY, BUCKET, CLUSTER, TASK_ID, TENANT, Stack
 
 A = {"Authorization": f"Bearer {API_KEY}"}
@@ -279,6 +280,14 @@ async def gateway_uploads(stack: Stack) -> None:
 
 @flow("gateway", "wakes the scaler")
 async def gateway_wakes_the_scaler(stack: Stack) -> None:
+    from inferq.queue.keys import Keys
+
+    with stack.acting(None):  # no wake-up in the last seconds (an earlier flow's submit may have made one)
+        redis = admin_redis(stack)
+        try:
+            await redis.delete(Keys(stack.roles["gateway"].env.get("INFERQ_QUEUE", "default")).wake)
+        finally:
+            await redis.aclose()
     async with gateway(stack) as client:
         # the fleet is at zero (no decision yet): a submit wakes the scaler by an asynchronous invoke
         answer = await as_gateway(stack, client.post("/v1/jobs", headers=A, json=chat("wake up")))
@@ -307,6 +316,35 @@ async def scaler_ticks(stack: Stack) -> None:
         finally:
             scaler_app.reset()
     assert ticked["errors"] == [] and ticked["desired"] >= 1 and ticked["changes"] >= 1, ticked
+    await work_until_idle(stack, protected=False)
+
+
+@flow("scaler", "Spot is short: an on-demand stand-in on the fallback service")
+async def scaler_stands_in_for_spot(stack: Stack) -> None:
+    from moto.ecs.models import ecs_backends
+
+    from functions.scaler import app as scaler_app
+    from tests.integration.scaler.test_handler import LambdaContext, scheduled
+
+    from .iam_stack import FALLBACK, SERVICE
+
+    async with gateway(stack) as client:
+        answer = await as_gateway(stack, client.post("/v1/jobs", headers=A, json=chat("waits for Spot")))
+        assert answer.status_code == 202, answer.text
+    with stack.acting(None):  # ECS asked for one Spot task and found no instance for it (moto reports it pending)
+        spot = ecs_backends[ACCOUNT][REGION].services[f"{CLUSTER}:{SERVICE}"]
+        spot.desired_count, spot.running_count, spot.pending_count = 1, 0, 1
+    with stack.acting("scaler"):
+        scaler_app.reset()
+        try:
+            ticked = scaler_app.handler(scheduled(), LambdaContext(remaining_ms=500))
+        finally:
+            scaler_app.reset()
+    assert ticked["errors"] == [], ticked
+    with stack.acting(None):
+        fallback = ecs_backends[ACCOUNT][REGION].services[f"{CLUSTER}:{FALLBACK}"]
+        assert fallback.desired_count == 1  # the stand-in
+        fallback.desired_count = spot.desired_count = spot.pending_count = 0
     await work_until_idle(stack, protected=False)
 
 

@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from botocore.awsrequest import AWSResponse
@@ -34,6 +35,7 @@ from botocore.handlers import BUILTIN_HANDLERS
 
 from emulator.valkey import ValkeyProcess
 from inferq.redis import acl
+from inferq.scaling.capacity import fallback_service
 
 from .cfn import NESTED, NO_VALUE, TEMPLATE, Resolver, load
 from .iam_calls import ACCOUNT, REGION, Names, Recorder
@@ -41,6 +43,8 @@ from .iam_policy import Policy
 
 BUCKET = "inferq-files-iam"
 CLUSTER, SERVICE = "inferq", "gpu-workers"
+FALLBACK = fallback_service(SERVICE)
+SPOT_TASK = f"arn:aws:ecs:us-east-1:123456789012:task/{CLUSTER}/spot-waiting"
 SCALER_FUNCTION = "inferq-ScalerFunction-IAMTEST"
 API_KEY, TENANT = "key-tenant-a-0001", "tenant-a"
 WEBHOOK_KEY = "whsec_dGVzdCBzaWduaW5nIGtleQ=="
@@ -165,6 +169,7 @@ def resolve_values(valkey: ValkeyProcess) -> tuple[dict[str, str], Names]:
         "Gpu.Outputs.ClusterArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/{CLUSTER}",
         "Gpu.Outputs.ServiceName": SERVICE,
         "Gpu.Outputs.ServiceArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:service/{CLUSTER}/{SERVICE}",
+        "Gpu.Outputs.FallbackServiceArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:service/{CLUSTER}/{FALLBACK}",
         "Gpu.Outputs.TaskDefinitionArn": f"arn:aws:ecs:{REGION}:{ACCOUNT}:task-definition/inferq-worker:1",
         "Gpu.Outputs.CapacityProviderName": "inferq-gpu",
         "Network.Outputs.PrivateSubnetIds": "subnet-0a,subnet-0b",
@@ -184,7 +189,8 @@ def resolve_values(valkey: ValkeyProcess) -> tuple[dict[str, str], Names]:
     ecs.create_cluster(clusterName=CLUSTER)
     ecs.register_task_definition(family="inferq-worker",
                                  containerDefinitions=[{"name": "worker", "image": "w", "memory": 512}])
-    ecs.create_service(cluster=CLUSTER, serviceName=SERVICE, taskDefinition="inferq-worker", desiredCount=0)
+    for service in (SERVICE, FALLBACK):  # the Spot service and its on-demand fallback (the stack's default)
+        ecs.create_service(cluster=CLUSTER, serviceName=service, taskDefinition="inferq-worker", desiredCount=0)
     return values, Names()
 
 
@@ -289,6 +295,11 @@ STUBBED: dict[str, dict[str, Any]] = {
     # moto has no task protection; what ECS answers (UpdateTaskProtection / GetTaskProtection)
     "before-call.ecs.UpdateTaskProtection": {"protectedTasks": [], "failures": []},
     "before-call.ecs.GetTaskProtection": {"protectedTasks": [], "failures": []},
+    # moto starts no task for a service, and none of its own waits for an instance: a Spot task ECS has been trying
+    # to place since long ago (the scaler asks only while the service counts a task starting)
+    "before-call.ecs.ListTasks": {"taskArns": [SPOT_TASK]},
+    "before-call.ecs.DescribeTasks": {"tasks": [{"taskArn": SPOT_TASK, "lastStatus": "PROVISIONING",
+                                                  "createdAt": datetime(2026, 1, 1, tzinfo=UTC)}], "failures": []},
 }
 
 

@@ -20,6 +20,7 @@ import pytest
 from cfnlint import api as cfn_lint
 
 from inferq.config.settings import Settings
+from inferq.scaling.capacity import fallback_service
 from scripts import gen_model_stacks
 from scripts.deploy_registry import RegistryError
 
@@ -37,14 +38,17 @@ models:
       kind: vllm
       args: {model: Qwen/Qwen2.5-1.5B-Instruct, max_model_len: 4096, enforce_eager: true, disable_log_stats: false,
              override_generation_config: {temperature: 0.5}, allowed_origins: [a, b]}
-    deploy: {instance_type: g6.xlarge, gpus: 1, memory_mib: 15000}
+    deploy: {instance_type: g6.xlarge, gpus: 1, memory_mib: 15000, spot_instance_types: [g6.xlarge, g6.2xlarge],
+             on_demand_base: 1}
   - name: embed.small
     queue: embed
     backend: {kind: mock}
-    deploy: {instance_type: g5.2xlarge, image: 123456789012.dkr.ecr.us-east-1.amazonaws.com/inferq-worker:embed}
+    deploy: {instance_type: g5.2xlarge, image: 123456789012.dkr.ecr.us-east-1.amazonaws.com/inferq-worker:embed,
+             spot: false}
 """
 MODELS = {"Chat": ("chat", "chat", "inferq-chat"), "EmbedSmall": ("embed.small", "embed", "inferq-embed")}
 FLEET = ("LaunchTemplate", "AutoScalingGroup", "CapacityProvider", "TaskDefinition", "Service")
+SPOT = ("SpotAutoScalingGroup", "SpotCapacityProvider", "FallbackService")
 
 
 @pytest.fixture(scope="module")
@@ -162,9 +166,10 @@ def test_each_model_has_its_own_fleet_in_the_one_cluster(gpu: dict[str, Any]) ->
         assert properties["Cluster"] == {"Ref": "Cluster"}
         assert properties["TaskDefinition"] == {"Ref": f"TaskDefinition{suffix}"}
         assert properties["DesiredCount"] == 0
-        assert properties["CapacityProviderStrategy"][0]["CapacityProvider"] == {"Ref": f"CapacityProvider{suffix}"}
-    associations = resources["ClusterCapacityProviders"]["Properties"]["CapacityProviders"]
-    assert associations == [{"Ref": f"CapacityProvider{s}"} for s in MODELS]
+        strategy = Resolver(gpu).value(properties["CapacityProviderStrategy"])
+        assert strategy[0]["CapacityProvider"] == f"CapacityProvider{suffix}"  # on-demand: the base, or all
+    associations = Resolver(gpu).value(resources["ClusterCapacityProviders"]["Properties"]["CapacityProviders"])
+    assert associations == ["CapacityProviderChat", "CapacityProviderEmbedSmall", "SpotCapacityProviderChat"]
     instance_types = {s: resources[f"LaunchTemplate{s}"]["Properties"]["LaunchTemplateData"]["InstanceType"]
                       for s in MODELS}
     assert instance_types == {"Chat": "g6.xlarge", "EmbedSmall": "g5.2xlarge"}
@@ -172,6 +177,44 @@ def test_each_model_has_its_own_fleet_in_the_one_cluster(gpu: dict[str, Any]) ->
     assert resources["AutoScalingGroupChat"]["Properties"]["MaxSize"] == "3"
     assert resources["AutoScalingGroupEmbedSmall"]["Properties"]["MaxSize"] == {"Ref": "MaxInstances"}
     assert "InstanceType" not in gpu["Parameters"]  # every model names its own: no unused parameter left
+
+
+def test_a_model_runs_on_spot_of_its_own_types_with_its_fallback_unless_it_opts_out(
+    gpu: dict[str, Any], generated: Path, root: dict[str, Any]
+) -> None:
+    resources = gpu["Resources"]
+    assert {f"{r}Chat" for r in SPOT} <= set(resources)
+    assert not {f"{r}EmbedSmall" for r in SPOT} & set(resources)  # deploy.spot: false
+    group = resources["SpotAutoScalingGroupChat"]["Properties"]
+    assert group["MixedInstancesPolicy"]["LaunchTemplate"]["Overrides"] == [
+        {"InstanceType": "g6.xlarge"}, {"InstanceType": "g6.2xlarge"}]
+    assert group["MixedInstancesPolicy"]["LaunchTemplate"]["LaunchTemplateSpecification"]["LaunchTemplateId"] == {
+        "Ref": "LaunchTemplateChat"}
+    assert group["MaxSize"] == "3"
+    provider = resources["SpotCapacityProviderChat"]["Properties"]["AutoScalingGroupProvider"]
+    assert provider["AutoScalingGroupArn"] == {"Ref": "SpotAutoScalingGroupChat"}
+    strategy = Resolver(gpu).value(resources["ServiceChat"]["Properties"]["CapacityProviderStrategy"])
+    assert strategy == [{"CapacityProvider": "CapacityProviderChat", "Base": 1, "Weight": "0"},
+                        {"CapacityProvider": "SpotCapacityProviderChat", "Weight": 10}]
+    fallback = resources["FallbackServiceChat"]["Properties"]
+    assert fallback["ServiceName"] == fallback_service("inferq-chat")
+    assert fallback["TaskDefinition"] == {"Ref": "TaskDefinitionChat"}
+    assert fallback["CapacityProviderStrategy"] == [{"CapacityProvider": {"Ref": "CapacityProviderChat"}, "Weight": 1}]
+    embed = resources["ServiceEmbedSmall"]["Properties"]
+    assert embed["CapacityProviderStrategy"] == [
+        {"CapacityProvider": {"Ref": "CapacityProviderEmbedSmall"}, "Weight": 1, "Base": 0}]
+    # the scaler sizes chat's fallback service, and no fallback for embed, which has none
+    entries = {e["name"]: e for e in json.loads(
+        (generated / "infra" / "registry" / "inferq" / "models.json").read_text())["models"]}
+    assert entries["embed.small"]["scale"]["spot_fallback_s"] == 0 and "scale" in entries["chat"]
+    assert "spot_fallback_s" not in entries["chat"]["scale"]
+    role = root["Resources"]["ScalerFunction"]["Properties"]["Role"]["Fn::GetAtt"][0]
+    updates = [s["Resource"] for owner, s in role_statements(root)
+               if owner == role and "ecs:UpdateService" in as_list(s["Action"])]
+    assert Resolver(root).value(updates) == [[
+        "Gpu.Outputs.ServiceChatArn", "Gpu.Outputs.ServiceEmbedSmallArn", "Gpu.Outputs.FallbackServiceChatArn"]]
+    assert Resolver(root, overrides={"SpotCapacity": "disabled"}).value(updates) == [[
+        "Gpu.Outputs.ServiceChatArn", "Gpu.Outputs.ServiceEmbedSmallArn"]]
 
 
 def test_the_vllm_sidecar_runs_the_registry_args_and_a_mock_model_gets_no_gpu(gpu: dict[str, Any]) -> None:
@@ -280,10 +323,16 @@ def test_the_scaler_may_update_exactly_the_models_services(root: dict[str, Any],
     role = root["Resources"]["ScalerFunction"]["Properties"]["Role"]["Fn::GetAtt"][0]
     ecs = [s for owner, s in role_statements(root) if owner == role
            and any(a.startswith("ecs:") for a in as_list(s["Action"]))]
-    assert sorted(a for s in ecs for a in as_list(s["Action"])) == ["ecs:DescribeServices", "ecs:UpdateService"]
-    for statement in ecs:
-        outputs = [r["Fn::GetAtt"] for r in statement["Resource"]]
+    assert sorted(a for s in ecs for a in as_list(s["Action"])) == [
+        "ecs:DescribeServices", "ecs:DescribeTasks", "ecs:ListTasks", "ecs:UpdateService"]
+    services = [s for s in ecs if as_list(s["Action"])[0].endswith("Services") or "UpdateService" in s["Action"]]
+    for statement in services:  # and, with Spot, the Spot models' fallback services (test above)
+        outputs = [r["Fn::GetAtt"] for r in statement["Resource"] if "Fn::GetAtt" in r]
         assert outputs == [["Gpu", f"Outputs.Service{s}Arn"] for s in MODELS]
+    for statement in ecs:  # the Spot tasks' waits: read-only, in the one cluster
+        if statement not in services:
+            cluster = {"Fn::GetAtt": ["Gpu", "Outputs.ClusterArn"]}
+            assert statement["Condition"] == {"ArnEquals": {"ecs:cluster": cluster}}
     # the count and nothing else, on any of the models' task definitions and capacity providers
     update = next(s for s in ecs if as_list(s["Action"]) == ["ecs:UpdateService"])["Condition"]
     assert update["ArnEqualsIfExists"]["ecs:task-definition"] == [
@@ -327,10 +376,10 @@ def test_without_a_registry_the_deployment_is_one_service_and_the_generator_chan
     gen_model_stacks.generate(registry, tmp_path)
     assert {p: p.read_bytes() for p in before} == before
     gpu = load(NESTED["gpu"])
-    kinds = [r["Type"] for r in gpu["Resources"].values()]
+    kinds = [r["Type"] for r in gpu["Resources"].values() if r.get("Condition") != "UseSpot"]
     for kind in ("AWS::ECS::Service", "AWS::ECS::TaskDefinition", "AWS::ECS::CapacityProvider",
                  "AWS::AutoScaling::AutoScalingGroup"):
-        assert kinds.count(kind) == 1, kind
+        assert kinds.count(kind) == 1, kind  # and with Spot, its group, provider and on-demand fallback service
     assert load(TEMPLATE)["Resources"]["Gpu"]["Properties"]["TemplateURL"] == "infra/gpu.yaml"
     monkeypatch.delenv("INFERQ_MODELS", raising=False)
     with pytest.raises(SystemExit) as stopped:

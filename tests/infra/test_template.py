@@ -261,10 +261,12 @@ def test_gateway_may_invoke_only_the_scaler_and_read_only_its_secrets(translated
 
 
 def test_scaler_may_update_only_the_gpu_service(translated: dict[str, Any]) -> None:
+    """The GPU service, and with Spot (the default) its on-demand fallback service: nothing else."""
     role = role_of(translated, "ScalerFunction")
-    service = {"Fn::GetAtt": ["Gpu", "Outputs.ServiceArn"]}
-    assert allowed(translated, role, "ecs:UpdateService") == [service]
-    assert allowed(translated, role, "ecs:DescribeServices") == [service]
+    for action in ("ecs:UpdateService", "ecs:DescribeServices"):
+        (resource,) = allowed(translated, role, action)
+        assert Resolver(translated).value(resource) == ["Gpu.Outputs.ServiceArn", "Gpu.Outputs.FallbackServiceArn"]
+        assert Resolver(translated, overrides={"SpotCapacity": "disabled"}).value(resource) == "Gpu.Outputs.ServiceArn"
     assert allowed(translated, role, "secretsmanager:GetSecretValue") != []
     assert allowed(translated, role, "lambda:InvokeFunction") == []
     api_keys = [r for r in allowed(translated, role, "secretsmanager:GetSecretValue") if r == {"Ref": "ApiKeysSecret"}]
@@ -431,7 +433,8 @@ def test_gpu_fleet_scales_from_zero_on_a_managed_capacity_provider(nested: dict[
     assert provider["ManagedDraining"] == "ENABLED"
     service = resources["Service"]["Properties"]
     assert service["DesiredCount"] == 0
-    assert service["CapacityProviderStrategy"][0]["CapacityProvider"] == {"Ref": "CapacityProvider"}
+    on_demand = Resolver(gpu, overrides={"SpotCapacity": "disabled"}).value(service["CapacityProviderStrategy"])
+    assert [item["CapacityProvider"] for item in on_demand] == ["CapacityProvider"]  # tests/infra/test_spot.py: Spot
     assert "LaunchType" not in service
 
 
@@ -447,7 +450,7 @@ def test_gpu_task_runs_vllm_and_a_worker_that_waits_for_it(nested: dict[str, dic
     # started beside the model server: the worker waits for /health itself (tests/integration/worker/test_boot.py)
     assert worker["DependsOn"] == [{"ContainerName": "vllm", "Condition": "START"}]
     assert vllm["Essential"] is True and worker["Essential"] is True  # either dying stops the task
-    assert worker["StopTimeout"] == 120
+    assert worker["StopTimeout"] + vllm["StopTimeout"] <= 120  # within a Spot notice (tests/infra/test_spot.py)
     env = Resolver(
         nested["gpu"], overrides={"RedisUrl": "rediss://cache:6379/0", "RedisAuthSecretArn": "arn:secret"}
     ).value(worker["Environment"])

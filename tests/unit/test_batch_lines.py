@@ -17,7 +17,8 @@ def chunked(data: bytes, size: int) -> Iterator[bytes]:
 
 def request(custom_id: str, **extra: object) -> bytes:
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-                       "body": {"model": "m"}, **extra}).encode()
+                       "body": {"model": "m", "messages": [{"role": "user", "content": custom_id}]},
+                       **extra}).encode()
 
 
 def test_lines_are_the_same_whatever_the_chunking_and_offsets_resume_exactly() -> None:

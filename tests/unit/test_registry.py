@@ -119,3 +119,13 @@ def test_a_worker_serves_the_model_inferq_model_names() -> None:
 def test_a_registry_job_id_carries_its_queue() -> None:
     assert queue_of_job("job_" + "a" * 26 + "_chat-2") == "chat-2"
     assert queue_of_job("job_" + "a" * 26) is None
+
+
+def test_only_a_model_marked_multimodal_takes_images() -> None:
+    registry = registry_of({"default": "vision", "models": [
+        {"name": "vision", "aliases": ["vl"], "multimodal": True}, {"name": "text"}]})
+    assert [m.multimodal for m in registry.models] == [True, False]
+    assert registry.multimodal("vl") and registry.multimodal(None)  # an alias; the default model
+    assert not registry.multimodal("text") and not registry.multimodal("unknown") and not registry.multimodal(3)
+    with pytest.raises(SettingsError, match="multimodal: must be true or false"):
+        registry_of({"models": [{"name": "m", "multimodal": "yes"}]})

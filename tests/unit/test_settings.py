@@ -226,3 +226,16 @@ def test_the_environment_scan_finds_each_kind_of_read(tmp_path: Path) -> None:
     names, unknown = environment_reads(module, tmp_path)
     assert names == {"A", "B", "C1", "C2", "D", "E", "F"}
     assert unknown == ["probe.py:10: compute()"]
+
+
+def test_no_secret_setting_reaches_a_repr() -> None:
+    """Settings end up in logs and tracebacks: the API keys, the model server's key, the webhook key and the cache
+    credentials never appear in their repr (issue 47, L3)."""
+    secrets = {"api_keys": {"tenant": "key-9d1c-secret"}, "openai_api_key": "sk-9d1c-secret",
+               "webhook_secret": "whsec_OWQxYy1zZWNyZXQ=", "redis_auth": '{"token": "9d1c-token"}'}
+    shown = repr(Settings(**secrets))
+    for name, value in secrets.items():
+        assert re.search(rf"\b{name}=", shown) is None, name
+        assert str(value) not in shown
+    hidden = {f.name for f in dataclasses.fields(Settings) if not f.repr}
+    assert hidden >= set(secrets)

@@ -18,7 +18,8 @@ from .conftest import AppFactory
 from .support import CHAT, A, B
 
 BUCKET = "inferq-gateway-files"
-LINE = json.dumps({"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}})
+LINE = json.dumps({"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions",
+                   "body": {"model": "m", "messages": [{"role": "user", "content": "c0"}]}})
 
 
 @pytest.fixture

@@ -49,7 +49,7 @@ REQUESTS: list[tuple[str, str, dict[str, str], Any]] = [
     ("POST", "/v1/jobs", A, CHAT),
     ("POST", "/v1/jobs", {**A, "Idempotency-Key": "same-key"}, CHAT),  # 202, then an idempotent replay (200)
     ("POST", "/v1/jobs", {**A, "Idempotency-Key": "same-key"}, CHAT),
-    ("POST", "/v1/jobs", {**A, "Idempotency-Key": "same-key"}, {"body": {"model": "other"}}),  # 409
+    ("POST", "/v1/jobs", {**A, "Idempotency-Key": "same-key"}, {"body": {**CHAT["body"], "model": "other"}}),  # 409
     ("POST", "/v1/jobs", {**A, "Idempotency-Key": ""}, CHAT),  # declined by the fast path: FastAPI's 422
     ("POST", "/v1/jobs", {**A, "Idempotency-Key": "k" * 300}, CHAT),
     ("POST", "/v1/jobs", {**A, "Idempotency-Key": "x"}, {**CHAT, "idempotency_key": "y"}),  # header and body differ

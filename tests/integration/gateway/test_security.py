@@ -76,15 +76,13 @@ async def test_a_deeply_nested_schema_is_refused_without_a_server_error(
 
 
 @pytest.mark.parametrize("body", [
-    {"guided_json": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}},
-    {"guided_json": '{"type": "string"}'},
-    {"guided_regex": r"\d{3}-[a-z]+"},
-    {"guided_choice": ["yes", "no"]},
     {"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}},
     {"response_format": {"type": "json_object"}},
     {"structured_outputs": {"json": {"type": "number"}}},
     {"n": 2, "max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "seed": 7, "stop": ["\n"], "user": "u-1",
-     "stream": False, "logprobs": True, "top_logprobs": 3, "some_engine_extra": {"kept": True}},
+     "stream": False, "logprobs": True, "top_logprobs": 3},
+    # vLLM's sampling extras (issue 47)
+    {"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1, "seed": 1234, "response_format": {"type": "json_object"}},
     {"mock": {"latency_ms": 5, "fail_attempts": 1}},
 ])
 async def test_ordinary_openai_requests_and_the_mock_controls_are_accepted_as_they_are(
@@ -94,6 +92,42 @@ async def test_ordinary_openai_requests_and_the_mock_controls_are_accepted_as_th
     assert response.status_code == 202, response.text
     stored = await queue.get(response.json()["id"], "tenant-a")
     assert stored is not None and stored.body == {**CHAT["body"], **body}
+
+
+@pytest.mark.parametrize(("body", "outputs"), [
+    ({"guided_json": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}},
+     {"json": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}),
+    ({"guided_json": '{"type": "string"}'}, {"json": '{"type": "string"}'}),
+    ({"guided_regex": r"\d{3}-[a-z]+"}, {"regex": r"\d{3}-[a-z]+"}),
+    ({"guided_choice": ["yes", "no"]}, {"choice": ["yes", "no"]}),
+])
+async def test_the_guided_fields_are_queued_as_the_structured_outputs_vllm_reads(
+    client: httpx.AsyncClient, queue: Queue, body: dict[str, Any], outputs: dict[str, Any]
+) -> None:
+    response = await client.post("/v1/jobs", json=_job(**body), headers=A)
+    assert response.status_code == 202, response.text
+    stored = await queue.get(response.json()["id"], "tenant-a")
+    assert stored is not None and stored.body == {**CHAT["body"], "structured_outputs": outputs}
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"guided_grammar": "((((("}, "guided_grammar"),
+    ({"guided_json": {"type": "object"}, "guided_whitespace_pattern": "(["}, "guided_whitespace_pattern"),
+    ({"guided_regex": "(a{65535}){65535}"}, "guided_regex"),
+    ({"guided_json": {"type": "string", "minLength": 1e8}}, "guided_json"),
+    ({"chat_template_kwargs": {"chat_template": "{{ 7*7 }}"}}, "chat_template_kwargs.chat_template"),
+    ({"structural_tag": {"structures": [], "triggers": []}}, "structural_tag"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
+        "url": "https://example.com/cat.png"}}]}]}, "messages[0].content[0].image_url"),
+    ({"some_engine_extra": {"kept": True}}, "some_engine_extra"),
+])
+async def test_what_the_review_found_accepted_is_now_422_naming_the_field(
+    client: httpx.AsyncClient, queue: Queue, body: dict[str, Any], field: str
+) -> None:
+    response = await client.post("/v1/jobs", json=_job(**body), headers=A)
+    data = assert_envelope(response, 422, "invalid_request")
+    assert data["error"]["message"].startswith(f"body.{field}:"), data
+    assert await _queued(queue) == 0
 
 
 async def test_a_completions_request_takes_logprobs_as_a_count(client: httpx.AsyncClient) -> None:

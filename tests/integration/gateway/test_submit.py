@@ -29,7 +29,8 @@ def assert_envelope(response: httpx.Response, status: int, type_: str | None = N
 
 
 async def test_submit_answers_202_with_the_job_and_its_location(client: httpx.AsyncClient, queue: Queue) -> None:
-    request = {**CHAT, "url": "/v1/completions", "metadata": {"k": "v"}, "timeout_s": 30, "ttl_s": 60,
+    request = {"body": {"model": "m", "prompt": "hi"}, "url": "/v1/completions", "metadata": {"k": "v"},
+               "timeout_s": 30, "ttl_s": 60,
                "webhook_url": "https://hooks.example.com/done"}
     response = await client.post("/v1/jobs", json=request, headers=A)
     assert response.status_code == 202, response.text
@@ -42,7 +43,7 @@ async def test_submit_answers_202_with_the_job_and_its_location(client: httpx.As
     assert job["metadata"] == {"k": "v"} and job["attempts"] == 1 and job["dead_lettered"] is False
     stored = await queue.get(job["id"])
     assert stored is not None
-    assert stored.tenant == "tenant-a" and stored.body == CHAT["body"]
+    assert stored.tenant == "tenant-a" and stored.body == request["body"]
     assert (stored.timeout_s, stored.ttl_s, stored.webhook_url) == (30, 60, "https://hooks.example.com/done")
     assert await queue.redis.xlen(queue.keys.stream) == 1
 
@@ -86,14 +87,14 @@ async def test_header_and_body_keys_that_differ_are_422(client: httpx.AsyncClien
 
 async def test_same_key_with_another_request_is_409(client: httpx.AsyncClient) -> None:
     await client.post("/v1/jobs", json={**CHAT, "idempotency_key": "k"}, headers=A)
-    other = {"body": {"model": "other"}, "idempotency_key": "k"}
+    other = {"body": {**CHAT["body"], "model": "other"}, "idempotency_key": "k"}
     assert_envelope(await client.post("/v1/jobs", json=other, headers=A), 409, "idempotency_conflict")
 
 
 async def test_idempotency_keys_are_per_tenant(client: httpx.AsyncClient) -> None:
     request = {**CHAT, "idempotency_key": "shared"}
     a = await client.post("/v1/jobs", json=request, headers=A)
-    b = await client.post("/v1/jobs", json={"body": {"x": 1}, "idempotency_key": "shared"}, headers=B)
+    b = await client.post("/v1/jobs", json={"body": {**CHAT["body"], "n": 2}, "idempotency_key": "shared"}, headers=B)
     assert a.status_code == b.status_code == 202
     assert a.json()["id"] != b.json()["id"]
 
@@ -212,7 +213,7 @@ async def test_over_the_body_limit_is_413_by_content_length_without_parsing(
     # Not JSON at all: a parser would say 422. 413 proves the size was checked first.
     response = await client.post("/v1/jobs", content=b"x" * 1025, headers=A)
     assert_envelope(response, 413, "request_too_large")
-    fits = {"body": {"prompt": "y" * 900}}
+    fits = {"url": "/v1/completions", "body": {"prompt": "y" * 900}}
     assert (await client.post("/v1/jobs", json=fits, headers=A)).status_code == 202
 
 
