@@ -59,24 +59,33 @@ def record_fields(request: JobRequest, count_tokens: bool = False, model: bool =
     ``INFERQ_SCALE_TOKENS_PER_S`` > 0): the job's expected tokens too, which the queue's ``backlog_tokens`` counts;
     off, the record and the scripts do no work for a figure nobody reads. ``model`` (a single queue, no registry,
     metering on): ``body.model`` as field ``model``, the model its usage is counted under (a registry's queue is one
-    model's, which the reader of usage names)."""
+    model's, which the reader of usage names). Field ``hold``: the bytes of what the tenant chose that the record
+    keeps after the job ends (its metadata, webhook URL, model), part of what the tenant is charged for it then
+    (:mod:`inferq.queue.holds`)."""
     fields: list[Any] = []
+    hold = 0
     if count_tokens:  # first: enqueue.lua adds it to the queue's backlog_tokens from that place
         fields += ["tokens", expected_tokens(request.body)]
     fields += ["url", request.url, "body", fastjson.dumps(request.body), "lane", request.priority.value]
     named = request.body.get("model") if model else None
     if isinstance(named, str) and named:
         fields += ["model", named[:MODEL_MAX]]
+        hold += len(named[:MODEL_MAX].encode())
     if request.metadata:
-        fields += ["metadata", fastjson.dumps(request.metadata)]
+        metadata = fastjson.dumps(request.metadata)
+        fields += ["metadata", metadata]
+        hold += len(metadata)
     if request.timeout_s is not None:
         fields += ["timeout_s", request.timeout_s]
     if request.ttl_s is not None:
         fields += ["ttl_s", request.ttl_s]
     if request.webhook_url:
         fields += ["webhook_url", request.webhook_url]
+        hold += len(request.webhook_url.encode())
     if request.traceparent:
         fields += ["trace", request.traceparent]
+    if hold:
+        fields += ["hold", hold]
     return fields
 
 

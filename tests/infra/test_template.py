@@ -8,6 +8,7 @@ IAM scoped to single resources.
 from __future__ import annotations
 
 import json
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -631,3 +632,15 @@ def test_memorydb_is_a_durable_cache_option_behind_the_same_url_and_token(
     cache_parameters = translated["Resources"]["Cache"]["Properties"]["Parameters"]
     assert cache_parameters["Mode"] == {"Ref": "CacheMode"}
     assert cache_parameters["MemoryDbNodeType"] == {"Ref": "MemoryDbNodeType"}
+
+
+def test_the_gateway_concurrency_one_tenant_can_take_is_what_the_docs_state(source: dict[str, Any]) -> None:
+    """G11: a wait holds a gateway execution; one tenant holds at most TenantMaxWaits of the reserved ones, and
+    docs/operations.md ("Sizing the gateway") says how many tenants at the cap fill the reservation."""
+    waits = int(source["Parameters"]["TenantMaxWaits"]["Default"])
+    reserved = int(source["Parameters"]["GatewayReservedConcurrency"]["Default"])
+    assert 0 < waits < reserved  # one tenant alone can never take the gateway
+    page = (ROOT / "docs" / "operations.md").read_text()
+    stated = re.search(r"At the defaults one tenant can hold (\d+) of the (\d+) reserved executions", page)
+    assert stated is not None and (int(stated.group(1)), int(stated.group(2))) == (waits, reserved)
+    assert f"**{math.ceil(reserved / waits)} tenants at the cap together**" in page

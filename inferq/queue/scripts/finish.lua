@@ -68,7 +68,7 @@ for i = 0, (#KEYS - 6) / 3 - 1 do
   local entryId, newStatus, resultJson, errorJson, lease, call = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
     ARGV[a + 4], ARGV[a + 5]
   local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 'refused', 'tenant',
-    'webhook_url', 'created_at', 'tokens')
+    'webhook_url', 'created_at', 'tokens', 'hold')
   local refusal = settleGuard(streamKey, statsKey, jobKey, entryId, lease, call, job, true)
   if refusal then
     replies[i + 1] = refusal
@@ -99,7 +99,7 @@ for i = 0, (#KEYS - 6) / 3 - 1 do
     extra[#extra + 1] = call .. '|0'  -- memo(call, 0) without encoding the constant answer
     -- counted in its row already (ARGV); a job the client did not meter is counted from its record
     terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, job[1], newStatus, now, resultTtl, eventsMaxlen,
-      extra, {job[7], job[8], job[9], job[10]}, tally, ARGV[a + 6] ~= '0')
+      extra, {job[7], job[8], job[9], job[10], job[11]}, tally, ARGV[a + 6] ~= '0')
     replies[i + 1] = 0
   end
 end

@@ -106,6 +106,8 @@ end
 
 attempts = attempts + 1
 rcall('HINCRBY', statsKey, 'retried', 1)
+-- the record keeps the last attempt's error to its end: part of what its tenant is charged for then (field hold)
+rcall('HINCRBY', jobKey, 'hold', #errorJson - rcall('HSTRLEN', jobKey, 'last_error'))
 rcall('HSET', jobKey, 'status', 'queued', 'attempts', attempts, 'deliveries', '0', 'last_error', errorJson)
 rcall('HDEL', jobKey, 'lease')
 if delay > 0 then

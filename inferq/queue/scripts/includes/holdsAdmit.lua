@@ -9,8 +9,7 @@
 ]]
 local function holdsAdmit(tenant, now, maxKept)
   local prefix = tenant .. '|'
-  local kept, first, last, cool = unpack(rcall('HMGET', HOLDS, prefix .. 'kept', prefix .. 'from', prefix .. 'to',
-    prefix .. 'cool'))
+  local kept, first, cool = unpack(rcall('HMGET', HOLDS, prefix .. 'kept', prefix .. 'from', prefix .. 'cool'))
   cool = tonumber(cool)
   if cool then
     if cool > now then
@@ -18,10 +17,10 @@ local function holdsAdmit(tenant, now, maxKept)
     end
     rcall('HDEL', HOLDS, prefix .. 'cool')
   end
-  kept, first, last = tonumber(kept) or 0, tonumber(first), tonumber(last)
+  kept, first = tonumber(kept) or 0, tonumber(first)
   local hour = math.floor(now / HOLD_BUCKET_MS)
   if first and first < hour then
-    local upto = math.min(hour - 1, last or first)
+    local upto = hour - 1
     for from = first, upto, 500 do  -- HMGET and HDEL in slices: a tenant idle for long has many hours to give back
       local fields = {}
       for h = from, math.min(upto, from + 499) do
@@ -32,8 +31,8 @@ local function holdsAdmit(tenant, now, maxKept)
       end
       rcall('HDEL', HOLDS, unpack(fields))
     end
-    if last == nil or upto >= last or kept <= 0 then
-      rcall('HDEL', HOLDS, prefix .. 'kept', prefix .. 'from', prefix .. 'to')
+    if kept <= 0 then  -- every hour charged is over
+      rcall('HDEL', HOLDS, prefix .. 'kept', prefix .. 'from')
       kept, first = 0, nil
     else
       rcall('HSET', HOLDS, prefix .. 'kept', kept, prefix .. 'from', hour)
