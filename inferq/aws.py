@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 S3_ATTEMPTS = 3
 """botocore's attempts per S3 call (standard retry mode: throttling and 5xx with backoff). The worker's claim checks
-retry a failed call again on top (gpu_worker/claims.py), the gateway answers 503 with ``Retry-After``."""
+retry a failed call again on top (gpu_worker/claim_check.py), the gateway answers 503 with ``Retry-After``."""
 S3_CONNECT_TIMEOUT_S, S3_READ_TIMEOUT_S = 3, 30
 
 SECRETS_CONNECT_TIMEOUT_S, SECRETS_READ_TIMEOUT_S, SECRETS_ATTEMPTS = 2, 3, 2
@@ -59,6 +59,18 @@ def s3_client() -> Any:
             retries={"mode": "standard", "total_max_attempts": S3_ATTEMPTS},
         ),
     )
+
+
+def kms_client() -> Any:
+    """A KMS client (the tenant webhook secrets' data keys): short timeouts, ``AWS_ENDPOINT_URL_KMS`` or
+    ``AWS_ENDPOINT_URL`` honoured by boto3 itself."""
+    import boto3
+    from botocore.config import Config
+
+    quiet_sdk_logs()
+    return boto3.client("kms", config=Config(connect_timeout=SECRETS_CONNECT_TIMEOUT_S,
+                                             read_timeout=SECRETS_READ_TIMEOUT_S,
+                                             retries={"mode": "standard", "total_max_attempts": SECRETS_ATTEMPTS}))
 
 
 class SecretUnavailable(Exception):

@@ -2,6 +2,7 @@
 routes of :mod:`.routers.jobs` and the hand-written fast path of :mod:`.hotpath`. Each answers an :class:`Answer`,
 which the caller sends its own way. Also the job id check every job route makes first."""
 
+import functools
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -11,16 +12,25 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from inferq.config.settings import Settings
 from inferq.queue.engine_body import BodyError, check_body
 from inferq.queue.jobs import Job, JobRequest, Priority
+from inferq.webhooks import netguard
 
 from .errors import ApiError
-from .models import ALLOW_PRIVATE, NO_SURROGATES, JobCreate, surrogate_free
+from .request_schemas import (
+    ALLOW_PRIVATE,
+    NO_SURROGATES,
+    WEBHOOK_BLOCKED,
+    WEBHOOK_PORTS,
+    JobCreate,
+    surrogate_free,
+)
 from .responses import JSONResponse
 from .waits import wait_slot
 
 if TYPE_CHECKING:
-    from .shared import Gateway
+    from .gateway import Gateway
 
 JOB_ID_RE = re.compile(r"^job_[a-z2-7]{26}(?:_[A-Za-z0-9_-]{1,64})?$")
 """A job id; under a model registry it ends with its queue (``inferq.config.registry.queue_of_job``)."""
@@ -44,15 +54,28 @@ def answered(request: Request, answer: Answer) -> JSONResponse:
     return JSONResponse(answer.api, answer.status, headers=answer.headers)
 
 
+@functools.cache
+def _blocked_networks(cidrs: tuple[str, ...]) -> tuple[Any, ...]:
+    return netguard.networks(cidrs)
+
+
+def check_engine_body(gw: "Gateway", body: dict[str, Any], url: str, *, streaming: bool = False) -> None:
+    """The body the engine receives, checked against what its endpoint takes (:func:`inferq.queue.engine_body.
+    check_body`; ``guided_*`` rewritten in place): a 422 naming the field. Image parts only for a model the registry
+    marks multimodal. ``streaming``: the OpenAI front door, where ``stream``/``stream_options`` are fields."""
+    multimodal = gw.registry is not None and gw.registry.multimodal(body.get("model"))
+    try:
+        check_body(body, url, multimodal=multimodal, streaming=streaming)
+    except BodyError as exc:  # what would crash or overload the engine is a 422 here, never queued
+        raise ApiError(422, str(exc)) from None
+
+
 async def submit(gw: "Gateway", tenant: str, raw: bytes, idempotency_key: str | None, traceparent: str | None
                  ) -> Answer:
     """POST /v1/jobs once authenticated: the body validated, stored in S3 first when large, the job enqueued (or
     replayed for its idempotency key)."""
-    payload = _parse_job_request(raw, gw.settings.webhook_allow_private)
-    try:
-        check_body(payload.body, payload.url)  # what would crash or overload the engine is a 422 here
-    except BodyError as exc:
-        raise ApiError(422, str(exc)) from None
+    payload = _parse_job_request(raw, gw.settings)
+    check_engine_body(gw, payload.body, payload.url)
     if payload.priority is not None and not gw.settings.priority_allowed(tenant, Priority(payload.priority)):
         ceiling = gw.settings.max_priority_of(tenant).value
         raise ApiError(403, f"priority {payload.priority!r} is above this tenant's ceiling ({ceiling!r})",
@@ -74,12 +97,12 @@ async def submit(gw: "Gateway", tenant: str, raw: bytes, idempotency_key: str | 
         priority=Priority(payload.priority) if payload.priority else gw.settings.priority_of(tenant),
     )
     queue = gw.model_queue(payload.body.get("model"))  # an unknown model is a 404 before anything is stored
-    job_request = await gw.claims.check_in(tenant, job_request, len(raw))  # a large body goes to S3 first
+    job_request = await gw.claim_check.check_in(tenant, job_request, len(raw))  # a large body goes to S3 first
     job, replayed = await gw.call(queue.enqueue(tenant, job_request))
     location = f"/v1/jobs/{job.id}"
     if replayed:
         gw.telemetry.count("IdempotentReplays")
-        return Answer(200, job.id, gw.claims.by_url(job), {"Location": location, "Idempotent-Replayed": "true"})
+        return Answer(200, job.id, gw.claim_check.by_url(job), {"Location": location, "Idempotent-Replayed": "true"})
     gw.telemetry.count("JobsEnqueued")
     return Answer(202, job.id, job.to_api(), {"Location": location}, gw.wake_check(queue))
 
@@ -95,7 +118,7 @@ async def get(gw: "Gateway", tenant: str, job_id: str, wait: float) -> Answer:
         job = await gw.call(queue.get(job_id, tenant, with_body=False))  # the job object has no body
     if job is None:
         raise ApiError(404, "no such job")
-    return Answer(200, job.id, await gw.claims.present(job))
+    return Answer(200, job.id, await gw.claim_check.present(job))
 
 
 def job_response(request: Request, job: Job, status: int = 200, headers: dict[str, str] | None = None,
@@ -113,10 +136,12 @@ def job_id_or_404(job_id: str) -> str:
     return job_id
 
 
-def _parse_job_request(raw: bytes, allow_private_webhooks: bool) -> JobCreate:
+def _parse_job_request(raw: bytes, settings: Settings) -> JobCreate:
     try:
-        return JobCreate.model_validate_json(raw or b"null", context={ALLOW_PRIVATE: allow_private_webhooks,
-                                                                     NO_SURROGATES: surrogate_free(raw)})
+        return JobCreate.model_validate_json(raw or b"null", context={
+            ALLOW_PRIVATE: settings.webhook_allow_private, NO_SURROGATES: surrogate_free(raw),
+            WEBHOOK_PORTS: settings.webhook_ports,
+            WEBHOOK_BLOCKED: _blocked_networks(settings.webhook_blocked_networks)})
     except ValidationError as exc:
         raise RequestValidationError(
             [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_input=False, include_url=False)]

@@ -107,17 +107,15 @@ class JobRequest:
     priority: Priority = Priority.NORMAL
 
     def digest(self) -> str:
-        request: dict[str, Any] = {
+        return request_digest({
             "body": self.body,
             "url": self.url,
             "metadata": self.metadata,
             "timeout_s": self.timeout_s,
             "ttl_s": self.ttl_s,
             "webhook_url": self.webhook_url,
-        }
-        if self.priority is not Priority.NORMAL:  # digests of requests made before lanes existed stay the same
-            request["priority"] = self.priority.value
-        return request_digest(request)
+            "priority": self.priority.value,
+        })
 
 
 def _seconds(ms: str | None) -> float | None:

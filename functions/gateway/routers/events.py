@@ -17,8 +17,8 @@ from inferq.queue import feed
 
 from ..dependencies import GatewayDep, Tenant
 from ..errors import ApiError
-from ..models import MAX_WAIT_S
 from ..openapi import documented
+from ..request_schemas import MAX_WAIT_S
 from ..waits import wait_responses, wait_slot
 
 router = APIRouter()
@@ -42,12 +42,10 @@ async def events(
     positions: dict[str, str | None] = dict.fromkeys(names)
     if after is not None:
         given = feed.unseal(key, tenant, after)
-        if given is None and not feed.CURSOR_RE.match(after.split(".")[0]):
+        if given is None:
             # Redis may have lost the key and another gateway made a new one: read it again once
             key = await gw.call(feed.cursor_key(gw.queue, fresh=True))
             given = feed.unseal(key, tenant, after)
-        if given is None:
-            given = _legacy(after, names)
         if given is None:
             raise ApiError(422, BAD_CURSOR, type_="invalid_cursor")
         # a queue the registry no longer has is dropped; one added since starts from the retention floor
@@ -55,16 +53,8 @@ async def events(
     async with wait_slot(gw, tenant, wait):  # INFERQ_TENANT_MAX_WAITS: 429 past it
         jobs, has_more = await gw.call(_read(queues, tenant, positions, limit, wait), extra_s=wait)
     # a claimed result by URL: a page of up to 1,000 jobs must not inline up to 1,000 large results
-    return JSONResponse({"object": "list", "data": [gw.claims.by_url(job) for job in jobs],
+    return JSONResponse({"object": "list", "data": [gw.claim_check.by_url(job) for job in jobs],
                          "cursor": feed.seal(key, tenant, positions), "has_more": has_more})
-
-
-def _legacy(after: str, names: list[str]) -> dict[str, str | None] | None:
-    """A cursor of the releases before cursors were sealed: stream positions joined by ``.``, one per queue."""
-    parts = after.split(".")
-    if len(parts) != len(names) or not all(p == "" or feed.CURSOR_RE.match(p) for p in parts):
-        return None
-    return {name: part or None for name, part in zip(names, parts, strict=True)}
 
 
 POLL_S = 0.25
