@@ -121,6 +121,31 @@ def describe_validation(errors: Iterable[Any], limit: int = 5) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+# The tenant bounds' refusals (G11): module-level, so install stays one screen.
+
+
+async def retained_full(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RetainedQuotaFull)
+    return error_response(
+        429, "the records this key's ended jobs left behind hold its quota (INFERQ_TENANT_MAX_RETAINED_BYTES); "
+             "they expire with the result TTL: retry later", type_="quota_exceeded",
+        headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))})
+
+
+async def engine_cooloff(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, EngineCoolOff)
+    return error_response(
+        429, "jobs of this key killed the model server too often (INFERQ_ENGINE_STRIKES); its submits to this "
+             "model are refused until the cool-off ends", type_="engine_cooloff",
+        headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))})
+
+
+async def operator_only(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(403, "this job was dead-lettered because the model server died running it "
+                               "(engine_died): only an operator key may redrive it (INFERQ_ADMIN_TENANTS)",
+                          type_="operator_only")
+
+
 def install(app: FastAPI) -> None:
     """Register the envelope handlers on ``app``."""
 
@@ -146,20 +171,6 @@ def install(app: FastAPI) -> None:
             429, "too many unfinished jobs; retry later", headers={"Retry-After": str(RETRY_AFTER_QUEUE_FULL_S)}
         )
 
-    async def retained_full(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RetainedQuotaFull)
-        return error_response(
-            429, "the records this key's ended jobs left behind hold its quota (INFERQ_TENANT_MAX_RETAINED_BYTES); "
-                 "they expire with the result TTL: retry later", type_="quota_exceeded",
-            headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))})
-
-    async def engine_cooloff(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, EngineCoolOff)
-        return error_response(
-            429, "jobs of this key killed the model server too often (INFERQ_ENGINE_STRIKES); its submits to this "
-                 "model are refused until the cool-off ends", type_="engine_cooloff",
-            headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))})
-
     async def idempotency_conflict(request: Request, exc: Exception) -> JSONResponse:
         return error_response(
             409, "this idempotency key was already used with a different request", type_="idempotency_conflict"
@@ -177,11 +188,6 @@ def install(app: FastAPI) -> None:
 
     async def not_dead_lettered(request: Request, exc: Exception) -> JSONResponse:
         return error_response(409, "the job is not dead-lettered", type_="not_dead_lettered")
-
-    async def operator_only(request: Request, exc: Exception) -> JSONResponse:
-        return error_response(403, "this job was dead-lettered because the model server died running it "
-                                   "(engine_died): only an operator key may redrive it (INFERQ_ADMIN_TENANTS)",
-                              type_="operator_only")
 
     async def keys_unavailable(request: Request, exc: Exception) -> JSONResponse:
         request.scope.setdefault("state", {})["error"] = type(exc).__name__
