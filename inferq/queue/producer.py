@@ -84,6 +84,8 @@ def record_fields(request: JobRequest, count_tokens: bool = False, model: bool =
         hold += len(request.webhook_url.encode())
     if request.traceparent:
         fields += ["trace", request.traceparent]
+    if request.watch:
+        fields += ["watch", "1"]  # its worker writes its output as it is made (inferq.queue.output)
     if hold:
         fields += ["hold", hold]
     return fields

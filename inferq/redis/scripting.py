@@ -32,7 +32,8 @@ _INCLUDE = re.compile(r'^--- @include "([A-Za-z]+)"\s*$', re.MULTILINE)
 _KEY = re.compile(r"^\s*KEYS\[(\d+)(\.\.n)?\][^\n]*?(\(optional\))?\s*$", re.MULTILINE)
 
 NAMES = ("enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive", "expire", "observe",
-         "requeue", "skipevents", "webhooksecret", "ratelimit", "takewait", "givewait")
+         "requeue", "skipevents", "webhooksecret", "ratelimit", "takewait", "givewait", "appendoutput",
+         "closeoutput", "watchoutput")
 
 
 class Code(IntEnum):
@@ -46,9 +47,11 @@ class Code(IntEnum):
     ENDED = -7
     STALE_OWNER = -8  # finish/retry/release by a caller that no longer holds the delivery: counted, nothing changed
     TENANT_FULL = -9  # enqueue past INFERQ_TENANT_MAX_DEPTH
-    RETAINED_FULL = -10  # enqueue past INFERQ_TENANT_MAX_RETAINED_BYTES
-    COOLING_OFF = -11  # enqueue while the tenant's jobs killed the engine too often (INFERQ_ENGINE_STRIKES)
-    OPERATOR_ONLY = -12  # redrive of an engine_died dead letter by a tenant that is not an operator
+    MISPLACED = -10  # appendoutput: the delta does not start where the kept output ends
+    OUTPUT_FULL = -11  # appendoutput: the output stream holds INFERQ_OUTPUT_MAX_BYTES
+    RETAINED_FULL = -12  # enqueue past INFERQ_TENANT_MAX_RETAINED_BYTES
+    COOLING_OFF = -13  # enqueue while the tenant's jobs killed the engine too often (INFERQ_ENGINE_STRIKES)
+    OPERATOR_ONLY = -14  # redrive of an engine_died dead letter by a tenant that is not an operator
 
 
 def reply_code(reply: Any) -> int:

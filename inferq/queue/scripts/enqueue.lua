@@ -34,8 +34,8 @@
     {1, id}            the idempotency key was seen: the caller compares the request digests
     -3 QUEUE_FULL      {-3, unfinished}
     -9 TENANT_FULL     {-9, unfinished of this tenant}
-    -10 RETAINED_FULL  {-10, ms until some of the tenant's retained records' charge goes}
-    -11 COOLING_OFF    {-11, ms until the tenant's cool-off ends}
+    -12 RETAINED_FULL  {-12, ms until some of the tenant's retained records' charge goes}
+    -13 COOLING_OFF    {-13, ms until the tenant's cool-off ends}
 ]]
 local rcall = redis.call
 local statsKey, expiryKey, tenantsKey = KEYS[1], KEYS[2], KEYS[3]

@@ -29,7 +29,7 @@
   Returns
     {0, entry}              queued again
     -1 NOT_FOUND            unknown, or another tenant's (unless ARGV[7])
-    -12 OPERATOR_ONLY       {-12}: an engine_died dead letter, and the caller no operator; nothing changed
+    -14 OPERATOR_ONLY       {-14}: an engine_died dead letter, and the caller no operator; nothing changed
     -6 NOT_DEAD_LETTERED    {-6, status}
     -9 TENANT_FULL          {-9, the tenant's unfinished jobs}: refused as a submit would be, nothing changed
     -3 QUEUE_FULL           {-3, the queue's unfinished jobs}: likewise

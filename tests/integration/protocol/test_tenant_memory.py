@@ -9,8 +9,10 @@ The bound, per tenant and queue (model): ``Q + D x R + S``, where
   charged is below it, and each charge covers what its record costs (checked here, kind by kind);
 - ``D`` is ``INFERQ_TENANT_MAX_DEPTH``: the jobs admitted before the charge reached ``Q`` are at most ``D`` unfinished
   ones, each of which costs at most ``R`` -- the largest of an unfinished job (its body inline at its bound,
-  everything else at its bound too, with its stream entry and idempotency key) and the charge of an ended one
-  (its result inline at its bound, or a dead letter with its body and errors);
+  everything else at its bound too, with its stream entry and idempotency key, and its output stream at its bound:
+  ``INFERQ_OUTPUT_MAX_BYTES`` of text in one delta per ``INFERQ_OUTPUT_FLUSH_MS`` of every attempt's run time) and
+  the charge of an ended one (its result inline at its bound, or a dead letter with its body and errors; an ended
+  job's output stream is closed);
 - ``S`` is the rest of what a tenant holds: its long-poll slots, its rate-limit bucket, its fields of the bounds
   hash over every hour its records may be charged in.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from inferq.config.settings import Settings
+from inferq.queue import output
 from inferq.queue.holds import BUCKET_MS
 from inferq.queue.jobs import JobRequest, JobStatus, Priority
 from inferq.queue.protocol import Outcome, Queue
@@ -40,6 +43,7 @@ TEMPLATE_DEFAULTS = {name: int(p["Default"]) for name, p in load(TEMPLATE)["Para
 DEPTH = TEMPLATE_DEFAULTS["TenantMaxDepth"]
 RETAINED = TEMPLATE_DEFAULTS["TenantMaxRetainedBytes"]
 WAITS = TEMPLATE_DEFAULTS["TenantMaxWaits"]
+JOB_TIMEOUT_S = TEMPLATE_DEFAULTS["JobTimeoutSeconds"]
 DEFAULTS = Settings()
 INLINE = DEFAULTS.inline_max_bytes
 """The deployed template always has a files bucket: a body or a result above this is kept in S3 (the claim check)."""
@@ -85,19 +89,34 @@ async def test_the_most_one_tenant_can_hold_at_the_deployed_defaults_is_what_the
         (first,), _ = await q.read("w", 1)
         await q.finish(first, JobStatus.SUCCEEDED, result={"status_code": 200, "body": {}})
 
+        # an unfinished job's output stream at its bound: every attempt ran its whole timeout, writing a delta per
+        # flush interval, up to the stream's most bytes (a job the worker streams, or one whose attempts failed)
+        stream_job, _ = await q.enqueue("s", JobRequest(body={"model": "m"}))
+        (streaming,), _ = await q.read("w", 1)
+        flushes = DEFAULTS.max_attempts * JOB_TIMEOUT_S * 1000 // DEFAULTS.output_flush_ms
+        size = DEFAULTS.output_max_bytes // flushes
+        deltas = [output.Delta(stream_job.id, streaming.entry_id, streaming.lease, i * size, "x" * size, i + 1,
+                               3600, i == 0) for i in range(flushes)]
+        for first_delta in range(0, flushes, 1000):
+            assert {a.code for a in await output.append_many(q, deltas[first_delta:first_delta + 1000])} == {0}
+        stream = int(await q.redis.memory_usage(q.keys.out(stream_job.id), samples=0) or 0)
+        assert stream >= DEFAULTS.output_max_bytes * 0.95
+
         # unfinished: every field at its bound, with its stream entry, idempotency key and expiry entry
         before = await held_bytes(q)
         for n in range(N):
             await q.enqueue("t", widest_request(n))
-        unfinished = (await held_bytes(q) - before) / N
+        queued = (await held_bytes(q) - before) / N
+        unfinished = queued + stream  # what an unfinished job may hold, its output stream at its bound
 
         # ended with a result inline at its bound
         before, kept = await held_bytes(q), await charged(q, "t")
         result = {"status_code": 200, "body": body_of(INLINE)}
         deliveries, _ = await q.read("w", N)
+        assert len(deliveries) == N and all(d.job.tenant == "t" for d in deliveries)
         for delivery in deliveries[: N // 2]:
             assert await q.finish(delivery, JobStatus.SUCCEEDED, result=result) is Outcome.WRITTEN
-        succeeded = (await held_bytes(q) - before) / (N // 2) + unfinished  # what the record costs now, in all
+        succeeded = (await held_bytes(q) - before) / (N // 2) + queued  # what the record costs now, in all
         succeeded_charge = (await charged(q, "t") - kept) / (N // 2)
 
         # dead-lettered after two attempts: its body kept for a redrive, both errors at their bound
@@ -108,7 +127,7 @@ async def test_the_most_one_tenant_can_hold_at_the_deployed_defaults_is_what_the
         again, _ = await q.read("w", N)
         for delivery in again:
             assert await q.retry(delivery, delay_ms=0, error=error) is Outcome.DEAD_LETTERED
-        dead = (await held_bytes(q) - before) / (N - N // 2) + unfinished
+        dead = (await held_bytes(q) - before) / (N - N // 2) + queued
         dead_charge = (await charged(q, "t") - kept) / (N - N // 2)
 
         # a charge covers what its record costs (what goes with the job's end included)
@@ -130,8 +149,9 @@ async def test_the_most_one_tenant_can_hold_at_the_deployed_defaults_is_what_the
 
         bound = RETAINED + DEPTH * largest + rest
         stated = int(BOUND_RE.search(DOC.read_text()).group(1).replace(",", "")) * MIB  # type: ignore[union-attr]
-        print(f"unfinished {unfinished:.0f} B, succeeded {succeeded:.0f} B (charged {succeeded_charge:.0f}), "
-              f"dead {dead:.0f} B (charged {dead_charge:.0f}), rest {rest} B: bound {bound / MIB:.1f} MiB")
+        print(f"output stream {stream} B, unfinished {unfinished:.0f} B, succeeded {succeeded:.0f} B "
+              f"(charged {succeeded_charge:.0f}), dead {dead:.0f} B (charged {dead_charge:.0f}), rest {rest} B: "
+              f"bound {bound / MIB:.1f} MiB")
         assert bound <= stated, f"one tenant can now hold {bound / MIB:.1f} MiB: more than docs/operations.md says"
         assert bound >= 0.95 * stated, f"one tenant holds at most {bound / MIB:.1f} MiB: update docs/operations.md"
     finally:
