@@ -47,8 +47,8 @@ SCRIPTING = ("evalsha", "script|load")
 
 SCRIPT_COMMANDS = (
     "del", "expire", "expireat", "get", "hdel", "hget", "hgetall", "hincrby", "hmget", "hset", "hstrlen", "persist",
-    "pexpireat", "rpush", "set", "time", "xack", "xadd", "xclaim", "xdel", "xlen", "xrange", "zadd", "zcard",
-    "zcount", "zrange", "zrem", "zremrangebylex", "zremrangebyscore", "zscore",
+    "pexpire", "pexpireat", "rpush", "set", "time", "xack", "xadd", "xclaim", "xdel", "xlen", "xrange", "xrevrange",
+    "xtrim", "zadd", "zcard", "zcount", "zrange", "zrem", "zremrangebylex", "zremrangebyscore", "zscore",
 )
 """What inferq/queue/scripts/*.lua call (redis.call): allowed to every role, which all run scripts."""
 
