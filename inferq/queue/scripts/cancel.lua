@@ -14,6 +14,7 @@
   KEYS[15] done (long-poll wakeup)
   KEYS[16] usage of the hour (keys.usage_hour of now; includes/meter): a job cancelled here is counted there
   KEYS[17] usage totals of the month (keys.usage_month of now)
+  KEYS[18] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
 
   ARGV[1] tenant
   ARGV[2] now (ms)
@@ -34,6 +35,7 @@ local statsKey, eventsKey, delayedKey = KEYS[10], KEYS[11], KEYS[12]
 local tenantsKey, jobKey, doneKey = KEYS[13], KEYS[14], KEYS[15]
 local tenant, now, resultTtl, eventsMaxlen, call = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local METER = {hour = KEYS[16], month = KEYS[17], hourUntil = ARGV[6], monthUntil = ARGV[7]}
+local HOLDS = KEYS[18]
 
 --- @include "replay"
 --- @include "terminate"

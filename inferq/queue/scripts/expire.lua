@@ -17,6 +17,7 @@
   KEYS[16] done (long-poll wakeup)
   KEYS[17] usage of the hour (keys.usage_hour of now; includes/meter): a job expired here is counted there
   KEYS[18] usage totals of the month (keys.usage_month of now)
+  KEYS[19] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
 
   ARGV[1] job id
   ARGV[2] now (ms)
@@ -35,6 +36,7 @@ local statsKey, eventsKey, delayedKey, expiryKey = KEYS[10], KEYS[11], KEYS[12],
 local tenantsKey, jobKey, doneKey = KEYS[14], KEYS[15], KEYS[16]
 local jobId, now, resultTtl, eventsMaxlen = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local METER = {hour = KEYS[17], month = KEYS[18], hourUntil = ARGV[5], monthUntil = ARGV[6]}
+local HOLDS = KEYS[19]
 
 --- @include "terminate"
 --- @include "fairLane"

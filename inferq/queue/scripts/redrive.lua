@@ -6,6 +6,9 @@
   answers as the first run did, never "not dead-lettered", and adds no second entry.
   It goes where its lane takes it from (includes/fairPlace, G10): its lane's stream, or behind its tenant's jobs
   waiting for admission when jobs wait.
+  A job dead-lettered because the model server died running it (error type engine_died: a poison request) is
+  redriven by an operator only (ARGV[6]): its tenant could otherwise reset its strikes and send the poison to the
+  engine again and again. An operator named as such (ARGV[7]) may redrive any tenant's dead letter.
 
   KEYS[1..9] three per lane, in LANE_KEYS order (keys.fair_lanes): stream, waiting jobs, tags
   KEYS[10] stats
@@ -20,11 +23,14 @@
   ARGV[3] call token (random, one per call)
   ARGV[4] the queue's depth limit (INFERQ_MAX_QUEUE_DEPTH; 0 = none)
   ARGV[5] the tenant's quota (INFERQ_TENANT_MAX_DEPTH; 0 = none)
-  ARGV[6] "1": fair share (else the job goes straight into its lane's stream)
+  ARGV[6] (optional) "1" when the caller is an operator (INFERQ_ADMIN_TENANTS): engine_died dead letters too
+  ARGV[7] (optional) "1" when the caller is an operator named in INFERQ_ADMIN_TENANTS: any tenant's dead letter
+  ARGV[8] "1": fair share (else the job goes straight into its lane's stream)
 
   Returns
     {0, entry}              queued again (entry: its stream entry, or w:<its member of the lane's waiting jobs>)
-    -1 NOT_FOUND            unknown, or another tenant's
+    -1 NOT_FOUND            unknown, or another tenant's (unless ARGV[7])
+    -14 OPERATOR_ONLY       {-14}: an engine_died dead letter, and the caller no operator; nothing changed
     -6 NOT_DEAD_LETTERED    {-6, status}
     -9 TENANT_FULL          {-9, the tenant's unfinished jobs}: refused as a submit would be, nothing changed
     -3 QUEUE_FULL           {-3, the queue's unfinished jobs}: likewise
@@ -32,7 +38,7 @@
 local rcall = redis.call
 local statsKey, dlqKey, tenantsKey, jobKey, doneKey = KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 local dlqIndexKey = KEYS[15]
-local tenant, call = ARGV[1], ARGV[3]
+local tenant, call, operator, anyTenant = ARGV[1], ARGV[3], ARGV[6] == '1', ARGV[7] == '1'
 
 --- @include "replay"
 --- @include "fairLane"
@@ -41,9 +47,9 @@ local tenant, call = ARGV[1], ARGV[3]
 --- @include "fairCost"
 
 local job = rcall('HMGET', jobKey, 'id', 'status', 'tenant', 'dead_lettered', 'dlq_entry', 'redrive_call', 'lane',
-  'tokens', 'work', 'weight')
+  'tokens', 'work', 'weight', 'error')
 local jobId, status, owner, dead, dlqEntry = job[1], job[2], job[3], job[4], job[5]
-if not jobId or owner ~= tenant then
+if not jobId or (owner ~= tenant and not anyTenant) then
   return {CODE_NOT_FOUND}
 end
 local again = replayed(jobKey, 'redrive_call', job[6], call)
@@ -52,6 +58,9 @@ if again then
 end
 if dead ~= '1' then
   return {CODE_NOT_DEAD_LETTERED, status}
+end
+if not operator and string.find(job[11] or '', '"type"%s*:%s*"engine_died"') then
+  return {CODE_OPERATOR_ONLY}
 end
 -- the same limits as a submit (enqueue.lua), the tenant's quota first; a refusal changes nothing, so a resent copy
 -- answers from the counts it finds, as a resent submit does
@@ -90,7 +99,7 @@ for i, name in ipairs(LANE_KEYS) do
   end
 end
 local lane = fairLane(KEYS[3 * laneAt - 2], 3 * laneAt - 1)
-local entry = fairPlace(lane, jobId, owner, '1', fairCost(job[9], job[10]), false, ARGV[6] == '1')
+local entry = fairPlace(lane, jobId, owner, '1', fairCost(job[9], job[10]), false, ARGV[8] == '1')
 fairFlush(lane)
 rcall('HSET', jobKey, 'status', 'queued', 'attempts', '1', 'deliveries', '0', 'dead_lettered', '0', 'entry', entry,
   'redriven_at', ARGV[2])

@@ -23,7 +23,9 @@
   KEYS[9] dlq index (per tenant: keys.dlq_index)
   KEYS[10] usage of the hour (keys.usage_hour of now; includes/meter): a job this ends is counted there
   KEYS[11] usage totals of the month (keys.usage_month of now)
-  KEYS[12..13] the lane's fair-share keys (keys.fair_lane after its stream): waiting jobs, tags
+  KEYS[12] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord); a
+           poison job dead-lettered here is an engine death against its tenant (includes/holdStrike)
+  KEYS[13..14] the lane's fair-share keys (keys.fair_lane after its stream): waiting jobs, tags
 
   ARGV[1] entry id
   ARGV[2] now (ms)
@@ -44,7 +46,10 @@
   ARGV[13] GPU ms of the job's attempts likewise (the workers' shares of their busy time; field gpu_ms)
   ARGV[14] when the hour's usage expires (unix s; "0": metering off)
   ARGV[15] when the month's usage totals expire (unix s)
-  ARGV[16] "1": fair share (else the next attempt goes straight into the stream)
+  ARGV[16] engine deaths that start a tenant's cool-off (INFERQ_ENGINE_STRIKES; 0: none)
+  ARGV[17] within how long (ms; INFERQ_ENGINE_STRIKE_WINDOW_S)
+  ARGV[18] how long the cool-off lasts (ms; INFERQ_ENGINE_COOLOFF_S)
+  ARGV[19] "1": fair share (else the next attempt goes straight into the stream)
 
   Returns
     {1, attempt, due_ms}   next attempt queued (due_ms 0: in the stream or waiting for admission now; else in the
@@ -63,7 +68,8 @@ local errorJson, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7
 local poison = ARGV[10]
 local strikesNeeded = tonumber(ARGV[11])
 local METER = {hour = KEYS[10], month = KEYS[11], hourUntil = ARGV[14], monthUntil = ARGV[15]}
-local fair = ARGV[16] == '1'
+local HOLDS = KEYS[12]
+local fair = ARGV[19] == '1'
 
 
 --- @include "ackEntry"
@@ -71,6 +77,7 @@ local fair = ARGV[16] == '1'
 --- @include "terminate"
 --- @include "deadLetter"
 --- @include "settleGuard"
+--- @include "holdStrike"
 --- @include "fairLane"
 --- @include "undelivered"
 --- @include "fairPlace"
@@ -101,11 +108,17 @@ if poisoned or attempts >= maxAttempts then
   deadLetter(jobKey, doneKey, statsKey, tenantsKey, eventsKey, dlqKey, dlqIndexKey, jobId, now, resultTtl,
     eventsMaxlen,
     poisoned and poison or 'max_attempts', errorJson)
+  if poisoned then  -- its tenant's jobs killed the engine once more: past its strikes, a cool-off
+    holdStrike(job[9] or '', now, tonumber(ARGV[16] or '0') or 0,
+      tonumber(ARGV[17] or '0') or 0, tonumber(ARGV[18] or '0') or 0)
+  end
   return remember(jobKey, 'settled', call, {2})
 end
 
 attempts = attempts + 1
 rcall('HINCRBY', statsKey, 'retried', 1)
+-- the record keeps the last attempt's error to its end: part of what its tenant is charged for then (field hold)
+rcall('HINCRBY', jobKey, 'hold', #errorJson - rcall('HSTRLEN', jobKey, 'last_error'))
 rcall('HSET', jobKey, 'status', 'queued', 'attempts', attempts, 'deliveries', '0', 'last_error', errorJson)
 rcall('HDEL', jobKey, 'lease')
 if delay > 0 then
@@ -114,7 +127,7 @@ if delay > 0 then
   rcall('ZADD', delayedKey, due, jobId)
   return remember(jobKey, 'settled', call, {1, attempts, due})
 end
-local lane = fairLane(streamKey, 12)
+local lane = fairLane(streamKey, 13)
 rcall('HSET', jobKey, 'entry', fairPlace(lane, jobId, job[9], attempts, fairCost(job[10], job[11]), false, fair))
 fairFlush(lane)
 return remember(jobKey, 'settled', call, {1, attempts, 0})
