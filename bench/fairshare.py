@@ -165,7 +165,7 @@ async def weighted(valkey: ValkeyProcess, each: int) -> dict[str, Any]:
     out: dict[str, Any] = {"jobs_each": each, "weights": WEIGHTS}
     total_weight = sum(WEIGHTS.values())
     for mode, s in served.items():
-        gpu = Counter[str]()
+        gpu: dict[str, float] = dict.fromkeys(WEIGHTS, 0.0)
         for tenant, _, service in s.jobs:
             gpu[tenant] += service
         shares = {t: gpu[t] / sum(gpu.values()) for t in WEIGHTS}

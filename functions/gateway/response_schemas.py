@@ -88,7 +88,7 @@ class ScaleView(DocModel):
         json_schema_extra={
             "examples": [
                 {"lag": 3, "pending": 8, "unfinished": 11, "dlq": 0, "workers": 1, "desired": 2,
-                 "decision": {"reason": "scale_up", "at": 1764400000.5}, "waiting": {"team-a": {"normal": 2}}}
+                 "decision": {"reason": "scale_up", "at": 1764400000.5}}
             ]
         }
     )
@@ -100,9 +100,10 @@ class ScaleView(DocModel):
     workers: int = Field(description="Workers with a recent heartbeat")
     desired: int | None = Field(description="The scaler's last desired count (null before its first decision)")
     decision: ScaleDecision
-    waiting: dict[str, dict[str, int]] = Field(description=(
-        "Fair share (G10): each tenant's jobs waiting for their turn in each lane (`high`, `normal`, `low`; among "
-        "the next 10,000 of the lane), counted in `lag` too"), examples=[{"team-a": {"normal": 2}}])
+    waiting: dict[str, dict[str, int]] | None = Field(default=None, description=(
+        "With `?by_tenant=true` only: fair share (G10), each tenant's jobs waiting for their turn in each lane "
+        "(`high`, `normal`, `low`; among the next 10,000 of the lane), counted in `lag` too"),
+        examples=[{"team-a": {"normal": 2}}])
 
 
 class Health(DocModel):

@@ -77,26 +77,8 @@ class Settings:
             "Unset, or a tenant not listed: `normal`.",
         },
     )
-    fair_share: bool = field(
-        default=True,
-        metadata={
-            "parse": _bool,
-            "doc": "Fair share inside each lane (G10, docs/guarantees.md): tenants with jobs waiting are served in "
-            "turn, in proportion to their weights (`INFERQ_TENANT_WEIGHTS`), counted in work (estimated tokens). "
-            "`false`: first come, first served inside a lane (jobs already waiting for their turn are still "
-            "admitted, in it). Set the same in every process (gateway, scaler, workers).",
-        },
-    )
-    tenant_weights: dict[str, float] | None = field(
-        default=None,
-        metadata={
-            "parse": _tenant_weights,
-            "doc": "Each tenant's weight in fair share (`tenant:weight,...`): with jobs waiting in a lane, tenants "
-            "get its workers' takes in proportion to their weights, counted in work. Unset, or a tenant not listed: "
-            "1. Read where jobs are accepted (the gateway, and the scaler's batch driver): a job keeps the weight "
-            "it was accepted with.",
-        },
-    )
+    fair_share: bool = _setting(True, _bool)  # G10, inferq/queue/fairshare.py
+    tenant_weights: dict[str, float] | None = _setting(None, _tenant_weights)
     max_priority: Priority = field(
         default=Priority.HIGH,
         metadata={

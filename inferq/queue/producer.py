@@ -10,19 +10,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from inferq import fastjson
 from inferq.queue.core import QueueCore, chunks, new_token, now_ms
-from inferq.queue.fairshare import cost, estimated_work
+from inferq.queue.fairshare import cost
 from inferq.queue.jobs import (
     RECORD_FIELDS_BUT_BODY,
     Job,
     JobRequest,
     JobStatus,
-    expected_tokens,
     idempotency_digest,
     new_job_id,
     record_of,
 )
+from inferq.queue.records import job_work, record_fields
 from inferq.queue.refusals import (
     EngineCoolOff,
     IdempotencyConflict,
@@ -40,7 +39,7 @@ from inferq.redis.scripting import Code
 
 __all__ = [
     "EngineCoolOff", "IdempotencyConflict", "JobNotFound", "JobTerminal", "NotDeadLettered", "OperatorOnly", "Producer",
-    "QueueError", "QueueFull", "RetainedQuotaFull", "TenantQuotaFull", "record_fields",
+    "QueueError", "QueueFull", "RetainedQuotaFull", "TenantQuotaFull",
 ]
 
 DLQ_PAGE = 200
@@ -49,61 +48,8 @@ RATE_CALL_KEEP_MS = 10_000
 """How long a rate-limit call's answer is kept for a resent copy (beyond any client timeout and its retry)."""
 
 
-MODEL_MAX = 128
-"""Characters of ``body.model`` a single queue's job record keeps (its usage row names it)."""
-
-
-def record_fields(request: JobRequest, count_tokens: bool = False, model: bool = False, *, work: int | None = None,
-                  weight: float = 1.0) -> list[Any]:
-    """The job record's fields that come from the request, as name/value pairs (enqueue.lua writes them). The body
-    and metadata are stored as :func:`inferq.fastjson.dumps` writes them (what is read back is the same value; the
-    request digest has its own canonical form). ``count_tokens`` (sizing by work is on,
-    ``INFERQ_SCALE_TOKENS_PER_S`` > 0): the job's expected tokens too, which the queue's ``backlog_tokens`` counts;
-    off, the record and the scripts do no work for a figure nobody reads. ``model`` (a single queue, no registry,
-    metering on): ``body.model`` as field ``model``, the model its usage is counted under (a registry's queue is one
-    model's, which the reader of usage names). ``work`` and ``weight``: the job's work and its tenant's weight in
-    fair share (the weight is written only when it is not 1). Field ``hold``: the bytes of what the tenant chose that
-    the record keeps after the job ends (its metadata, webhook URL, model), part of what the tenant is charged for it
-    then (:mod:`inferq.queue.holds`)."""
-    fields: list[Any] = []
-    hold = 0
-    if count_tokens:  # first: enqueue.lua adds it to the queue's backlog_tokens from that place
-        fields += ["tokens", expected_tokens(request.body)]
-    fields += ["url", request.url, "body", fastjson.dumps(request.body), "lane", request.priority.value,
-               "work", work if work is not None else job_work(request)]
-    if weight != 1:
-        fields += ["weight", format(weight, ".17g")]
-    named = request.body.get("model") if model else None
-    if isinstance(named, str) and named:
-        fields += ["model", named[:MODEL_MAX]]
-        hold += len(named[:MODEL_MAX].encode())
-    if request.metadata:
-        metadata = fastjson.dumps(request.metadata)
-        fields += ["metadata", metadata]
-        hold += len(metadata)
-    if request.timeout_s is not None:
-        fields += ["timeout_s", request.timeout_s]
-    if request.ttl_s is not None:
-        fields += ["ttl_s", request.ttl_s]
-    if request.webhook_url:
-        fields += ["webhook_url", request.webhook_url]
-        hold += len(request.webhook_url.encode())
-    if request.traceparent:
-        fields += ["trace", request.traceparent]
-    if request.watch:
-        fields += ["watch", "1"]  # its worker writes its output as it is made (inferq.queue.output)
-    if hold:
-        fields += ["hold", hold]
-    return fields
-
-
 def _lane(job: tuple[str, JobRequest, str, int]) -> str:
     return job[1].priority.value
-
-
-def job_work(request: JobRequest) -> int:
-    """The job's work in fair share: what the caller estimated (a claimed body's), else its body's."""
-    return request.work if request.work is not None else estimated_work(request.body)
 
 
 class Producer(QueueCore):

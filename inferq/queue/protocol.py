@@ -11,8 +11,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferq.queue.consumer import Consumer, Delivery, Lease, Outcome, Skipped, settle_token
+from inferq.queue.consumer import Consumer
 from inferq.queue.core import new_token, now_ms
+from inferq.queue.deliveries import Delivery, Lease, Outcome, Skipped, settle_token
 from inferq.queue.jobs import Priority
 from inferq.queue.keys import LANE_KEYS
 from inferq.queue.producer import (

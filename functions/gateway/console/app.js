@@ -121,7 +121,7 @@ const fmt = (n) => (n === null || n === undefined ? "–" : Number(n).toLocaleSt
 
 async function refreshScale() {
   try {
-    const scale = await api("GET", "v1/scale");
+    const scale = await api("GET", "v1/scale?by_tenant=true");
     for (const name of ["lag", "pending", "unfinished", "dlq", "workers", "desired"]) {
       $(`g-${name}`).textContent = fmt(scale[name]);
     }
