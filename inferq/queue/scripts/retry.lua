@@ -20,7 +20,6 @@
   KEYS[8] done (long-poll wakeup)
   KEYS[9] dlq index (per tenant: keys.dlq_index)
   KEYS[10] usage of the hour (keys.usage_hour of now; includes/meter): a job this ends is counted there
-  KEYS[11] usage totals of the month (keys.usage_month of now)
 
   ARGV[1] entry id
   ARGV[2] now (ms)
@@ -40,7 +39,6 @@
            writes change); "" to leave the field as it is
   ARGV[13] GPU ms of the job's attempts likewise (the workers' shares of their busy time; field gpu_ms)
   ARGV[14] when the hour's usage expires (unix s; "0": metering off)
-  ARGV[15] when the month's usage totals expire (unix s)
 
   Returns
     {1, attempt, due_ms}   next attempt queued (due_ms 0: in the stream now; else in the delayed set)
@@ -57,7 +55,7 @@ local entryId, now, delay, maxAttempts = ARGV[1], tonumber(ARGV[2]), tonumber(AR
 local errorJson, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local poison = ARGV[10] or ''
 local strikesNeeded = tonumber(ARGV[11] or '1')
-local METER = {hour = KEYS[10], month = KEYS[11], hourUntil = ARGV[14], monthUntil = ARGV[15]}
+local METER = {hour = KEYS[10], hourUntil = ARGV[14]}
 
 
 --- @include "ackEntry"
