@@ -42,16 +42,8 @@ class Keys:
 
     @property
     def stream(self) -> str:
-        """The ``normal`` lane's stream (the only one before lanes existed, so its name stays)."""
+        """The ``normal`` lane's stream."""
         return self.prefix + "stream"
-
-    @property
-    def stream_high(self) -> str:
-        return self.prefix + "stream:high"
-
-    @property
-    def stream_low(self) -> str:
-        return self.prefix + "stream:low"
 
     def stream_of(self, lane: str) -> str:
         """The stream of a lane (``high``, ``normal``, ``low``): a job's entries are always in its lane's."""
@@ -71,6 +63,12 @@ class Keys:
     def done(self, job_id: str) -> str:
         """A one-element list pushed when the job turns terminal: long-poll waiters block on it (BLMOVE)."""
         return f"{self.prefix}done:{job_id}"
+
+    def out(self, job_id: str) -> str:
+        """Stream: the job's output as it is made (the text of its first choice), one entry per delta written by the
+        worker that holds the job (``appendoutput.lua``), closed when the job ends (``closeoutput.lua``):
+        :mod:`inferq.queue.output`."""
+        return f"{self.prefix}out:{job_id}"
 
     @property
     def dlq(self) -> str:
