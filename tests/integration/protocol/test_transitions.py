@@ -29,6 +29,7 @@ from inferq.queue.protocol import (
 )
 from inferq.redis.scripting import Code, all_scripts, load
 from tests.integration.protocol.resend import Resending
+from tests.support.blocked import blocked_in
 from tests.support.waiting import eventually_async
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
@@ -624,8 +625,7 @@ async def waits_blocked(q: Queue, job_id: str, count: int, shared: bool) -> None
     async def blocked() -> bool:
         if shared:
             return q.waiters.waiting(job_id) >= count
-        clients = await q.redis.client_list()
-        return sum(1 for c in clients if c["cmd"] == "blmove" and "b" in c["flags"]) >= count
+        return await blocked_in(q.redis, "blmove") >= count
 
     await eventually_async(blocked, what=f"{count} waits of {job_id} blocked")
 

@@ -14,6 +14,7 @@ from gpu_worker.worker import Worker
 from inferq.config.settings import Settings
 from inferq.queue.jobs import LANES, Job, JobRequest, JobStatus, Priority
 from inferq.queue.protocol import Queue, now_ms
+from tests.support.blocked import blocked_in
 from tests.support.waiting import eventually_async
 
 from .support import chat, mock_calls, running_worker, status_is, submit, terminal
@@ -143,7 +144,7 @@ async def test_a_job_whose_ttl_passed_expires_without_running(settings: Settings
 
 async def test_a_worker_idle_on_every_lane_wakes_for_a_job_in_any_lane(settings: Settings, queue: Queue) -> None:
     async def blocked_reading() -> bool:
-        return any(c["cmd"] == "xreadgroup" and "b" in c["flags"] for c in await queue.redis.client_list())
+        return await blocked_in(queue.redis, "xreadgroup") > 0
 
     async with running_worker(settings, queue, webhooks=False):
         await eventually_async(blocked_reading, what="the worker blocked across the three empty lanes")
