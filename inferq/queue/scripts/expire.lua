@@ -18,6 +18,7 @@
   KEYS[9] job record
   KEYS[10] done (long-poll wakeup)
   KEYS[11] usage of the hour (keys.usage_hour of now; includes/meter): a job expired here is counted there
+  KEYS[12] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
 
   ARGV[1] job id
   ARGV[2] now (ms)
@@ -35,6 +36,7 @@ local statsKey, eventsKey, delayedKey, expiryKey = KEYS[4], KEYS[5], KEYS[6], KE
 local tenantsKey, jobKey, doneKey = KEYS[8], KEYS[9], KEYS[10]
 local jobId, now, resultTtl, eventsMaxlen = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local METER = {hour = KEYS[11], hourUntil = ARGV[5]}
+local HOLDS = KEYS[12]
 
 --- @include "ackEntry"
 --- @include "terminate"

@@ -18,7 +18,8 @@
   KEYS[5] tenants (unfinished jobs per tenant)
   KEYS[6] dlq index (per tenant: keys.dlq_index)
   KEYS[7] usage of the hour (keys.usage_hour of now; includes/meter): a job ended here is counted there
-  KEYS[8..n] three per entry, in the order of ARGV's entries: the stream it was read from (the job's lane), the
+  KEYS[8] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
+  KEYS[9..n] three per entry, in the order of ARGV's entries: the stream it was read from (the job's lane), the
              job record, done (long-poll wakeup)
 
   ARGV[1] consumer (worker id)
@@ -43,6 +44,7 @@ local rcall = redis.call
 local statsKey, eventsKey, dlqKey, expiryKey, tenantsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dlqIndexKey = KEYS[6]
 local METER = {hour = KEYS[7], hourUntil = ARGV[7]}
+local HOLDS = KEYS[8]
 local consumer, now = ARGV[1], tonumber(ARGV[2])
 local maxDeliveries, resultTtl, eventsMaxlen, reclaimed = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 
@@ -123,7 +125,7 @@ local function start(streamKey, jobKey, doneKey, entryId, lease)
 end
 
 local replies = {}
-for i = 0, (#KEYS - 7) / 3 - 1 do
-  replies[i + 1] = start(KEYS[8 + 3 * i], KEYS[9 + 3 * i], KEYS[10 + 3 * i], ARGV[8 + 2 * i], ARGV[9 + 2 * i])
+for i = 0, (#KEYS - 8) / 3 - 1 do
+  replies[i + 1] = start(KEYS[9 + 3 * i], KEYS[10 + 3 * i], KEYS[11 + 3 * i], ARGV[8 + 2 * i], ARGV[9 + 2 * i])
 end
 return replies
