@@ -50,8 +50,9 @@ async def serve(settings: Settings, model: Model | None = None) -> int:
         return 1
     metrics = WorkerMetrics(settings.queue, settings.window_limit)
     metrics.serve(settings.metrics_port)
+    gpus = int(model.deploy.get("gpus", 1)) if model is not None else 1  # a registry model's deploy.gpus
     worker = Worker(
-        settings, queue, backend, metrics=metrics, protection=TaskProtection.from_environment(settings)
+        settings, queue, backend, metrics=metrics, protection=TaskProtection.from_environment(settings), gpus=gpus
     )
     loop = asyncio.get_running_loop()
     stopped = asyncio.Event()

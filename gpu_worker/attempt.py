@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from inferq.queue.protocol import Delivery
+from inferq.usage.spend import NONE, Spend
 
 
 class Abort:
@@ -37,6 +38,10 @@ class Attempt:
     """Another job's backend call overlapped this one's: when the model server dies, a job that had it to itself
     is the cause, one that shared it may be a bystander (:class:`~gpu_worker.runner.EngineOccupancy`)."""
     started: float = field(default_factory=time.monotonic)
+    spend: Spend = NONE
+    """What the attempt spent, counted in its tenant's usage with the write that ends it: its time at the model
+    server, its share of the worker's busy time (:class:`~inferq.usage.spend.BusyShare`) and, once it answered, the
+    tokens of the answer's ``usage``."""
 
     @property
     def key(self) -> str:

@@ -25,6 +25,7 @@ from inferq.queue.protocol import Delivery, Outcome, Queue
 from inferq.redis.batching import Batcher
 from inferq.redis.faults import FaultRun
 from inferq.retry import backoff_ms
+from inferq.usage.spend import Spend
 
 from .attempt import Abort, Attempt
 from .backends.base import BackendError, EngineDied, FatalError, RetryableError, digest
@@ -35,7 +36,7 @@ log = logging.getLogger("gpu_worker.worker")  # the worker's own logger: moving 
 
 T = TypeVar("T")
 
-FinishItem = tuple[Delivery, JobStatus, Any, Any]
+FinishItem = tuple[Delivery, JobStatus, Any, Any, Spend | None]
 
 
 @dataclass(frozen=True)
@@ -130,16 +131,18 @@ class Settler:
     async def wait_idle(self) -> None:
         await self.finishes.wait_idle()
 
-    async def settle(self, delivery: Delivery, settle: Settle) -> Outcome | None:
-        """Write ``settle`` for ``delivery``; the queue's answer, or None when the deadline ran out first."""
+    async def settle(self, delivery: Delivery, settle: Settle, spend: Spend | None = None) -> Outcome | None:
+        """Write ``settle`` for ``delivery``, with what the attempt spent (counted in its tenant's usage); the
+        queue's answer, or None when the deadline ran out first. A dropped attempt (lost to another worker) writes
+        nothing, and its time is counted nowhere."""
         if settle.kind == "drop":
             return None
         if settle.kind == "finish":
-            outcome = await self.finish(delivery, settle)
+            outcome = await self.finish(delivery, settle, spend)
         elif settle.kind in ("retry", "poison"):
-            outcome = await self.retry(delivery, settle)
+            outcome = await self.retry(delivery, settle, spend)
         else:
-            outcome = await self.release(delivery)
+            outcome = await self.release(delivery, spend)
         if outcome is Outcome.DUPLICATE:
             self.metrics.duplicates.inc()
         if outcome in (Outcome.WRITTEN, Outcome.ENDED):  # ended here, and not dead-lettered: its body is done with
@@ -150,30 +153,32 @@ class Settler:
             log.info("outcome of %s: %s", settle.kind, outcome.value)
         return outcome
 
-    async def finish(self, delivery: Delivery, settle: Settle) -> Outcome | None:
+    async def finish(self, delivery: Delivery, settle: Settle, spend: Spend | None = None) -> Outcome | None:
         """Succeeded, failed or cancelled: joins the finishes written in the next round trip."""
         assert settle.status is not None
-        item = (delivery, settle.status, settle.result, settle.error)
+        item: FinishItem = (delivery, settle.status, settle.result, settle.error, spend)
         outcome = await self.retrying(lambda: self.finishes.submit(item))
         if outcome is Outcome.WRITTEN:
             self.metrics.outcome(settle.status.value)
         return outcome
 
-    async def retry(self, delivery: Delivery, settle: Settle) -> Outcome | None:
+    async def retry(self, delivery: Delivery, settle: Settle, spend: Spend | None = None) -> Outcome | None:
         """Again after a backoff, or dead-lettered past the attempts (a poison job: past its strikes)."""
         delay = backoff_ms(delivery.job.attempts, self.settings.retry_base_ms, self.settings.retry_max_ms)
         if settle.kind == "poison":
             outcome = await self.retrying(lambda: self.queue.retry(
-                delivery, delay_ms=delay, error=settle.error, dead_letter="engine_died", strikes=settle.strikes))
+                delivery, delay_ms=delay, error=settle.error, dead_letter="engine_died", strikes=settle.strikes,
+                spend=spend))
         else:
-            outcome = await self.retrying(lambda: self.queue.retry(delivery, delay_ms=delay, error=settle.error))
+            outcome = await self.retrying(lambda: self.queue.retry(delivery, delay_ms=delay, error=settle.error,
+                                                                   spend=spend))
         if outcome in (Outcome.RETRY_SCHEDULED, Outcome.DEAD_LETTERED):
             self.metrics.outcome("retried" if outcome is Outcome.RETRY_SCHEDULED else "dead_lettered")
         return outcome
 
-    async def release(self, delivery: Delivery) -> Outcome | None:
+    async def release(self, delivery: Delivery, spend: Spend | None = None) -> Outcome | None:
         """Give the entry back without spending an attempt (a drain, or a read the worker will not run)."""
-        outcome = await self.retrying(lambda: self.queue.release(delivery))
+        outcome = await self.retrying(lambda: self.queue.release(delivery, spend=spend))
         if outcome is Outcome.RELEASED:
             self.metrics.outcome("released")
         return outcome

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from inferq.config.settings import Settings
 from inferq.queue.protocol import Delivery
+from inferq.usage.spend import BusyShare
 
 from . import outcomes
 from .attempt import Attempt
@@ -65,6 +66,7 @@ class JobRunner:
     def __init__(
         self, settings: Settings, backend: Backend, claims: ClaimCheck, settler: Settler, held: HeldJobs,
         metrics: WorkerMetrics, *, on_engine_died: Callable[[], None], on_error: Callable[[BaseException], None],
+        gpus: int = 1,
     ) -> None:
         self.settings = settings
         self.backend = backend
@@ -73,6 +75,8 @@ class JobRunner:
         self.held = held
         self.metrics = metrics
         self.engine = EngineOccupancy()
+        self.busy = BusyShare(gpus)
+        """The worker's busy time, split among the attempts at the model server at once: each one's GPU time."""
         self._on_engine_died = on_engine_died
         self._on_error = on_error
 
@@ -95,7 +99,7 @@ class JobRunner:
             self.metrics.run_time.observe(time.monotonic() - attempt.started)
             if settle.kind == "poison":
                 self._on_engine_died()
-            await self.settler.settle(attempt.delivery, settle)
+            await self.settler.settle(attempt.delivery, settle, attempt.spend)
         except Exception as exc:  # a bug in writing the outcome: the worker stops; the entry is released or reclaimed
             self._on_error(exc)
         finally:
@@ -111,11 +115,15 @@ class JobRunner:
             async with deadline:
                 request_body = await self.claims.request_body(record)
                 self.engine.enter(attempt)
+                self.busy.begin(attempt)
                 status, body = await self.backend.complete(
                     record.url, request_body, timeout_s=timeout_s, traceparent=traceparent, job=record
                 )
+            attempt.spend = self.busy.end(attempt)  # the model server is done with it
             status, body = check_status(status, body)
             self.metrics.answered(body)
+            # its tokens, read here: a large answer goes to S3 next, and its record keeps a reference
+            attempt.spend = attempt.spend.with_tokens(body.get("usage") if isinstance(body, dict) else None)
             result = await self.claims.result(record, status, body)
         except asyncio.CancelledError:
             if attempt.abort is None:
@@ -128,6 +136,8 @@ class JobRunner:
                                    shared=attempt.shared)
         finally:
             self.engine.leave(attempt)
+            if attempt in self.busy:  # a call that failed or was aborted ran until now
+                attempt.spend = self.busy.end(attempt)
         if self.settings.log_payloads:
             log.debug("response", extra={"status_code": status, "body": body})
         return outcomes.succeeded(result)

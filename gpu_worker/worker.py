@@ -82,7 +82,8 @@ def default_worker_id() -> str:
 
 
 class Worker:
-    """One worker on ``queue``, calling ``backend``. ``burst``: drain the queue, then return."""
+    """One worker on ``queue``, calling ``backend``. ``burst``: drain the queue, then return. ``gpus``: the GPUs its
+    model server uses (each busy second is that many GPU-seconds in its tenants' usage)."""
 
     def __init__(
         self,
@@ -98,6 +99,7 @@ class Worker:
         block_ms: int = BLOCK_MS,
         window: Window | None = None,
         burst: bool = False,
+        gpus: int = 1,
     ) -> None:
         _check_same_protocol(settings, queue.settings)
         self.settings = settings
@@ -122,7 +124,8 @@ class Worker:
         self.settler = Settler(settings, queue, self.metrics, self.claims, self._faults)
         self.fleet = Fleet(settings, queue, self.id, self.metrics, held=lambda: len(self.held))
         self.runner = JobRunner(settings, backend, self.claims, self.settler, self.held, self.metrics,
-                                on_engine_died=self._engine_died, on_error=lambda exc: self._died("job writer", exc))
+                                on_engine_died=self._engine_died, on_error=lambda exc: self._died("job writer", exc),
+                                gpus=gpus)
         self.puller = Puller(
             settings, self.id, queue=queue, reader=self.reader, held=self.held, start=self.runner.start,
             settler=self.settler, fleet=self.fleet, metrics=self.metrics, stopping=self._stopping,

@@ -1,8 +1,8 @@
 """HTTP API v1 (docs/api.md) on FastAPI: :func:`create_app` assembles the app from settings, or from injected parts.
-What every route shares is :class:`.shared.Gateway`; the routes live by concern: the job routes in :mod:`.routes`
-(their hand-written fast path in :mod:`.hotpath`), Files/Uploads/Batches/events in their own modules, the console in
-:mod:`.console`; the OpenAPI plumbing in :mod:`.openapi`, the outer ASGI layer in :mod:`.edge`. This module is the
-only one that imports the routers: they never import it.
+What every route shares is :class:`.shared.Gateway`, which the handlers get through :mod:`.dependencies`; the routes
+live by concern in :mod:`.routers` (one ``APIRouter`` per module, its handlers module-level functions), which this
+module includes and which never import it. Submit and get also have a hand-written fast path (:mod:`.hotpath`);
+the OpenAPI plumbing is :mod:`.openapi`, the outer ASGI layer :mod:`.edge`.
 """
 
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -19,11 +19,11 @@ from inferq.config.registry import load as load_registry
 from inferq.config.settings import Settings
 from inferq.queue.protocol import Queue
 
-from . import errors, openapi, routes
+from . import errors, openapi
 from .auth import KeyStore, key_store
 from .clients import QueueProvider
 from .edge import Edge
-from .hotpath import HotApp, HotRoute, Serve, get_serve, submit_serve
+from .hotpath import HotApp, HotRoute, Serve, api_routes, get_serve, submit_serve
 from .shared import Gateway
 from .telemetry import Telemetry
 from .wake import HttpWaker, LambdaWaker, WakeOnEnqueue, Waker
@@ -91,23 +91,20 @@ def create_app(
         return document()
 
     app.openapi = openapi_of_every_route  # type: ignore[method-assign]
-    app.defer_routes(partial(_all_routes, gw, app))
+    app.defer_routes(partial(_include_routers, app))
     if not defer_routes:
         app.complete_routes()
     return app
 
 
-def _all_routes(gw: Gateway, app: FastAPI) -> None:
-    """The job routes first (the hot path's submit and get among them), then the console, Files/Uploads, Batches,
-    the feed and /v1/models (own modules, imported here: a Lambda sandbox that only submits and gets never imports
-    them, nor builds a FastAPI route)."""
-    from . import batches, catalog, console, events, files, usage, webhooks
+def _include_routers(app: FastAPI) -> None:
+    """Every router, the job routes first (the hot path's submit and get among them), in the order the OpenAPI
+    document lists them. Imported here: a Lambda sandbox that only submits and gets never imports one, nor builds
+    a FastAPI route."""
+    from .routers import batches, catalog, console, dlq, events, files, jobs, operations, uploads, usage, webhooks
 
-    routes.routes(gw, app.router)
-    console.install(gw, app.router)
-    for module in (files, batches, events, catalog, webhooks):  # Files/Uploads, Batches, the feed, /v1/models, secrets
-        module.routes(gw, app.router)
-    app.include_router(usage.router)  # module-level handlers on an APIRouter
+    for module in (jobs, dlq, operations, console, files, uploads, batches, events, catalog, webhooks, usage):
+        app.include_router(module.router)
 
 
 class _RouteToBuild:
@@ -120,7 +117,7 @@ class _RouteToBuild:
 
     def _real(self) -> APIRoute:
         self.app.complete_routes()
-        return next(r for r in self.app.router.routes if isinstance(r, APIRoute) and r.name == self.name)
+        return next(r for r in api_routes(self.app.router.routes) if r.name == self.name)
 
     def matches(self, scope: Scope) -> Any:
         return self._real().matches(scope)

@@ -5,7 +5,7 @@ telemetry wrapper (while no OpenTelemetry provider is configured), the server-er
 router's scan (two string tests instead), the per-request ``AsyncExitStack``s, the dependency resolution and
 parameter models, the exception middleware's wrapping of ``send``, and Starlette's ``Request`` and ``Response``
 objects: the common, valid request is read from the raw ASGI scope, handed to the same code the routes run
-(:func:`.routes.submit`, :func:`.routes.get`), and the answer is written with two ``send`` calls.
+(:func:`.jobs.submit`, :func:`.jobs.get`), and the answer is written with two ``send`` calls.
 
 It still runs every user middleware (:class:`.edge.Edge`: request id, the body bound, the access log) and the app's
 exception handlers, so its answers, errors included, are the full stack's; anything unusual (an idempotency key of
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from fastapi import FastAPI
 from fastapi.middleware.asyncexitstack import AsyncExitStackMiddleware
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, iter_route_contexts
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Match
@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inferq import fastjson
 
-from . import routes
+from . import jobs
 from .models import IDEMPOTENCY_KEY_MAX, MAX_WAIT_S
 
 _PLAIN_WAIT_RE = re.compile(r"^(?:[0-9]|1[0-9]|20)(?:\.[0-9]{1,6})?$")
@@ -45,7 +45,7 @@ SUBMIT_PATH = "/v1/jobs"
 JOB_PATH = "/v1/jobs/"
 _WANTED = frozenset({b"authorization", b"x-api-key", b"idempotency-key", b"traceparent"})
 
-Serve = Callable[[Scope, Receive], Awaitable["routes.Answer | None"]]
+Serve = Callable[[Scope, Receive], Awaitable["jobs.Answer | None"]]
 
 
 class HotRoute(NamedTuple):
@@ -72,19 +72,19 @@ async def _body(receive: Receive) -> bytes:
 
 
 def submit_serve(gw: Any) -> Serve:
-    async def serve(scope: Scope, receive: Receive) -> routes.Answer | None:
+    async def serve(scope: Scope, receive: Receive) -> jobs.Answer | None:
         headers = _headers(scope)
         idempotency_key = headers.get(b"idempotency-key")
         if idempotency_key is not None and not 1 <= len(idempotency_key) <= IDEMPOTENCY_KEY_MAX:
             return None  # FastAPI's 422, after authentication
         tenant = await gw.tenant_from(headers.get(b"authorization"), headers.get(b"x-api-key"), scope["state"])
-        return await routes.submit(gw, tenant, await _body(receive), idempotency_key, headers.get(b"traceparent"))
+        return await jobs.submit(gw, tenant, await _body(receive), idempotency_key, headers.get(b"traceparent"))
 
     return serve
 
 
 def get_serve(gw: Any) -> Serve:
-    async def serve(scope: Scope, receive: Receive) -> routes.Answer | None:
+    async def serve(scope: Scope, receive: Receive) -> jobs.Answer | None:
         wait = 0.0
         query = scope.get("query_string")
         if query:
@@ -96,7 +96,7 @@ def get_serve(gw: Any) -> Serve:
                 return None
         headers = _headers(scope)
         tenant = await gw.tenant_from(headers.get(b"authorization"), headers.get(b"x-api-key"), scope["state"])
-        return await routes.get(gw, tenant, scope["path"][len(JOB_PATH):], wait)
+        return await jobs.get(gw, tenant, scope["path"][len(JOB_PATH):], wait)
 
     return serve
 
@@ -141,7 +141,7 @@ class HotApp(FastAPI):
 
     def serve_hot(self, submit: Serve, get: Serve) -> None:
         """Serve the routes named ``submit_job`` and ``get_job`` from the hot path with these."""
-        by_name = {r.name: r for r in self.router.routes if isinstance(r, APIRoute)}
+        by_name = {r.name: r for r in api_routes(self.router.routes)}
         self._hot_submit = HotRoute(by_name["submit_job"], submit)
         self._hot_get = HotRoute(by_name["get_job"], get)
 
@@ -173,12 +173,20 @@ class HotApp(FastAPI):
     def _routed_as_hot(self) -> bool:
         """Whether the router picks the hot routes for the requests the hot path takes."""
         for hot, method, path in ((self._hot_submit, "POST", SUBMIT_PATH), (self._hot_get, "GET", JOB_PATH + "x")):
-            if hot is None or _first_match(self.router.routes, method, path) is not hot.route:
+            if hot is None or _first_match(list(api_routes(self.router.routes)), method, path) is not hot.route:
                 return False
         return True
 
 
-def _first_match(candidates: list[BaseRoute], method: str, path: str) -> BaseRoute | None:
+def api_routes(routes: Sequence[BaseRoute]) -> Iterator[APIRoute]:
+    """The FastAPI routes among ``routes``, those of included routers in their place: the order the router tries
+    them in."""
+    for context in iter_route_contexts(routes):
+        if isinstance(context.original_route, APIRoute):
+            yield context.original_route
+
+
+def _first_match(candidates: Sequence[BaseRoute], method: str, path: str) -> BaseRoute | None:
     scope = {"type": "http", "method": method, "path": path, "root_path": ""}
     for route in candidates:
         if route.matches(scope)[0] is Match.FULL:

@@ -1,8 +1,8 @@
 """What every route of the gateway shares: :class:`Gateway` (settings, the lazily created queue clients, one per model
 of the registry, the API keys, wake-up and telemetry) and the authentication every route runs first.
 
-The routers (:mod:`.routes`, :mod:`.console`, :mod:`.files`, ...) and the hot path take a :class:`Gateway`; the app
-is assembled in :mod:`.api`, which imports them all, and nothing here imports a router or the app.
+The routers (:mod:`.routers`) get it through :mod:`.dependencies`, the hot path from the app; the app is assembled
+in :mod:`.api`, which includes the routers, and nothing here imports a router or the app.
 
 Every Redis call is bounded twice: by the client's socket timeout (``INFERQ_REDIS_TIMEOUT_S``) and by a wall-clock
 ``asyncio.timeout`` of that plus one second around the whole call (retries included), so a frozen or unreachable
@@ -14,10 +14,9 @@ import asyncio
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import BackgroundTasks, Request, Security
-from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import BackgroundTasks
 from fastapi.security.utils import get_authorization_scheme_param
 
 from inferq.config.registry import Registry, queue_of_job
@@ -32,9 +31,6 @@ from .telemetry import Telemetry
 from .wake import WakeOnEnqueue
 
 KEYS_TIMEOUT_S = 8.0
-
-_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <key>`")
-_api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="`x-api-key: <key>`")
 
 
 class Gateway:
@@ -100,26 +96,17 @@ class Gateway:
         async with asyncio.timeout(self.op_timeout_s + extra_s):
             return await awaitable
 
-    async def authenticate(
-        self,
-        request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
-        api_key: Annotated[str | None, Security(_api_key)],
-    ) -> str:
-        """The dependency: documents both schemes in OpenAPI; :meth:`tenant_from` does the same from the raw headers."""
-        key = credentials.credentials if credentials is not None else api_key
-        return await self._tenant(request.scope.setdefault("state", {}), key)
-
     async def tenant_from(self, authorization: str | None, api_key: str | None, state: dict[str, Any]) -> str:
-        """:meth:`authenticate` without FastAPI's dependency machinery (the hot path): the key read from the raw
-        headers exactly as ``HTTPBearer`` and ``APIKeyHeader`` (``auto_error=False``) read it; the tenant noted in
-        the request's ``state`` (the access log)."""
+        """:func:`.dependencies.authenticate` without FastAPI's dependency machinery (the hot path): the key read
+        from the raw headers exactly as ``HTTPBearer`` and ``APIKeyHeader`` (``auto_error=False``) read it."""
         scheme, credentials = get_authorization_scheme_param(authorization)
         if authorization and scheme and credentials and scheme.lower() == "bearer":
-            return await self._tenant(state, credentials)
-        return await self._tenant(state, api_key or None)
+            return await self.tenant_of_key(state, credentials)
+        return await self.tenant_of_key(state, api_key or None)
 
-    async def _tenant(self, state: dict[str, Any], key: str | None) -> str:
+    async def tenant_of_key(self, state: dict[str, Any], key: str | None) -> str:
+        """The tenant owning ``key`` (401 without one), noted in the request's ``state`` (the access log), its
+        rate limit taken."""
         tenant = None
         if key:
             if self._keys_in_memory:

@@ -11,18 +11,15 @@ Two ways to take one, the same slot either way:
 
   (the job routes, their hot path and the feed use it; a streaming answer holds it inside its body's generator,
   so the slot lasts as long as the stream does);
-- :func:`wait_dependency`, a FastAPI dependency that declares the ``wait`` query parameter itself and hands the
-  route its value with a slot held until the answer is sent::
+- :data:`Wait`, a FastAPI dependency (:func:`held_wait`) that declares the ``wait`` query parameter itself and
+  hands the route its value with a slot held until the answer is sent::
 
-      Wait = Annotated[float, Depends(wait_dependency(gw))]
+      async def get_thing(gw: GatewayDep, tenant: Tenant, wait: Wait) -> JSONResponse: ...
 
-      async def get_thing(tenant: Tenant, wait: Wait) -> JSONResponse: ...
-
-(No ``from __future__ import annotations`` here: FastAPI reads the dependency's annotations at run time, and
-``Tenant`` is local to :func:`wait_dependency`.)
+(No ``from __future__ import annotations`` here: FastAPI reads the dependency's annotations at run time.)
 """
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -30,6 +27,7 @@ from fastapi import Depends, Query
 
 from inferq.queue.waitslots import WaitsFull, WaitSlots
 
+from .dependencies import GatewayDep, Tenant
 from .errors import ApiError
 from .models import MAX_WAIT_S
 from .openapi import doc
@@ -37,7 +35,7 @@ from .openapi import doc
 if TYPE_CHECKING:
     from .shared import Gateway
 
-__all__ = ["wait_dependency", "wait_responses", "wait_slot", "wait_slots"]
+__all__ = ["Wait", "held_wait", "wait_responses", "wait_slot", "wait_slots"]
 
 
 def wait_responses() -> dict[int | str, dict[str, Any]]:
@@ -74,17 +72,16 @@ async def wait_slot(gw: "Gateway", tenant: str, wait_s: float) -> AsyncIterator[
             await slots.give(tenant, token)
 
 
-def wait_dependency(gw: "Gateway") -> Callable[..., AsyncIterator[float]]:
+async def held_wait(
+    gw: GatewayDep,
+    tenant: Tenant,
+    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait (a long-poll slot of the key's "
+                                                                  "is held meanwhile)")] = 0,
+) -> AsyncIterator[float]:
     """A FastAPI dependency (see the module's docstring): the ``wait`` query parameter (0-20 s), with a slot held
     from before the route runs until its answer is sent."""
-    Tenant = Annotated[str, Depends(gw.authenticate)]
+    async with wait_slot(gw, tenant, wait):
+        yield wait
 
-    async def held_wait(
-        tenant: Tenant,
-        wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait (a long-poll slot of the "
-                                                                      "key's is held meanwhile)")] = 0,
-    ) -> AsyncIterator[float]:
-        async with wait_slot(gw, tenant, wait):
-            yield wait
 
-    return held_wait
+Wait = Annotated[float, Depends(held_wait)]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from inferq.client import Client, Job
 
-USAGE = """usage: inferq {up,submit,wait,status,cancel,dlq,redrive,interrupt} [options]
+USAGE = """usage: inferq {up,submit,wait,status,cancel,dlq,redrive,usage,interrupt} [options]
 
   up       run the whole stack on this machine (gateway, Valkey, scaler, workers)
   submit   submit a job: inferq submit "text" [--wait], or many: inferq submit --file jobs.jsonl
@@ -28,6 +28,7 @@ USAGE = """usage: inferq {up,submit,wait,status,cancel,dlq,redrive,interrupt} [o
   cancel   cancel jobs: inferq cancel ID...
   dlq      list your dead-lettered jobs, newest first
   redrive  queue dead-lettered jobs again: inferq redrive ID...
+  usage    your metered usage per model and lane: inferq usage --since 7d [--csv]
   interrupt  interrupt a worker of `inferq up` as EC2 Spot does: inferq interrupt [WORKER]
 
 inferq COMMAND --help for a command's options"""
@@ -66,8 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         except InterruptError as exc:
             print(f"inferq interrupt: {exc}", file=sys.stderr)
             return 1
+    from inferq.cli.usage import usage
+
     commands: dict[str, Callable[[list[str]], int]] = {
         "submit": submit, "wait": wait, "status": status, "cancel": cancel, "dlq": dlq, "redrive": redrive,
+        "usage": usage,
     }
     if command not in commands:
         print(f"inferq: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)

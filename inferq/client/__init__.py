@@ -17,6 +17,7 @@ importable from here. The blocking client is in :mod:`.blocking`, the asyncio on
 its I/O. Every method is written once, without I/O, in :mod:`.calls`, and what else both share is in
 :mod:`.common`. This package is the only part of ``inferq`` that imports httpx: the queue protocol never needs
 it (tests/unit/test_layout.py).
+- ``usage`` reads the tenant's metered usage (``GET /v1/usage``), for chargeback.
 - ``events`` iterates the results feed (``GET /v1/events``): the tenant's terminal jobs in the order they ended,
   long-polling for more, resumable from a cursor the caller persists, bounded by an optional deadline or count.
 
@@ -34,6 +35,7 @@ from .aio import AsyncClient
 from .answers import (
     BadRequest,
     Conflict,
+    Forbidden,
     GatewayUnreachable,
     IdempotencyConflict,
     InferqError,
@@ -44,6 +46,7 @@ from .answers import (
     NotDeadLettered,
     NotFound,
     QueueFull,
+    QuotaExceeded,
     RequestTooLarge,
     ServerError,
     Unauthorized,
@@ -64,6 +67,7 @@ __all__ = [
     "Client",
     "Conflict",
     "EventStream",
+    "Forbidden",
     "GatewayUnreachable",
     "IdempotencyConflict",
     "InferqError",
@@ -75,6 +79,7 @@ __all__ = [
     "NotDeadLettered",
     "NotFound",
     "QueueFull",
+    "QuotaExceeded",
     "RequestTooLarge",
     "ServerError",
     "Unauthorized",

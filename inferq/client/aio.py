@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar, Unpack
 
@@ -111,6 +112,11 @@ class AsyncClient:
 
     async def history(self, limit: int | None = None) -> list[dict[str, Any]]:
         return await self._run(calls.history(limit))
+
+    async def usage(self, start: float | datetime | None = None, end: float | datetime | None = None, *,
+                    tenant: str | None = None, bucket: str | None = None) -> dict[str, Any]:
+        """See :meth:`Client.usage`."""
+        return await self._run(calls.usage(start, end, tenant, bucket))
 
     def events(self, after: str | None = None, **bounds: Unpack[FeedBounds]) -> AsyncEventStream:
         """See :meth:`Client.events`; iterate with ``async for``."""

@@ -129,6 +129,16 @@ class QueueFull(InferqError):
     """429: unfinished jobs reached ``INFERQ_MAX_QUEUE_DEPTH``; ``retry_after_s`` says when to try again."""
 
 
+class QuotaExceeded(InferqError):
+    """429 ``quota_exceeded``: a tenant quota, or (on submit) the tenant's monthly budget (``INFERQ_TENANT_BUDGETS``):
+    the message names it. Not worth retrying soon: ``submit`` does not."""
+
+
+class Forbidden(InferqError):
+    """403: not allowed for this key (``operator_only``: another tenant's usage, queue-wide numbers;
+    ``priority_not_allowed``)."""
+
+
 class Unavailable(InferqError):
     """503: the queue store is unreachable (on submit: outcome unknown, retry with the same key)."""
 
@@ -153,11 +163,12 @@ _BY_TYPE: dict[str, type[InferqError]] = {
     "request_too_large": RequestTooLarge,
     "invalid_request": InvalidRequest,
     "queue_full": QueueFull,
+    "quota_exceeded": QuotaExceeded,
     "unavailable": Unavailable,
 }
 _BY_STATUS: dict[int, type[InferqError]] = {
-    400: BadRequest, 401: Unauthorized, 404: NotFound, 409: Conflict, 413: RequestTooLarge, 422: InvalidRequest,
-    429: QueueFull, 503: Unavailable,
+    400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 413: RequestTooLarge,
+    422: InvalidRequest, 429: QueueFull, 503: Unavailable,
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar, Unpack
 
@@ -134,6 +135,13 @@ class Client:
     def history(self, limit: int | None = None) -> list[dict[str, Any]]:
         """The queue's sampled counters, oldest first (``GET /v1/stats/history``)."""
         return self._run(calls.history(limit))
+
+    def usage(self, start: float | datetime | None = None, end: float | datetime | None = None, *,
+              tenant: str | None = None, bucket: str | None = None) -> dict[str, Any]:
+        """Metered usage per model and lane (``GET /v1/usage``): ``[start, end)`` in Unix seconds or datetimes
+        (default the last 24 hours), whole hours; ``tenant`` another tenant's or ``"*"`` (operators only: else
+        :class:`~inferq.client.answers.Forbidden`, ``operator_only``); ``bucket`` ``"hour"`` or ``"day"``."""
+        return self._run(calls.usage(start, end, tenant, bucket))
 
     def events(self, after: str | None = None, **bounds: Unpack[FeedBounds]) -> EventStream:
         """The tenant's terminal jobs in the order they ended (``GET /v1/events``), from the cursor ``after``

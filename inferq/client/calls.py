@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Generic, TypedDict, TypeVar
 
 import httpx
@@ -199,6 +200,23 @@ def models() -> Flow[list[dict[str, Any]]]:
 def history(limit: int | None) -> Flow[list[dict[str, Any]]]:
     data = yield from one(Call("GET", "/v1/stats/history", _json, params={"limit": limit} if limit else None))
     return list(data["data"])
+
+
+def usage(start: float | datetime | None, end: float | datetime | None, tenant: str | None,
+          bucket: str | None) -> Flow[dict[str, Any]]:
+    """``GET /v1/usage``: the usage object as the gateway answers it."""
+    params = {name: value for name, value in (("start", _unix(start)), ("end", _unix(end)), ("tenant", tenant),
+                                              ("bucket", bucket)) if value is not None}
+    return one(Call("GET", "/v1/usage", _json, params=params or None))
+
+
+def _unix(moment: float | datetime | None) -> int | None:
+    """Unix seconds of a ``datetime`` (a naive one is UTC) or a number."""
+    if moment is None:
+        return None
+    if isinstance(moment, datetime):
+        return int((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp())
+    return int(moment)
 
 
 def webhook_secret() -> Flow[dict[str, Any]]:

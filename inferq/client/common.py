@@ -21,6 +21,7 @@ from .answers import (
     GatewayUnreachable,
     InferqError,
     Job,
+    QuotaExceeded,
     error_for,
 )
 
@@ -143,7 +144,8 @@ class _Retry:
 
     def next_delay(self, error: InferqError) -> float | None:
         """Seconds to wait before retrying, or None to give up (raise ``error``)."""
-        retryable = isinstance(error, GatewayUnreachable) or error.status in RETRY_STATUSES
+        retryable = isinstance(error, GatewayUnreachable) or (error.status in RETRY_STATUSES
+                                                               and not isinstance(error, QuotaExceeded))
         if not retryable or self.attempt >= self.policy.attempts:
             return None
         delay = self.policy.delay_s(self.attempt, error.retry_after_s)

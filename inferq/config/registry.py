@@ -12,9 +12,11 @@ the gateway finds any job's queue without a lookup.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,11 @@ class Registry:
 
     def by_queue(self, queue: str) -> Model | None:
         return next((m for m in self.models if m.queue == queue), None)
+
+    @cached_property
+    def created(self) -> int:
+        """When the registry file was last written (Unix seconds, read once): OpenAI's ``created`` of its models."""
+        return int(os.path.getmtime(self.path))
 
     def multimodal(self, requested: Any) -> bool:
         """Whether the model a ``body.model`` names takes images (an unknown name: no)."""

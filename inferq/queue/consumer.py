@@ -96,7 +96,7 @@ def settle_token(delivery: Delivery, *what: str) -> str:
 Entry = tuple[Priority, str, dict[str, str]]
 """A stream entry read from a lane: (lane, entry id, fields)."""
 
-Finish = tuple[Delivery, JobStatus, Any, Any] | tuple[Delivery, JobStatus, Any, Any, Spend]
+Finish = tuple[Delivery, JobStatus, Any, Any] | tuple[Delivery, JobStatus, Any, Any, Spend | None]
 """One finish: the delivery, its terminal status, result, error and (optionally) what the attempt spent."""
 
 
@@ -272,7 +272,7 @@ class Consumer(QueueCore):
             keys += [keys_of.stream_of(delivery.lane), keys_of.job(job_id), keys_of.done(job_id)]
             jobs += [delivery.entry_id, status.value, result_json, error_json, delivery.lease,
                      settle_token(delivery, "finish", status.value, result_json, error_json),
-                     *rows.add(delivery, status, spend[0] if spend else NONE)]
+                     *rows.add(delivery, status, (spend[0] if spend else None) or NONE)]
         args: list[Any] = [now, self.settings.result_ttl_s, self.settings.events_maxlen, *usage_args, *rows.args(),
                            *jobs]
         return ("finish", keys, args)

@@ -80,6 +80,9 @@ class BusyShare:
         began = self._began.pop(job)
         return Spend(run_ms=round((self._at - began) * 1000), gpu_ms=round(share * self.gpus * 1000))
 
+    def __contains__(self, job: Hashable) -> bool:
+        return job in self._share
+
     @property
     def running(self) -> int:
         return len(self._share)

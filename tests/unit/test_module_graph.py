@@ -151,9 +151,10 @@ def test_the_imports_form_no_circle() -> None:
 def test_the_graph_sees_the_imports_it_must() -> None:
     """Module-level, function-level, relative and ``TYPE_CHECKING`` imports are all edges."""
     graph = import_graph(("functions",))
-    assert "functions.gateway.routes" in graph["functions.gateway.api"]  # from . import routes
+    assert "functions.gateway.openapi" in graph["functions.gateway.api"]  # from . import openapi
     assert "functions.gateway.api" in graph["functions.gateway.app"]  # from .api import create_app
-    assert "functions.gateway.console" in graph["functions.gateway.api"]  # inside a function
+    assert "functions.gateway.routers.console" in graph["functions.gateway.api"]  # inside a function
+    assert "functions.gateway.dependencies" in graph["functions.gateway.routers.jobs"]  # from ..dependencies
 
 
 @pytest.mark.parametrize("graph, expected", [

@@ -88,7 +88,7 @@ function keyRefused() {
 
 function showView(name) {
   if (apiKey()) notice("");
-  state.view = ["overview", "jobs", "dlq", "batches"].includes(name) ? name : "overview";
+  state.view = ["overview", "jobs", "dlq", "batches", "usage"].includes(name) ? name : "overview";
   for (const section of document.querySelectorAll(".view")) {
     section.hidden = section.id !== `view-${state.view}`;
   }
@@ -105,6 +105,7 @@ function refreshView() {
   if (state.view === "dlq") refreshDlq();
   if (state.view === "jobs") renderRecent();
   if (state.view === "batches") refreshBatches();
+  if (state.view === "usage") refreshUsage(); // usage.js
 }
 
 function showKeyState() {

@@ -18,7 +18,7 @@ from tests.conftest import load_event
 from .support import A
 from .test_handler import LambdaContext, gateway_module  # noqa: F401
 
-ASSET_RE = re.compile(r'(?:src|href)="((?:app\.js|app\.css|icon\.svg)\?v=[0-9a-f]{12})"')
+ASSET_RE = re.compile(r'(?:src|href)="((?:app\.js|usage\.js|app\.css|icon\.svg)\?v=[0-9a-f]{12})"')
 
 
 async def test_the_bare_path_redirects_relative_so_a_stage_prefix_keeps_working(client: httpx.AsyncClient) -> None:
@@ -35,7 +35,7 @@ async def test_the_page_names_its_assets_by_content_hash_and_is_revalidated(clie
     assert "connect-src 'self'" in page.headers["content-security-policy"]
     assert "default-src 'none'" in page.headers["content-security-policy"]
     names = set(ASSET_RE.findall(page.text))
-    assert {n.split("?")[0] for n in names} == {"app.js", "app.css", "icon.svg"}
+    assert {n.split("?")[0] for n in names} == {"app.js", "usage.js", "app.css", "icon.svg"}
 
     again = await client.get("/console/", headers={"If-None-Match": page.headers["etag"]})
     assert again.status_code == 304
@@ -54,7 +54,7 @@ async def test_assets_are_immutable_with_an_etag_and_answer_304_when_unchanged(c
 
 
 async def test_nothing_is_loaded_from_another_origin(client: httpx.AsyncClient) -> None:
-    for name in ("", "app.js", "app.css", "icon.svg"):
+    for name in ("", "app.js", "usage.js", "app.css", "icon.svg"):
         text = (await client.get(f"/console/{name}")).text
         foreign = [u for u in re.findall(r"(?:https?:)?//[A-Za-z0-9.-]+", text) if "www.w3.org" not in u]
         assert not foreign, (name, foreign)

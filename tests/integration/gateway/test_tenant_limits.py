@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from functions.gateway import files as files_routes
+from functions.gateway.routers import uploads as upload_routes
 from inferq.batches.records import Batches
 from inferq.queue.protocol import Queue
 from tests.support.s3 import MotoS3, in_process_bucket
@@ -231,15 +231,15 @@ async def test_upload_parts_are_bounded_and_never_write_an_expired_record(
     client = open_files(make_app, open_client)
     upload_id = await open_upload(client, 10)
     assert_envelope(await add_part(client, upload_id, b""), 422)
-    monkeypatch.setattr(files_routes, "MAX_PARTS", 2)
+    monkeypatch.setattr(upload_routes, "MAX_PARTS", 2)
     assert (await add_part(client, upload_id, b"a")).status_code == 200
     assert (await add_part(client, upload_id, b"b")).status_code == 200
     assert_envelope(await add_part(client, upload_id, b"c"), 422)
     key = queue.keys.upload(upload_id)
-    assert 0 < await queue.redis.ttl(key) <= files_routes.UPLOAD_TTL_S
+    assert 0 < await queue.redis.ttl(key) <= upload_routes.UPLOAD_TTL_S
     # the record expires (here: now); no write brings it back, with or without a TTL
     await queue.redis.delete(key)
-    monkeypatch.setattr(files_routes, "MAX_PARTS", 10)
+    monkeypatch.setattr(upload_routes, "MAX_PARTS", 10)
     record = {"id": upload_id, "tenant": "tenant-a", "filename": "x", "purpose": "batch", "bytes": "10",
               "created_at": "1", "status": "pending"}
     # a part request that read the record just before it expired writes into nothing

@@ -6,14 +6,13 @@ ends."""
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Annotated
 
 import httpx
 import pytest
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from functions.gateway.waits import wait_dependency
+from functions.gateway.waits import Wait
 from inferq.queue.protocol import Queue
 
 from .conftest import AppFactory
@@ -92,16 +91,18 @@ async def test_a_route_built_on_the_dependency_holds_a_slot_until_it_has_answere
     make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient], queue: Queue
 ) -> None:
     app = make_app(tenant_max_waits=1)
-    gw = app.state.gateway
     release = asyncio.Event()
 
     @app.get("/test/wait")
-    async def waiting(wait: Annotated[float, Depends(wait_dependency(gw))]) -> JSONResponse:
+    async def waiting(wait: Wait) -> JSONResponse:
         await release.wait()  # a wait that lasts until the test ends it
         return JSONResponse({"waited": wait})
 
     client = open_client(app)
     first = asyncio.ensure_future(client.get("/test/wait?wait=5", headers=A))
+    async with asyncio.timeout(GUARD_S):  # the first holds the slot before the second asks (not a race to Redis)
+        while await queue.redis.zcard(queue.keys.waits("tenant-a")) != 1:
+            await asyncio.sleep(0.01)
     answered, _ = await refused_at_once([client.get("/test/wait?wait=5", headers=A)], refused=1)
     assert_refused(answered[0])
     assert not first.done()

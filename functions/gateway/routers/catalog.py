@@ -5,15 +5,17 @@ The fleet's numbers (desired and running workers, lag, pending) are queue-wide, 
 (``INFERQ_ADMIN_TENANTS``) sees them; any other tenant gets them as null and its own unfinished jobs instead."""
 
 import asyncio
-import os
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from inferq.queue.protocol import Observation, Queue
 
-from .openapi import documented
+from ..dependencies import GatewayDep, Tenant
+from ..openapi import documented
+
+router = APIRouter()
 
 
 def _entry(model_id: str, created: int, queue: Queue, seen: Observation) -> dict[str, Any]:
@@ -43,23 +45,19 @@ def _tenant_entry(model_id: str, created: int, queue: Queue, unfinished: Any) ->
     }
 
 
-def routes(gw: Any, router: APIRouter) -> None:
-    Tenant = Annotated[str, Depends(gw.authenticate)]
+@router.get("/v1/models", summary="The models served, with each fleet's desired and running workers and depth",
+            response_model=None, responses=documented("OpenAI's model list, each with an `inferq` object",
+                                                      400, 401, 413, 422, 503))
+async def list_models(gw: GatewayDep, tenant: Tenant) -> JSONResponse:
     registry = gw.registry
     # OpenAI's `created`: when the model was added; here when its registry file was last written
-    created = int(os.path.getmtime(registry.path)) if registry is not None else 0
+    created = registry.created if registry is not None else 0
     ids = [m.name for m in registry.models] if registry is not None else [gw.settings.queue]
-    queue_names = [m.queue for m in registry.models] if registry is not None else [None]
-
-    @router.get("/v1/models", summary="The models served, with each fleet's desired and running workers and depth",
-                response_model=None, responses=documented("OpenAI's model list, each with an `inferq` object",
-                                                          400, 401, 413, 422, 503))
-    async def list_models(tenant: Tenant) -> JSONResponse:
-        queues = [gw.queues.get(name) for name in queue_names]
-        if not gw.settings.is_admin(tenant):  # the tenant's own count only: nothing about the others' volume
-            counts = await gw.call(asyncio.gather(*(q.redis.hget(q.keys.tenants, tenant) for q in queues)))
-            data = [_tenant_entry(i, created, q, n) for i, q, n in zip(ids, queues, counts, strict=True)]
-            return JSONResponse({"object": "list", "data": data})
-        seen = await gw.call(asyncio.gather(*(queue.observe() for queue in queues)))
-        data = [_entry(i, created, q, o) for i, q, o in zip(ids, queues, seen, strict=True)]
+    queues = [gw.queues.get(m.queue) for m in registry.models] if registry is not None else [gw.queues.get(None)]
+    if not gw.settings.is_admin(tenant):  # the tenant's own count only: nothing about the others' volume
+        counts = await gw.call(asyncio.gather(*(q.redis.hget(q.keys.tenants, tenant) for q in queues)))
+        data = [_tenant_entry(i, created, q, n) for i, q, n in zip(ids, queues, counts, strict=True)]
         return JSONResponse({"object": "list", "data": data})
+    seen = await gw.call(asyncio.gather(*(queue.observe() for queue in queues)))
+    data = [_entry(i, created, q, o) for i, q, o in zip(ids, queues, seen, strict=True)]
+    return JSONResponse({"object": "list", "data": data})

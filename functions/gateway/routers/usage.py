@@ -6,39 +6,22 @@ tenant's is 403 ``operator_only``. The reading and summing is :mod:`inferq.usage
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request, Security
+from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
-from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from inferq.queue.keys import TENANT, TENANT_RULE
 from inferq.usage.periods import DAY_S, HOUR_S
 from inferq.usage.report import usage
 
-from .errors import ApiError
-from .metering import sources
-from .openapi import errors
+from ..dependencies import GatewayDep, Tenant
+from ..errors import ApiError
+from ..metering import sources
+from ..openapi import errors
 
 DEFAULT_RANGE_S = DAY_S
 EVERY_TENANT = "*"
 
 router = APIRouter(tags=["usage"])
-_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <key>`")
-_api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="`x-api-key: <key>`")
-
-
-def gateway(request: Request) -> Any:
-    """The app's :class:`~.shared.Gateway` (``app.state.gateway``, set by :func:`.api.create_app`)."""
-    return request.app.state.gateway
-
-
-async def caller(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
-    api_key: Annotated[str | None, Security(_api_key)],
-) -> str:
-    """The authenticated tenant, as every route has it (:meth:`.shared.Gateway.authenticate`)."""
-    return str(await gateway(request).authenticate(request, credentials, api_key))
-
 
 _USAGE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -83,8 +66,8 @@ _USAGE_SCHEMA: dict[str, Any] = {
     },
 )
 async def get_usage(
-    request: Request,
-    tenant: Annotated[str, Depends(caller)],
+    gw: GatewayDep,
+    tenant: Tenant,
     start: Annotated[int | None, Query(ge=0, description="Unix seconds (default: `end` less 24 hours); the hour it "
                                                          "falls in is counted whole")] = None,
     end: Annotated[int | None, Query(ge=0, description="Unix seconds, exclusive (default: now)")] = None,
@@ -94,7 +77,6 @@ async def get_usage(
     bucket: Annotated[Literal["hour", "day"] | None,
                       Query(description="Rows per hour or per UTC day of the range too, each with its `start`")] = None,
 ) -> JSONResponse:
-    gw = gateway(request)
     settings = gw.settings
     now = int(time.time())
     end = now if end is None else end

@@ -10,52 +10,53 @@ import asyncio
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
 from inferq.queue import feed
 
-from .errors import ApiError
-from .models import MAX_WAIT_S
-from .openapi import documented
-from .waits import wait_responses, wait_slot
+from ..dependencies import GatewayDep, Tenant
+from ..errors import ApiError
+from ..models import MAX_WAIT_S
+from ..openapi import documented
+from ..waits import wait_responses, wait_slot
+
+router = APIRouter()
 
 BAD_CURSOR = "after: must be a cursor this endpoint returned to this key"
 
 
-def routes(gw: Any, router: APIRouter) -> None:
-    Tenant = Annotated[str, Depends(gw.authenticate)]
-
-    @router.get("/v1/events", summary="The tenant's terminal jobs in the order they ended", response_model=None,
-                responses={**documented("A page of job objects with its cursor", 400, 401, 413, 422, 503),
-                           **wait_responses()})
-    async def events(
-        tenant: Tenant,
-        after: Annotated[str | None, Query(max_length=8192, description="The `cursor` of the previous page")] = None,
-        limit: Annotated[int, Query(ge=1, le=1000, description="At most this many jobs")] = 100,
-        wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait for one")] = 0,
-    ) -> JSONResponse:
-        queues = gw.all_queues()
-        names = [q.keys.queue for q in queues]
-        key = await gw.call(feed.cursor_key(gw.queue))
-        positions: dict[str, str | None] = dict.fromkeys(names)
-        if after is not None:
+@router.get("/v1/events", summary="The tenant's terminal jobs in the order they ended", response_model=None,
+            responses={**documented("A page of job objects with its cursor", 400, 401, 413, 422, 503),
+                       **wait_responses()})
+async def events(
+    gw: GatewayDep,
+    tenant: Tenant,
+    after: Annotated[str | None, Query(max_length=8192, description="The `cursor` of the previous page")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="At most this many jobs")] = 100,
+    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait for one")] = 0,
+) -> JSONResponse:
+    queues = gw.all_queues()
+    names = [q.keys.queue for q in queues]
+    key = await gw.call(feed.cursor_key(gw.queue))
+    positions: dict[str, str | None] = dict.fromkeys(names)
+    if after is not None:
+        given = feed.unseal(key, tenant, after)
+        if given is None and not feed.CURSOR_RE.match(after.split(".")[0]):
+            # Redis may have lost the key and another gateway made a new one: read it again once
+            key = await gw.call(feed.cursor_key(gw.queue, fresh=True))
             given = feed.unseal(key, tenant, after)
-            if given is None and not feed.CURSOR_RE.match(after.split(".")[0]):
-                # Redis may have lost the key and another gateway made a new one: read it again once
-                key = await gw.call(feed.cursor_key(gw.queue, fresh=True))
-                given = feed.unseal(key, tenant, after)
-            if given is None:
-                given = _legacy(after, names)
-            if given is None:
-                raise ApiError(422, BAD_CURSOR, type_="invalid_cursor")
-            # a queue the registry no longer has is dropped; one added since starts from the retention floor
-            positions.update({name: given[name] for name in names if name in given})
-        async with wait_slot(gw, tenant, wait):  # INFERQ_TENANT_MAX_WAITS: 429 past it
-            jobs, has_more = await gw.call(_read(queues, tenant, positions, limit, wait), extra_s=wait)
-        # a claimed result by URL: a page of up to 1,000 jobs must not inline up to 1,000 large results
-        return JSONResponse({"object": "list", "data": [gw.claims.by_url(job) for job in jobs],
-                             "cursor": feed.seal(key, tenant, positions), "has_more": has_more})
+        if given is None:
+            given = _legacy(after, names)
+        if given is None:
+            raise ApiError(422, BAD_CURSOR, type_="invalid_cursor")
+        # a queue the registry no longer has is dropped; one added since starts from the retention floor
+        positions.update({name: given[name] for name in names if name in given})
+    async with wait_slot(gw, tenant, wait):  # INFERQ_TENANT_MAX_WAITS: 429 past it
+        jobs, has_more = await gw.call(_read(queues, tenant, positions, limit, wait), extra_s=wait)
+    # a claimed result by URL: a page of up to 1,000 jobs must not inline up to 1,000 large results
+    return JSONResponse({"object": "list", "data": [gw.claims.by_url(job) for job in jobs],
+                         "cursor": feed.seal(key, tenant, positions), "has_more": has_more})
 
 
 def _legacy(after: str, names: list[str]) -> dict[str, str | None] | None:

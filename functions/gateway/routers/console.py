@@ -15,21 +15,22 @@ counters and gauges, numbers only; a tenant that is not an operator (``INFERQ_AD
 import hashlib
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import RedirectResponse, Response
 
 from inferq.queue.history import HISTORY_SAMPLES, read_history
 
-from .errors import ApiError
+from ..dependencies import GatewayDep, Tenant
+from ..errors import ApiError
 
-if TYPE_CHECKING:
-    from .shared import Gateway
+router = APIRouter()
 
 ASSETS = {
     "app.js": "text/javascript; charset=utf-8",
+    "usage.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
     "icon.svg": "image/svg+xml",
 }
@@ -74,7 +75,7 @@ def _etag(body: bytes) -> str:
 
 def load_assets() -> dict[str, Asset]:
     """Every file of the console, the page with its assets' hashes written in."""
-    folder = resources.files(__package__ or "functions.gateway").joinpath("console")
+    folder = resources.files("functions.gateway").joinpath("console")
     assets: dict[str, Asset] = {}
     for name, media_type in ASSETS.items():
         body = folder.joinpath(name).read_bytes()
@@ -94,57 +95,62 @@ def _answer(request: Request, asset: Asset) -> Response:
     return Response(asset.body, media_type=asset.media_type, headers=headers)
 
 
-def install(gw: "Gateway", router: APIRouter) -> None:
-    """The console's routes and the history endpoint, on the app's router. (No ``from __future__ import
-    annotations`` in this module: FastAPI must see the real ``Annotated`` dependency, which names a local.)"""
-    cache: dict[str, dict[str, Asset]] = {}
+_assets: dict[str, Asset] = {}
 
-    def assets() -> dict[str, Asset]:
-        if not cache:  # read on first use: the Lambda's cold start does not pay for the console
-            cache["assets"] = load_assets()
-        return cache["assets"]
 
-    @router.get("/console", include_in_schema=False)
-    async def console_root() -> Response:
-        # relative, so the console also works under an API Gateway stage prefix
-        return RedirectResponse("console/", status_code=308)
+def assets() -> dict[str, Asset]:
+    """The console's files, read on first use: the Lambda's cold start does not pay for the console."""
+    if not _assets:
+        _assets.update(load_assets())
+    return _assets
 
-    @router.get("/console/", include_in_schema=False)
-    async def console_page(request: Request) -> Response:
-        return _answer(request, assets()[INDEX])
 
-    @router.get("/console/{name}", include_in_schema=False)
-    async def console_asset(request: Request, name: str) -> Response:
-        asset = assets().get(name) if name != INDEX else None
-        if asset is None:
-            raise ApiError(404, "no such console file")
-        return _answer(request, asset)
+@router.get("/console", include_in_schema=False)
+async def console_root() -> Response:
+    # relative, so the console also works under an API Gateway stage prefix
+    return RedirectResponse("console/", status_code=308)
 
-    error_ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorEnvelope"}}}
-    retry_after = {"Retry-After": {"description": "Seconds to wait", "schema": {"type": "string"}}}
 
-    @router.get(
-        "/v1/stats/history",
-        summary="Recent samples of the queue's counters and gauges, oldest first (the console's charts)",
-        response_model=None,
-        responses={
-            200: {"description": "Samples, at most one every 5 s, the newest last",
-                  "content": {"application/json": {"schema": {
-                      "type": "object", "required": ["object", "data"],
-                      "properties": {"object": {"const": "list"},
-                                     "data": {"type": "array", "items": _SAMPLE_SCHEMA}}}}}},
-            **{code: {"description": text, "content": error_ref}
-               for code, text in ((400, "Malformed request"), (401, "Missing or unknown API key"),
-                                  (403, "Not an operator key (INFERQ_ADMIN_TENANTS)"),
-                                  (413, "Body above INFERQ_MAX_BODY_BYTES"), (422, "Invalid request"))},
-            503: {"description": "Redis unreachable", "content": error_ref, "headers": retry_after},
-        },
-    )
-    async def stats_history(
-        tenant: Annotated[str, Depends(gw.authenticate)],
-        limit: Annotated[int, Query(ge=1, le=HISTORY_SAMPLES, description="At most this many samples")]
-        = HISTORY_SAMPLES,
-    ) -> JSONResponse:
-        gw.require_admin(tenant)  # queue-wide numbers: operators only
-        samples = await gw.call(read_history(gw.queue, limit))
-        return JSONResponse({"object": "list", "data": samples})
+@router.get("/console/", include_in_schema=False)
+async def console_page(request: Request) -> Response:
+    return _answer(request, assets()[INDEX])
+
+
+@router.get("/console/{name}", include_in_schema=False)
+async def console_asset(request: Request, name: str) -> Response:
+    asset = assets().get(name) if name != INDEX else None
+    if asset is None:
+        raise ApiError(404, "no such console file")
+    return _answer(request, asset)
+
+
+_ERROR_REF = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorEnvelope"}}}
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait", "schema": {"type": "string"}}}
+
+
+@router.get(
+    "/v1/stats/history",
+    summary="Recent samples of the queue's counters and gauges, oldest first (the console's charts)",
+    response_model=None,
+    responses={
+        200: {"description": "Samples, at most one every 5 s, the newest last",
+              "content": {"application/json": {"schema": {
+                  "type": "object", "required": ["object", "data"],
+                  "properties": {"object": {"const": "list"},
+                                 "data": {"type": "array", "items": _SAMPLE_SCHEMA}}}}}},
+        **{code: {"description": text, "content": _ERROR_REF}
+           for code, text in ((400, "Malformed request"), (401, "Missing or unknown API key"),
+                              (403, "Not an operator key (INFERQ_ADMIN_TENANTS)"),
+                              (413, "Body above INFERQ_MAX_BODY_BYTES"), (422, "Invalid request"))},
+        503: {"description": "Redis unreachable", "content": _ERROR_REF, "headers": _RETRY_AFTER},
+    },
+)
+async def stats_history(
+    gw: GatewayDep,
+    tenant: Tenant,
+    limit: Annotated[int, Query(ge=1, le=HISTORY_SAMPLES, description="At most this many samples")]
+    = HISTORY_SAMPLES,
+) -> JSONResponse:
+    gw.require_admin(tenant)  # queue-wide numbers: operators only
+    samples = await gw.call(read_history(gw.queue, limit))
+    return JSONResponse({"object": "list", "data": samples})

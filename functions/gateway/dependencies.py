@@ -1,0 +1,40 @@
+"""What the routers' handlers ask FastAPI to give them: the app's :class:`~.shared.Gateway` (:data:`GatewayDep`) and
+the calling key's tenant (:data:`Tenant`: authentication, which runs before the body is parsed, so an
+unauthenticated caller learns nothing about validation). The two security schemes documented in OpenAPI are
+declared here; the hot path reads the same headers itself (:meth:`.shared.Gateway.tenant_from`)."""
+
+from typing import Annotated
+
+from fastapi import Depends, Request, Security
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from .shared import Gateway
+
+_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <key>`")
+_api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="`x-api-key: <key>`")
+
+
+async def gateway(request: Request) -> Gateway:
+    """The gateway of the app serving the request (:func:`.api.create_app` puts it in the app's state). A coroutine
+    although it never waits: FastAPI runs a plain function dependency in its thread pool, a thread hop per request."""
+    return _gateway_of(request)
+
+
+def _gateway_of(request: Request) -> Gateway:
+    gw: Gateway = request.app.state.gateway
+    return gw
+
+
+async def authenticate(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+    api_key: Annotated[str | None, Security(_api_key)],
+) -> str:
+    """The tenant of the key in ``Authorization: Bearer`` or ``x-api-key`` (401 without a known one; 429 past the
+    tenant's rate limit)."""
+    key = credentials.credentials if credentials is not None else api_key
+    return await _gateway_of(request).tenant_of_key(request.scope.setdefault("state", {}), key)
+
+
+GatewayDep = Annotated[Gateway, Depends(gateway)]
+Tenant = Annotated[str, Depends(authenticate)]
