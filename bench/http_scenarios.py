@@ -1,5 +1,5 @@
 """The HTTP scenario family (F, S1, S2, S3, G, W, L, and the ``--scale`` grid): load through the gateway of a
-stack, each scenario's runs recorded by :class:`bench.plumbing.Plumbing`."""
+stack, each scenario's runs recorded by :class:`bench.session.Session`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typing import Any
 
 from . import floor, load, report, scale, valkeystats
 from .clients import make_pool
-from .plumbing import Plumbing, Sizes, measured
+from .measured import measured
+from .session import Session, Sizes
 from .stack import Stack, stop_process
 from .summary import (
     cpu_delta,
@@ -28,7 +29,7 @@ from .summary import (
 )
 
 
-class HttpScenarios(Plumbing):
+class HttpScenarios(Session):
     async def http_scenarios(self) -> None:
         sz = self.sizes
         if "F" in self.only and "S3" not in self.only:

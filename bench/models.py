@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from . import load, report
-from .plumbing import Plumbing
+from .session import Session
 from .stack import READY_TIMEOUT_S, Stack, StackError
 from .summary import dig
 
@@ -82,7 +82,7 @@ def fmt_ratios(r: dict[str, Any]) -> str:
             f"{report.fmt_spread(r['p95_ratio'], 2)}x")
 
 
-class ModelScenarios(Plumbing):
+class ModelScenarios(Session):
     async def models_scenario(self) -> None:
         """M: S3's shape on one model and split over two, two stacks up at once, runs alternated."""
         sz = self.sizes

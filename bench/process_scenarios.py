@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from . import load, report
-from .plumbing import Plumbing
+from .session import Session
 from .stack import ROOT, spawn_worker, stop_process
 from .summary import core_target
 
 
-class ProcessScenarios(Plumbing):
+class ProcessScenarios(Session):
     async def cold_and_drain(self) -> None:
         """Worker cold start and worker drain (no HTTP) against an embedded Valkey of their own."""
         import tempfile

@@ -1,7 +1,11 @@
-"""Summaries of py-spy profiles (``--profile``): where the samples' time goes, by category and by frame."""
+"""py-spy profiles (``--profile``): recorded from the stack's processes for one run, and summarised: where the
+samples' time goes, by category and by frame."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 # Where a sample's time goes, by the innermost frame that matches (first match wins, checked from the leaf up).
@@ -55,3 +59,33 @@ def profile_summary(path: Path, top: int = 40) -> str:
     out += ["", "inclusive:"]
     out += [f"{100 * v / total:5.1f}%  {k}" for k, v in sorted(inclusive.items(), key=lambda kv: -kv[1])[:top * 2]]
     return "\n".join(out) + "\n"
+
+
+def start_profilers(tool: str, pids: dict[str, list[int]], folder: Path, key: str
+                    ) -> list[tuple[subprocess.Popen[bytes], Path]]:
+    """py-spy (``tool``) on the gateway and each worker of ``pids`` (by role): collapsed stacks in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    started = []
+    for role, role_pids in pids.items():
+        if role not in ("gateway", "worker"):
+            continue
+        for k, pid in enumerate(role_pids):
+            path = folder / f"{key.replace('/', '-')}-{role}{k}.txt"
+            process = subprocess.Popen([tool, "record", "-p", str(pid), "-o", str(path), "-f", "raw", "-r", "200",
+                                        "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            started.append((process, path))
+    time.sleep(0.5)  # py-spy attaches
+    return started
+
+
+def stop_profilers(profilers: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
+    """Stop each recording and write its summary beside it (``.top.txt``)."""
+    for process, path in profilers:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+        if path.exists():
+            path.with_suffix(".top.txt").write_text(profile_summary(path))

@@ -9,14 +9,15 @@ import traceback
 from typing import Any
 
 from . import report
+from .batch_scenario import BatchScenario
 from .http_scenarios import HttpScenarios
 from .models import ModelScenarios
-from .parts import Parts
 from .process_scenarios import ProcessScenarios
+from .standalone import StandaloneParts
 
 
-class Bench(HttpScenarios, ModelScenarios, ProcessScenarios, Parts):
-    """The scenario families of :mod:`bench.__main__`'s docstring over one :class:`bench.plumbing.Plumbing`."""
+class Bench(HttpScenarios, ModelScenarios, ProcessScenarios, BatchScenario, StandaloneParts):
+    """The scenario families of :mod:`bench.__main__`'s docstring over one :class:`bench.session.Session`."""
 
     async def run_async(self) -> None:
         if {"F", "S1", "S2", "S3", "G", "W", "L"} & self.only or self.args.scale:

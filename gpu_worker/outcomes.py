@@ -22,14 +22,14 @@ from typing import Any, TypeVar
 from inferq.config.settings import Settings
 from inferq.queue.jobs import Job, JobStatus
 from inferq.queue.protocol import Delivery, Outcome, Queue
-from inferq.redis.batching import Batcher
+from inferq.redis.coalescing import Coalescer
 from inferq.redis.faults import FaultRun
 from inferq.retry import backoff_ms
 from inferq.usage.spend import Spend
 
 from .attempt import Abort, Attempt
 from .backends.base import BackendError, EngineDied, FatalError, RetryableError, digest
-from .claims import ClaimCheck
+from .claim_check import ClaimCheck
 from .metrics import WorkerMetrics
 
 log = logging.getLogger("gpu_worker.worker")  # the worker's own logger: moving code here changes no log line
@@ -113,14 +113,14 @@ class Settler:
     (a ``time.monotonic()`` value, None while the worker runs) is when writes against an unreachable Redis stop
     trying: a write not made by then answers None and its entry stays pending, to be reclaimed."""
 
-    def __init__(self, settings: Settings, queue: Queue, metrics: WorkerMetrics, claims: ClaimCheck,
+    def __init__(self, settings: Settings, queue: Queue, metrics: WorkerMetrics, claim_check: ClaimCheck,
                  faults: Callable[[str], FaultRun]) -> None:
         self.settings = settings
         self.queue = queue
         self.metrics = metrics
-        self.claims = claims
+        self.claim_check = claim_check
         self._faults = faults
-        self.finishes: Batcher[FinishItem, Outcome] = Batcher(queue.finish_many)
+        self.finishes: Coalescer[FinishItem, Outcome] = Coalescer(queue.finish_many)
         self.deadline: float | None = None
 
     @property
@@ -146,7 +146,7 @@ class Settler:
         if outcome is Outcome.DUPLICATE:
             self.metrics.duplicates.inc()
         if outcome in (Outcome.WRITTEN, Outcome.ENDED):  # ended here, and not dead-lettered: its body is done with
-            await self.claims.drop_request_body(delivery.job)
+            await self.claim_check.drop_request_body(delivery.job)
         if outcome is None:
             log.error("could not write the outcome (%s) before giving up; the entry will be reclaimed", settle.kind)
         elif outcome not in (Outcome.WRITTEN, Outcome.RETRY_SCHEDULED, Outcome.RELEASED):

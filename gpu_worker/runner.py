@@ -2,7 +2,7 @@
 
 :meth:`JobRunner.start` makes the job's :class:`~gpu_worker.attempt.Attempt` and its task; the task
 
-1. reads a claimed request body back from S3 (:class:`~gpu_worker.claims.ClaimCheck`),
+1. reads a claimed request body back from S3 (:class:`~gpu_worker.claim_check.ClaimCheck`),
 2. calls the backend under the job's timeout, at the engine from the call's start to its answer
    (:class:`EngineOccupancy`),
 3. stores a large result in S3, and classifies the end (:mod:`gpu_worker.outcomes`),
@@ -28,7 +28,7 @@ from inferq.usage.spend import BusyShare
 from . import outcomes
 from .attempt import Attempt
 from .backends.base import Backend, check_status, child_traceparent, trace_id
-from .claims import ClaimCheck
+from .claim_check import ClaimCheck
 from .held import HeldJobs
 from .logs import bind_job
 from .metrics import WorkerMetrics
@@ -64,13 +64,13 @@ class JobRunner:
     fault (a bug: the worker stops)."""
 
     def __init__(
-        self, settings: Settings, backend: Backend, claims: ClaimCheck, settler: Settler, held: HeldJobs,
+        self, settings: Settings, backend: Backend, claim_check: ClaimCheck, settler: Settler, held: HeldJobs,
         metrics: WorkerMetrics, *, on_engine_died: Callable[[], None], on_error: Callable[[BaseException], None],
         gpus: int = 1,
     ) -> None:
         self.settings = settings
         self.backend = backend
-        self.claims = claims
+        self.claim_check = claim_check
         self.settler = settler
         self.held = held
         self.metrics = metrics
@@ -113,7 +113,7 @@ class JobRunner:
         deadline = asyncio.timeout(timeout_s)
         try:
             async with deadline:
-                request_body = await self.claims.request_body(record)
+                request_body = await self.claim_check.request_body(record)
                 self.engine.enter(attempt)
                 self.busy.begin(attempt)
                 status, body = await self.backend.complete(
@@ -124,7 +124,7 @@ class JobRunner:
             self.metrics.answered(body)
             # its tokens, read here: a large answer goes to S3 next, and its record keeps a reference
             attempt.spend = attempt.spend.with_tokens(body.get("usage") if isinstance(body, dict) else None)
-            result = await self.claims.result(record, status, body)
+            result = await self.claim_check.result(record, status, body)
         except asyncio.CancelledError:
             if attempt.abort is None:
                 raise  # not ours (the loop is shutting down): let it through

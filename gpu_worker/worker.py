@@ -46,7 +46,7 @@ from inferq.webhooks.sender import WebhookSender
 
 from .attempt import Abort
 from .backends.base import Backend
-from .claims import ClaimCheck
+from .claim_check import ClaimCheck
 from .fleet import Fleet
 from .held import HeldJobs
 from .leases import LeaseKeeper
@@ -120,10 +120,10 @@ class Worker:
         self.metrics = metrics or WorkerMetrics(settings.queue, self.window.size)
         self._watch_window()
         self.held = HeldJobs(self.window, on_change=self._occupancy_changed)
-        self.claims = ClaimCheck(settings)  # large bodies and results in S3
-        self.settler = Settler(settings, queue, self.metrics, self.claims, self._faults)
+        self.claim_check = ClaimCheck(settings)  # large bodies and results in S3
+        self.settler = Settler(settings, queue, self.metrics, self.claim_check, self._faults)
         self.fleet = Fleet(settings, queue, self.id, self.metrics, held=lambda: len(self.held))
-        self.runner = JobRunner(settings, backend, self.claims, self.settler, self.held, self.metrics,
+        self.runner = JobRunner(settings, backend, self.claim_check, self.settler, self.held, self.metrics,
                                 on_engine_died=self._engine_died, on_error=lambda exc: self._died("job writer", exc),
                                 gpus=gpus)
         self.puller = Puller(
@@ -135,7 +135,7 @@ class Worker:
                                   on_fault=self._count_fault)
         self.maintenance = Maintenance(queue, self.id, self.fleet, held=lambda: len(self.held), faults=self._faults)
         self.webhooks = (
-            WebhookSender(queue, settings, self.id, on_outcome=self.metrics.webhook, present=self.claims.job_api)
+            WebhookSender(queue, settings, self.id, on_outcome=self.metrics.webhook, present=self.claim_check.job_api)
             if webhooks else None
         )
 

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 S3_ATTEMPTS = 3
 """botocore's attempts per S3 call (standard retry mode: throttling and 5xx with backoff). The worker's claim checks
-retry a failed call again on top (gpu_worker/claims.py), the gateway answers 503 with ``Retry-After``."""
+retry a failed call again on top (gpu_worker/claim_check.py), the gateway answers 503 with ``Retry-After``."""
 S3_CONNECT_TIMEOUT_S, S3_READ_TIMEOUT_S = 3, 30
 
 SECRETS_CONNECT_TIMEOUT_S, SECRETS_READ_TIMEOUT_S, SECRETS_ATTEMPTS = 2, 3, 2

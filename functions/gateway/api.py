@@ -1,5 +1,5 @@
 """HTTP API v1 (docs/api.md) on FastAPI: :func:`create_app` assembles the app from settings, or from injected parts.
-What every route shares is :class:`.shared.Gateway`, which the handlers get through :mod:`.dependencies`; the routes
+What every route shares is :class:`.gateway.Gateway`, which the handlers get through :mod:`.dependencies`; the routes
 live by concern in :mod:`.routers` (one ``APIRouter`` per module, its handlers module-level functions), which this
 module includes and which never import it. Submit and get also have a hand-written fast path (:mod:`.hotpath`);
 the OpenAPI plumbing is :mod:`.openapi`, the outer ASGI layer :mod:`.edge`.
@@ -23,8 +23,8 @@ from . import errors, openapi
 from .auth import KeyStore, key_store
 from .clients import QueueProvider
 from .edge import Edge
+from .gateway import Gateway
 from .hotpath import HotApp, HotRoute, Serve, api_routes, get_serve, submit_serve
-from .shared import Gateway
 from .telemetry import Telemetry
 from .wake import HttpWaker, LambdaWaker, WakeOnEnqueue, Waker
 

@@ -1,14 +1,14 @@
-"""What the routers' handlers ask FastAPI to give them: the app's :class:`~.shared.Gateway` (:data:`GatewayDep`) and
+"""What the routers' handlers ask FastAPI to give them: the app's :class:`~.gateway.Gateway` (:data:`GatewayDep`) and
 the calling key's tenant (:data:`Tenant`: authentication, which runs before the body is parsed, so an
 unauthenticated caller learns nothing about validation). The two security schemes documented in OpenAPI are
-declared here; the hot path reads the same headers itself (:meth:`.shared.Gateway.tenant_from`)."""
+declared here; the hot path reads the same headers itself (:meth:`.gateway.Gateway.tenant_from`)."""
 
 from typing import Annotated
 
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from .shared import Gateway
+from .gateway import Gateway
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <key>`")
 _api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="`x-api-key: <key>`")

@@ -148,7 +148,7 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, JobTerminal)
         return error_response(
             409, f"the job is already {exc.job.status.value}", type_="job_terminal",
-            job=request.app.state.gateway.claims.by_url(exc.job)
+            job=request.app.state.gateway.claim_check.by_url(exc.job)
         )
 
     async def not_dead_lettered(request: Request, exc: Exception) -> JSONResponse:

@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from inferq import fastjson
 
 from . import jobs
-from .models import IDEMPOTENCY_KEY_MAX, MAX_WAIT_S
+from .request_schemas import IDEMPOTENCY_KEY_MAX, MAX_WAIT_S
 
 _PLAIN_WAIT_RE = re.compile(r"^(?:[0-9]|1[0-9]|20)(?:\.[0-9]{1,6})?$")
 """A ``wait`` the fast path parses itself (``float()`` and pydantic agree on these); anything else goes to FastAPI."""

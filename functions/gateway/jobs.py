@@ -15,12 +15,12 @@ from inferq.queue.engine_body import BodyError, check_body
 from inferq.queue.jobs import Job, JobRequest, Priority
 
 from .errors import ApiError
-from .models import ALLOW_PRIVATE, NO_SURROGATES, JobCreate, surrogate_free
+from .request_schemas import ALLOW_PRIVATE, NO_SURROGATES, JobCreate, surrogate_free
 from .responses import JSONResponse
 from .waits import wait_slot
 
 if TYPE_CHECKING:
-    from .shared import Gateway
+    from .gateway import Gateway
 
 JOB_ID_RE = re.compile(r"^job_[a-z2-7]{26}(?:_[A-Za-z0-9_-]{1,64})?$")
 """A job id; under a model registry it ends with its queue (``inferq.config.registry.queue_of_job``)."""
@@ -74,12 +74,12 @@ async def submit(gw: "Gateway", tenant: str, raw: bytes, idempotency_key: str | 
         priority=Priority(payload.priority) if payload.priority else gw.settings.priority_of(tenant),
     )
     queue = gw.model_queue(payload.body.get("model"))  # an unknown model is a 404 before anything is stored
-    job_request = await gw.claims.check_in(tenant, job_request, len(raw))  # a large body goes to S3 first
+    job_request = await gw.claim_check.check_in(tenant, job_request, len(raw))  # a large body goes to S3 first
     job, replayed = await gw.call(queue.enqueue(tenant, job_request))
     location = f"/v1/jobs/{job.id}"
     if replayed:
         gw.telemetry.count("IdempotentReplays")
-        return Answer(200, job.id, gw.claims.by_url(job), {"Location": location, "Idempotent-Replayed": "true"})
+        return Answer(200, job.id, gw.claim_check.by_url(job), {"Location": location, "Idempotent-Replayed": "true"})
     gw.telemetry.count("JobsEnqueued")
     return Answer(202, job.id, job.to_api(), {"Location": location}, gw.wake_check(queue))
 
@@ -95,7 +95,7 @@ async def get(gw: "Gateway", tenant: str, job_id: str, wait: float) -> Answer:
         job = await gw.call(queue.get(job_id, tenant, with_body=False))  # the job object has no body
     if job is None:
         raise ApiError(404, "no such job")
-    return Answer(200, job.id, await gw.claims.present(job))
+    return Answer(200, job.id, await gw.claim_check.present(job))
 
 
 def job_response(request: Request, job: Job, status: int = 200, headers: dict[str, str] | None = None,

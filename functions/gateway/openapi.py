@@ -8,7 +8,7 @@ from fastapi.openapi.utils import get_openapi
 
 DOC_MODELS = ("JobCreate", "JobObject", "ErrorEnvelope", "JobConflict", "JobList", "ScaleView", "Health")
 """Models no route names as its own (bodies parsed by hand, responses by reference): their schemas are added. The
-response shapes live in :mod:`.schemas`, imported only here, when the document is first built."""
+response shapes live in :mod:`.response_schemas`, imported only here, when the document is first built."""
 
 def doc(model: str, description: str, **headers: str) -> dict[str, Any]:
     """A documented response by schema name; the schemas are added when the OpenAPI document is first built, so
@@ -80,10 +80,11 @@ def install(app: FastAPI) -> None:
             )
             # FastAPI sees no model (the submit body is parsed by hand, after auth; responses are named by
             # reference): add their schemas here.
-            from . import models, schemas
+            from . import request_schemas, response_schemas
 
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (getattr(models, name, None) or getattr(schemas, name) for name in DOC_MODELS):
+            models = (getattr(request_schemas, name, None) or getattr(response_schemas, name) for name in DOC_MODELS)
+            for model in models:
                 model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 for name, sub in model_schema.pop("$defs", {}).items():
                     components.setdefault(name, sub)

@@ -40,7 +40,7 @@ def drop_connections(app: Any) -> None:
     for wake in gw.wakes.values():
         _forget_client(wake.waker)
     _forget_client(gw.keys)
-    for store in (getattr(gw, "file_store", None), getattr(gw.claims, "store", None)):
+    for store in (getattr(gw, "file_store", None), getattr(gw.claim_check, "store", None)):
         _forget_client(store)
     if gw.settings.redis_auth_secret:  # the cache token's reader (the token in hand is kept)
         _forget_client(provider_for(gw.settings.redis_auth_secret))

@@ -29,11 +29,11 @@ from inferq.queue.waitslots import WaitsFull, WaitSlots
 
 from .dependencies import GatewayDep, Tenant
 from .errors import ApiError
-from .models import MAX_WAIT_S
 from .openapi import doc
+from .request_schemas import MAX_WAIT_S
 
 if TYPE_CHECKING:
-    from .shared import Gateway
+    from .gateway import Gateway
 
 __all__ = ["Wait", "held_wait", "wait_responses", "wait_slot", "wait_slots"]
 

@@ -20,7 +20,7 @@ from redis.exceptions import NoScriptError
 
 from inferq.queue.jobs import Job
 from inferq.queue.keys import Keys
-from inferq.redis.batching import Batcher
+from inferq.redis.coalescing import Coalescer
 from inferq.redis.faults import FaultRun
 
 from .base import EngineLoad, FatalError, RetryableError
@@ -136,7 +136,7 @@ class MockBackend:
         self._redis = redis
         self._key = keys.mock_calls
         self._count_script = redis.register_script(COUNT_SCRIPT)
-        self._calls: Batcher[str, int] = Batcher(self._count)
+        self._calls: Coalescer[str, int] = Coalescer(self._count)
         self._slots = asyncio.Semaphore(engine_slots) if engine_slots else None
         self._waiting = 0
         self._running = 0

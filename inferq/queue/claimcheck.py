@@ -3,7 +3,7 @@
 record holds a small reference in its place, so a job's Redis memory stays bounded whatever its payload.
 
 This module is the shape of those references and of their keys, shared by the gateway and the worker; it does no
-I/O (the S3 reads and writes are ``functions/gateway/claims.py``'s and ``gpu_worker/claims.py``'s).
+I/O (the S3 reads and writes are ``functions/gateway/claim_check.py``'s and ``gpu_worker/claim_check.py``'s).
 
 - A claimed request body is stored in the record as ``{"inferq_claim": {"key", "bytes", "sha256"}}`` under
   ``claims/requests/<tenant>/<sha256>/<submission>.json``: ``<submission>`` is derived from the request's

@@ -17,7 +17,7 @@ import pytest
 from moto import mock_aws
 
 from functions.storage import ClaimStore, FileStore
-from gpu_worker.claims import ClaimCheck
+from gpu_worker.claim_check import ClaimCheck
 from inferq import aws
 from inferq.config.settings import Settings
 

@@ -83,7 +83,7 @@ def _section(ratio: float, submit_billed: int, get_billed: int, cpu_ratio: float
 def test_the_goal_needs_cold_within_1_3x_the_floor_in_wall_and_cpu_time_and_both_warm_calls_billed_1_ms(
         section: dict[str, Any], met: bool) -> None:
     assert gl.target(section)["met"] is met
-    assert gl.target({"lambda_gateway": section})["met"] is met  # the report run() writes into, as bench.parts has it
+    assert gl.target({"lambda_gateway": section})["met"] is met  # the report run() fills, as bench.standalone has it
 
 
 def test_the_child_environment_drops_the_callers_settings(monkeypatch: pytest.MonkeyPatch) -> None:

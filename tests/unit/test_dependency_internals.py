@@ -7,7 +7,8 @@ instead of breaking the gateway or the worker at run time. Raise a bound in pypr
 - Starlette: functions/gateway/hotpath.py hands a route's handler the app's exception handlers in the scope key
   ``starlette.exception_handlers``, as Starlette's exception middleware does.
 - FastAPI: functions/gateway/hotpath.py runs a declined request's route under ``AsyncExitStackMiddleware`` (as
-  FastAPI's app does); functions/gateway/shared.py parses ``Authorization`` with ``fastapi.security.utils``.
+  FastAPI's app does), and finds the routes of included routers with ``fastapi.routing.iter_route_contexts``;
+  functions/gateway/gateway.py parses ``Authorization`` with ``fastapi.security.utils``.
 - moto (the emulator only): emulator/ecs.py drives ``moto.ecs.models.ecs_backends`` (documented backend models).
 """
 
@@ -139,6 +140,24 @@ async def test_fastapi_helpers_the_gateway_imports() -> None:
     await AsyncExitStackMiddleware(app)({"type": "http"}, None, None)  # type: ignore[arg-type]
     assert seen.get("type") == "http", (
         f"{what}: AsyncExitStackMiddleware no longer runs the app it wraps")
+
+
+def test_fastapi_lists_the_routes_of_included_routers_in_dispatch_order() -> None:
+    """functions/gateway/hotpath.py finds submit and get, which sit in an included router, through
+    ``fastapi.routing.iter_route_contexts``, and checks that the app's router would pick them first."""
+    what = installed_within("fastapi")
+    from fastapi import APIRouter, FastAPI
+    from fastapi.routing import APIRoute, iter_route_contexts
+
+    first, second = APIRouter(), APIRouter()
+    first.add_api_route("/a", lambda: None, name="a")
+    second.add_api_route("/b", lambda: None, name="b")
+    app = FastAPI()
+    app.include_router(first)
+    app.include_router(second)
+    names = [c.original_route.name for c in iter_route_contexts(app.router.routes)
+             if isinstance(c.original_route, APIRoute)]
+    assert names == ["a", "b"], f"{what}: iter_route_contexts lists {names}"
 
 
 def test_moto_ecs_backend_model_the_emulator_drives() -> None:

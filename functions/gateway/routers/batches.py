@@ -15,8 +15,8 @@ from inferq.queue.jobs import ENDPOINTS
 from ..dependencies import GatewayDep, Tenant
 from ..errors import ApiError
 from ..files import QUOTA_EXCEEDED, check_file_id, file_store, in_s3
-from ..models import Metadata
 from ..openapi import documented
+from ..request_schemas import Metadata
 
 router = APIRouter()
 

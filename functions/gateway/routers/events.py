@@ -17,8 +17,8 @@ from inferq.queue import feed
 
 from ..dependencies import GatewayDep, Tenant
 from ..errors import ApiError
-from ..models import MAX_WAIT_S
 from ..openapi import documented
+from ..request_schemas import MAX_WAIT_S
 from ..waits import wait_responses, wait_slot
 
 router = APIRouter()
@@ -55,7 +55,7 @@ async def events(
     async with wait_slot(gw, tenant, wait):  # INFERQ_TENANT_MAX_WAITS: 429 past it
         jobs, has_more = await gw.call(_read(queues, tenant, positions, limit, wait), extra_s=wait)
     # a claimed result by URL: a page of up to 1,000 jobs must not inline up to 1,000 large results
-    return JSONResponse({"object": "list", "data": [gw.claims.by_url(job) for job in jobs],
+    return JSONResponse({"object": "list", "data": [gw.claim_check.by_url(job) for job in jobs],
                          "cursor": feed.seal(key, tenant, positions), "has_more": has_more})
 
 

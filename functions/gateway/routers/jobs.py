@@ -9,8 +9,8 @@ from inferq.queue.jobs import JobStatus
 
 from ..dependencies import GatewayDep, Tenant
 from ..jobs import answered, get, job_id_or_404, job_response, submit
-from ..models import IDEMPOTENCY_KEY_MAX, JOB_CREATE_EXAMPLE, MAX_WAIT_S
 from ..openapi import doc, errors
+from ..request_schemas import IDEMPOTENCY_KEY_MAX, JOB_CREATE_EXAMPLE, MAX_WAIT_S
 from ..responses import JSONResponse
 from ..waits import wait_responses
 
@@ -97,8 +97,8 @@ async def cancel_job(request: Request, job_id: str, gw: GatewayDep, tenant: Tena
     queue = gw.job_queue(job_id_or_404(job_id))
     # a claimed body is deleted when a cancel ends the job here (queued); the record's reference goes with
     # the terminal transition, so it is read first (a running job's worker deletes it when it ends it)
-    before = await gw.call(queue.get(job_id, tenant)) if gw.claims.store is not None else None
+    before = await gw.call(queue.get(job_id, tenant)) if gw.claim_check.store is not None else None
     job = await gw.call(queue.cancel(tenant, job_id))
     if before is not None and job.status is JobStatus.CANCELLED:
-        await gw.claims.drop_request_body(before)
+        await gw.claim_check.drop_request_body(before)
     return job_response(request, job)

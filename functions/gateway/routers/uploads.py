@@ -17,8 +17,8 @@ from inferq.batches.records import new_file_id, random_id
 from ..dependencies import GatewayDep, Tenant
 from ..errors import ApiError
 from ..files import PURPOSES, check_file_quota, file_store, form_file, in_s3, kept_within_quota
+from ..gateway import Gateway
 from ..openapi import documented
-from ..shared import Gateway
 
 router = APIRouter()
 

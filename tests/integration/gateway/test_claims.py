@@ -86,7 +86,7 @@ async def test_a_2mb_prompt_and_its_2mb_result_round_trip_through_s3_with_a_smal
     assert (await client.get(f"/v1/jobs/{created['id']}", params={"wait": 1}, headers=A)).json() == got
 
     # too large for one response: a short-lived presigned URL to the same bytes
-    app.state.gateway.claims.response_inline_max = MIB
+    app.state.gateway.claim_check.response_inline_max = MIB
     by_url = (await client.get(f"/v1/jobs/{created['id']}", headers=A)).json()
     assert by_url["result"]["status_code"] == 200 and by_url["result"]["body_bytes"] == len(stored)
     assert set(by_url["result"]) == {"status_code", "body_url", "body_bytes"}
@@ -113,7 +113,7 @@ async def test_a_2mb_prompt_and_its_2mb_result_round_trip_through_s3_with_a_smal
     assert first_key != request_key  # the keyed job's own object, written twice
 
     # S3 unreadable when the job is read: its URL, signed locally, instead of an error
-    app.state.gateway.claims.response_inline_max = 3 * MIB
+    app.state.gateway.claim_check.response_inline_max = 3 * MIB
     s3.stop()
     unreadable = await client.get(f"/v1/jobs/{created['id']}", headers=A)
     assert unreadable.status_code == 200 and unreadable.json()["result"]["body_bytes"] == len(stored)

@@ -20,7 +20,7 @@ from tests.conftest import load_event
 ROUTERS = ["jobs", "dlq", "operations", "console", "files", "uploads", "batches", "events", "catalog", "webhooks",
            "usage"]
 DEFERRED = ["functions.gateway.files", *(f"functions.gateway.routers.{name}" for name in ROUTERS)]
-ON_DEMAND = ["functions.gateway.schemas", "functions.storage", "jsonschema", "urllib.request"]
+ON_DEMAND = ["functions.gateway.response_schemas", "functions.storage", "jsonschema", "urllib.request"]
 seen = {}
 import functions.gateway.app as m
 class Context:
@@ -56,7 +56,7 @@ seen["models"] = json.loads(reply["body"])
 seen["after_models"] = [name for name in DEFERRED if name in sys.modules]
 seen["routes_grew"] = len(m.app.routes) > routes_at_import
 seen["openapi_paths"] = sorted(m.app.openapi()["paths"])
-seen["schemas_after_openapi"] = "functions.gateway.schemas" in sys.modules
+seen["schemas_after_openapi"] = "functions.gateway.response_schemas" in sys.modules
 print(json.dumps(seen))
 """
 

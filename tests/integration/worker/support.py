@@ -18,7 +18,7 @@ from typing import Any
 
 from gpu_worker.backends.base import Backend
 from gpu_worker.backends.mock import MockBackend
-from gpu_worker.claims import ClaimCheck
+from gpu_worker.claim_check import ClaimCheck
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.outcomes import Settler
 from gpu_worker.worker import Worker

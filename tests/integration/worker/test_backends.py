@@ -28,7 +28,7 @@ from gpu_worker.backends.vllm import VllmBackend, sampling_arguments
 from inferq.config.settings import Settings, SettingsError
 from inferq.queue.jobs import Job, JobStatus
 from inferq.queue.protocol import Queue
-from inferq.redis.batching import Batcher
+from inferq.redis.coalescing import Coalescer
 
 TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -165,7 +165,7 @@ async def test_mock_counts_a_call_alongside_its_latency_and_answers_or_fails_onl
         await gate.wait()
         return await count(calls)
 
-    mock._calls = Batcher(held)
+    mock._calls = Coalescer(held)
     bodies = {
         "job_ok": {"messages": [{"role": "user", "content": "x"}], "mock": {"latency_ms": 1}},
         "job_fatal": {"messages": [{"role": "user", "content": "x"}], "mock": {"fatal": True}},

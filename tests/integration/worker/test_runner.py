@@ -10,7 +10,7 @@ from typing import Any
 from gpu_worker.attempt import Abort, Attempt
 from gpu_worker.backends.base import EngineDied
 from gpu_worker.backends.mock import MockBackend
-from gpu_worker.claims import ClaimCheck
+from gpu_worker.claim_check import ClaimCheck
 from gpu_worker.held import HeldJobs
 from gpu_worker.runner import JobRunner
 from gpu_worker.window import StaticWindow

@@ -24,7 +24,7 @@ from inferq.config.settings import Settings
 from inferq.queue.protocol import Queue
 
 from .auth import KeyStore, StaticKeys
-from .claims import Claims
+from .claim_check import ClaimCheck
 from .clients import QueueProvider
 from .errors import ApiError
 from .telemetry import Telemetry
@@ -52,7 +52,7 @@ class Gateway:
         self.wakes = dict(wake) if isinstance(wake, Mapping) else {queues.primary: wake}
         self.wake = self.wakes[queues.primary]
         self.telemetry = telemetry
-        self.claims = Claims(settings)
+        self.claim_check = ClaimCheck(settings)
         self.op_timeout_s = settings.redis_timeout_s + 1.0
         self._keys_in_memory = type(keys) is StaticKeys
         self.shared_waits = True

@@ -1,4 +1,4 @@
-"""inferq.redis.batching.Batcher: what one turn submits is flushed together; each submitter gets its own answer or
+"""inferq.redis.coalescing.Coalescer: what one turn submits is flushed together; each submitter gets its own answer or
 the flush's exception."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from inferq.redis.batching import Batcher
+from inferq.redis.coalescing import Coalescer
 
 
 async def test_what_one_turn_submits_is_one_flush_and_each_gets_its_own_answer() -> None:
@@ -17,8 +17,8 @@ async def test_what_one_turn_submits_is_one_flush_and_each_gets_its_own_answer()
         flushed.append(items)
         return [i * 10 for i in items]
 
-    batcher: Batcher[int, int] = Batcher(flush)
-    assert await asyncio.gather(*(batcher.submit(i) for i in range(5))) == [0, 10, 20, 30, 40]
+    coalescer: Coalescer[int, int] = Coalescer(flush)
+    assert await asyncio.gather(*(coalescer.submit(i) for i in range(5))) == [0, 10, 20, 30, 40]
     assert flushed == [[0, 1, 2, 3, 4]]
 
 
@@ -29,15 +29,15 @@ async def test_a_failed_flush_fails_each_of_its_submitters_and_a_cancelled_one_l
             raise ConnectionError("down")
         return items
 
-    batcher: Batcher[int, int] = Batcher(flush)
-    failed = [batcher.put(0), batcher.put(1)]
+    coalescer: Coalescer[int, int] = Coalescer(flush)
+    failed = [coalescer.put(0), coalescer.put(1)]
     for future in failed:
         with pytest.raises(ConnectionError):
             await future
-    kept, dropped = batcher.put(2), asyncio.ensure_future(batcher.submit(3))
+    kept, dropped = coalescer.put(2), asyncio.ensure_future(coalescer.submit(3))
     await asyncio.sleep(0)
     dropped.cancel()
     assert await kept == 2
     with pytest.raises(asyncio.CancelledError):
         await dropped
-    await batcher.wait_idle()
+    await coalescer.wait_idle()

@@ -1,54 +1,32 @@
-"""The bench's shared machinery: sizes per mode, the report being built, stacks as ``make up`` runs them, one
-measured load run (CPU per role, Valkey per command), runs aggregated into a scenario, py-spy profilers."""
+"""One bench session, what every scenario family builds on: its sizes per mode, the report being built, stacks as
+``make up`` runs them, measured load runs (:mod:`bench.measured`), runs aggregated into a scenario, and py-spy
+profilers (:mod:`bench.profiles`) when asked."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import floor, load, report, valkeystats
 from .clients import make_pool
-from .profiles import profile_summary
+from .measured import measured
+from .measured import script_sample as sample_script_shares
+from .profiles import start_profilers, stop_profilers
 from .stack import Stack
 from .summary import SYSTEM_ROLES, cpu_delta, run_summary, sum_stats
 
 CAVEAT = ("client, gateway, Valkey, scaler, emulator supervisor and workers all share this machine's cores; "
           "the load generator's own CPU is taken from the system under test, and other processes on a shared "
           "machine add noise (load average recorded per scenario)")
-
-
-@contextlib.contextmanager
-def measured(
-    redis_url: str, cpu_by_role: Callable[[], dict[str, float]], io_calls_by_role: Callable[[], dict[str, float]],
-) -> Iterator[Callable[[load.LoadResult], None]]:
-    """Around one load run: ``finish(result)``, called when it ends, gives the result this process's CPU, the CPU
-    of each role of the system under test (and their read and write system calls), and Valkey's command stats,
-    all over the run."""
-    sampler = valkeystats.Sampler(redis_url)
-    try:
-        stats0, roles0, io0, cpu0 = sampler.snapshot(), cpu_by_role(), io_calls_by_role(), time.process_time()
-
-        def finish(result: load.LoadResult) -> None:
-            result.client_cpu_s = time.process_time() - cpu0
-            result.cpu_by_role = cpu_delta(roles0, cpu_by_role(), result.client_cpu_s)
-            io = io_calls_by_role()
-            result.io_calls_by_role = {role: io[role] - io0.get(role, 0.0) for role in io}
-            result.commandstats = valkeystats.delta(stats0, sampler.snapshot())
-
-        yield finish
-    finally:
-        sampler.close()
 
 
 @dataclass(frozen=True)
@@ -71,7 +49,7 @@ class Sizes:
         return cls(repeats or 3, 10_000, 32, 80, 2000, 5000, 1000, 10_000, 200, 300.0)
 
 
-class Plumbing:
+class Session:
     """What every scenario family uses: the report, the stacks, a measured load run and its summary, profilers."""
 
     def __init__(self, args: argparse.Namespace) -> None:
@@ -232,47 +210,14 @@ class Plumbing:
         return entry
 
     async def script_sample(self, st: Stack, key: str, clients: int, latency_ms: int) -> dict[str, Any] | None:
-        """A short unmeasured batch after the runs, watched two ways: the slow log recording every command gives
-        each script's share of the EVALSHA time (INFO commandstats has no per-script figures), and MONITOR tells
-        the commands that clients send themselves from those that scripts call (both are counted under one
-        name by INFO commandstats)."""
-        import redis.asyncio as aioredis
-
-        sampler = valkeystats.Sampler(st.redis_url)
-        monitored: list[dict[str, Any]] = []
-        watcher = aioredis.Redis.from_url(st.redis_url)
-
-        async def watch() -> None:
-            async with watcher.monitor() as monitor:
-                async for line in monitor.listen():
-                    monitored.append(line)
-
+        """Each script's share of Valkey's time over a short unmeasured batch (:func:`bench.measured.script_sample`);
+        None, with a note in the report, when the server would not say."""
         try:
-            saved = sampler.slowlog_on()
-            watching = asyncio.create_task(watch())
-            await asyncio.sleep(0.2)  # MONITOR is on before the first job
-            try:
-                sample = await self._run_load(st, "closed_loop", f"{key} script sample", self.sizes.warmup, clients,
-                                              latency_ms, "script-sample")
-            finally:
-                watching.cancel()
-                with contextlib.suppress(BaseException):
-                    await watching
-                entries = sampler.slowlog_off(saved)
+            return await sample_script_shares(st.redis_url, lambda: self._run_load(
+                st, "closed_loop", f"{key} script sample", self.sizes.warmup, clients, latency_ms, "script-sample"))
         except Exception as exc:
             self.report.setdefault("notes", []).append(f"{key}: no script sample ({type(exc).__name__}: {exc})")
             return None
-        finally:
-            sampler.close()
-            with contextlib.suppress(Exception):
-                await watcher.aclose()
-        names = valkeystats.names_by_sha()
-        jobs = max(sample.done, 1)
-        return {"jobs": sample.done,
-                "usec_share": {k: round(v, 4) for k, v in valkeystats.script_shares(entries, names).items()},
-                "calls_per_job": {k: round(v / jobs, 3) for k, v in valkeystats.script_calls(entries, names).items()},
-                "direct_share": {k: round(v, 4) for k, v in valkeystats.direct_shares(monitored).items()},
-                "basis": "SLOWLOG (slowlog-log-slower-than 0) and MONITOR over an unmeasured batch after the runs"}
 
     def start_profilers(self, st: Stack, key: str) -> list[tuple[subprocess.Popen[bytes], Path]]:
         """py-spy on the gateway and each worker for one run (``--profile``): collapsed stacks in out/profiles/."""
@@ -280,27 +225,7 @@ class Plumbing:
         if not tool:
             self.report.setdefault("notes", []).append("--profile: py-spy not found (pip install py-spy)")
             return []
-        folder = self.out / "profiles"
-        folder.mkdir(parents=True, exist_ok=True)
-        started = []
-        for role, pids in st.pids().items():
-            if role not in ("gateway", "worker"):
-                continue
-            for k, pid in enumerate(pids):
-                path = folder / f"{key.replace('/', '-')}-{role}{k}.txt"
-                process = subprocess.Popen([tool, "record", "-p", str(pid), "-o", str(path), "-f", "raw", "-r", "200",
-                                            "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                started.append((process, path))
-        time.sleep(0.5)  # py-spy attaches
-        return started
+        return start_profilers(tool, st.pids(), self.out / "profiles", key)
 
     def stop_profilers(self, profilers: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
-        for process, path in profilers:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
-            if path.exists():
-                path.with_suffix(".top.txt").write_text(profile_summary(path))
+        stop_profilers(profilers)

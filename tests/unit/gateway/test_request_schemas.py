@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from functions.gateway.models import JOB_CREATE_EXAMPLE, MAX_TTL_S, NO_SURROGATES, JobCreate, surrogate_free
+from functions.gateway.request_schemas import JOB_CREATE_EXAMPLE, MAX_TTL_S, NO_SURROGATES, JobCreate, surrogate_free
 from inferq.queue.jobs import JobRequest
 
 

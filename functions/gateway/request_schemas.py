@@ -1,6 +1,7 @@
-"""The submit request of HTTP API v1 (:class:`JobCreate`, the one model that validates traffic) and the bounds the
-routes share. The response shapes, which only the OpenAPI document uses, are in :mod:`.schemas`, imported when the
-document is first built: a new Lambda sandbox whose first request is a submit never builds them.
+"""What clients send to HTTP API v1: the submit request (:class:`JobCreate`, the one model that validates traffic),
+the metadata every object may carry, and the bounds the routes share. The response shapes, which only the OpenAPI
+document uses, are in :mod:`.response_schemas`, imported when the document is first built: a new Lambda sandbox
+whose first request is a submit never builds them.
 """
 
 from __future__ import annotations

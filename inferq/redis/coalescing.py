@@ -1,7 +1,7 @@
 """Coalesce many small Redis writes into one round trip.
 
 Jobs finish one by one, each in its own task; writing each result alone would cost one round trip per job. A
-:class:`Batcher` collects what was submitted until its flush task runs (one turn of the event loop, or the length
+:class:`Coalescer` collects what was submitted until its flush task runs (one turn of the event loop, or the length
 of the previous flush under load) and writes it all at once, then answers each submitter with its own result.
 The worker's finishes use it (it cuts the worker's CPU per job by about a tenth: docs/benchmarks.md). The gateway
 does not: on Lambda a sandbox runs one request at a time, so there is never a second submit to join.
@@ -17,7 +17,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-class Batcher(Generic[T, R]):
+class Coalescer(Generic[T, R]):
     def __init__(self, flush: Callable[[list[T]], Awaitable[Sequence[R]]], *, max_batch: int = 1000) -> None:
         self._flush = flush
         self._max_batch = max_batch

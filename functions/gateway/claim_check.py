@@ -36,7 +36,7 @@ READ_TIMEOUT_S = 5.0
 """Longest wait for S3 to give a claimed result to inline before answering its URL instead."""
 
 
-class Claims:
+class ClaimCheck:
     def __init__(self, settings: Settings, store: ClaimStore | None = None) -> None:
         self.inline_max = settings.inline_max_bytes
         self._store = store

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .models import JOB_QUEUED_EXAMPLE, JOB_SUCCEEDED_EXAMPLE
+from .request_schemas import JOB_QUEUED_EXAMPLE, JOB_SUCCEEDED_EXAMPLE
 
 
 class DocModel(BaseModel):
