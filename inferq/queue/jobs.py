@@ -105,6 +105,8 @@ class JobRequest:
     idempotency_key: str | None = None
     traceparent: str | None = None
     priority: Priority = Priority.NORMAL
+    continuation: bool = True
+    """A later attempt continues after the output earlier ones made (False: each starts over; docs/api.md)."""
 
     def digest(self) -> str:
         request: dict[str, Any] = {
@@ -117,6 +119,8 @@ class JobRequest:
         }
         if self.priority is not Priority.NORMAL:  # digests of requests made before lanes existed stay the same
             request["priority"] = self.priority.value
+        if not self.continuation:  # and those made before the opt-out, which all continue
+            request["continuation"] = False
         return request_digest(request)
 
 
@@ -153,6 +157,9 @@ class Job:
     traceparent: str | None = None
     entry: str | None = None
     priority: Priority = Priority.NORMAL
+    continuation: bool = True
+    """Whether a later attempt continues after the output earlier ones made (the record's ``continuation``, "0"
+    when the job opted out)."""
 
     @classmethod
     def from_hash(cls, record: dict[str, str]) -> Job:
@@ -185,6 +192,7 @@ class Job:
             traceparent=get("trace") or None,
             entry=get("entry") or None,
             priority=_LANES.get(lane) or Priority(lane),
+            continuation=get("continuation") != "0",
         )
         return job
 
@@ -210,7 +218,7 @@ class Job:
 RECORD_FIELDS_BUT_BODY = (
     "id", "tenant", "status", "url", "attempts", "deliveries", "created_at", "started_at", "finished_at", "result",
     "error", "dead_lettered", "cancel", "metadata", "timeout_s", "ttl_s", "webhook_url", "trace", "entry", "lane",
-    "expires_at",
+    "expires_at", "continuation",
 )
 """The job record's fields that :meth:`Job.from_hash` and :meth:`~.producer.Producer.get` read, but the request
 body: the gateway reads a job with ``HMGET`` of these, so a body of up to ``INFERQ_INLINE_MAX_BYTES`` need not travel

@@ -96,6 +96,8 @@ def record_fields(request: JobRequest, count_tokens: bool = False, model: bool =
         fields += ["ttl_s", request.ttl_s]
     if request.webhook_url:
         fields += ["webhook_url", request.webhook_url]
+    if not request.continuation:  # absent: the default, every attempt continues after the output kept
+        fields += ["continuation", "0"]
     if request.traceparent:
         fields += ["trace", request.traceparent]
     return fields
