@@ -112,16 +112,6 @@ class Engine:
         # The CLI packaged with this dockerd: another one on PATH may be newer than the engine speaks.
         return "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (which("docker") or "docker")
 
-    def compose_command(self) -> list[str]:
-        """`docker compose` where the plugin is installed, else Debian's docker-compose."""
-        probe = subprocess.run([self.docker, "compose", "version"], env=self.env, capture_output=True, check=False)
-        if probe.returncode == 0:
-            return [self.docker, "compose"]
-        compose = which("docker-compose")
-        if not compose:
-            raise EngineUnavailable("neither the docker compose plugin nor docker-compose is installed")
-        return [compose]
-
     def start(self, timeout: float = 90) -> None:
         if os.geteuid() != 0:
             raise EngineUnavailable("dockerd needs root, and this test runs as an unprivileged user")

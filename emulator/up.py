@@ -37,6 +37,8 @@ DEFAULT_VALKEY_PORT = 6380
 DEFAULT_FILES_BUCKET = "inferq-files"
 READY_TIMEOUT_S = 60.0
 ENDPOINTS_FILE = "endpoints.json"
+WEBHOOK_SECRETS_KEY_FILE = "webhook-secrets.key"
+"""The local master key of the tenants' webhook secrets (inferq/webhooks/envelope.py), made on first use, mode 0600."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -131,6 +133,8 @@ class Supervisor:
             self._start_valkey()
         child_env = {
             "INFERQ_WEBHOOK_ALLOW_PRIVATE": "true",  # local receivers are the point here (the shell may say false)
+            # the tenants' webhook secrets sealed in Valkey as in AWS, with a local key in place of KMS's
+            "INFERQ_WEBHOOK_SECRETS_KEY": f"file:{(self.data_dir / WEBHOOK_SECRETS_KEY_FILE).resolve()}",
             **self.env,
             **aws_env(self.ecs.endpoint),
             **keys_env,

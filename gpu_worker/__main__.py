@@ -6,6 +6,9 @@ With a model registry (``INFERQ_MODELS``) it serves the model ``INFERQ_MODEL`` n
 A task of the worker that died (a fault that is not Redis's to wait out, a bug) stops it: it releases its jobs,
 deregisters and exits 1, so ECS replaces it.
 
+``--burst`` (as arq's): drain the queue, then exit 0: the worker works as usual until nothing is queued, delayed,
+pending or held, then stops (docs/operations.md, "Drain a queue and exit").
+
 Boot: with the ``openai`` backend the worker may start beside its model server and import, connect to Redis and
 open its clients while the server loads the model; it takes its first job once the server's ``/health`` answers
 (anything but a 5xx), polled every 0.2 s (no health-check interval in the way). Its heartbeat, which the scaler
@@ -14,6 +17,7 @@ counts as a live worker, starts only then: the readiness signal.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import gc
@@ -38,7 +42,7 @@ from .worker import Worker, default_worker_id
 log = logging.getLogger("gpu_worker")
 
 
-async def serve(settings: Settings, model: Model | None = None) -> int:
+async def serve(settings: Settings, model: Model | None = None, *, burst: bool = False) -> int:
     queue = Queue.connect(settings)
     try:
         backend = await build_backend(settings, queue.redis)
@@ -52,7 +56,9 @@ async def serve(settings: Settings, model: Model | None = None) -> int:
     metrics.serve(settings.metrics_port)
     gpus = int(model.deploy.get("gpus", 1)) if model is not None else 1  # a registry model's deploy.gpus
     worker = Worker(
-        settings, queue, backend, metrics=metrics, protection=TaskProtection.from_environment(settings), gpus=gpus
+        settings, queue, backend, metrics=metrics, protection=TaskProtection.from_environment(settings), gpus=gpus,
+        burst=burst,
+        webhooks=settings.worker_webhooks,  # off in the GPU task: no route to the internet (the scaler delivers)
     )
     loop = asyncio.get_running_loop()
     stopped = asyncio.Event()
@@ -91,7 +97,17 @@ async def _model_server_ready(settings: Settings, queue: Queue, stopped: asyncio
     log.info("model server ready after %.1f s", time.monotonic() - began)
 
 
-def main() -> int:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpu_worker",
+        description="One inferq worker, configured by the INFERQ_* environment (docs/configuration.md).")
+    parser.add_argument("--burst", action="store_true",
+                        help="drain the queue, then exit 0: stop once nothing is queued, delayed, pending or held")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    burst = arguments(argv).burst
     settings = load_or_exit()
     try:
         model = served_model(settings)  # with a registry: the entry INFERQ_MODEL names
@@ -106,8 +122,8 @@ def main() -> int:
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(serve(settings, model))
-    return uvloop.run(serve(settings, model))
+        return asyncio.run(serve(settings, model, burst=burst))
+    return uvloop.run(serve(settings, model, burst=burst))
 
 
 if __name__ == "__main__":

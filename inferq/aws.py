@@ -61,6 +61,18 @@ def s3_client() -> Any:
     )
 
 
+def kms_client() -> Any:
+    """A KMS client (the tenant webhook secrets' data keys): short timeouts, ``AWS_ENDPOINT_URL_KMS`` or
+    ``AWS_ENDPOINT_URL`` honoured by boto3 itself."""
+    import boto3
+    from botocore.config import Config
+
+    quiet_sdk_logs()
+    return boto3.client("kms", config=Config(connect_timeout=SECRETS_CONNECT_TIMEOUT_S,
+                                             read_timeout=SECRETS_READ_TIMEOUT_S,
+                                             retries={"mode": "standard", "total_max_attempts": SECRETS_ATTEMPTS}))
+
+
 class SecretUnavailable(Exception):
     """The secret cannot be read and no copy young enough is in hand."""
 

@@ -175,6 +175,15 @@ SETTING_DOCS: dict[str, str] = {
     "given up.",
     "webhook_allow_private": "Allow `webhook_url`s that name loopback, private, link-local, unique-local, multicast "
     "or unspecified addresses or `localhost` (refused with 422 otherwise). For development: `inferq up` sets it.",
+    "webhook_ports": "The ports a `webhook_url` may name (an https URL without one is port 443); any other is 422 at "
+    "submit. `INFERQ_WEBHOOK_ALLOW_PRIVATE=true` lifts the rule with the address guard's.",
+    "webhook_blocked_networks": "CIDR blocks a webhook may not reach besides the guard's own table (loopback, "
+    "private, link-local, carrier-grade NAT, ...): the stack sets its VPC's, which may lie outside RFC 1918.",
+    "webhook_secrets_key": "What seals the tenants' webhook secrets in Redis: a KMS key ARN or `alias/<name>` (AWS: "
+    "envelope encryption, data keys cached), or `file:<path>` of a local 32-byte key made on first use (`inferq up` "
+    "sets one in `--data-dir`). Unset: stored as they are (docs/api.md, \"Webhooks\").",
+    "worker_webhooks": "Whether workers deliver webhooks beside the scaler. The GPU task sets `false`: its engine "
+    "shares its network, which has no route to the internet (the scaler delivers).",
     # logs
     "log_level": "Log level of every process.",
     "log_payloads": "Log request and response bodies at DEBUG in the worker. Off: prompts and outputs are never "

@@ -2,6 +2,7 @@
 routes of :mod:`.routers.jobs` and the hand-written fast path of :mod:`.hotpath`. Each answers an :class:`Answer`,
 which the caller sends its own way. Also the job id check every job route makes first."""
 
+import functools
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -11,11 +12,20 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from inferq.config.settings import Settings
 from inferq.queue.engine_body import BodyError, check_body
 from inferq.queue.jobs import Job, JobRequest, Priority
+from inferq.webhooks import netguard
 
 from .errors import ApiError
-from .request_schemas import ALLOW_PRIVATE, NO_SURROGATES, JobCreate, surrogate_free
+from .request_schemas import (
+    ALLOW_PRIVATE,
+    NO_SURROGATES,
+    WEBHOOK_BLOCKED,
+    WEBHOOK_PORTS,
+    JobCreate,
+    surrogate_free,
+)
 from .responses import JSONResponse
 from .waits import wait_slot
 
@@ -44,15 +54,28 @@ def answered(request: Request, answer: Answer) -> JSONResponse:
     return JSONResponse(answer.api, answer.status, headers=answer.headers)
 
 
+@functools.cache
+def _blocked_networks(cidrs: tuple[str, ...]) -> tuple[Any, ...]:
+    return netguard.networks(cidrs)
+
+
+def check_engine_body(gw: "Gateway", body: dict[str, Any], url: str, *, streaming: bool = False) -> None:
+    """The body the engine receives, checked against what its endpoint takes (:func:`inferq.queue.engine_body.
+    check_body`; ``guided_*`` rewritten in place): a 422 naming the field. Image parts only for a model the registry
+    marks multimodal. ``streaming``: the OpenAI front door, where ``stream``/``stream_options`` are fields."""
+    multimodal = gw.registry is not None and gw.registry.multimodal(body.get("model"))
+    try:
+        check_body(body, url, multimodal=multimodal, streaming=streaming)
+    except BodyError as exc:  # what would crash or overload the engine is a 422 here, never queued
+        raise ApiError(422, str(exc)) from None
+
+
 async def submit(gw: "Gateway", tenant: str, raw: bytes, idempotency_key: str | None, traceparent: str | None
                  ) -> Answer:
     """POST /v1/jobs once authenticated: the body validated, stored in S3 first when large, the job enqueued (or
     replayed for its idempotency key)."""
-    payload = _parse_job_request(raw, gw.settings.webhook_allow_private)
-    try:
-        check_body(payload.body, payload.url)  # what would crash or overload the engine is a 422 here
-    except BodyError as exc:
-        raise ApiError(422, str(exc)) from None
+    payload = _parse_job_request(raw, gw.settings)
+    check_engine_body(gw, payload.body, payload.url)
     if payload.priority is not None and not gw.settings.priority_allowed(tenant, Priority(payload.priority)):
         ceiling = gw.settings.max_priority_of(tenant).value
         raise ApiError(403, f"priority {payload.priority!r} is above this tenant's ceiling ({ceiling!r})",
@@ -114,10 +137,12 @@ def job_id_or_404(job_id: str) -> str:
     return job_id
 
 
-def _parse_job_request(raw: bytes, allow_private_webhooks: bool) -> JobCreate:
+def _parse_job_request(raw: bytes, settings: Settings) -> JobCreate:
     try:
-        return JobCreate.model_validate_json(raw or b"null", context={ALLOW_PRIVATE: allow_private_webhooks,
-                                                                     NO_SURROGATES: surrogate_free(raw)})
+        return JobCreate.model_validate_json(raw or b"null", context={
+            ALLOW_PRIVATE: settings.webhook_allow_private, NO_SURROGATES: surrogate_free(raw),
+            WEBHOOK_PORTS: settings.webhook_ports,
+            WEBHOOK_BLOCKED: _blocked_networks(settings.webhook_blocked_networks)})
     except ValidationError as exc:
         raise RequestValidationError(
             [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_input=False, include_url=False)]

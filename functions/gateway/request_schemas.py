@@ -24,7 +24,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from inferq.queue.jobs import ENDPOINTS
-from inferq.webhooks.netguard import check_webhook_host
+from inferq.webhooks.netguard import check_webhook_host, port_refusal
 
 IDEMPOTENCY_KEY_MAX = 255
 MAX_WAIT_S = 20.0
@@ -42,6 +42,10 @@ WEBHOOK_PATTERN = r"^https://[^\s/?#@]+(?:[/?#][^\s]*)?$"
 
 ALLOW_PRIVATE = "webhook_allow_private"
 """The validation context key (``INFERQ_WEBHOOK_ALLOW_PRIVATE``): when true, internal webhook hosts are accepted."""
+WEBHOOK_PORTS = "webhook_ports"
+"""The validation context key (``INFERQ_WEBHOOK_PORTS``): the ports a webhook URL may name (absent: 443)."""
+WEBHOOK_BLOCKED = "webhook_blocked_networks"
+"""The validation context key (``INFERQ_WEBHOOK_BLOCKED_NETWORKS``, parsed): the deployment's own networks."""
 NO_SURROGATES = "no_surrogates"
 """The validation context key that says the JSON text holds no escape a lone surrogate could come from
 (:func:`surrogate_free`): its strings need no walk to be checked."""
@@ -220,11 +224,21 @@ class JobCreate(BaseModel):
             host = urlsplit(value).hostname
         except ValueError:  # e.g. an unclosed "[" around an IPv6 host
             raise PydanticCustomError("webhook_host", "the host is not a valid address") from None
-        problem = check_webhook_host(host) if host else "the URL has no host"
+        context = info.context or {}
+        problem = check_webhook_host(host, context.get(WEBHOOK_BLOCKED, ())) if host else "the URL has no host"
         if problem:
             # a custom error: its message reaches the client as it is, without pydantic's "Value error, "
             raise PydanticCustomError("webhook_host", "webhooks go to public addresses only: {problem}",
                                       {"problem": problem})
+        try:
+            port = urlsplit(value).port
+            port = 443 if port is None else port
+        except ValueError:
+            raise PydanticCustomError("webhook_port", "the port is not a number 1-65535") from None
+        refusal = port_refusal(port, context.get(WEBHOOK_PORTS, (443,)))
+        if refusal:
+            raise PydanticCustomError("webhook_port", "webhooks go to the allowed ports only: {problem}",
+                                      {"problem": refusal})
         return value
 
 

@@ -65,6 +65,41 @@ def _optional_str(name: str, raw: str) -> str | None:
     return raw.strip() or None
 
 
+_SECRETS_KEY_RE = re.compile(
+    r"^(file:.+|arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[A-Za-z0-9/_-]+|alias/[A-Za-z0-9/_-]+)$")
+
+
+def _secrets_key(name: str, raw: str) -> str | None:
+    """A KMS key's ARN or alias, or ``file:<path>`` of a local key file; empty: none."""
+    value = raw.strip()
+    if value and not _SECRETS_KEY_RE.match(value):
+        raise SettingsError(name, f"must be a KMS key ARN, alias/<name>, or file:<path>, got {raw!r}")
+    return value or None
+
+
+def _ports(name: str, raw: str) -> tuple[int, ...]:
+    """Comma-separated TCP ports 1-65535 (at least one)."""
+    ports = []
+    for part in (p.strip() for p in raw.split(",")):
+        if not part.isdigit() or not 1 <= int(part) <= 65535:
+            raise SettingsError(name, f"must be comma-separated ports 1-65535, got {raw!r}")
+        ports.append(int(part))
+    return tuple(dict.fromkeys(ports))
+
+
+def _networks(name: str, raw: str) -> tuple[str, ...]:
+    """Comma-separated CIDR blocks (IPv4 or IPv6); empty: none."""
+    import ipaddress
+
+    networks = []
+    for part in (p.strip() for p in raw.split(",") if p.strip()):
+        try:
+            networks.append(str(ipaddress.ip_network(part, strict=False)))
+        except ValueError:
+            raise SettingsError(name, f"must be comma-separated CIDR blocks (10.42.0.0/16), got {part!r}") from None
+    return tuple(networks)
+
+
 _QUEUE_RE = re.compile(r"^[^{}\s]{1,128}$")
 
 

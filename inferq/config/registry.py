@@ -276,8 +276,3 @@ def served_model(settings: Settings) -> Model | None:
         raise SettingsError(MODEL_VARIABLE, f"{settings.model!r} is not a model of {registry.path} ({names})")
     return model
 
-
-def served_settings(settings: Settings) -> Settings:
-    """A worker's settings: its registry entry's (:func:`served_model`), or ``settings`` without a registry."""
-    model = served_model(settings)
-    return model.settings if model is not None else settings

@@ -22,10 +22,13 @@ from inferq.config.parsers import (
     _http_url,
     _int,
     _log_level,
+    _networks,
     _optional_str,
+    _ports,
     _priority,
     _queue,
     _redis_url,
+    _secrets_key,
     _tenant_budgets,
     _tenant_priorities,
     _tenants,
@@ -176,6 +179,10 @@ class Settings:
     webhook_secret: str | None = _setting(None, _optional_str, secret=True)
     webhook_max_age_s: int = _setting(3600, _int(1))
     webhook_allow_private: bool = _setting(False, _bool)
+    webhook_ports: tuple[int, ...] = _setting((443,), _ports)
+    webhook_blocked_networks: tuple[str, ...] = _setting((), _networks)
+    webhook_secrets_key: str | None = _setting(None, _secrets_key)
+    worker_webhooks: bool = _setting(True, _bool)
     events_maxlen: int = _setting(100000, _int(100))
     files_bucket: str | None = _setting(None, _optional_str)
     inline_max_bytes: int = field(

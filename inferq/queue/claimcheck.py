@@ -48,7 +48,6 @@ RESULT_REF = "body_ref"
 """The field of a result that holds its body's claim instead of ``body``."""
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _REQUEST_REST = re.compile(r"[0-9a-f]{64}/[0-9a-f]{32}\.json")
-_LEGACY_REST = re.compile(r"[0-9a-f]{64}\.json")
 
 
 def encode(value: Any) -> bytes:
@@ -74,11 +73,6 @@ def request_prefix(tenant: str) -> str:
 
 def result_prefix(tenant: str, job_id: str) -> str:
     return f"{RESULTS}{tenant_prefix(tenant)}{job_id}/"
-
-
-def _legacy_prefix(tenant: str, kind: str) -> str:
-    """Where records written before the kind-first layout point (``claims/<tenant>/<kind>/``): still readable."""
-    return f"{PREFIX}{tenant_prefix(tenant)}{kind}/"
 
 
 def submission(idempotency_key: str | None) -> str:
@@ -135,13 +129,12 @@ def claim_of_body(body: Any, tenant: str) -> Claim | None:
     if not isinstance(body, dict) or len(body) != 1 or MARKER not in body:
         return None
     # a client can send a body shaped like a claim: only a key of the tenant's own request objects, in their exact
-    # shape, is one (with one prefix nested in another's namespace, "claims/requests/results/" of a tenant named
-    # "results" holding a tenant named "requests"'s old-layout results, the shape keeps them apart)
-    for prefix, rest in ((request_prefix(tenant), _REQUEST_REST), (_legacy_prefix(tenant, "requests"), _LEGACY_REST)):
-        claim = Claim.from_json(body[MARKER], prefix)
-        if claim is not None and rest.fullmatch(claim.key[len(prefix):]) and claim.key[len(prefix):][:64] == \
-                claim.sha256:
-            return claim
+    # shape (named by the body's own digest), is one
+    prefix = request_prefix(tenant)
+    claim = Claim.from_json(body[MARKER], prefix)
+    if claim is not None and _REQUEST_REST.fullmatch(claim.key[len(prefix):]) and \
+            claim.key[len(prefix):][:64] == claim.sha256:
+        return claim
     return None
 
 
@@ -153,8 +146,7 @@ def claim_of_result(result: Any, tenant: str, job_id: str) -> Claim | None:
     """The claim a record's result holds, or None when the result is inline."""
     if not isinstance(result, dict) or RESULT_REF not in result:
         return None
-    return (Claim.from_json(result[RESULT_REF], result_prefix(tenant, job_id))
-            or Claim.from_json(result[RESULT_REF], f"{_legacy_prefix(tenant, 'results')}{job_id}/"))
+    return Claim.from_json(result[RESULT_REF], result_prefix(tenant, job_id))
 
 
 def verify(claim: Claim, data: bytes) -> bool:

@@ -32,8 +32,6 @@ from inferq.queue.protocol import Queue
 
 SCAN_MAX = 2000
 """Events stream entries one read looks at, whoever's they are."""
-CURSOR_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
-"""A stream position (and the cursor of releases before cursors were sealed, still accepted)."""
 SEALED_RE = re.compile(r"^[A-Za-z0-9_-]{44,8192}$")
 _VERSION = b"\x01"
 _NONCE_BYTES = 16

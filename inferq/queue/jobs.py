@@ -116,10 +116,9 @@ class JobRequest:
             "timeout_s": self.timeout_s,
             "ttl_s": self.ttl_s,
             "webhook_url": self.webhook_url,
+            "priority": self.priority.value,
         }
-        if self.priority is not Priority.NORMAL:  # digests of requests made before lanes existed stay the same
-            request["priority"] = self.priority.value
-        if not self.continuation:  # and those made before the opt-out, which all continue
+        if not self.continuation:  # digests of requests made before the opt-out existed stay the same
             request["continuation"] = False
         return request_digest(request)
 

@@ -42,16 +42,8 @@ class Keys:
 
     @property
     def stream(self) -> str:
-        """The ``normal`` lane's stream (the only one before lanes existed, so its name stays)."""
+        """The ``normal`` lane's stream."""
         return self.prefix + "stream"
-
-    @property
-    def stream_high(self) -> str:
-        return self.prefix + "stream:high"
-
-    @property
-    def stream_low(self) -> str:
-        return self.prefix + "stream:low"
 
     def stream_of(self, lane: str) -> str:
         """The stream of a lane (``high``, ``normal``, ``low``): a job's entries are always in its lane's."""

@@ -28,8 +28,9 @@ class GuardedNetwork(httpcore.AsyncNetworkBackend):
     addresses (:class:`netguard.BlockedAddress`), and connects to the checked address. httpcore still starts TLS
     with the URL's host name, so SNI and certificate verification are for the name, not the address."""
 
-    def __init__(self, allow_private: bool) -> None:
+    def __init__(self, allow_private: bool, blocked: typing.Sequence[netguard.Network] = ()) -> None:
         self.allow_private = allow_private
+        self.blocked = tuple(blocked)
         self._network = httpcore.AnyIOBackend()
 
     async def connect_tcp(
@@ -40,7 +41,7 @@ class GuardedNetwork(httpcore.AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[typing.Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
-        addresses = await netguard.resolve_checked(host, port, allow_private=self.allow_private)
+        addresses = await netguard.resolve_checked(host, port, allow_private=self.allow_private, extra=self.blocked)
         failure: Exception | None = None
         for address in addresses:
             try:
@@ -88,7 +89,8 @@ class GuardedTransport(httpx.AsyncHTTPTransport):
     so the connection pool it builds is replaced by one that has it (same pool class, same limits)."""
 
     def __init__(
-        self, allow_private: bool, max_connections: int = MAX_CONNECTIONS, ssl_context: ssl.SSLContext | None = None
+        self, allow_private: bool, max_connections: int = MAX_CONNECTIONS, ssl_context: ssl.SSLContext | None = None,
+        blocked: typing.Sequence[netguard.Network] = (),
     ) -> None:
         ssl_context = ssl_context or _verifying_context()
         # no proxy from the environment (HTTPS_PROXY, ALL_PROXY, ...): the proxy would do the resolving and connect
@@ -99,7 +101,7 @@ class GuardedTransport(httpx.AsyncHTTPTransport):
             max_connections=max_connections,
             max_keepalive_connections=max_connections,
             keepalive_expiry=5.0,
-            network_backend=GuardedNetwork(allow_private),
+            network_backend=GuardedNetwork(allow_private, blocked),
         )
 
 

@@ -10,7 +10,13 @@ the VPC, ``https://localhost:6379/`` talks to a sidecar. Two checks, one table:
 - at send time, the sender resolves the name and refuses it when any of its addresses is internal (DNS can point
   a public-looking name inward), then connects to the address it checked, never resolving twice (DNS rebinding).
 
-``INFERQ_WEBHOOK_ALLOW_PRIVATE=true`` turns both off for local development (``inferq up`` sets it).
+Two more rules of the deployment's: a webhook goes to a port of ``INFERQ_WEBHOOK_PORTS`` only (443 unless the
+operator lists more: a tenant's URL must not make the sender talk to any service on any port), and never into
+``INFERQ_WEBHOOK_BLOCKED_NETWORKS`` (the stack sets its VPC's CIDR, which may lie outside the private ranges, say
+in 100.64/10 or a public block used privately). Cloud metadata endpoints are in the table: 169.254.169.254 and
+169.254.170.2 (link-local), AWS's IPv6 ``fd00:ec2::254`` (unique-local), 100.100.100.200 (carrier-grade NAT).
+
+``INFERQ_WEBHOOK_ALLOW_PRIVATE=true`` turns all of this off for local development (``inferq up`` sets it).
 
 Standard library only: the gateway imports it, and its Lambda artifact carries no HTTP client.
 """
@@ -21,6 +27,7 @@ import asyncio
 import ipaddress
 import socket
 import unicodedata
+from collections.abc import Iterable, Sequence
 from urllib.parse import unquote
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -78,16 +85,36 @@ class BlockedAddress(Exception):
         self.reason = reason
 
 
-def blocked_reason(address: Address) -> str | None:
-    """Why ``address`` is refused ("loopback", "private", ...), or None for a public unicast address."""
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def networks(cidrs: Iterable[str]) -> tuple[Network, ...]:
+    """``INFERQ_WEBHOOK_BLOCKED_NETWORKS``'s blocks as networks."""
+    return tuple(ipaddress.ip_network(cidr, strict=False) for cidr in cidrs)
+
+
+def blocked_reason(address: Address, extra: Sequence[Network] = ()) -> str | None:
+    """Why ``address`` is refused ("loopback", "private", ...), or None for a public unicast address. ``extra``: the
+    deployment's own networks (its VPC), refused too."""
     if isinstance(address, ipaddress.IPv6Address):
         embedded = address.ipv4_mapped or address.sixtofour
         if embedded is None and address in NAT64:
             embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
         if embedded is not None:
-            return blocked_reason(embedded)
-        return next((reason for network, reason in BLOCKED_V6 if address in network), None)
-    return next((reason for network, reason in BLOCKED_V4 if address in network), None)
+            return blocked_reason(embedded, extra)
+        reason = next((reason for network, reason in BLOCKED_V6 if address in network), None)
+    else:
+        reason = next((reason for network, reason in BLOCKED_V4 if address in network), None)
+    if reason is None and any(address.version == n.version and address in n for n in extra):
+        return "the deployment's own network's (INFERQ_WEBHOOK_BLOCKED_NETWORKS)"
+    return reason
+
+
+def port_refusal(port: int, allowed: Sequence[int]) -> str | None:
+    """Why a webhook may not go to ``port`` (a sentence), or None."""
+    if port in allowed:
+        return None
+    return f"port {port} is not one webhooks may use ({', '.join(map(str, allowed))}: INFERQ_WEBHOOK_PORTS)"
 
 
 def _ipv4_number(part: str) -> int | None:
@@ -144,13 +171,13 @@ def normalize_host(host: str) -> str:
     return unicodedata.normalize("NFKC", unquote(host)).lower()
 
 
-def check_webhook_host(host: str) -> str | None:
+def check_webhook_host(host: str, extra: Sequence[Network] = ()) -> str | None:
     """Why a URL host may not receive webhooks (a sentence for a 422), or None when it may. Literal checks only,
     no DNS: the send-time check resolves."""
     name = normalize_host(host)
     address = parse_address(name)
     if address is not None:
-        reason = blocked_reason(address)
+        reason = blocked_reason(address, extra)
         return f"{address} is a {reason} address" if reason else None
     labels = name.rstrip(".").split(".")
     if labels[-1] == "localhost":
@@ -172,17 +199,18 @@ async def resolve(host: str, port: int) -> list[str]:
     return seen
 
 
-async def resolve_checked(host: str, port: int, *, allow_private: bool) -> list[str]:
-    """The addresses to connect to for ``host``: all of them public, or :class:`BlockedAddress`. A name with one
-    internal address among public ones is refused whole: which one a connection would get is the attacker's choice.
-    """
+async def resolve_checked(host: str, port: int, *, allow_private: bool,
+                          extra: Sequence[Network] = ()) -> list[str]:
+    """The addresses to connect to for ``host``: all of them public (and outside ``extra``), or
+    :class:`BlockedAddress`. A name with one internal address among public ones is refused whole: which one a
+    connection would get is the attacker's choice."""
     addresses = await resolve(host, port)
     if not addresses:
         raise OSError(f"{host} resolves to no address")
     if not allow_private:
         for raw in addresses:
             address = ipaddress.ip_address(raw.split("%", 1)[0])
-            reason = blocked_reason(address)
+            reason = blocked_reason(address, extra)
             if reason:
                 raise BlockedAddress(host, raw, reason)
     return addresses

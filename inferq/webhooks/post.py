@@ -44,7 +44,8 @@ class WebhookPost:
         self._shared_key = signing_key(settings.webhook_secret) if settings.webhook_secret else None
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(
-            transport=GuardedTransport(settings.webhook_allow_private, connections),
+            transport=GuardedTransport(settings.webhook_allow_private, connections,
+                                       blocked=netguard.networks(settings.webhook_blocked_networks)),
             timeout=deadline_s,
             follow_redirects=False,  # a redirect could lead anywhere, past the guard
             trust_env=False,  # no proxy, .netrc or CA setting of httpx's from the environment (the transport's own)
@@ -69,6 +70,11 @@ class WebhookPost:
             return Outcome.REFUSED
         if target.scheme != "https" and not (target.scheme == "http" and self.settings.webhook_allow_private):
             log.warning("webhook refused: %s is not https", target.scheme, extra=where)
+            return Outcome.REFUSED
+        refusal = None if self.settings.webhook_allow_private else netguard.port_refusal(
+            443 if target.port is None else target.port, self.settings.webhook_ports)
+        if refusal:
+            log.warning("webhook refused: %s", refusal, extra=where)
             return Outcome.REFUSED
         headers = self._headers(msg_id, body, secrets)
         try:

@@ -65,6 +65,7 @@ from inferq.queue.keys import WEBHOOK_GROUP
 from inferq.queue.protocol import Queue
 from inferq.redis.faults import FaultRun
 from inferq.retry import backoff
+from inferq.webhooks.envelope import SecretsUnavailable
 from inferq.webhooks.signing import webhook_id
 from inferq.webhooks.tenant_secrets import tenant_secret
 
@@ -213,7 +214,12 @@ class WebhookSender:
             return True
         body = json.dumps(self._present(job), separators=(",", ":"), ensure_ascii=False).encode()
         # read per attempt, so a rotation signs the next one
-        secret = await tenant_secret(self.queue, job.tenant, replicated=False)
+        try:
+            secret = await tenant_secret(self.queue, job.tenant, replicated=False)
+        except SecretsUnavailable as exc:  # the master key cannot be reached: a failed attempt, tried again later
+            report.failed += 1
+            log.warning("webhook not sent: %s", exc, extra={"webhook_job": job_id})
+            return False
         outcome = await self._post.post(webhook_id(job_id, entry_id), job_id, job.webhook_url, body,
                                         secret.signing())
         if outcome is Outcome.DELIVERED:

@@ -7,10 +7,15 @@ Stored in Redis (``inferq:tenant:{<tenant>}:webhook-secret``, ``webhooksecret.lu
 the workers and the scaler all reach, so a secret made or rotated through the gateway signs the next delivery of
 any sender, with no deploy. A tenant's secret is only ever answered to that tenant's API key; the senders read it
 to sign. Secrets are in the Standard Webhooks form, ``whsec_<base64 of 32 random bytes>``.
+
+Sealed at rest when ``INFERQ_WEBHOOK_SECRETS_KEY`` is set (:mod:`.envelope`: a KMS data key, or a local key file):
+the script stores and answers sealed values, and only this module, in the process that signs or answers, opens
+them. Opening and sealing run inline when their data key is cached, on a thread when the master key must be asked.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import secrets
 import time
@@ -19,6 +24,8 @@ from typing import Any
 
 from inferq.queue.keys import tenant_webhook_secret
 from inferq.queue.protocol import Queue
+
+from .envelope import SecretsCipher, SecretsUnavailable, cipher_for, is_sealed
 
 KEEP_PREVIOUS_S = 86_400
 """How long a rotated-out secret keeps signing, unless the rotation asks for another time."""
@@ -75,6 +82,25 @@ async def rotate_secret(queue: Queue, tenant: str, keep_previous_s: int = KEEP_P
 async def _call(queue: Queue, tenant: str, mode: str, keep_previous_s: int, *, replicated: bool) -> TenantSecret:
     # replicated: with INFERQ_REDIS_WAIT_REPLICAS, a secret answered to a tenant survives a failover (or the call
     # fails, 503, and is safe to make again)
-    call = ("webhooksecret", [tenant_webhook_secret(tenant)], [mode, new_secret(), repr(time.time()), keep_previous_s])
+    cipher = cipher_for(queue.settings.webhook_secrets_key)
+    fresh = new_secret()
+    stored = fresh if cipher is None else await _blocking(cipher.ready_to_seal(), cipher.seal, tenant, fresh)
+    call = ("webhooksecret", [tenant_webhook_secret(tenant)], [mode, stored, repr(time.time()), keep_previous_s])
     [reply] = await queue._write([call], replicated=replicated)
-    return _parse(reply)
+    secret, created_at, previous, previous_expires_at = (str(v) for v in reply)
+    return _parse([await _open(cipher, tenant, secret), created_at,
+                   await _open(cipher, tenant, previous) if previous else "", previous_expires_at])
+
+
+async def _open(cipher: SecretsCipher | None, tenant: str, stored: str) -> str:
+    if cipher is None:
+        if is_sealed(stored):
+            raise SecretsUnavailable("a webhook secret is sealed, and INFERQ_WEBHOOK_SECRETS_KEY is unset here")
+        return stored
+    return await _blocking(cipher.ready_to_open(stored), cipher.open, tenant, stored)
+
+
+async def _blocking(ready: bool, call: Any, *args: Any) -> str:
+    """``call(*args)`` inline when it will not block (its data key is cached), on a thread when it asks KMS."""
+    result: str = call(*args) if ready else await asyncio.to_thread(call, *args)
+    return result

@@ -20,7 +20,7 @@ import pytest
 import redis
 import yaml
 
-from .engine import Engine, EngineUnavailable
+from .engine import Engine, EngineUnavailable, which
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILES = [ROOT / "emulator" / "compose.yaml", ROOT / "docker" / "compose.host.yaml"]
@@ -46,6 +46,17 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def compose_command(engine: Engine) -> list[str]:
+    """`docker compose` where the plugin is installed, else Debian's docker-compose."""
+    probe = subprocess.run([engine.docker, "compose", "version"], env=engine.env, capture_output=True, check=False)
+    if probe.returncode == 0:
+        return [engine.docker, "compose"]
+    compose = which("docker-compose")
+    if not compose:
+        raise EngineUnavailable("neither the docker compose plugin nor docker-compose is installed")
+    return [compose]
 
 
 def unavailable(reason: str) -> NoReturn:
@@ -182,7 +193,7 @@ def stack(engine: Engine, base_images: dict[str, str]) -> Iterator[Stack]:
     stack = Stack(
         engine, project, env, api_key, f"http://127.0.0.1:{gateway_port}", f"redis://127.0.0.1:{valkey_port}/0"
     )
-    stack.compose = engine.compose_command()
+    stack.compose = compose_command(engine)
     stack.render(engine.state / "compose.rendered.yaml")
     started = time.monotonic()
     stack("build", "--parallel", "worker", "gateway", timeout=900)

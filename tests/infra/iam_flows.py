@@ -127,7 +127,8 @@ async def work_until_idle(stack: Stack, *, protected: bool = True) -> None:
         protection = TaskProtection("http://169.254.170.2/api/task", expires_minutes=60,
                                     client=httpx.AsyncClient(transport=ecs_agent(stack)), idle_grace_s=0)
         try:
-            await Worker(settings, queue, MockBackend(queue.redis, Keys(settings.queue)), webhooks=False, block_ms=50,
+            await Worker(settings, queue, MockBackend(queue.redis, Keys(settings.queue)), block_ms=50,
+                         webhooks=settings.worker_webhooks,  # the task definition's (off: no route to the internet)
                          protection=protection if protected else None, burst=True).run()
         finally:
             await queue.close()
@@ -297,6 +298,27 @@ async def gateway_wakes_the_scaler(stack: Stack) -> None:
     await work_until_idle(stack, protected=False)
 
 
+@flow("gateway", "webhook secrets")
+async def gateway_webhook_secrets(stack: Stack) -> None:
+    from inferq.queue.keys import tenant_webhook_secret
+
+    async with gateway(stack) as client:
+        with stack.acting("gateway"):
+            first = await client.get("/v1/webhooks/secret", headers=A)
+            assert first.status_code == 200, first.text
+            rotated = await client.post("/v1/webhooks/secret/rotate", headers=A)
+            assert rotated.status_code == 200, rotated.text
+    assert rotated.json()["previous"]["secret"] == first.json()["secret"]
+    with stack.acting(None):  # what the cache holds is sealed: neither secret is in it
+        redis = admin_redis(stack)
+        try:
+            stored = await redis.hgetall(tenant_webhook_secret(TENANT))
+        finally:
+            await redis.aclose()
+    assert stored["secret"].startswith("enc1.kms.") and stored["previous"].startswith("enc1.kms."), stored
+    assert first.json()["secret"] not in json.dumps(stored) and rotated.json()["secret"] not in json.dumps(stored)
+
+
 # ---------------------------------------------------------------------- scaler
 
 
@@ -309,6 +331,10 @@ async def scaler_ticks(stack: Stack) -> None:
         for i in range(3):  # a backlog: the scaler sizes the service up
             answer = await as_gateway(stack, client.post("/v1/jobs", headers=A, json=chat(f"tick {i}")))
             assert answer.status_code == 202, answer.text
+        hooked = await as_gateway(stack, client.post("/v1/jobs", headers=A, json={
+            **chat("hooked"), "webhook_url": stack.values["webhook_url"]}))
+        assert hooked.status_code == 202, hooked.text
+        secret = (await as_gateway(stack, client.get("/v1/webhooks/secret", headers=A))).json()
     with stack.acting("scaler"):
         scaler_app.reset()
         try:
@@ -316,7 +342,18 @@ async def scaler_ticks(stack: Stack) -> None:
         finally:
             scaler_app.reset()
     assert ticked["errors"] == [] and ticked["desired"] >= 1 and ticked["changes"] >= 1, ticked
-    await work_until_idle(stack, protected=False)
+    await work_until_idle(stack, protected=False)  # the GPU task's workers send no webhook
+    assert not stack.receiver.requests
+    with stack.acting("scaler"):  # the next tick delivers it, signed with the tenant's secret (opened by KMS)
+        scaler_app.reset()
+        try:
+            ticked = scaler_app.handler(scheduled(), LambdaContext(remaining_ms=500))
+        finally:
+            scaler_app.reset()
+    from inferq.webhooks.signing import verify_webhook
+
+    [(headers, body)] = stack.receiver.requests
+    assert verify_webhook(secret["secret"], headers, body)["id"] == hooked.json()["id"]
 
 
 @flow("scaler", "Spot is short: an on-demand stand-in on the fallback service")

@@ -36,6 +36,7 @@ from botocore.handlers import BUILTIN_HANDLERS
 from emulator.valkey import ValkeyProcess
 from inferq.redis import acl
 from inferq.scaling.capacity import fallback_service
+from inferq.webhooks import envelope
 
 from .cfn import NESTED, NO_VALUE, TEMPLATE, Resolver, load
 from .iam_calls import ACCOUNT, REGION, Names, Recorder
@@ -77,10 +78,14 @@ class Stack:
     valkey: ValkeyProcess
     roles: dict[str, Role]
     bucket_policy: Policy
+    key_policies: dict[str, Policy]
+    """KMS key ARN -> its key policy."""
     names: Names
     recorder: Recorder
     admin: tuple[str, str]
     values: dict[str, str] = field(default_factory=dict)
+    receiver: Any = None
+    """The webhook receiver (tests.support.tls.HttpsReceiver): what it was sent."""
 
     sessions: dict[str | None, Any] = field(default_factory=dict)
 
@@ -113,6 +118,7 @@ class Stack:
         # environment for code that makes its own session
         os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = key, secret
         boto3.DEFAULT_SESSION = self.session(role)
+        envelope.reset()  # each role is its own process: no data key one unwrapped is another's
         try:
             with self.recorder.acting(role):
                 yield
@@ -185,6 +191,8 @@ def resolve_values(valkey: ValkeyProcess) -> tuple[dict[str, str], Names]:
         arn = _secret(secrets, f"inferq-cache-{role}",
                       json.dumps({"username": f"inferq-{role}", "token": tokens[role]}))
         values[f"Cache.Outputs.{role.capitalize()}AuthSecretArn"] = arn
+    key = boto3.client("kms", region_name=REGION).create_key(Description="inferq webhook secrets (test)")
+    values["WebhookSecretsKey"] = values["WebhookSecretsKey.Arn"] = key["KeyMetadata"]["Arn"]
     ecs = boto3.client("ecs", region_name=REGION)
     ecs.create_cluster(clusterName=CLUSTER)
     ecs.register_task_definition(family="inferq-worker",
@@ -244,6 +252,8 @@ def build(valkey: ValkeyProcess, recorder: Recorder, *, overrides: Mapping[str, 
 
     bucket_statements = resolver.value(root["Resources"]["FilesBucketPolicy"]["Properties"]["PolicyDocument"])
     bucket_policy = Policy.of("FilesBucketPolicy", bucket_statements)
+    key_policies = {values[f"{key}.Arn"]: Policy.of(key, resolver.value(
+        root["Resources"][key]["Properties"]["KeyPolicy"])) for key in ("WebhookSecretsKey",)}
 
     iam = boto3.client("iam", region_name=REGION)
     for each in roles.values():
@@ -256,8 +266,8 @@ def build(valkey: ValkeyProcess, recorder: Recorder, *, overrides: Mapping[str, 
     iam.put_user_policy(UserName="test-admin", PolicyName="all", PolicyDocument=json.dumps(
         {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
     admin = iam.create_access_key(UserName="test-admin")["AccessKey"]
-    return Stack(valkey, roles, bucket_policy, names, recorder, (admin["AccessKeyId"], admin["SecretAccessKey"]),
-                 values)
+    return Stack(valkey, roles, bucket_policy, key_policies, names, recorder,
+                 (admin["AccessKeyId"], admin["SecretAccessKey"]), values)
 
 
 # ---------------------------------------------------------------------- what moto can enforce

@@ -286,7 +286,10 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("worker", "max_queue_depth"): _PRODUCER,
     ("worker", "tenant_max_depth"): _PRODUCER,
     ("worker", "scale_tokens_per_s"): _PRODUCER + " (the expected tokens are written at submit)",
-    ("GatewayFunction", "webhook_secret"): "the gateway signs no webhook (the workers and the scaler deliver them)",
+    ("GatewayFunction", "webhook_secret"): "the gateway signs no webhook (the scaler delivers them)",
+    **{("worker", name): "INFERQ_WORKER_WEBHOOKS=false: the GPU task has no route to the internet, so its worker "
+       "delivers no webhook (the scaler does)" for name in ("webhook_secret", "webhook_secrets_key",
+                                                             "webhook_blocked_networks", "webhook_ports")},
 }
 """(process, setting): the process's code names the setting, but the process never runs that code."""
 

@@ -18,10 +18,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
 from emulator.valkey import ValkeyProcess
+from inferq.webhooks import guarded_http
+from tests.support.tls import HttpsReceiver, private_ca
 
 from .iam_calls import ACCOUNT, Call, Recorder, authorizations
 from .iam_flows import FLOWS, Flow
@@ -31,8 +34,10 @@ from .iam_stack import Stack, build
 TEST_ENV = {
     "INFERQ_INLINE_MAX_BYTES": "1024",  # small payloads are claim-checked: the S3 paths run without megabytes
     "INFERQ_RETRY_BASE_MS": "0",
+    "INFERQ_WEBHOOK_ALLOW_PRIVATE": "true",  # the webhook receiver is on loopback
 }
-"""What the tests change in every role's environment: sizes and timings, never which AWS calls are made."""
+"""What the tests change in every role's environment: sizes, timings and the receiver's address, never which AWS
+calls are made."""
 
 UNEXERCISED: dict[str, str] = {}
 """Grant (as :class:`Grant` prints) -> why no flow here can use it. Empty: every grant is used by a flow."""
@@ -64,9 +69,14 @@ def judge(stack: Stack, call: Call) -> list[Verdict]:
     role = stack.roles[call.role]
     verdicts = []
     for request in requests:
-        resource_policy = stack.bucket_policy if request.action.startswith("s3:") else None
+        key_policy = stack.key_policies.get(request.resource) if request.action.startswith("kms:") else None
+        if request.action.startswith("kms:") and key_policy is None:
+            verdicts.append(Verdict(call, request, None, f"no key policy known for {request.resource}"))
+            continue
+        resource_policy = stack.bucket_policy if request.action.startswith("s3:") else key_policy
         decision = evaluate(request, role.policies, principal=role.principal,
-                            account_root=f"arn:aws:iam::{ACCOUNT}:root", resource_policy=resource_policy)
+                            account_root=f"arn:aws:iam::{ACCOUNT}:root", resource_policy=resource_policy,
+                            key_policy=key_policy is not None)
         verdicts.append(Verdict(call, request, decision))
     return verdicts
 
@@ -86,12 +96,15 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Results]:
         mp.setenv(name, value)
     valkey = ValkeyProcess(tmp_path_factory.mktemp("valkey-iam")).start()
     recorder = Recorder()
+    receiver = webhook_receiver(tmp_path_factory.mktemp("tls"), mp)
     try:
         with mock_aws():
             stack = build(valkey, recorder)
             for role in stack.roles.values():
                 role.env.update(TEST_ENV)
             results = Results(stack)
+            stack.values["webhook_url"] = f"https://127.0.0.1:{receiver.port}/hook"
+            stack.receiver = receiver
             with recorder.recording(), enable_iam_authentication():
                 for flow in FLOWS:
                     with recorder.acting(None, flow.id):
@@ -103,8 +116,18 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Results]:
                 results.verdicts += judge(stack, call)
             yield results
     finally:
+        receiver.close()
         valkey.stop()
         mp.undo()
+        guarded_http._verifying_context.cache_clear()
+
+
+def webhook_receiver(directory: Path, mp: pytest.MonkeyPatch) -> HttpsReceiver:
+    """A loopback HTTPS receiver whose private CA the senders trust through SSL_CERT_FILE."""
+    ca_path, server_tls = private_ca(directory)
+    mp.setenv("SSL_CERT_FILE", str(ca_path))
+    guarded_http._verifying_context.cache_clear()  # read once per process
+    return HttpsReceiver(server_tls)
 
 
 def _report(verdicts: list[Verdict]) -> str:

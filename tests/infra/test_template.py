@@ -35,7 +35,8 @@ from .cfn import (
 )
 
 # Stand-ins for nested-stack outputs where a value must parse (the URL the settings validate).
-ATTRIBUTES = {"Cache.Outputs.RedisUrl": "rediss://cache.inferq.test:6379/0"}
+ATTRIBUTES = {"Cache.Outputs.RedisUrl": "rediss://cache.inferq.test:6379/0",
+              "WebhookSecretsKey.Arn": "arn:aws:kms:us-east-1:123456789012:key/0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"}
 WEBHOOK_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:hooks-AbCdEf"
 HF_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:hf-AbCdEf"
 TOKEN_REF = "{{resolve:secretsmanager:${AuthSecret}:SecretString:token}}"
@@ -257,7 +258,8 @@ def test_gateway_may_invoke_only_the_scaler_and_read_only_its_secrets(translated
     assert sorted(secrets) == ["ApiKeysSecret", "Cache.Outputs.GatewayAuthSecretArn"]
     actions = {a for owner, s in role_statements(translated) if owner == role for a in as_list(s["Action"])}
     files = {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListBucket"}
-    assert actions == {"lambda:InvokeFunction", "secretsmanager:GetSecretValue"} | files
+    sealed = {"kms:GenerateDataKey", "kms:Decrypt"}  # the tenants' webhook secrets (tests/infra/test_iam_flows.py)
+    assert actions == {"lambda:InvokeFunction", "secretsmanager:GetSecretValue"} | files | sealed
 
 
 def test_scaler_may_update_only_the_gpu_service(translated: dict[str, Any]) -> None:
@@ -493,30 +495,49 @@ def test_the_job_timeout_reaches_the_workers_that_enforce_it_and_not_the_gateway
     assert worker_environment(nested["gpu"])["INFERQ_JOB_TIMEOUT_S"] == str(default)
 
 
-def test_a_generated_webhook_secret_reaches_the_workers_and_the_scaler_by_reference_only(
+def test_the_deployment_wide_webhook_key_is_off_unless_asked_for(translated: dict[str, Any]) -> None:
+    """L1 (issue 47): a key that signs every tenant's webhooks lets whoever holds it forge any of them. By default
+    there is none: no secret, no variable, no grant, an empty output; tenants' own secrets sign."""
+    assert translated["Parameters"]["SharedWebhookKey"]["Default"] == "off"
+    resolver = Resolver(translated)
+    assert not resolver.condition("HasSharedWebhookKey") and not resolver.condition("CreateWebhookSecret")
+    assert "INFERQ_WEBHOOK_SECRET_ID" not in resolver.value(environment(translated, "ScalerFunction"))
+    assert resolver.value(translated["Outputs"]["WebhookSecretArn"]["Value"]) == ""
+    role = role_of(translated, "ScalerFunction")
+    reads = [resolver.value(s) for owner, s in role_statements(translated) if owner == role
+             and "secretsmanager:GetSecretValue" in as_list(s["Action"])]
+    assert [r for r in reads if r and r.get("Resource") in ("WebhookSecret", WEBHOOK_ARN)] == []
+    # an ARN with the key off is refused at deploy time (the template's description and DEPLOY.md say so too)
+    rule = translated["Rules"]["SharedWebhookKeyNeedsOn"]
+    assert rule["RuleCondition"] == {"Fn::Equals": [{"Ref": "SharedWebhookKey"}, "off"]}
+    assert rule["Assertions"][0]["Assert"] == {"Fn::Equals": [{"Ref": "WebhookSecretArn"}, ""]}
+    for text in (translated["Parameters"]["SharedWebhookKey"]["Description"], (ROOT / "DEPLOY.md").read_text()):
+        assert "forge" in text
+
+
+def test_a_shared_webhook_key_reaches_the_scaler_by_reference_only(
     translated: dict[str, Any], nested: dict[str, dict[str, Any]]
 ) -> None:
     resources = translated["Resources"]
     generated = resources["WebhookSecret"]
     assert generated["Type"] == "AWS::SecretsManager::Secret"
     assert generated["Properties"]["GenerateSecretString"]["PasswordLength"] >= 32
-    gpu_parameters = resources["Gpu"]["Properties"]["Parameters"]
     scaler_env = environment(translated, "ScalerFunction")
-    for resolver, arn in ((Resolver(translated), "WebhookSecret"),
-                          (Resolver(translated, overrides={"WebhookSecretArn": WEBHOOK_ARN}), WEBHOOK_ARN)):
-        assert resolver.value(gpu_parameters["WebhookSecretArn"]) == arn
+    on = {"SharedWebhookKey": "on"}
+    for resolver, arn in ((Resolver(translated, overrides=on), "WebhookSecret"),
+                          (Resolver(translated, overrides={**on, "WebhookSecretArn": WEBHOOK_ARN}), WEBHOOK_ARN)):
         assert resolver.value(scaler_env)["INFERQ_WEBHOOK_SECRET_ID"] == arn
         assert resolver.value(translated["Outputs"]["WebhookSecretArn"]["Value"]) == arn
-    assert not Resolver(translated, overrides={"WebhookSecretArn": WEBHOOK_ARN}).condition("CreateWebhookSecret")
+    assert not Resolver(translated, overrides={**on, "WebhookSecretArn": WEBHOOK_ARN}).condition(
+        "CreateWebhookSecret")
     # the value itself never sits in a function or task definition
     for logical_id in FUNCTIONS:
         assert "INFERQ_WEBHOOK_SECRET" not in environment(translated, logical_id)
-    assert "INFERQ_WEBHOOK_SECRET" not in worker_environment(nested["gpu"], WebhookSecretArn=WEBHOOK_ARN)
-    # ECS injects it into the worker from the secret
+    # the GPU tasks deliver no webhook (no route to the internet): no key, no variable, no grant
     gpu = nested["gpu"]
-    container = Resolver(gpu, overrides={"RedisUrl": "r", "WebhookSecretArn": WEBHOOK_ARN}).value(worker_container(gpu))
-    assert container["Secrets"] == [{"Name": "INFERQ_WEBHOOK_SECRET", "ValueFrom": WEBHOOK_ARN}]
-    assert "Secrets" not in Resolver(gpu, overrides={"RedisUrl": "r"}).value(worker_container(gpu))
+    assert "WebhookSecretArn" not in translated["Resources"]["Gpu"]["Properties"]["Parameters"]
+    assert worker_environment(gpu)["INFERQ_WORKER_WEBHOOKS"] == "false"
+    assert "INFERQ_WEBHOOK_SECRET" not in json.dumps(gpu)
 
 
 def _policies(gpu: dict[str, Any], role: str, **overrides: str) -> Any:
@@ -525,10 +546,10 @@ def _policies(gpu: dict[str, Any], role: str, **overrides: str) -> Any:
     )
 
 
-def test_only_the_scaler_and_the_tasks_execution_role_may_read_the_webhook_secret(
+def test_only_the_scaler_may_read_the_webhook_secret(
     translated: dict[str, Any], nested: dict[str, dict[str, Any]]
 ) -> None:
-    resolver = Resolver(translated)
+    resolver = Resolver(translated, overrides={"SharedWebhookKey": "on"})
     readers = {
         owner
         for owner, statement in role_statements(translated)
@@ -538,14 +559,9 @@ def test_only_the_scaler_and_the_tasks_execution_role_may_read_the_webhook_secre
     assert readers == {role_of(translated, "ScalerFunction")}
     gpu = nested["gpu"]
     read = {"Effect": "Allow", "Action": "secretsmanager:GetSecretValue"}
-    policies = _policies(gpu, "TaskExecutionRole", WebhookSecretArn=WEBHOOK_ARN)
-    assert [p["PolicyDocument"]["Statement"] for p in policies] == [[{**read, "Resource": WEBHOOK_ARN}]]
-    both = _policies(gpu, "TaskExecutionRole", WebhookSecretArn=WEBHOOK_ARN, HuggingFaceTokenSecretArn=HF_ARN)
-    assert [p["PolicyDocument"]["Statement"] for p in both] == [
-        [{**read, "Resource": HF_ARN}, {**read, "Resource": WEBHOOK_ARN}]
-    ]
+    policies = _policies(gpu, "TaskExecutionRole", HuggingFaceTokenSecretArn=HF_ARN)
+    assert [p["PolicyDocument"]["Statement"] for p in policies] == [[{**read, "Resource": HF_ARN}]]
     assert _policies(gpu, "TaskExecutionRole") is NO_VALUE  # no secret, no policy
-    assert WEBHOOK_ARN not in json.dumps(_policies(gpu, "TaskRole", WebhookSecretArn=WEBHOOK_ARN))
 
 
 def test_scaler_invocations_never_overlap(translated: dict[str, Any]) -> None:

@@ -39,17 +39,13 @@ def test_a_body_is_a_claim_only_when_it_points_into_its_own_tenants_requests() -
     forged = {claimcheck.MARKER: {**claim.to_json(), "key": "claims/requests/t/../../u/x.json"}}
     assert claimcheck.claim_of_body(forged, "t") is None
     assert claimcheck.claim_of_body({claimcheck.MARKER: {**claim.to_json(), "bytes": -1}}, "t") is None
-    # a record written before the kind-first layout is still read
-    legacy = claimcheck.Claim(f"claims/t/requests/{claim.sha256}.json", claim.bytes, claim.sha256)
-    assert claimcheck.claim_of_body(claimcheck.claimed_body(legacy), "t") == legacy
 
 
-def test_one_tenants_prefix_inside_anothers_namespace_gives_no_access_to_it() -> None:
-    """A tenant named "results" has the request prefix claims/requests/results/, where a tenant named "requests"
-    kept its results in the old layout (claims/requests/results/<job>/<sha>.json): only keys in the exact shape of
-    a request object are claims, so those results are not reachable by a forged body."""
-    old_result = claimcheck.Claim(f"claims/requests/results/job_x/{'a' * 64}.json", 10, "a" * 64)
-    assert claimcheck.claim_of_body(claimcheck.claimed_body(old_result), "results") is None
+def test_only_a_key_in_the_exact_shape_of_a_request_object_named_by_its_digest_is_a_claim() -> None:
+    """Under the tenant's request prefix, only ``<sha256>/<submission>.json`` of the body's own digest is a claim:
+    a forged body cannot make a worker read any other object there."""
+    other_shape = claimcheck.Claim(f"claims/requests/t/job_x/{'a' * 64}.json", 10, "a" * 64)
+    assert claimcheck.claim_of_body(claimcheck.claimed_body(other_shape), "t") is None
     other_digest = claimcheck.Claim(f"claims/requests/t/{'b' * 64}/{'c' * 32}.json", 10, "a" * 64)
     assert claimcheck.claim_of_body(claimcheck.claimed_body(other_digest), "t") is None  # named by its digest
 

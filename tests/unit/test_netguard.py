@@ -84,3 +84,55 @@ async def test_the_real_resolver_answers_for_an_address_literal() -> None:
     assert await netguard.resolve("127.0.0.1", 80) == ["127.0.0.1"]
     with pytest.raises(BlockedAddress):
         await resolve_checked("127.0.0.1", 80, allow_private=False)
+
+
+@pytest.mark.parametrize("address", ["169.254.169.254", "169.254.170.2", "fd00:ec2::254", "100.100.100.200",
+                                     "169.254.169.253", "::ffff:169.254.170.2"])
+def test_cloud_metadata_and_the_task_credentials_endpoints_are_refused(address: str) -> None:
+    """Issue 47, L4: the instance metadata (IPv4 and AWS's IPv6), the ECS task metadata and credentials endpoint,
+    Amazon's DNS, and Alibaba's metadata address (carrier-grade NAT space)."""
+    assert blocked_reason(ipaddress.ip_address(address)) is not None
+
+
+def test_the_deployments_own_network_is_refused_even_outside_the_private_ranges() -> None:
+    """A VPC may use a public block privately (or 100.64/10): the stack names its CIDR and the guard refuses it,
+    at submit and at send time, mapped IPv6 spellings included."""
+    vpc = netguard.networks(["11.42.0.0/16", "2600:1f18:abcd::/56"])
+    for inside in ("11.42.7.9", "::ffff:11.42.0.1", "2600:1f18:abcd:12::5"):
+        assert blocked_reason(ipaddress.ip_address(inside)) is None  # public by the table alone
+        assert "INFERQ_WEBHOOK_BLOCKED_NETWORKS" in (blocked_reason(ipaddress.ip_address(inside), vpc) or "")
+    assert blocked_reason(ipaddress.ip_address("11.43.0.1"), vpc) is None
+    assert check_webhook_host("11.42.0.10", vpc) is not None and check_webhook_host("11.42.0.10") is None
+
+
+async def test_a_name_resolving_into_the_deployments_network_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def fake_resolve(host: str, port: int) -> list[str]:
+        return ["11.42.0.10"]
+
+    monkeypatch.setattr(netguard, "resolve", fake_resolve)
+    with pytest.raises(BlockedAddress):
+        await resolve_checked("hooks.example.com", 443, allow_private=False, extra=netguard.networks(["11.42.0.0/16"]))
+    assert await resolve_checked("hooks.example.com", 443, allow_private=False) == ["11.42.0.10"]
+
+
+def test_only_the_configured_ports_take_webhooks() -> None:
+    assert netguard.port_refusal(443, (443,)) is None
+    assert "INFERQ_WEBHOOK_PORTS" in (netguard.port_refusal(6379, (443,)) or "")
+    assert netguard.port_refusal(8443, (443, 8443)) is None
+
+
+async def test_a_webhook_to_a_port_not_allowed_is_refused_without_a_connection() -> None:
+    from inferq.config.settings import Settings
+    from inferq.webhooks.post import Outcome, WebhookPost
+
+    def never(request: object) -> None:
+        raise AssertionError("no request may be made")
+
+    import httpx
+
+    post = WebhookPost(Settings(), client=httpx.AsyncClient(transport=httpx.MockTransport(never)))
+    try:
+        for url in ("https://hooks.example.com:22/x", "https://hooks.example.com:6379/", "https://h.example:8443/"):
+            assert await post.post("m", "job_x", url, b"{}", ["whsec_MTIzNDU2Nzg5MDEyMzQ1Ng=="]) is Outcome.REFUSED
+    finally:
+        await post.aclose()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from inferq.config.registry import load, parse, queue_of_job, served_settings
+from inferq.config.registry import load, parse, queue_of_job, served_model
 from inferq.config.settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,14 +106,15 @@ def test_an_unreadable_or_malformed_file_is_refused_naming_the_variable(tmp_path
 
 def test_a_worker_serves_the_model_inferq_model_names() -> None:
     example = str(ROOT / "models.example.yaml")
-    assert served_settings(Settings(models=example, model="embed")).queue == "embed"
+    served = served_model(Settings(models=example, model="embed"))
+    assert served is not None and served.settings.queue == "embed"
     with pytest.raises(SettingsError) as caught:
-        served_settings(Settings(models=example))
+        served_model(Settings(models=example))
     assert caught.value.variable == "INFERQ_MODEL" and "chat, embed" in str(caught.value)
     with pytest.raises(SettingsError) as caught:
-        served_settings(Settings(models=example, model="gpt-4o-mini"))  # an alias is a client's name, not a fleet
+        served_model(Settings(models=example, model="gpt-4o-mini"))  # an alias is a client's name, not a fleet
     assert caught.value.variable == "INFERQ_MODEL"
-    assert served_settings(Settings(queue="q")).queue == "q"  # no registry: as before
+    assert served_model(Settings(queue="q")) is None  # no registry: the worker keeps its own settings
 
 
 def test_a_registry_job_id_carries_its_queue() -> None:

@@ -42,12 +42,10 @@ async def events(
     positions: dict[str, str | None] = dict.fromkeys(names)
     if after is not None:
         given = feed.unseal(key, tenant, after)
-        if given is None and not feed.CURSOR_RE.match(after.split(".")[0]):
+        if given is None:
             # Redis may have lost the key and another gateway made a new one: read it again once
             key = await gw.call(feed.cursor_key(gw.queue, fresh=True))
             given = feed.unseal(key, tenant, after)
-        if given is None:
-            given = _legacy(after, names)
         if given is None:
             raise ApiError(422, BAD_CURSOR, type_="invalid_cursor")
         # a queue the registry no longer has is dropped; one added since starts from the retention floor
@@ -57,14 +55,6 @@ async def events(
     # a claimed result by URL: a page of up to 1,000 jobs must not inline up to 1,000 large results
     return JSONResponse({"object": "list", "data": [gw.claim_check.by_url(job) for job in jobs],
                          "cursor": feed.seal(key, tenant, positions), "has_more": has_more})
-
-
-def _legacy(after: str, names: list[str]) -> dict[str, str | None] | None:
-    """A cursor of the releases before cursors were sealed: stream positions joined by ``.``, one per queue."""
-    parts = after.split(".")
-    if len(parts) != len(names) or not all(p == "" or feed.CURSOR_RE.match(p) for p in parts):
-        return None
-    return {name: part or None for name, part in zip(names, parts, strict=True)}
 
 
 POLL_S = 0.25

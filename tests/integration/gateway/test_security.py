@@ -222,3 +222,26 @@ async def test_no_rate_limit_by_default(client: httpx.AsyncClient, queue: Queue)
     for _ in range(30):
         assert (await client.get("/v1/dlq", headers=A)).status_code == 200
     assert await queue.redis.keys(queue.keys.rate("*")) == []
+
+
+async def test_image_parts_go_only_to_a_model_the_registry_marks_multimodal(
+    make_app: AppFactory, open_client: Open, settings: Any, tmp_path: Any
+) -> None:
+    import json
+
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps({"models": [
+        {"name": "vision", "queue": f"{settings.queue}-v", "multimodal": True},
+        {"name": "text", "queue": f"{settings.queue}-t"}]}))
+    client = open_client(make_app(models=str(path)))
+    png = "data:image/png;base64,iVBORw0KGgo="
+    parts = [{"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": png}}]
+    image = {"messages": [{"role": "user", "content": parts}]}
+    assert (await client.post("/v1/jobs", json={"body": {"model": "vision", **image}}, headers=A)).status_code == 202
+    refused = await client.post("/v1/jobs", json={"body": {"model": "text", **image}}, headers=A)
+    message = assert_envelope(refused, 422, "invalid_request")["error"]["message"]
+    assert message.startswith("body.messages[0].content[1].image_url:"), message
+    remote = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
+        "url": "https://169.254.169.254/latest/meta-data/"}}]}]}
+    refused = await client.post("/v1/jobs", json={"body": {"model": "vision", **remote}}, headers=A)
+    assert assert_envelope(refused, 422)["error"]["message"].startswith("body.messages[0].content[0].image_url.url:")

@@ -53,3 +53,26 @@ async def test_allow_private_accepts_internal_hosts_but_still_only_https(
         assert response.status_code == 202, response.text
     response = await client.post("/v1/jobs", json={**CHAT, "webhook_url": "http://localhost:9000/"}, headers=A)
     assert_envelope(response, 422, "invalid_request")
+
+
+@pytest.mark.parametrize("url", ["https://hooks.example.com:22/x", "https://8.8.8.8:6379/", "https://h.example:8443/",
+                                 "https://hooks.example.com:0/"])
+async def test_a_webhook_to_a_port_not_allowed_is_422(client: httpx.AsyncClient, queue: Queue, url: str) -> None:
+    """Issue 47, L4: a tenant's URL must not make the sender talk to any service on any port (443 by default)."""
+    response = await client.post("/v1/jobs", json={**CHAT, "webhook_url": url}, headers=A)
+    message = assert_envelope(response, 422, "invalid_request")["error"]["message"]
+    assert message.startswith("body.webhook_url: "), message
+    assert await queue.redis.xlen(queue.keys.stream) == 0
+
+
+async def test_the_allowed_ports_and_the_deployments_own_network_come_from_the_settings(
+    make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient]
+) -> None:
+    client = open_client(make_app(webhook_ports=(443, 8443), webhook_blocked_networks=("11.42.0.0/16",)))
+    assert (await client.post("/v1/jobs", json={**CHAT, "webhook_url": "https://h.example:8443/"},
+                              headers=A)).status_code == 202
+    # a VPC using a public block privately: refused as the private ranges are
+    refused = await client.post("/v1/jobs", json={**CHAT, "webhook_url": "https://11.42.0.9/hook"}, headers=A)
+    assert "INFERQ_WEBHOOK_BLOCKED_NETWORKS" in assert_envelope(refused, 422)["error"]["message"]
+    assert (await client.post("/v1/jobs", json={**CHAT, "webhook_url": "https://11.43.0.9/hook"},
+                              headers=A)).status_code == 202

@@ -24,6 +24,7 @@ from inferq.config.settings import Settings
 from inferq.queue.jobs import JobRequest
 from inferq.queue.protocol import Queue
 from inferq.webhooks.sender import deliver_webhooks
+from inferq.webhooks.tenant_secrets import tenant_secret
 from tests.integration.worker.support import Receiver
 
 from .conftest import AppFactory
@@ -197,3 +198,38 @@ async def test_the_python_client_reads_and_rotates_the_secret(
         assert rotated["previous"]["secret"] == first["secret"] and rotated["secret"] != first["secret"]
         assert rotated["previous"]["expires_at"] <= time.time() + 60
     await app.state.gateway.aclose()
+
+
+async def test_with_a_secrets_key_the_cache_holds_the_secrets_sealed_and_every_role_opens_them(
+    make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient], tenants: dict[str, dict[str, str]],
+    queue: Queue, settings: Settings, receiver: Receiver, tmp_path: Any,
+) -> None:
+    """L3 (issue 47): with INFERQ_WEBHOOK_SECRETS_KEY (here a local key file, as `inferq up` has it) what Redis
+    holds, and so its snapshots and every cache user, is ciphertext bound to its tenant; the gateway answers the
+    secret and a sender signs with it, and a process without the key sends nothing rather than something unsigned."""
+    from inferq.queue.keys import tenant_webhook_secret
+    from inferq.webhooks import envelope
+
+    key = f"file:{tmp_path / 'webhook-secrets.key'}"
+    keys = {next(iter(h.values())).removeprefix("Bearer "): name for name, h in tenants.items()}
+    sealed_settings = settings.replace(webhook_secrets_key=key)
+    gateway = open_client(make_app(keys=keys, webhook_allow_private=True, webhook_secrets_key=key))
+    (a, auth_a), (b, _) = tenants.items()
+    secret = await _secret(gateway, auth_a)
+    stored = await queue.redis.hgetall(tenant_webhook_secret(a))
+    assert stored["secret"].startswith("enc1.file.") and secret["secret"] not in json.dumps(stored)
+    assert (tmp_path / "webhook-secrets.key").stat().st_mode & 0o777 == 0o600
+    # another tenant's record holding A's sealed secret does not open (the tenant is the authenticated data)
+    await queue.redis.hset(tenant_webhook_secret(b), mapping={"secret": stored["secret"], "created_at": "1"})
+    envelope.reset()  # a fresh process: nothing cached
+    sealed_queue = Queue(queue.redis, sealed_settings)
+    headers, body = await _delivered(sealed_queue, sealed_settings, receiver, a)
+    assert _verifies(secret["secret"], headers, body)
+    with pytest.raises(envelope.SecretsUnavailable):
+        await tenant_secret(sealed_queue, b)
+    # a sender without the key: the delivery fails (and stays pending for its retry), nothing is sent unsigned
+    sent = len(receiver.requests)
+    job, _ = await queue.enqueue(a, JobRequest(body=CHAT["body"], webhook_url=receiver.url + "/hook"))
+    await queue.cancel(a, job.id)
+    report = await deliver_webhooks(queue, settings.replace(webhook_allow_private=True), consumer="keyless")
+    assert report.failed >= 1 and len(receiver.requests) == sent

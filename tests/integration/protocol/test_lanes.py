@@ -79,7 +79,7 @@ async def test_a_low_backlog_gets_at_least_a_tenth_of_the_takes_under_a_constant
         for d in got:
             takes[d.lane] += 1
             assert await q.finish(d, JobStatus.SUCCEEDED, result=RESULT) is Outcome.WRITTEN
-    assert await q.redis.xlen(q.keys.stream_high) > 0  # high was never empty
+    assert await q.redis.xlen(q.keys.stream_of("high")) > 0  # high was never empty
     assert takes[Priority.LOW] >= sum(takes.values()) // 10, takes
     assert takes[Priority.HIGH] >= 80, takes
 

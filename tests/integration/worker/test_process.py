@@ -1,8 +1,9 @@
-"""``python -m gpu_worker`` as a real process: configuration errors, SIGTERM drain and hand-over, JSON logs,
-Prometheus metrics."""
+"""``python -m gpu_worker`` as a real process: configuration errors, SIGTERM drain and hand-over, burst mode (drain
+the queue, then exit), JSON logs, Prometheus metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import urllib.request
@@ -23,6 +24,29 @@ def test_a_bad_setting_stops_the_worker_with_exit_2_naming_the_variable(settings
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "INFERQ_WINDOW" in lines[0]
+
+
+async def test_burst_mode_drains_the_queue_retries_included_then_exits_0(settings: Settings) -> None:
+    settings = settings.replace(retry_base_ms=300, retry_max_ms=300, window=2)
+    queue = Queue.connect(settings)
+    jobs = [await submit(queue, chat(f"q{i}", latency_ms=50)) for i in range(5)]
+    retried = await submit(queue, chat("flaky", fail_attempts=1))  # back in the queue only after its backoff
+    env = worker_env(settings, INFERQ_WORKER_ID="burst")
+    command = [sys.executable, "-m", "gpu_worker", "--burst"]
+    done = await asyncio.to_thread(subprocess.run, command, cwd=REPO, env=env, capture_output=True, text=True,
+                                   timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for job in [*jobs, retried]:
+        record = await queue.get(job.id)
+        assert record is not None and record.status is JobStatus.SUCCEEDED
+    assert (await queue.get(retried.id)).attempts == 2  # type: ignore[union-attr]
+    assert (await queue.observe()).backlog == 0
+    assert await queue.redis.hget(queue.keys.workers, "burst") is None  # deregistered on the way out
+    # nothing to do: it exits at once, still 0
+    again = await asyncio.to_thread(subprocess.run, command, cwd=REPO, env=env, capture_output=True, text=True,
+                                    timeout=60)
+    assert again.returncode == 0, again.stderr[-3000:]
+    await queue.close()
 
 
 async def test_sigterm_drains_then_hands_unfinished_work_over_at_once(
