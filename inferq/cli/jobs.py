@@ -22,7 +22,8 @@ def submit(argv: list[str]) -> int:
                         "'-' reads stdin. Re-running the same file submits nothing twice")
     parser.add_argument("--concurrency", type=int, default=16, help="requests in flight with --file (16)")
     parser.add_argument("--wait", action="store_true", help="wait for the jobs to end and print them")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds --wait waits at most (300)")
+    parser.add_argument("--stream", action="store_true", help="print the answer as it is made, then how the job ended")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds --wait (or --stream) waits at most (300)")
     parser.add_argument("--model", default="mock", help="body.model (default mock)")
     parser.add_argument("--max-tokens", type=int, help="body.max_tokens")
     parser.add_argument("--completions", action="store_true", help="use /v1/completions with a prompt")
@@ -32,6 +33,8 @@ def submit(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if (args.text is None) == (args.file is None):
         parser.error("give either the text of one job or --file")
+    if args.file is not None and args.stream:
+        parser.error("--stream prints one job's answer: give the text of one job")
     if args.file is not None:
         return _submit_file(args)
 
@@ -48,6 +51,10 @@ def submit(argv: list[str]) -> int:
         job = gateway.submit(body, url="/v1/completions" if args.completions else None,
                             idempotency_key=args.idempotency_key)
         remember(args.data_dir, [job.id])
+        if args.stream:
+            from .streaming import print_stream
+
+            return print_stream(gateway, job, args, started)
         if not args.wait:
             print_job(job, args.json)
             return 0

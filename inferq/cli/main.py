@@ -16,7 +16,7 @@ from collections.abc import Callable
 USAGE = """usage: inferq {up,submit,wait,status,cancel,dlq,redrive,usage,interrupt} [options]
 
   up       run the whole stack on this machine (gateway, Valkey, scaler, workers)
-  submit   submit a job: inferq submit "text" [--wait], or many: inferq submit --file jobs.jsonl
+  submit   submit a job: inferq submit "text" [--wait | --stream], or many: inferq submit --file jobs.jsonl
   wait     wait for jobs to end and print them: inferq wait ID...
   status   live view of the queue and the fleet; with job ids, print those jobs
   cancel   cancel jobs: inferq cancel ID...

@@ -17,6 +17,8 @@ importable from here. The blocking client is in :mod:`.blocking`, the asyncio on
 its I/O. Every method is written once, without I/O, in :mod:`.calls`, and what else both share is in
 :mod:`.common`. This package is the only part of ``inferq`` that imports httpx: the queue protocol never needs
 it (tests/unit/test_layout.py).
+- ``stream`` iterates a job's output as it is made (``GET /v1/jobs/{id}/stream``): text pieces that, joined, are the
+  final text of its first choice, long-polling until the job ends.
 - ``usage`` reads the tenant's metered usage (``GET /v1/usage``), for chargeback.
 - ``events`` iterates the results feed (``GET /v1/events``): the tenant's terminal jobs in the order they ended,
   long-polling for more, resumable from a cursor the caller persists, bounded by an optional deadline or count.
@@ -53,7 +55,7 @@ from .answers import (
     Unavailable,
 )
 from .blocking import Client
-from .common import AsyncEventStream, EventStream
+from .common import AsyncEventStream, AsyncTextStream, EventStream, TextStream
 from .common import RetryPolicy as RetryPolicy  # re-exported: the building blocks a caller may use directly
 from .common import error_from as error_from
 from .common import new_idempotency_key as new_idempotency_key
@@ -63,6 +65,7 @@ from .common import submit_request as submit_request
 __all__ = [
     "AsyncClient",
     "AsyncEventStream",
+    "AsyncTextStream",
     "BadRequest",
     "Client",
     "Conflict",
@@ -82,6 +85,7 @@ __all__ = [
     "QuotaExceeded",
     "RequestTooLarge",
     "ServerError",
+    "TextStream",
     "Unauthorized",
     "Unavailable",
     "WebhookVerificationError",

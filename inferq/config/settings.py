@@ -217,6 +217,42 @@ class Settings:
             "doc": "The registry model a worker serves (required when `INFERQ_MODELS` names more than one).",
         },
     )
+    output_max_bytes: int = field(
+        default=256 * 1024,
+        metadata={
+            "parse": _int(1024, 64 * 1024 * 1024),
+            "doc": "Most bytes of a job's output kept in its output stream while it runs (`GET /v1/jobs/{id}/stream`, "
+            "`stream: true`); past it the worker stops streaming and readers get the rest when the job ends, from "
+            "its result. The stream's text goes when the job ends.",
+        },
+    )
+    output_flush_ms: int = field(
+        default=500,
+        metadata={
+            "parse": _int(0, 60_000),
+            "doc": "A worker writes a watched job's output to Redis at most once per this many milliseconds (the "
+            "first piece at once): the deltas made meanwhile go in one write, every job's at once. Each write costs "
+            "Valkey about a third of a whole unstreamed job, its readers' wakes as much again (docs/benchmarks.md, "
+            "ST): lower it for smoother streams at that price. 0: every delta at once.",
+        },
+    )
+    output_flush_tokens: int = field(
+        default=0,
+        metadata={
+            "parse": _int(0, 1_000_000),
+            "doc": "A worker writes a running job's output early, before `INFERQ_OUTPUT_FLUSH_MS` is over, once this "
+            "many tokens are waiting. 0: by time only.",
+        },
+    )
+    sync_wait_s: float = field(
+        default=25.0,
+        metadata={
+            "parse": _float(1.0),
+            "doc": "How long `POST /v1/chat/completions` and `POST /v1/completions` wait for the job (with `stream: "
+            "true`, for its first output) before answering 504 `timeout` naming the job, which goes on. At most 25 "
+            "on Lambda (API Gateway's HTTP API ends a request at 30 s): the gateway function refuses to start above.",
+        },
+    )
     usage_retention_days: int = field(
         default=400,
         metadata={

@@ -46,6 +46,7 @@ class Lease(int, Enum):
     CANCEL_REQUESTED = 1
     LOST = 2
     TERMINAL = 3
+    WATCHED = 4  # held, and someone reads the job's output as it is made: write it (gpu_worker/output.py)
 
 
 @dataclass(frozen=True)

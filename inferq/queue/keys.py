@@ -64,6 +64,12 @@ class Keys:
         """A one-element list pushed when the job turns terminal: long-poll waiters block on it (BLMOVE)."""
         return f"{self.prefix}done:{job_id}"
 
+    def out(self, job_id: str) -> str:
+        """Stream: the job's output as it is made (the text of its first choice), one entry per delta written by the
+        worker that holds the job (``appendoutput.lua``), closed when the job ends (``closeoutput.lua``):
+        :mod:`inferq.queue.output`."""
+        return f"{self.prefix}out:{job_id}"
+
     @property
     def dlq(self) -> str:
         return self.prefix + "dlq"

@@ -100,6 +100,8 @@ def record_fields(request: JobRequest, count_tokens: bool = False, model: bool =
         fields += ["continuation", "0"]
     if request.traceparent:
         fields += ["trace", request.traceparent]
+    if request.watch:
+        fields += ["watch", "1"]  # its worker writes its output as it is made (inferq.queue.output)
     return fields
 
 

@@ -31,7 +31,8 @@ _INCLUDE = re.compile(r'^--- @include "([A-Za-z]+)"\s*$', re.MULTILINE)
 _KEY = re.compile(r"^\s*KEYS\[(\d+)(\.\.n)?\][^\n]*?(\(optional\))?\s*$", re.MULTILINE)
 
 NAMES = ("enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive", "expire", "observe",
-         "requeue", "skipevents", "webhooksecret", "ratelimit", "takewait", "givewait")
+         "requeue", "skipevents", "webhooksecret", "ratelimit", "takewait", "givewait", "appendoutput",
+         "closeoutput", "watchoutput")
 
 
 class Code(IntEnum):
@@ -45,6 +46,8 @@ class Code(IntEnum):
     ENDED = -7
     STALE_OWNER = -8  # finish/retry/release by a caller that no longer holds the delivery: counted, nothing changed
     TENANT_FULL = -9  # enqueue past INFERQ_TENANT_MAX_DEPTH
+    MISPLACED = -10  # appendoutput: the delta does not start where the kept output ends
+    OUTPUT_FULL = -11  # appendoutput: the output stream holds INFERQ_OUTPUT_MAX_BYTES
 
 
 def reply_code(reply: Any) -> int:

@@ -257,6 +257,9 @@ PRODUCTION_DEFAULTS: dict[str, str] = {
     "model": "none: the template deploys one queue (a model registry's stacks set it: scripts/gen_model_stacks.py)",
     "models": "none: one queue, INFERQ_QUEUE (a model registry's stacks set it)",
     "openai_api_key": "the vLLM sidecar on localhost takes no key",
+    "output_flush_ms": "a watched job's output written every 500 ms (docs/benchmarks.md, ST: its Valkey cost)",
+    "output_flush_tokens": "no early write by tokens: the interval alone bounds a streamed job's writes",
+    "output_max_bytes": "256 KiB of a running job's output in its stream (the result has it whole; memory bound)",
     "redis_max_connections": "1,000 connections per process, far above what one process holds",
     "redis_timeout_s": "2 s socket timeout: a frozen cache is a prompt 503, a failover's pause is waited out",
     "result_ttl_s": "a day of results (docs/operations.md: the per-tenant memory bound is computed with it)",
@@ -290,6 +293,7 @@ NOT_RUN: dict[tuple[str, str], str] = {
     **{("worker", name): "INFERQ_WORKER_WEBHOOKS=false: the GPU task has no route to the internet, so its worker "
        "delivers no webhook (the scaler does)" for name in ("webhook_secret", "webhook_secrets_key",
                                                              "webhook_blocked_networks", "webhook_ports")},
+    ("GatewayFunction", "output_max_bytes"): "the gateway reads a job's output, never appends to it (the worker does)",
 }
 """(process, setting): the process's code names the setting, but the process never runs that code."""
 

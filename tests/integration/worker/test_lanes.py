@@ -28,10 +28,11 @@ class RecordingBackend(MockBackend):
         self.ids: list[str] = []
 
     async def complete(self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str,
-                       job: Job) -> tuple[int, Any]:
+                       job: Job, output: Any = None) -> tuple[int, Any]:
         self.lanes.append(job.priority)
         self.ids.append(job.id)
-        return await super().complete(url, body, timeout_s=timeout_s, traceparent=traceparent, job=job)
+        return await super().complete(url, body, timeout_s=timeout_s, traceparent=traceparent, job=job,
+                                          output=output)
 
 
 async def lane_of_entries(queue: Queue, job_id: str) -> list[Priority]:

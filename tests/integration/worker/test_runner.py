@@ -104,7 +104,7 @@ class DyingEngine(MockBackend):
     """The mock, but its model server dies under every call."""
 
     async def complete(self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str,
-                       job: Job) -> tuple[int, Any]:
+                       job: Job, output: Any = None) -> tuple[int, Any]:
         raise EngineDied("the model server died while running the request (ConnectionResetError)")
 
 

@@ -30,12 +30,13 @@ class CountingBackend(MockBackend):
         self.traceparents: list[str] = []
 
     async def complete(self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str,
-                       job: Job) -> tuple[int, Any]:
+                       job: Job, output: Any = None) -> tuple[int, Any]:
         self.running += 1
         self.most = max(self.most, self.running)
         self.traceparents.append(traceparent)
         try:
-            return await super().complete(url, body, timeout_s=timeout_s, traceparent=traceparent, job=job)
+            return await super().complete(url, body, timeout_s=timeout_s, traceparent=traceparent, job=job,
+                                          output=output)
         finally:
             self.running -= 1
 
