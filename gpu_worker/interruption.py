@@ -12,8 +12,9 @@ once and has ``INFERQ_DRAIN_S`` (90 s in the stack) before it gives back whateve
 - a job whose end cannot be told (no output yet, or no bound on what it will make) is kept; if the drain ends
   first it is handed back then, its output kept all the same: nothing is lost either way, only the wait.
 
-Whether a job will end in time is read from what it has made: the tokens this attempt has written, since its
-first, give its rate; what it may still make is its ``max_tokens`` (or ``max_completion_tokens``) less what it and
+Whether a job will end in time is read from what it has made: the tokens this attempt has written after its
+first, over the time since that first one, give its rate (the time to the first token, a prefill, is not a
+decoding rate); what it may still make is its ``max_tokens`` (or ``max_completion_tokens``) less what it and
 earlier attempts made, or what its backend says it will make (the mock knows its echo). At that rate, the rest
 takes ``left / rate`` seconds: an upper bound, since a generation may stop before its limit.
 """
@@ -44,12 +45,12 @@ def seconds_left(progress: Progress | None, now: float) -> float | None:
         return None
     if progress.left <= 0:
         return 0.0
-    if progress.first_at is None or progress.made <= 0:
+    if progress.first_at is None or progress.made < 2:
         return None
-    elapsed = now - progress.first_at
+    elapsed = now - progress.first_at  # the tokens after the first came in this time
     if elapsed < MIN_SAMPLE_S:
         return None
-    return progress.left * elapsed / progress.made
+    return progress.left * elapsed / (progress.made - 1)
 
 
 def hand_back_now(progress: Progress | None, budget_s: float, now: float) -> bool:
