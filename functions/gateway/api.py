@@ -73,7 +73,7 @@ def create_app(
         title="inferq",
         version=__version__,
         summary="Asynchronous LLM inference: submit OpenAI-compatible requests as jobs, poll or wait for results.",
-        docs_url=None,  # G7: nothing but health and the API description answers without a key
+        docs_url=None,  # G7: nothing but health, the API description and the console's files answers without a key
         redoc_url=None,
         redirect_slashes=False,  # "/v1/jobs/" is 404 in the envelope, not an undocumented 307
     )

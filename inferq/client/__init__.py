@@ -8,7 +8,8 @@ What every caller of the API writes again otherwise, done once:
   as the same job (200, ``Idempotent-Replayed``), never as a second one.
 - ``wait`` long-polls ``GET /v1/jobs/{id}?wait=`` in slices of at most 20 s until the job ends or the deadline.
 - Answers are typed: :class:`Job` (the job object) with :class:`~inferq.queue.jobs.JobStatus`, and one exception class
-  per error ``type`` of the envelope, each carrying the HTTP status and the envelope itself.
+  per error ``type`` of the envelope (:data:`ERRORS`), under one class per HTTP status, each carrying the status and
+  the envelope itself.
 - :func:`verify_webhook` checks a delivery's Standard Webhooks signature with the tenant's secret (or both during a
   rotation), which ``Client.webhook_secret()`` reads and ``Client.rotate_webhook_secret()`` replaces.
 
@@ -35,24 +36,37 @@ from inferq.webhooks.signing import WebhookVerificationError, verify_webhook
 
 from .aio import AsyncClient
 from .answers import (
+    ERRORS,
     BadRequest,
+    BatchTerminal,
     Conflict,
+    FileInUse,
+    FilesUnavailable,
     Forbidden,
     GatewayUnreachable,
     IdempotencyConflict,
     InferqError,
+    InternalError,
+    InvalidCursor,
     InvalidRequest,
     Job,
     JobTerminal,
+    MethodNotAllowed,
     ModelNotFound,
     NotDeadLettered,
     NotFound,
+    OperatorOnly,
+    PriorityNotAllowed,
     QueueFull,
     QuotaExceeded,
+    RateLimited,
     RequestTooLarge,
     ServerError,
+    TooManyRequests,
     Unauthorized,
     Unavailable,
+    UnsupportedMediaType,
+    UploadNotPending,
 )
 from .blocking import Client
 from .common import AsyncEventStream, AsyncTextStream, EventStream, TextStream
@@ -63,31 +77,44 @@ from .common import retry_after_s as retry_after_s
 from .common import submit_request as submit_request
 
 __all__ = [
+    "ERRORS",
     "AsyncClient",
     "AsyncEventStream",
     "AsyncTextStream",
     "BadRequest",
+    "BatchTerminal",
     "Client",
     "Conflict",
     "EventStream",
+    "FileInUse",
+    "FilesUnavailable",
     "Forbidden",
     "GatewayUnreachable",
     "IdempotencyConflict",
     "InferqError",
+    "InternalError",
+    "InvalidCursor",
     "InvalidRequest",
     "Job",
     "JobStatus",
     "JobTerminal",
+    "MethodNotAllowed",
     "ModelNotFound",
     "NotDeadLettered",
     "NotFound",
+    "OperatorOnly",
+    "PriorityNotAllowed",
     "QueueFull",
     "QuotaExceeded",
+    "RateLimited",
     "RequestTooLarge",
     "ServerError",
     "TextStream",
+    "TooManyRequests",
     "Unauthorized",
     "Unavailable",
+    "UnsupportedMediaType",
+    "UploadNotPending",
     "WebhookVerificationError",
     "verify_webhook",
 ]

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -19,16 +19,17 @@ from openai import APIStatusError, AsyncOpenAI, OpenAI
 
 from inferq.client import AsyncClient, Client
 
-from .conftest import ROOT, Emulator
+from .conftest import ROOT, Emulator, running_emulator
 
 WORDS = " ".join(f"word{i}" for i in range(40))
 """The mock echoes the last user message: forty pieces, spread over the job's latency."""
 
 
 @pytest.fixture(scope="module")
-def up(start_emulator: Callable[..., Emulator]) -> Emulator:
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
     """A stack whose fleet never scales to zero (no boot in the timings) and whose front door waits 4 s."""
-    return start_emulator(INFERQ_SCALE_MIN="1", INFERQ_SYNC_WAIT_S="4")
+    with running_emulator(tmp_path_factory, INFERQ_SCALE_MIN="1", INFERQ_SYNC_WAIT_S="4") as emulator:
+        yield emulator
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from inferq.queue.jobs import JobStatus, Priority
 from inferq.queue.protocol import Queue
+from tests.support.waiting import eventually_async
 
 from .conftest import AppFactory
 from .support import A
@@ -178,7 +179,11 @@ async def test_a_call_past_the_tenants_waits_is_429_and_queues_nothing(
     submitted = await client.post("/v1/jobs", json={"body": BODY}, headers=A)
     job_id = submitted.json()["id"]
     holding = asyncio.create_task(client.get(f"/v1/jobs/{job_id}/stream", params={"wait": 20}, headers=A))
-    await asyncio.sleep(0.3)  # the stream's wait holds the tenant's one slot meanwhile
+
+    async def slot_taken() -> bool:
+        return bool(await queue.redis.zcard(queue.keys.waits("tenant-a")) == 1)
+
+    await eventually_async(slot_taken, what="the stream's wait holding the tenant's one slot")
     assert not holding.done()
     for stream in (False, True):
         refused = await client.post("/v1/chat/completions", json={**BODY, "stream": stream}, headers=A)

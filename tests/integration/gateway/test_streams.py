@@ -11,6 +11,8 @@ import httpx
 from inferq.queue import output
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Delivery, Queue
+from tests.support.blocked import blocked_in
+from tests.support.waiting import eventually_async
 
 from .support import CHAT, A, B
 from .test_submit import assert_envelope
@@ -58,6 +60,10 @@ async def submit(client: httpx.AsyncClient) -> str:
     return str(response.json()["id"])
 
 
+async def _more(count: Any, than: int) -> bool:
+    return bool(await count > than)
+
+
 def text(page: dict[str, Any]) -> str:
     return "".join(d["delta"] for d in page["data"])
 
@@ -72,9 +78,10 @@ async def test_a_job_is_read_in_pieces_while_it_runs_and_whole_once_it_ends(clie
     await worker.say("Hello")
     page = (await client.get(f"/v1/jobs/{job_id}/stream", params={"after": first["cursor"]}, headers=A)).json()
     assert page["data"] == [{"index": 0, "delta": "Hello"}] and page["status"] == "running" and not page["done"]
+    before = await blocked_in(queue.redis, "xread")
     waiting = asyncio.create_task(client.get(f"/v1/jobs/{job_id}/stream",
                                              params={"after": page["cursor"], "wait": 20}, headers=A))
-    await asyncio.sleep(0.2)
+    await eventually_async(lambda: _more(blocked_in(queue.redis, "xread"), before), what="the stream's read blocked")
     assert not waiting.done()  # nothing new yet: the wait holds the request
     await worker.say(" wor")
     more = (await asyncio.wait_for(waiting, WOKEN_WITHIN_S)).json()

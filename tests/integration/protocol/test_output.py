@@ -11,6 +11,8 @@ from inferq.queue.jobs import JobRequest, JobStatus
 from inferq.queue.output import Cursor, OutputReader
 from inferq.queue.protocol import Delivery, Queue
 from inferq.redis.scripting import Code
+from tests.support.blocked import blocked_in
+from tests.support.waiting import eventually_async
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -121,9 +123,14 @@ async def test_a_job_that_goes_on_keeps_its_output_for_the_next_attempt(q: Queue
 async def test_a_waiting_reader_wakes_on_the_first_delta_and_on_the_end(q: Queue) -> None:
     d = await running(q)
     reader = OutputReader(q, d.job.id, "t", slice_s=5.0)
+    before = await blocked_in(q.redis, "xread")
+
+    async def blocked() -> bool:
+        return await blocked_in(q.redis, "xread") > before
+
     waiting = asyncio.create_task(reader.read(Cursor(), wait_s=10.0))
-    await asyncio.sleep(0.05)  # proves nothing came early: the reader is still blocked
-    assert not waiting.done()
+    await eventually_async(blocked, what="the reader blocked on the job's output")
+    assert not waiting.done()  # nothing came early
     await put(q, d, 0, "Hi")
     page = await asyncio.wait_for(waiting, 3.0)  # well inside the slice: woken by the append
     assert page.deltas == [{"index": 0, "delta": "Hi"}] and not page.done

@@ -23,9 +23,10 @@ from inferq.queue.jobs import Job, JobRequest, JobStatus
 from inferq.queue.output import Cursor, OutputReader, first_choice_text
 from inferq.queue.protocol import Queue
 from tests.e2e.conftest import FAST, Emulator
-from tests.integration.worker.support import eventually, terminal
+from tests.integration.worker.support import terminal
 from tests.integration.worker.test_backend_streams import Written
 from tests.support.vllm_server import VllmServer
+from tests.support.waiting import eventually_async
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -116,7 +117,7 @@ async def test_a_cancel_aborts_the_request_in_vllm(settings: Settings, vllm_serv
         async def output() -> bool:
             return bool((await reader.read(Cursor())).deltas)
 
-        await eventually(output, 60, what="the job's first output")
+        await eventually_async(output, what="the job's first output", timeout=60)
         assert (await asyncio.to_thread(engine, vllm_server.base_url))[0] == 1  # generating
         cancelled_at = time.monotonic()
         await queue.cancel("t", job.id)
@@ -124,7 +125,7 @@ async def test_a_cancel_aborts_the_request_in_vllm(settings: Settings, vllm_serv
         async def idle() -> bool:
             return (await asyncio.to_thread(engine, vllm_server.base_url))[0] == 0
 
-        await eventually(idle, 30, interval=0.02, what="vLLM's running requests to drop")
+        await eventually_async(idle, what="vLLM's running requests to drop", timeout=30, interval=0.02)
         dropped_s = time.monotonic() - cancelled_at
         ended = await terminal(queue, job.id, timeout=30)
         assert ended.status is JobStatus.CANCELLED

@@ -11,8 +11,9 @@ from inferq.queue import output
 from inferq.queue.jobs import JobRequest
 from inferq.queue.output import Cursor, Kept, OutputReader
 from inferq.queue.protocol import Delivery, Queue
+from tests.support.waiting import eventually_async
 
-from .support import chat, eventually
+from .support import chat
 
 
 async def started(queue: Queue, **request: object) -> Delivery:
@@ -53,11 +54,11 @@ async def test_a_watched_job_writes_the_first_piece_at_once_and_batches_the_rest
     assert d.job.watched
     w = writer(queue, d, live=True, flush_ms=200)
     w.write("Hel")
-    await eventually(lambda: text_of(queue, d.job.id), what="the first piece")
+    await eventually_async(lambda: text_of(queue, d.job.id), what="the first piece")
     assert w.writes == 1
     for piece in ("lo", " wor", "ld"):
         w.write(piece)
-    assert await eventually(lambda: _is(text_of(queue, d.job.id), "Hello world"), what="the batch")
+    assert await eventually_async(lambda: _is(text_of(queue, d.job.id), "Hello world"), what="the batch")
     assert w.writes == 2  # the three pieces after the first went in one write
     await w.settle(succeeded=True)
 
@@ -70,10 +71,10 @@ async def test_enough_waiting_tokens_write_before_the_interval_is_over(queue: Qu
     d = await started(queue, watch=True)
     w = writer(queue, d, live=True, flush_ms=60_000, flush_tokens=3)
     w.write("a")
-    await eventually(lambda: _is(text_of(queue, d.job.id), "a"), what="the first piece")
+    await eventually_async(lambda: _is(text_of(queue, d.job.id), "a"), what="the first piece")
     for piece in ("b", "c", "d"):
         w.write(piece)
-    await eventually(lambda: _is(text_of(queue, d.job.id), "abcd"), what="the tokens' batch")
+    await eventually_async(lambda: _is(text_of(queue, d.job.id), "abcd"), what="the tokens' batch")
 
 
 async def test_a_job_watched_later_catches_up_at_once(queue: Queue) -> None:
@@ -82,7 +83,7 @@ async def test_a_job_watched_later_catches_up_at_once(queue: Queue) -> None:
     w.write("made ")
     w.write("before")
     w.go_live()
-    await eventually(lambda: _is(text_of(queue, d.job.id), "made before"), what="the catch-up")
+    await eventually_async(lambda: _is(text_of(queue, d.job.id), "made before"), what="the catch-up")
     await w.settle(succeeded=True)
 
 
@@ -98,7 +99,7 @@ async def test_a_later_attempt_continues_after_the_kept_output(queue: Queue) -> 
     second = writer(queue, again, live=True, kept=kept)
     assert second.kept == "Hello" and second.kept_tokens == 1
     second.write(" world")
-    await eventually(lambda: _is(text_of(queue, d.job.id), "Hello world"), what="the continuation")
+    await eventually_async(lambda: _is(text_of(queue, d.job.id), "Hello world"), what="the continuation")
 
 
 async def test_an_append_that_learns_of_a_cancellation_aborts_the_job(queue: Queue) -> None:
@@ -115,7 +116,7 @@ async def test_a_writer_that_lost_its_delivery_stops(queue: Queue) -> None:
     w = writer(queue, d, live=True, flush_ms=0)
     await queue.release(d)
     w.write("a")
-    await eventually(lambda: _wrote(w), what="the refused append")
+    await eventually_async(lambda: _wrote(w), what="the refused append")
     w.write("b")
     await asyncio.sleep(0.05)  # proves no second append was sent
     assert w.writes == 1 and await queue.redis.exists(queue.keys.out(d.job.id)) == 0
@@ -129,9 +130,9 @@ async def test_a_misplaced_batch_is_sent_again_from_where_the_stream_ends(queue:
     d = await started(queue, watch=True)
     w = writer(queue, d, live=True, flush_ms=0)
     w.write("abc")
-    await eventually(lambda: _is(text_of(queue, d.job.id), "abc"), what="the first piece")
+    await eventually_async(lambda: _is(text_of(queue, d.job.id), "abc"), what="the first piece")
     # what a failover that lost the append leaves: neither its entry nor the bytes kept it recorded
     await queue.redis.delete(queue.keys.out(d.job.id))
     await queue.redis.hdel(queue.keys.job(d.job.id), "out")
     w.write("def")
-    await eventually(lambda: _is(text_of(queue, d.job.id), "abcdef"), what="the resend")
+    await eventually_async(lambda: _is(text_of(queue, d.job.id), "abcdef"), what="the resend")
