@@ -15,8 +15,9 @@ from inferq.queue import output
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Queue
 from inferq.usage.report import Source, usage
+from tests.support.waiting import eventually_async
 
-from .support import chat, eventually, mock_calls, status_is, submit, terminal
+from .support import chat, mock_calls, status_is, submit, terminal
 
 LONG = " ".join(f"word{i}" for i in range(24))  # 24 pieces over 4.8 s: 0.2 s each
 
@@ -34,7 +35,7 @@ async def making(worker: Worker, job_id: str, seconds: float) -> Attempt:
         first = out.first_at if out is not None else None
         return attempt if first is not None and time.monotonic() - first >= seconds else None
 
-    found: Attempt = await eventually(check, what=f"job {job_id} to make output")
+    found: Attempt = await eventually_async(check, what=f"job {job_id} to make output")
     return found
 
 
