@@ -96,6 +96,7 @@ async def submit(gw: "Gateway", tenant: str, raw: bytes, idempotency_key: str | 
         idempotency_key=key,
         traceparent=traceparent if traceparent and TRACEPARENT_RE.match(traceparent) else None,
         priority=Priority(payload.priority) if payload.priority else gw.settings.priority_of(tenant),
+        continuation=payload.continuation,
     )
     queue = gw.model_queue(payload.body.get("model"))  # an unknown model is a 404 before anything is stored
     await check_budget(gw, tenant, queue, key)  # past its monthly budget: 429 quota_exceeded, nothing stored
