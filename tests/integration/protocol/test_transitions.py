@@ -51,14 +51,14 @@ def test_every_script_declares_its_keys_and_loads() -> None:
     assert names == {"enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive",
                      "expire", "observe", "requeue", "skipevents", "webhooksecret", "ratelimit", "takewait",
                      "givewait", "appendoutput", "closeoutput", "watchoutput"}
-    assert load("enqueue").min_keys == 3 and load("enqueue").max_keys is None
+    assert load("enqueue").min_keys == 4 and load("enqueue").max_keys is None
     assert load("renew").max_keys is None
 
 
 async def test_a_call_with_the_wrong_key_count_is_refused_before_reaching_redis(q: Queue) -> None:
-    with pytest.raises(TypeError, match="takes 11"):
+    with pytest.raises(TypeError, match="takes 12"):
         await q.scripts("retry", [q.keys.stream], [])
-    with pytest.raises(TypeError, match="takes 5 or more"):
+    with pytest.raises(TypeError, match="takes 6 or more"):
         await q.scripts("finish", [q.keys.stats], [])
 
 
