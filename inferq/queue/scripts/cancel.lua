@@ -13,8 +13,7 @@
   KEYS[14] job record
   KEYS[15] done (long-poll wakeup)
   KEYS[16] usage of the hour (keys.usage_hour of now; includes/meter): a job cancelled here is counted there
-  KEYS[17] usage totals of the month (keys.usage_month of now)
-  KEYS[18] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
+  KEYS[17] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
 
   ARGV[1] tenant
   ARGV[2] now (ms)
@@ -22,7 +21,6 @@
   ARGV[4] events max length
   ARGV[5] call token (random, one per call)
   ARGV[6] when the hour's usage expires (unix s; "0": metering off)
-  ARGV[7] when the month's usage totals expire (unix s)
 
   Returns
     {0}            cancelled now
@@ -34,8 +32,8 @@ local rcall = redis.call
 local statsKey, eventsKey, delayedKey = KEYS[10], KEYS[11], KEYS[12]
 local tenantsKey, jobKey, doneKey = KEYS[13], KEYS[14], KEYS[15]
 local tenant, now, resultTtl, eventsMaxlen, call = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local METER = {hour = KEYS[16], month = KEYS[17], hourUntil = ARGV[6], monthUntil = ARGV[7]}
-local HOLDS = KEYS[18]
+local METER = {hour = KEYS[16], hourUntil = ARGV[6]}
+local HOLDS = KEYS[17]
 
 --- @include "replay"
 --- @include "terminate"

@@ -16,15 +16,13 @@
   KEYS[15] job record
   KEYS[16] done (long-poll wakeup)
   KEYS[17] usage of the hour (keys.usage_hour of now; includes/meter): a job expired here is counted there
-  KEYS[18] usage totals of the month (keys.usage_month of now)
-  KEYS[19] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
+  KEYS[18] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
 
   ARGV[1] job id
   ARGV[2] now (ms)
   ARGV[3] result TTL (s)
   ARGV[4] events max length
   ARGV[5] when the hour's usage expires (unix s; "0": metering off)
-  ARGV[6] when the month's usage totals expire (unix s)
 
   Returns
     {0}            expired now
@@ -35,8 +33,8 @@ local rcall = redis.call
 local statsKey, eventsKey, delayedKey, expiryKey = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local tenantsKey, jobKey, doneKey = KEYS[14], KEYS[15], KEYS[16]
 local jobId, now, resultTtl, eventsMaxlen = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local METER = {hour = KEYS[17], month = KEYS[18], hourUntil = ARGV[5], monthUntil = ARGV[6]}
-local HOLDS = KEYS[19]
+local METER = {hour = KEYS[17], hourUntil = ARGV[5]}
+local HOLDS = KEYS[18]
 
 --- @include "terminate"
 --- @include "fairLane"

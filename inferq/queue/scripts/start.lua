@@ -24,11 +24,10 @@
   KEYS[5] tenants (unfinished jobs per tenant)
   KEYS[6] dlq index (per tenant: keys.dlq_index)
   KEYS[7] usage of the hour (keys.usage_hour of now; includes/meter): a job ended here is counted there
-  KEYS[8] usage totals of the month (keys.usage_month of now)
-  KEYS[9] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
-  KEYS[10] the stream the entries were read from (one call takes the entries of one lane)
-  KEYS[11..12] the lane's fair-share keys (keys.fair_lane after its stream): waiting jobs, tags
-  KEYS[13..n] two per entry, in the order of ARGV's entries: the job record, done (long-poll wakeup)
+  KEYS[8] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
+  KEYS[9] the stream the entries were read from (one call takes the entries of one lane)
+  KEYS[10..11] the lane's fair-share keys (keys.fair_lane after its stream): waiting jobs, tags
+  KEYS[12..n] two per entry, in the order of ARGV's entries: the job record, done (long-poll wakeup)
 
   ARGV[1] consumer (worker id)
   ARGV[2] now (ms)
@@ -37,8 +36,7 @@
   ARGV[5] events max length
   ARGV[6] "1" when the entries were reclaimed from another consumer (nothing is admitted for them)
   ARGV[7] when the hour's usage expires (unix s; "0": metering off)
-  ARGV[8] when the month's usage totals expire (unix s)
-  ARGV[9] refill: the waiting jobs to admit for the entries taken (see above)
+  ARGV[8] refill: the waiting jobs to admit for the entries taken (see above)
   ARGV[10..] two per entry: entry id, lease token of this delivery
 
   Returns one reply per entry, in order, then 1 when jobs of the lane still wait for admission (else 0: the caller
@@ -54,8 +52,8 @@
 local rcall = redis.call
 local statsKey, eventsKey, dlqKey, expiryKey, tenantsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dlqIndexKey = KEYS[6]
-local METER = {hour = KEYS[7], month = KEYS[8], hourUntil = ARGV[7], monthUntil = ARGV[8]}
-local HOLDS = KEYS[9]
+local METER = {hour = KEYS[7], hourUntil = ARGV[7]}
+local HOLDS = KEYS[8]
 local consumer, now = ARGV[1], tonumber(ARGV[2])
 local maxDeliveries, resultTtl, eventsMaxlen, reclaimed = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 
@@ -146,19 +144,19 @@ local function start(streamKey, jobKey, doneKey, entryId, lease)
   return 0, true
 end
 
-local streamKey, replies, taken = KEYS[10], {}, 0
-for i = 0, (#KEYS - 12) / 2 - 1 do
+local streamKey, replies, taken = KEYS[9], {}, 0
+for i = 0, (#KEYS - 11) / 2 - 1 do
   local took
-  replies[i + 1], took = start(streamKey, KEYS[13 + 2 * i], KEYS[14 + 2 * i], ARGV[10 + 2 * i], ARGV[11 + 2 * i])
+  replies[i + 1], took = start(streamKey, KEYS[12 + 2 * i], KEYS[13 + 2 * i], ARGV[9 + 2 * i], ARGV[10 + 2 * i])
   if took then
     taken = taken + 1
   end
 end
 -- only the run that took the entries admits for them (a resent copy changes nothing), and not for reclaimed ones
-local lane = fairLane(streamKey, 11)
+local lane = fairLane(streamKey, 10)
 local waits = rcall('EXISTS', lane.jobs) == 1
-if waits and reclaimed ~= '1' and taken > 0 and ARGV[9] ~= '0' then
-  local n = math.min(taken, tonumber(ARGV[9]))
+if waits and reclaimed ~= '1' and taken > 0 and ARGV[8] ~= '0' then
+  local n = math.min(taken, tonumber(ARGV[8]))
   waits = fairAdmit(lane, n) == n and rcall('EXISTS', lane.jobs) == 1
 end
 replies[#replies + 1] = waits and 1 or 0
