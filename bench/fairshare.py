@@ -178,8 +178,9 @@ async def _instructions(server: instrcost.CallgrindValkey, n: int) -> dict[str, 
     phase = instrcost.phase_counter(server)
     out = {}
     for mode, fair in MODES.items():
+        # a server under valgrind answers a batch of scripts slowly on a loaded machine: a long socket timeout
         q = Queue.connect(Settings(redis_url=server.url, queue="bench-fs-instr-" + ("fair" if fair else "fcfs"),
-                                   max_queue_depth=0, fair_share=fair))
+                                   max_queue_depth=0, fair_share=fair, redis_timeout_s=120.0))
         try:
             await q.ensure_groups()
             await protocost._inferq_once(q, min(n, 200))  # warm: scripts loaded, the first allocations made
