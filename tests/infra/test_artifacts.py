@@ -23,7 +23,7 @@ from .test_environment_is_read import ENTRY_POINTS, import_closure
 OURS = ("inferq", "functions", "gpu_worker", "emulator", "bench")
 # the protocol's packages both functions run; neither runs the users' client or the workstation command
 SERVER_PACKAGES = {"inferq", "inferq.queue", "inferq.redis", "inferq.batches", "inferq.webhooks", "inferq.scaling",
-                   "inferq.config"}
+                   "inferq.config", "inferq.usage"}
 
 
 def copied(function: str, tmp_path: Path) -> Path:
@@ -53,13 +53,13 @@ def missing_modules(entry: str, artifact: Path) -> list[str]:
 
 def test_the_gateway_zip_ships_the_protocol_and_the_gateway_only(tmp_path: Path) -> None:
     artifact = copied("GatewayFunction", tmp_path)
-    assert packages(artifact) == SERVER_PACKAGES | {"functions", "functions.gateway"}
+    assert packages(artifact) == SERVER_PACKAGES | {"functions", "functions.gateway", "functions.gateway.routers"}
     assert sorted(p.name for p in (artifact / "functions").iterdir()) == ["__init__.py", "gateway", "storage.py"]
     assert (artifact / "inferq" / "queue" / "scripts" / "enqueue.lua").is_file()
     assert not (artifact / "inferq" / "client").exists()  # the users' HTTP client: the gateway never runs it
     # the webhook sender runs in the scaler and the workers, not in the gateway (which signs and guards only)
     assert sorted(p.name for p in (artifact / "inferq" / "webhooks").glob("*.py")) == [
-        "__init__.py", "netguard.py", "signing.py", "tenant_secrets.py"]
+        "__init__.py", "envelope.py", "netguard.py", "signing.py", "tenant_secrets.py"]
     assert list((artifact / "functions" / "gateway" / "console").glob("*.html"))
     assert not list(artifact.rglob("__pycache__")) and not list(artifact.rglob("requirements.*"))
     assert missing_modules(ENTRY_POINTS["GatewayFunction"], artifact) == []

@@ -35,6 +35,7 @@ TEST_ENV = {
     "INFERQ_INLINE_MAX_BYTES": "1024",  # small payloads are claim-checked: the S3 paths run without megabytes
     "INFERQ_RETRY_BASE_MS": "0",
     "INFERQ_WEBHOOK_ALLOW_PRIVATE": "true",  # the webhook receiver is on loopback
+    "INFERQ_REDIS_TIMEOUT_S": "10",  # moto answering a loaded machine's KMS calls inside a request's bound
 }
 """What the tests change in every role's environment: sizes, timings and the receiver's address, never which AWS
 calls are made."""
