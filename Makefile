@@ -24,7 +24,9 @@ $(STAMP): pyproject.toml
 up: $(STAMP)
 	$(BIN)/inferq up $(ARGS)
 
-test: $(STAMP)
+# aws-sam-cli is installed first, outside any test's timeout: on a fresh clone it takes a minute, on a loaded
+# machine ten, which a fixture counted against the first infra test's 300 s (tests/infra/conftest.py reuses it)
+test: $(STAMP) sam-tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -31,6 +31,9 @@ Scenarios (``--only`` takes a comma-separated subset):
       duplicate ids; --quick: a tenth of each): peak RSS and time against the scaler Lambda's 256 MB
 - V   efficiency against the real vLLM on CPU (bench.efficiency): output tokens/s straight to the server at its
       best concurrency vs through inferq with static windows and INFERQ_WINDOW=auto
+- ST  streaming (bench.streaming): Valkey instructions of a streamed 500-token job (its output followed by a
+      reader) beside an unstreamed one (callgrind), and the time to first token through inferq beside vLLM
+      streamed directly (the real vLLM on CPU; skipped without the vllm venv)
 
 Every HTTP scenario (and F) reports CPU per job by role and gateway + workers + Valkey as one figure, and
 Valkey's command time per job by command (bench.valkeystats). ``--scale`` adds the scale-out grid (bench.scale).
@@ -52,7 +55,7 @@ from . import scale
 from .runner import Bench
 from .stack import ROOT
 
-ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E", "B", "V", "M", "GL", "R", "T")
+ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E", "B", "V", "M", "GL", "R", "T", "ST")
 
 
 def _env_pair(text: str) -> tuple[str, str]:

@@ -27,7 +27,8 @@ class StandaloneParts(Session):
                                              ("K", "bench.core", "core"), ("E", "bench.simulate", "elasticity"),
                                              ("R", "bench.sim_realloop", "realloop"),
                                              ("T", "bench.sim_boot", "boot"),
-                                             ("V", "bench.efficiency", "efficiency")]
+                                             ("V", "bench.efficiency", "efficiency"),
+                                             ("ST", "bench.streaming", "streaming")]
         for key, module_name, section in parts:
             if key not in self.only:
                 continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -27,6 +28,8 @@ class Request:
 
 
 Handler = Callable[[Request], Awaitable[tuple[int, Any]]]
+
+log = logging.getLogger("inferq.emulator.httpd")
 
 
 class HttpServer:
@@ -56,6 +59,7 @@ class HttpServer:
                 try:
                     status, payload = await self.handler(request)
                 except Exception as exc:  # an endpoint bug answers 500 instead of killing the supervisor
+                    log.exception("%s %s: the endpoint failed; answered 500", request.method, request.path)
                     status, payload = 500, {"error": {"Code": "ServerException", "Message": str(exc)}}
                 body = json.dumps(payload).encode()
                 close = request.headers.get("connection", "").lower() == "close"

@@ -12,6 +12,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -47,12 +48,13 @@ class LambdaContext:
     log_group_name = f"/aws/lambda/{FUNCTION_NAME}"
     log_stream_name = "emulator"
 
-    def __init__(self, budget_ms: int = BUDGET_MS) -> None:
+    def __init__(self, budget_ms: int = BUDGET_MS, clock: Callable[[], float] = time.monotonic) -> None:
         self.aws_request_id = str(uuid.uuid4())
-        self._deadline = time.monotonic() + budget_ms / 1000
+        self._clock = clock
+        self._deadline = clock() + budget_ms / 1000
 
     def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self._deadline - time.monotonic()) * 1000))
+        return max(0, int((self._deadline - self._clock()) * 1000))
 
 
 class Wake:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from inferq.queue.protocol import Delivery
 from inferq.usage.spend import NONE, Spend
 
+from .output import OutputWriter
+
 
 class Abort:
     """Why a job's backend call was cancelled from outside its task."""
@@ -42,6 +44,9 @@ class Attempt:
     """What the attempt spent, counted in its tenant's usage with the write that ends it: its time at the model
     server, its share of the worker's busy time (:class:`~inferq.usage.spend.BusyShare`) and, once it answered, the
     tokens of the answer's ``usage``."""
+    output: OutputWriter | None = None
+    """Where its backend writes its output as it is made, while the call runs (:mod:`gpu_worker.output`); None for a
+    request answered whole."""
 
     @property
     def key(self) -> str:

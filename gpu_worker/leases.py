@@ -53,6 +53,10 @@ class LeaseKeeper:
         for job, lease in zip(held, leases, strict=True):
             if lease is Lease.HELD:
                 continue
+            if lease is Lease.WATCHED:  # someone reads its output now: write it as it is made
+                if job.output is not None:
+                    job.output.go_live()
+                continue
             reason = Abort.CANCEL if lease is Lease.CANCEL_REQUESTED else Abort.LOST
             if job.cancel(reason):
                 log.info("aborting job %s: lease %s", job.delivery.job.id, lease.name.lower(),

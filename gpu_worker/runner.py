@@ -5,9 +5,13 @@
 1. reads a claimed request body back from S3 (:class:`~gpu_worker.claim_check.ClaimCheck`),
 2. calls the backend under the job's timeout, at the engine from the call's start to its answer
    (:class:`EngineOccupancy`),
-3. stores a large result in S3, and classifies the end (:mod:`gpu_worker.outcomes`),
+   with the attempt's output writer (:mod:`gpu_worker.output`) for a request whose output can stream: the backend
+   writes the first choice's text to it as it is made, after what earlier attempts kept,
+3. stores a large result in S3, and classifies the end (:mod:`gpu_worker.outcomes`); an attempt that did not
+   succeed but is retried or given back writes all the output it made first, for the next attempt to continue,
 4. frees its engine slot (:meth:`HeldJobs.settling <gpu_worker.held.HeldJobs.settling>`), writes the outcome
-   (:class:`~gpu_worker.outcomes.Settler`), and leaves the held jobs.
+   (:class:`~gpu_worker.outcomes.Settler`), closes the job's output stream if the job ended, and leaves the held
+   jobs.
 
 These steps are the place for what happens to each job while it runs (its output as it comes, its share of the
 worker's busy time, a hand-back when the instance is interrupted): they read and write the job's
@@ -26,13 +30,14 @@ from inferq.queue.protocol import Delivery
 from inferq.usage.spend import BusyShare
 
 from . import outcomes
-from .attempt import Attempt
+from .attempt import Abort, Attempt
 from .backends.base import Backend, check_status, child_traceparent, trace_id
 from .claim_check import ClaimCheck
 from .held import HeldJobs
 from .logs import bind_job
 from .metrics import WorkerMetrics
 from .outcomes import Settle, Settler
+from .output import Appends, output_for
 
 log = logging.getLogger("gpu_worker.worker")  # the worker's own logger: moving code here changes no log line
 
@@ -77,6 +82,8 @@ class JobRunner:
         self.engine = EngineOccupancy()
         self.busy = BusyShare(gpus)
         """The worker's busy time, split among the attempts at the model server at once: each one's GPU time."""
+        # the settler's queue: the output is written as the holder of the delivery, as outcomes are
+        self.appends = Appends(settler.queue)
         self._on_engine_died = on_engine_died
         self._on_error = on_error
 
@@ -100,6 +107,8 @@ class JobRunner:
             if settle.kind == "poison":
                 self._on_engine_died()
             await self.settler.settle(attempt.delivery, settle, attempt.spend)
+            if attempt.output is not None:
+                await attempt.output.close()  # the job ended: its stream's text goes, its readers wake
         except Exception as exc:  # a bug in writing the outcome: the worker stops; the entry is released or reclaimed
             self._on_error(exc)
         finally:
@@ -114,13 +123,18 @@ class JobRunner:
         try:
             async with deadline:
                 request_body = await self.claim_check.request_body(record)
+                attempt.output = await output_for(self.settler.queue, self.settings, attempt.delivery, request_body,
+                                                  timeout_s, lambda: attempt.cancel(Abort.CANCEL), self.appends)
                 self.engine.enter(attempt)
                 self.busy.begin(attempt)
                 status, body = await self.backend.complete(
-                    record.url, request_body, timeout_s=timeout_s, traceparent=traceparent, job=record
+                    record.url, request_body, timeout_s=timeout_s, traceparent=traceparent, job=record,
+                    output=attempt.output,
                 )
             attempt.spend = self.busy.end(attempt)  # the model server is done with it
             status, body = check_status(status, body)
+            if attempt.output is not None:
+                await attempt.output.settle(succeeded=True)
             self.metrics.answered(body)
             # its tokens, read here: a large answer goes to S3 next, and its record keeps a reference
             attempt.spend = attempt.spend.with_tokens(body.get("usage") if isinstance(body, dict) else None)
@@ -128,12 +142,12 @@ class JobRunner:
         except asyncio.CancelledError:
             if attempt.abort is None:
                 raise  # not ours (the loop is shutting down): let it through
-            return self._aborted(attempt)
+            return await self._kept(attempt, self._aborted(attempt))
         except Exception as exc:
             if attempt.abort is not None:  # the abort's cancellation surfaced as another error (see cancelling())
-                return self._aborted(attempt)
-            return outcomes.failed(record, exc, self.metrics, timed_out=deadline.expired(), timeout_s=timeout_s,
-                                   shared=attempt.shared)
+                return await self._kept(attempt, self._aborted(attempt))
+            return await self._kept(attempt, outcomes.failed(record, exc, self.metrics, timed_out=deadline.expired(),
+                                                             timeout_s=timeout_s, shared=attempt.shared))
         finally:
             self.engine.leave(attempt)
             if attempt in self.busy:  # a call that failed or was aborted ran until now
@@ -141,6 +155,15 @@ class JobRunner:
         if self.settings.log_payloads:
             log.debug("response", extra={"status_code": status, "body": body})
         return outcomes.succeeded(result)
+
+    @staticmethod
+    async def _kept(attempt: Attempt, settle: Settle) -> Settle:
+        """An attempt that did not succeed and is retried or given back writes all the output it made, so the next
+        attempt continues after it (the deltas always spell the final text); one that ended the job, or was lost to
+        another worker, writes nothing more."""
+        if attempt.output is not None and settle.kind in ("retry", "poison", "release"):
+            await attempt.output.settle(succeeded=False)
+        return settle
 
     def _aborted(self, attempt: Attempt) -> Settle:
         task = asyncio.current_task()

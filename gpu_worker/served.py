@@ -14,7 +14,7 @@ from typing import Any
 
 from inferq.queue.jobs import Job
 
-from .backends.base import Backend, FatalError
+from .backends.base import Backend, FatalError, Output
 
 
 class ServedModel:
@@ -26,7 +26,8 @@ class ServedModel:
         self.name = backend.name
 
     async def complete(
-        self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job
+        self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job,
+        output: Output | None = None,
     ) -> tuple[int, Any]:
         requested = body.get("model")
         if requested is not None and requested not in self.names:
@@ -34,7 +35,8 @@ class ServedModel:
                              status_code=404)
         if requested != self.served_model:
             body = {**body, "model": self.served_model}
-        return await self.backend.complete(url, body, timeout_s=timeout_s, traceparent=traceparent, job=job)
+        return await self.backend.complete(url, body, timeout_s=timeout_s, traceparent=traceparent, job=job,
+                                           output=output)
 
     async def aclose(self) -> None:
         await self.backend.aclose()

@@ -1,6 +1,6 @@
 """The AWS clients every server role shares: one S3 client (the gateway's Files routes and claim checks, the batch
-driver, the worker's claim checks) and Secrets Manager secrets cached with Powertools' parameters utility (the API
-keys, the cache's AUTH token).
+driver, the worker's claim checks) and Secrets Manager secrets read with Powertools' parameters utility and cached
+on an injectable clock (the API keys, the cache's AUTH token).
 
 boto3 and Powertools are imported at first use, never when this module is imported: importing ``inferq`` loads no
 AWS SDK (tests/unit/test_layout.py), and a process that reads no secret (the gateway with development keys) never
@@ -14,6 +14,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -77,48 +78,46 @@ class SecretUnavailable(Exception):
     """The secret cannot be read and no copy young enough is in hand."""
 
 
-def _provider(client: Any, on_read: Any) -> Any:
-    """A Powertools ``SecretsProvider`` on ``client`` (or a new client with short timeouts) that calls ``on_read``
-    each time Secrets Manager answered: its cache (``max_age``) decides when to read again; when the last read
-    answered is what the stale bound below needs. ``_get`` is the method Powertools documents for a provider to
-    implement (its "bring your own provider" extension point)."""
+Clock = Callable[[], float]
+"""A monotonic clock in seconds (``time.monotonic``; a test passes one it moves by hand, as cachetools' ``timer``)."""
+
+
+def _provider(client: Any) -> Any:
+    """A Powertools ``SecretsProvider`` on ``client``, or on a new client with short timeouts."""
     from aws_lambda_powertools.utilities.parameters import SecretsProvider
 
     quiet_sdk_logs()
-    class ReportingSecretsProvider(SecretsProvider):
-        def _get(self, name: str, **sdk_options: Any) -> str | bytes:
-            value: str | bytes = super()._get(name, **sdk_options)
-            on_read()
-            return value
-
     if client is None:
         from botocore.config import Config
 
         config = Config(connect_timeout=SECRETS_CONNECT_TIMEOUT_S, read_timeout=SECRETS_READ_TIMEOUT_S,
                         retries={"mode": "standard", "total_max_attempts": SECRETS_ATTEMPTS})
-        return ReportingSecretsProvider(boto_config=config)
-    return ReportingSecretsProvider(boto3_client=client)
+        return SecretsProvider(boto_config=config)
+    return SecretsProvider(boto3_client=client)
 
 
 class CachedSecret:
     """A Secrets Manager secret's string, read through Powertools' parameters utility and kept ``max_age_s``
-    seconds (its cache). Powertools raises when a read fails, even with an expired copy in hand; this adds the one
-    thing it lacks, bounded staleness: a failed read serves the last good value for at most ``max_stale_s`` seconds
-    past its expiry (``math.inf``: as long as reads fail), retrying every ``retry_after_s`` meanwhile rather than on
-    every call; past the bound, or with nothing read yet, :class:`SecretUnavailable` (and no new read for
-    ``retry_after_s``, so an outage is not a pile-up of reads). Thread-safe; a read is a blocking boto3 call."""
+    seconds. The cache is this class's, on an injected ``clock`` (Powertools' own cache reads the wall clock and
+    raises when a read fails even with an expired copy in hand): every read it asks Powertools for is a fetch.
+    A failed read serves the last good value for at most ``max_stale_s`` seconds past its expiry (``math.inf``: as
+    long as reads fail), retrying every ``retry_after_s`` meanwhile rather than on every call; past the bound, or
+    with nothing read yet, :class:`SecretUnavailable` (and no new read for ``retry_after_s``, so an outage is not a
+    pile-up of reads). Thread-safe; a read is a blocking boto3 call."""
 
-    def __init__(self, secret_id: str, max_age_s: int, *, max_stale_s: float = 0.0, retry_after_s: float = 10.0,
-                 client: Any = None) -> None:
+    def __init__(self, secret_id: str, max_age_s: float, *, max_stale_s: float = 0.0, retry_after_s: float = 10.0,
+                 client: Any = None, clock: Clock = time.monotonic) -> None:
         self.secret_id = secret_id
-        self.max_age_s = int(max_age_s)
+        self.max_age_s = max_age_s
         self.max_stale_s = max_stale_s
         self.retry_after_s = retry_after_s
+        self.clock = clock
         self._client = client
         self._powertools: Any = None
         self._value: str | None = None
         self._read_at = -math.inf
-        """When Secrets Manager last answered (monotonic)."""
+        """When Secrets Manager last answered (on ``clock``)."""
+        self._fresh_until = -math.inf
         self._retry_at = -math.inf
         self._lock = threading.Lock()
         self.reads = 0
@@ -126,30 +125,31 @@ class CachedSecret:
 
     @property
     def read_at(self) -> float:
-        """When Secrets Manager last answered (monotonic; ``-inf`` before the first read)."""
+        """When Secrets Manager last answered (on ``clock``; ``-inf`` before the first read)."""
         return self._read_at
 
-    def _answered(self) -> None:
-        self.reads += 1
-        self._read_at = time.monotonic()
-
     def cached(self) -> bool:
-        """Whether :meth:`get` answers now without a read (from Powertools' cache, or the stale copy between
-        retries): an asyncio caller calls it inline then, and on a thread otherwise."""
-        now = time.monotonic()
-        if self._value is None or self._powertools is None:
+        """Whether :meth:`get` answers now without a read (a fresh copy, or the stale copy between retries): an
+        asyncio caller calls it inline then, and on a thread otherwise."""
+        now = self.clock()
+        if self._value is None or self._too_stale(now):
             return False
-        if self._too_stale(now):
-            return False
-        return now < self._read_at + self.max_age_s or now < self._retry_at
+        return now < self._fresh_until or now < self._retry_at
 
     def _too_stale(self, now: float) -> bool:
-        return now - self._read_at > self.max_age_s + self.max_stale_s
+        return now - self._read_at >= self.max_age_s + self.max_stale_s
 
-    def _secrets(self) -> Any:
+    def _read(self) -> str:
+        """One read of Secrets Manager (the lock held); raises what Powertools raises."""
         if self._powertools is None:
-            self._powertools = _provider(self._client, self._answered)
-        return self._powertools
+            self._powertools = _provider(self._client)
+        value = self._powertools.get(self.secret_id, max_age=0, force_fetch=True)
+        self._value = value.decode() if isinstance(value, bytes) else str(value)
+        self._read_at = self.clock()
+        self._fresh_until = self._read_at + self.max_age_s
+        self._retry_at = -math.inf
+        self.reads += 1
+        return self._value
 
     def get(self, *, wait: bool = True) -> str:
         """The value. ``wait=False`` (an event loop's caller, after :meth:`cached`): while another thread holds the
@@ -166,40 +166,41 @@ class CachedSecret:
 
     def _get(self) -> str:
         """:meth:`get` with the lock held."""
-        now = time.monotonic()
+        now = self.clock()
+        if self._value is not None and now < self._fresh_until:
+            return self._value
         if now < self._retry_at:  # the last read failed a moment ago
             if self._value is not None and not self._too_stale(now):
                 return self._value
             raise SecretUnavailable(f"secret {self.secret_id} could not be read a moment ago")
         try:
-            value = self._secrets().get(self.secret_id, max_age=self.max_age_s)
+            return self._read()
         except Exception as exc:  # Powertools' GetParameterError wraps whatever boto3 raised
-            self._retry_at = time.monotonic() + self.retry_after_s
-            if self._value is None or self._too_stale(time.monotonic()):
+            self._retry_at = self.clock() + self.retry_after_s
+            if self._value is None or self._too_stale(self.clock()):
                 raise SecretUnavailable(f"cannot read secret {self.secret_id}: {type(exc).__name__}") from exc
             log.warning("secret %s: read failed (%s); serving the copy in hand", self.secret_id,
                         type(exc).__name__)
             return self._value
-        self._value = value.decode() if isinstance(value, bytes) else str(value)
-        self._retry_at = -math.inf
-        return self._value
 
-    def read_now(self) -> str:
-        """Read the secret now, whatever the cache holds (the server refused what it held); a failure raises
+    def read_now(self, *, unless: Callable[[str], bool] | None = None) -> str:
+        """Read the secret now, whatever the cache holds (the server refused what it held), unless the copy in hand
+        already passes ``unless``: checked under the lock, so of many callers refused with the same copy (a burst
+        of connections after a rotation) the first reads and the others get what it read. A failure raises
         :class:`SecretUnavailable` and leaves the copy in hand as it was."""
         with self._lock:
+            if unless is not None and self._value is not None and unless(self._value):
+                return self._value
             try:
-                value = self._secrets().get(self.secret_id, max_age=self.max_age_s, force_fetch=True)
+                return self._read()
             except Exception as exc:
                 raise SecretUnavailable(f"cannot read secret {self.secret_id}: {type(exc).__name__}") from exc
-            self._value = value.decode() if isinstance(value, bytes) else str(value)
-            self._retry_at = -math.inf
-            return self._value
 
     def forget_client(self) -> None:
-        """Drop the boto3 client (SnapStart: a restored snapshot makes its clients anew) and with it Powertools'
-        cache, so the next :meth:`get` reads; the value in hand stays, served within the stale bound if that read
-        fails."""
+        """Drop the boto3 client (SnapStart: a restored snapshot makes its clients anew) and count the copy in hand
+        as expired, so the next :meth:`get` reads with a new client; the value stays, served within the stale bound
+        if that read fails."""
         with self._lock:
             self._powertools = None
             self._client = None
+            self._fresh_until = -math.inf

@@ -73,7 +73,7 @@ def create_app(
         title="inferq",
         version=__version__,
         summary="Asynchronous LLM inference: submit OpenAI-compatible requests as jobs, poll or wait for results.",
-        docs_url=None,  # G7: nothing but health and the API description answers without a key
+        docs_url=None,  # G7: nothing but health, the API description and the console's files answers without a key
         redoc_url=None,
         redirect_slashes=False,  # "/v1/jobs/" is 404 in the envelope, not an undocumented 307
     )
@@ -101,9 +101,24 @@ def _include_routers(app: FastAPI) -> None:
     """Every router, the job routes first (the hot path's submit and get among them), in the order the OpenAPI
     document lists them. Imported here: a Lambda sandbox that only submits and gets never imports one, nor builds
     a FastAPI route."""
-    from .routers import batches, catalog, console, dlq, events, files, jobs, operations, uploads, usage, webhooks
+    from .routers import (
+        batches,
+        catalog,
+        completions,
+        console,
+        dlq,
+        events,
+        files,
+        jobs,
+        operations,
+        streams,
+        uploads,
+        usage,
+        webhooks,
+    )
 
-    for module in (jobs, dlq, operations, console, files, uploads, batches, events, catalog, webhooks, usage):
+    for module in (jobs, streams, dlq, operations, console, files, uploads, batches, events, catalog, webhooks, usage,
+                   completions):
         app.include_router(module.router)
 
 

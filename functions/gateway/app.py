@@ -14,8 +14,13 @@ from typing import Any
 
 from mangum import Mangum
 
+from inferq.config.settings import SettingsError
+
 from . import snapstart
 from .api import create_app
+
+LAMBDA_SYNC_WAIT_MAX_S = 25.0
+"""API Gateway's HTTP API ends a request at 30 s: a front-door call must have answered (its 504 included) before."""
 
 __all__ = ["GatewayHandler", "app", "create_app", "handler"]
 
@@ -26,6 +31,7 @@ class GatewayHandler(Mangum):
 
     def __call__(self, event: Any, context: Any) -> dict[str, Any]:
         self.app.state.gateway.shared_waits = False  # type: ignore[attr-defined]  # one request per invocation
+        self.app.state.gateway.streams = False  # type: ignore[attr-defined]  # API Gateway buffers the answer
         try:
             return super().__call__(event, context)
         finally:
@@ -33,6 +39,9 @@ class GatewayHandler(Mangum):
 
 
 app = create_app(defer_routes=True)  # routes other than submit/get: built on the first request needing them
+if app.state.gateway.settings.sync_wait_s > LAMBDA_SYNC_WAIT_MAX_S:
+    raise SettingsError("INFERQ_SYNC_WAIT_S", f"must be <= {LAMBDA_SYNC_WAIT_MAX_S:g} on Lambda (API Gateway's HTTP "
+                        "API ends a request at 30 s)")
 app.state.telemetry.adopt_package_loggers()
 handler = GatewayHandler(app, lifespan="off")
 snapstart.register(app)  # SnapStart's hooks, where the Lambda runtime has them (snapstart.py)

@@ -19,7 +19,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from inferq.config.settings import Settings, SettingsError
@@ -84,17 +84,18 @@ def parse_secret(raw: str) -> list[tuple[bytes, str]]:
 
 class SecretKeys:
     """Digests from a Secrets Manager secret, read through Powertools' parameters utility and cached for
-    ``cache_s`` seconds (:class:`inferq.aws.CachedSecret`, which adds the stale bound Powertools lacks)."""
+    ``cache_s`` seconds on ``clock`` (:class:`inferq.aws.CachedSecret`, with its stale bound)."""
 
-    def __init__(self, secret_id: str, cache_s: float, *, client: Any = None, max_stale_s: float = 900.0) -> None:
+    def __init__(self, secret_id: str, cache_s: float, *, client: Any = None, max_stale_s: float = 900.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         from inferq.aws import CachedSecret  # boto3 and Powertools load at the first read, not here
 
-        self.secret = CachedSecret(secret_id, int(cache_s), max_stale_s=max_stale_s,
+        self.secret = CachedSecret(secret_id, cache_s, max_stale_s=max_stale_s, clock=clock,
                                    retry_after_s=min(REFRESH_BACKOFF_S, max(cache_s, 1.0)), client=client)
         self._parsed: tuple[str, list[tuple[bytes, str]]] | None = None
         """The last good copy: the secret's string and its digests (parsed once per copy)."""
         self._good_at = 0.0
-        """When the last good copy was read (monotonic)."""
+        """When the last good copy was read (on the secret's clock)."""
         self._malformed: str | None = None
 
     @property
@@ -122,7 +123,7 @@ class SecretKeys:
             # never a silently empty key set: the last good keys within the stale bound, else 503
             self._malformed = raw
             bound = self.secret.max_age_s + self.secret.max_stale_s
-            if parsed is not None and time.monotonic() - self._good_at <= bound:
+            if parsed is not None and self.secret.clock() - self._good_at <= bound:
                 log.warning("API keys secret is malformed; serving the last good keys")
                 return parsed[1]
             raise KeysUnavailable(f"the API keys secret is malformed: {exc}") from exc

@@ -1,14 +1,18 @@
-"""What the routers' handlers ask FastAPI to give them: the app's :class:`~.gateway.Gateway` (:data:`GatewayDep`) and
+"""What the routers' handlers ask FastAPI to give them: the app's :class:`~.gateway.Gateway` (:data:`GatewayDep`),
 the calling key's tenant (:data:`Tenant`: authentication, which runs before the body is parsed, so an
-unauthenticated caller learns nothing about validation). The two security schemes documented in OpenAPI are
+unauthenticated caller learns nothing about validation), and a long poll's ``wait`` with one of the tenant's wait
+slots held until the answer is sent (:data:`Wait`, :mod:`.waits`). The two security schemes documented in OpenAPI are
 declared here; the hot path reads the same headers itself (:meth:`.gateway.Gateway.tenant_from`)."""
 
+from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Request, Security
+from fastapi import Depends, Query, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from .gateway import Gateway
+from .request_schemas import MAX_WAIT_S
+from .waits import wait_slot
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <key>`")
 _api_key = APIKeyHeader(name="x-api-key", auto_error=False, description="`x-api-key: <key>`")
@@ -38,3 +42,18 @@ async def authenticate(
 
 GatewayDep = Annotated[Gateway, Depends(gateway)]
 Tenant = Annotated[str, Depends(authenticate)]
+
+
+async def held_wait(
+    gw: GatewayDep,
+    tenant: Tenant,
+    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait (a long-poll slot of the key's "
+                                                                  "is held meanwhile)")] = 0,
+) -> AsyncIterator[float]:
+    """The ``wait`` query parameter (0-20 s), with a slot of the tenant's held from before the route runs until
+    its answer is sent (``INFERQ_TENANT_MAX_WAITS``: 429 past it)."""
+    async with wait_slot(gw, tenant, wait):
+        yield wait
+
+
+Wait = Annotated[float, Depends(held_wait)]

@@ -10,6 +10,7 @@ stopped answering): clients retry with the same ``Idempotency-Key``.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,7 +19,16 @@ from fastapi.exceptions import RequestValidationError
 from redis import exceptions as redis_errors
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inferq.queue.protocol import IdempotencyConflict, JobNotFound, JobTerminal, NotDeadLettered, QueueFull
+from inferq.queue.protocol import (
+    EngineCoolOff,
+    IdempotencyConflict,
+    JobNotFound,
+    JobTerminal,
+    NotDeadLettered,
+    OperatorOnly,
+    QueueFull,
+    RetainedQuotaFull,
+)
 from inferq.redis.faults import Fault, classify
 
 from .auth import KeysUnavailable
@@ -111,6 +121,31 @@ def describe_validation(errors: Iterable[Any], limit: int = 5) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+# The tenant bounds' refusals (G11): module-level, so install stays one screen.
+
+
+async def retained_full(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RetainedQuotaFull)
+    return error_response(
+        429, "the records this key's ended jobs left behind hold its quota (INFERQ_TENANT_MAX_RETAINED_BYTES); "
+             "they expire with the result TTL: retry later", type_="quota_exceeded",
+        headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))})
+
+
+async def engine_cooloff(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, EngineCoolOff)
+    return error_response(
+        429, "jobs of this key killed the model server too often (INFERQ_ENGINE_STRIKES); its submits to this "
+             "model are refused until the cool-off ends", type_="engine_cooloff",
+        headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))})
+
+
+async def operator_only(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(403, "this job was dead-lettered because the model server died running it "
+                               "(engine_died): only an operator key may redrive it (INFERQ_ADMIN_TENANTS)",
+                          type_="operator_only")
+
+
 def install(app: FastAPI) -> None:
     """Register the envelope handlers on ``app``."""
 
@@ -166,10 +201,13 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(QueueFull, queue_full)
+    app.add_exception_handler(RetainedQuotaFull, retained_full)
+    app.add_exception_handler(EngineCoolOff, engine_cooloff)
     app.add_exception_handler(IdempotencyConflict, idempotency_conflict)
     app.add_exception_handler(JobNotFound, job_not_found)
     app.add_exception_handler(JobTerminal, job_terminal)
     app.add_exception_handler(NotDeadLettered, not_dead_lettered)
+    app.add_exception_handler(OperatorOnly, operator_only)
     app.add_exception_handler(KeysUnavailable, keys_unavailable)
     for exc_type in STORE_ERRORS:
         app.add_exception_handler(exc_type, store_error)

@@ -58,6 +58,9 @@ class Gateway:
         self.shared_waits = True
         """Long-poll waits share one reader of terminal events per queue (a long-lived process: uvicorn); the
         Lambda handler turns it off, since a frozen sandbox would stall a background reader (inferq.queue.waiters)."""
+        self.streams = True
+        """Answers may stream (uvicorn); the Lambda handler turns it off: API Gateway's HTTP API buffers a response
+        whole, so a streamed answer is made whole once the job ends (functions/gateway/routers/completions.py)."""
 
     @property
     def queue(self) -> Queue:

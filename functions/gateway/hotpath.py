@@ -118,6 +118,8 @@ class HotApp(FastAPI):
     _hot_get: HotRoute | None = None
     _hot_handlers: tuple[dict[Any, Any], dict[int, Any]] = ({}, {})
     _telemetry_off_until = 0.0
+    telemetry_clock: Callable[[], float] = staticmethod(time.monotonic)
+    """The clock the kept "no" runs on (a test sets one it moves by hand)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.hot_paths and scope["type"] == "http" and not self.root_path and not scope.get("root_path"):
@@ -150,11 +152,11 @@ class HotApp(FastAPI):
         time: a "no" is kept for ``TELEMETRY_RECHECK_S``, so a provider set up while the app runs (a global one is
         set once) is found within that; a "yes" is asked again every time, as FastAPI does."""
         telemetry = getattr(self, "_native_telemetry", None)
-        if telemetry is None or time.monotonic() < self._telemetry_off_until:
+        if telemetry is None or self.telemetry_clock() < self._telemetry_off_until:
             return False
         if telemetry.enabled():
             return True
-        self._telemetry_off_until = time.monotonic() + TELEMETRY_RECHECK_S
+        self._telemetry_off_until = self.telemetry_clock() + TELEMETRY_RECHECK_S
         return False
 
     def _build_hot_stack(self) -> ASGIApp | None:

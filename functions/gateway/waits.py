@@ -11,31 +11,25 @@ Two ways to take one, the same slot either way:
 
   (the job routes, their hot path and the feed use it; a streaming answer holds it inside its body's generator,
   so the slot lasts as long as the stream does);
-- :data:`Wait`, a FastAPI dependency (:func:`held_wait`) that declares the ``wait`` query parameter itself and
-  hands the route its value with a slot held until the answer is sent::
+- :data:`.dependencies.Wait`, a FastAPI dependency that declares the ``wait`` query parameter itself and hands the
+  route its value with a slot held until the answer is sent::
 
       async def get_thing(gw: GatewayDep, tenant: Tenant, wait: Wait) -> JSONResponse: ...
-
-(No ``from __future__ import annotations`` here: FastAPI reads the dependency's annotations at run time.)
 """
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Annotated, Any
-
-from fastapi import Depends, Query
+from typing import TYPE_CHECKING, Any
 
 from inferq.queue.waitslots import WaitsFull, WaitSlots
 
-from .dependencies import GatewayDep, Tenant
 from .errors import ApiError
 from .openapi import doc
-from .request_schemas import MAX_WAIT_S
 
 if TYPE_CHECKING:
     from .gateway import Gateway
 
-__all__ = ["Wait", "held_wait", "wait_responses", "wait_slot", "wait_slots"]
+__all__ = ["wait_responses", "wait_slot", "wait_slots"]
 
 
 def wait_responses() -> dict[int | str, dict[str, Any]]:
@@ -70,18 +64,3 @@ async def wait_slot(gw: "Gateway", tenant: str, wait_s: float) -> AsyncIterator[
     finally:
         if token is not None:  # always one here (a wait, a limit): the type says it may not be
             await slots.give(tenant, token)
-
-
-async def held_wait(
-    gw: GatewayDep,
-    tenant: Tenant,
-    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait (a long-poll slot of the key's "
-                                                                  "is held meanwhile)")] = 0,
-) -> AsyncIterator[float]:
-    """A FastAPI dependency (see the module's docstring): the ``wait`` query parameter (0-20 s), with a slot held
-    from before the route runs until its answer is sent."""
-    async with wait_slot(gw, tenant, wait):
-        yield wait
-
-
-Wait = Annotated[float, Depends(held_wait)]

@@ -7,7 +7,8 @@ one Redis round trip. When that read says desired 0 (or there is no decision yet
 ``inferq:{Q}:wake`` guard (``SET NX EX 5``) and, only if it got it, calls the waker: an asynchronous Lambda
 ``Invoke`` (``INFERQ_SCALER_FUNCTION``) in AWS, an HTTP POST to ``INFERQ_SCALER_WAKE_URL`` in the emulator. The
 guard makes it at most one wake per 5 s per queue across every gateway process; a failed wake is logged and
-counted, never turned into a failed submit.
+counted, never turned into a failed submit, and gives the guard back, so the next submit (after ``refresh_s``) tries
+again rather than every submit of the next 5 s finding the fleet at zero and no wake under way.
 
 Background means Starlette's background task: under uvicorn it runs after the response has been sent; under
 Mangum the invocation returns once it has run, which delays that one response by the wake (bounded by
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -133,6 +135,7 @@ class WakeOnEnqueue:
         if self.waker is None:
             return
         self._running_since = time.monotonic()
+        guard: str | None = None
         try:
             async with asyncio.timeout(self.timeout_s):
                 state = await queue.scale_state()
@@ -140,8 +143,10 @@ class WakeOnEnqueue:
                 self._checked_at = time.monotonic()
                 if self.desired:
                     return
-                if not await queue.redis.set(queue.keys.wake, "1", nx=True, ex=self.guard_ttl_s):
+                token = secrets.token_hex(8)
+                if not await queue.redis.set(queue.keys.wake, token, nx=True, ex=self.guard_ttl_s):
                     return
+                guard = token
                 await self.waker()
             self.telemetry.count("ScalerWakes")
             self.telemetry.logger.info("woke the scaler", extra={"queue": queue.settings.queue})
@@ -150,8 +155,20 @@ class WakeOnEnqueue:
             self.telemetry.logger.warning(
                 "scaler wake failed; the submit stands", extra={"error": f"{type(exc).__name__}: {exc}"}
             )
+            if guard is not None:
+                await self._release(queue, guard)
         finally:
             self._running_since = None
+
+    async def _release(self, queue: Queue, token: str) -> None:
+        """Give back the guard of a wake that failed (when it is still this one's), so the next submit wakes."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                if await queue.redis.get(queue.keys.wake) == token:
+                    await queue.redis.delete(queue.keys.wake)
+        except Exception as exc:  # it expires after guard_ttl_s anyway
+            self.telemetry.logger.warning("scaler wake guard not given back; it expires by itself",
+                                          extra={"error": type(exc).__name__})
 
 
 def _desired(raw: str | None) -> int | None:

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -235,7 +235,8 @@ def webhook_pass(settings: Settings) -> WebhookPass | None:
 
 
 WEBHOOK_SECRET_MAX_AGE_S = 300
-
+webhook_secret_clock: Callable[[], float] = time.monotonic
+"""The clock the signing secret's cache runs on (a test moves one by hand, then :func:`reset`)."""
 
 _webhook_secrets: dict[str, Any] = {}
 """Secret id -> its :class:`inferq.aws.CachedSecret`."""
@@ -243,7 +244,7 @@ _webhook_secrets: dict[str, Any] = {}
 
 def with_webhook_secret(settings: Settings) -> Settings:
     """``INFERQ_WEBHOOK_SECRET_ID``: the signing secret read from Secrets Manager at first use and kept for five
-    minutes (Powertools' cache, through :class:`inferq.aws.CachedSecret`: short timeouts inside a tick), so a
+    minutes (:class:`inferq.aws.CachedSecret`: short timeouts inside a tick), so a
     rotated secret reaches the scaler without a redeploy. An expired copy is never used to sign: a failed read
     raises (:class:`inferq.aws.SecretUnavailable`), and the tick sends no webhooks (the workers deliver them)."""
     if settings.webhook_secret or not settings.webhook_secret_id:
@@ -252,7 +253,7 @@ def with_webhook_secret(settings: Settings) -> Settings:
 
     secret = _webhook_secrets.get(settings.webhook_secret_id)
     if secret is None:
-        secret = CachedSecret(settings.webhook_secret_id, WEBHOOK_SECRET_MAX_AGE_S)
+        secret = CachedSecret(settings.webhook_secret_id, WEBHOOK_SECRET_MAX_AGE_S, clock=webhook_secret_clock)
         _webhook_secrets[settings.webhook_secret_id] = secret
     return settings.replace(webhook_secret=secret.get())
 

@@ -59,15 +59,35 @@ class EngineDied(BackendError):
     job is dead-lettered at once, never handed to another worker whose engine it would kill too."""
 
 
+class Output(Protocol):
+    """Where a backend writes a job's output as it is made: the text of the first choice, in deltas (the worker's
+    :class:`gpu_worker.output.OutputWriter`, which batches them into the job's output stream)."""
+
+    kept: str
+    """The output earlier attempts of the job kept: the backend continues after it (chat: as an assistant prefix
+    the model continues; completions: the prompt plus this text; the mock: the rest of its echo), and the first
+    choice's text of its answer is this plus what it made."""
+    kept_tokens: int
+    """The tokens of :attr:`kept`, as the backends counted them: taken off ``max_tokens``."""
+
+    def write(self, delta: str, tokens: int = 1) -> None:
+        """More text of the first choice (``tokens``: how many tokens it is). Never blocks."""
+
+
 class Backend(Protocol):
     """A model server. ``complete`` returns ``(status_code, body)`` for a 2xx answer and raises
     :class:`RetryableError` or :class:`FatalError` otherwise. It must never block the event loop: the worker
-    renews leases from the same loop."""
+    renews leases from the same loop.
+
+    With ``output`` (a request :func:`continuable` says can stream), the backend writes the first choice's text to
+    it as it is made, and continues after ``output.kept``; the answer is the same as without, whole: the first
+    choice's text is the kept output and everything written after it."""
 
     name: str
 
     async def complete(
-        self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job
+        self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job,
+        output: Output | None = None,
     ) -> tuple[int, Any]: ...
 
     async def aclose(self) -> None: ...
@@ -103,6 +123,83 @@ class EngineLoad:
     """Mean requests of the worker's on the path to the engine and back, outside the server's stamps: sent but
     not yet stamped (its HTTP front end, the connection), or finished with their answers on the way back. Set by
     the adaptive window (:class:`gpu_worker.window.Refill`) from the two counters above; 0 where it cannot tell."""
+
+
+def continuable(url: str, body: dict[str, Any]) -> bool:
+    """Whether a request's output can stream, and a later attempt continue after what an earlier one made: one
+    choice (``n``, ``best_of`` absent or 1), no ``echo``, and for a completion one text prompt (a continuation is the
+    prompt plus the text so far; token ids cannot be joined with text). Other requests are answered whole, their
+    text at the end."""
+    for name in ("n", "best_of"):
+        value = body.get(name)
+        if value is not None and value != 1:
+            return False
+    if url == "/v1/chat/completions":
+        return isinstance(body.get("messages"), list)
+    if url == "/v1/completions":
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        return isinstance(prompt, str) and not body.get("echo")
+    return False
+
+
+def reduced_max_tokens(body: dict[str, Any], kept_tokens: int) -> dict[str, Any]:
+    """``body`` with ``max_tokens``/``max_completion_tokens`` less the tokens already made (at least 1), so the
+    attempts together make no more than the request allows."""
+    if kept_tokens <= 0:
+        return body
+    changed = dict(body)
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            changed[name] = max(1, value - kept_tokens)
+    return changed
+
+
+def continuation(url: str, body: dict[str, Any], kept: str, kept_tokens: int) -> dict[str, Any]:
+    """The request that continues after ``kept``, the output earlier attempts made (:func:`continuable` requests
+    only): chat, with ``kept`` as an assistant message the model continues (vLLM's ``continue_final_message``,
+    which takes no generation prompt); a completion, with ``kept`` after the prompt. ``max_tokens`` less what was
+    made."""
+    body = reduced_max_tokens(body, kept_tokens)
+    if not kept:
+        return body
+    if url == "/v1/chat/completions":
+        messages = [*body["messages"], {"role": "assistant", "content": kept}]
+        return {**body, "messages": messages, "continue_final_message": True, "add_generation_prompt": False}
+    prompt = body["prompt"]
+    return {**body, "prompt": [prompt[0] + kept] if isinstance(prompt, list) else prompt + kept}
+
+
+def with_kept(url: str, answer: Any, kept: str, kept_tokens: int) -> Any:
+    """A continuation's answer as the whole request's: ``kept`` put before the first choice's text, and its tokens
+    counted as output (:func:`with_kept_usage`)."""
+    if not kept or not isinstance(answer, dict):
+        return answer
+    for choice in answer.get("choices") or ():
+        if not isinstance(choice, dict) or (choice.get("index") or 0) != 0:
+            continue
+        if url == "/v1/chat/completions" and isinstance(choice.get("message"), dict):
+            choice["message"]["content"] = kept + (choice["message"].get("content") or "")
+        elif url == "/v1/completions":
+            choice["text"] = kept + (choice.get("text") or "")
+    return with_kept_usage(answer, kept_tokens)
+
+
+def with_kept_usage(answer: Any, kept_tokens: int) -> Any:
+    """An answer's ``usage`` with the kept tokens counted as output, not prompt (a continuation sends them as
+    prompt)."""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    if kept_tokens <= 0 or not isinstance(usage, dict):
+        return answer
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
+    if isinstance(prompt, int) and isinstance(completion, int):
+        moved = min(kept_tokens, prompt)
+        usage["prompt_tokens"] = prompt - moved
+        usage["completion_tokens"] = completion + moved
+    return answer
 
 
 def is_retryable_status(status: int) -> bool:

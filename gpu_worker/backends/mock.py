@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import secrets
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,11 @@ from redis.exceptions import NoScriptError
 
 from inferq.queue.jobs import Job
 from inferq.queue.keys import Keys
+from inferq.queue.output import first_choice_text
 from inferq.redis.coalescing import Coalescer
 from inferq.redis.faults import FaultRun
 
-from .base import EngineLoad, FatalError, RetryableError
+from .base import EngineLoad, FatalError, Output, RetryableError
 
 COUNT_SCRIPT = (Path(__file__).parent / "mock_count.lua").read_text()
 CRASH_EXIT_CODE = 86
@@ -119,6 +122,58 @@ def completion_answer(body: dict[str, Any], job: Job) -> dict[str, Any]:
     }
 
 
+def _answer(url: str, body: dict[str, Any], job: Job) -> dict[str, Any]:
+    if url == "/v1/chat/completions":
+        return chat_answer(body, job)
+    if url == "/v1/completions":
+        return completion_answer(body, job)
+    raise FatalError(f"unknown endpoint {url}", status_code=404)
+
+
+_PIECE = re.compile(r"\s*\S+|\s+")
+"""A piece of the echo as the mock streams it: a word with the spaces before it (as a tokenizer's pieces go)."""
+
+
+@dataclass(frozen=True)
+class Stream:
+    """The pieces of the echo an attempt writes, the output they go to, and their share of the latency."""
+
+    pieces: list[str]
+    output: Output
+    share: float
+
+
+def _pieces(answer: dict[str, Any] | None, output: Output) -> Stream | None:
+    """What an answering attempt streams: the rest of its echo after the output kept by earlier attempts (the first
+    choice's text starts with it: the echo is deterministic), in the rest's share of the latency."""
+    text = first_choice_text(answer) if answer is not None else None
+    if text is None:
+        return None
+    if not text.startswith(output.kept):
+        raise FatalError("mock: the kept output is not the start of this job's echo", status_code=400)
+    rest = text[len(output.kept):]
+    return Stream(_PIECE.findall(rest), output, len(rest) / len(text) if text else 0.0)
+
+
+async def _elapse(latency_ms: int, stream: Stream | None) -> None:
+    """``latency_ms`` of model time; with ``stream``, its pieces written evenly over their share of it, each at
+    its own moment (no drift: a late write does not push back the next)."""
+    if stream is None:
+        await asyncio.sleep(latency_ms / 1000.0)
+        return
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    pieces = stream.pieces
+    gap = latency_ms * stream.share / 1000.0 / max(1, len(pieces))
+    for i, piece in enumerate(pieces):
+        delay = started + gap * (i + 1) - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        stream.output.write(piece, 1)
+    if not pieces:  # nothing left to continue with: the rest's share of the time, which is none
+        await asyncio.sleep(latency_ms * stream.share / 1000.0)
+
+
 def _retrieve(future: asyncio.Future[Any]) -> None:
     """Mark a count nobody awaits any more as seen (its failure is the count's own, logged where it is retried)."""
     if not future.cancelled():
@@ -144,12 +199,12 @@ class MockBackend:
     async def load(self) -> EngineLoad:
         return EngineLoad(waiting=self._waiting, running=self._running)
 
-    async def _compute(self, latency_ms: int) -> None:
+    async def _compute(self, latency_ms: int, stream: Stream | None = None) -> None:
         """The model's time: in a slot of the simulated engine, queued for one when all are taken."""
         if self._slots is None:
             self._running += 1
             try:
-                await asyncio.sleep(latency_ms / 1000.0)
+                await _elapse(latency_ms, stream)
             finally:
                 self._running -= 1
             return
@@ -160,7 +215,7 @@ class MockBackend:
             self._waiting -= 1
         self._running += 1
         try:
-            await asyncio.sleep(latency_ms / 1000.0)
+            await _elapse(latency_ms, stream)
         finally:
             self._running -= 1
             self._slots.release()
@@ -180,7 +235,8 @@ class MockBackend:
                 await asyncio.sleep(await faults.absorb(exc))
 
     async def complete(
-        self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job
+        self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job,
+        output: Output | None = None,
     ) -> tuple[int, Any]:
         controls = body.get("mock") or {}
         if not isinstance(controls, dict):
@@ -189,7 +245,13 @@ class MockBackend:
         # instrumentation round trip in it. Nothing is answered, raised, crashed or hung before it is written.
         counted = self._calls.put(job.id)
         try:
-            await self._run(controls, job, counted)
+            answer: dict[str, Any] | None = _answer(url, body, job)
+            refusal: FatalError | None = None
+        except FatalError as exc:  # raised when the call would have answered, as a model server would
+            answer, refusal = None, exc
+        try:
+            stream = _pieces(answer, output) if output is not None else None
+            await self._run(controls, job, counted, stream)
         except asyncio.CancelledError:  # an aborted call (timeout, cancel, shutdown): its count goes ahead alone
             counted.add_done_callback(_retrieve)
             raise
@@ -197,14 +259,15 @@ class MockBackend:
             await counted  # a failure is raised only once the call is counted
             raise
         await counted  # and an answer given only then
-        if url == "/v1/chat/completions":
-            return 200, chat_answer(body, job)
-        if url == "/v1/completions":
-            return 200, completion_answer(body, job)
-        raise FatalError(f"unknown endpoint {url}", status_code=404)
+        if refusal is not None:
+            raise refusal
+        assert answer is not None
+        return 200, answer
 
-    async def _run(self, controls: dict[str, Any], job: Job, counted: asyncio.Future[int]) -> None:
-        """What the controls ask for, the simulated model time included; raises the failures they ask for."""
+    async def _run(self, controls: dict[str, Any], job: Job, counted: asyncio.Future[int],
+                   stream: Stream | None = None) -> None:
+        """What the controls ask for, the simulated model time included (with ``stream``, the echo written to it in
+        pieces spread over that time: only by an attempt that answers); raises the failures they ask for."""
         crash = _control_int(controls, "crash_deliveries")
         if crash or controls.get("hang"):
             await counted
@@ -219,15 +282,16 @@ class MockBackend:
         if controls.get("hang"):
             await asyncio.Event().wait()  # never set: only the job timeout or a cancellation ends this
         latency = _control_int(controls, "latency_ms")
-        if latency or self._slots is not None:
-            await self._compute(latency)
+        fail = _control_int(controls, "fail_attempts")
+        fails = bool(controls.get("fatal")) or job.attempts <= fail
+        if latency or self._slots is not None or (stream is not None and not fails):
+            await self._compute(latency, None if fails else stream)
         if controls.get("fatal"):
             message = "mock: fatal error requested"
             raise FatalError(
                 message, status_code=400,
                 body={"error": {"message": message, "type": "invalid_request_error", "code": 400}},
             )
-        fail = _control_int(controls, "fail_attempts")
         if job.attempts <= fail:
             message = f"mock: failing attempt {job.attempts} of the first {fail}"
             raise RetryableError(message, status_code=503, body={"error": {"message": message, "code": 503}})

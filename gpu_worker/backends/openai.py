@@ -20,8 +20,22 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferq.queue.jobs import Job
+from inferq.queue.output import first_choice_text
 
-from .base import EngineDied, EngineLoad, RetryableError, check_status, parse_body, strip_mock
+from .base import (
+    EngineDied,
+    EngineLoad,
+    Output,
+    RetryableError,
+    check_status,
+    continuation,
+    error_message,
+    is_retryable_status,
+    parse_body,
+    strip_mock,
+    with_kept,
+)
+from .chunks import Assembly, sse_data
 
 CONNECT_TIMEOUT_S = 5.0
 METRICS_TIMEOUT_S = 2.0
@@ -36,6 +50,18 @@ KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 FINISHED = "vllm:e2e_request_latency_seconds_count"
 LATENCY_S = "vllm:e2e_request_latency_seconds_sum"
 INFERENCE_S = "vllm:request_inference_time_seconds_sum"
+
+
+def _stream_error(chunk: dict[str, Any]) -> None:
+    """An error the server sent in its stream, after its 200 (vLLM: ``{"error": {"message", "type", "code"}}``):
+    raised as the status it names would be, retryable when it names none."""
+    error = chunk.get("error")
+    code = error.get("code") if isinstance(error, dict) else None
+    status = code if isinstance(code, int) and 400 <= code < 600 else 500
+    message = error_message(chunk) or "the model server failed mid-stream"
+    if is_retryable_status(status):
+        raise RetryableError(message, status_code=status, body=chunk)
+    check_status(status, chunk)
 
 
 def parse_vllm_metrics(text: str) -> EngineLoad | None:
@@ -88,8 +114,11 @@ class OpenAIBackend:
         )
 
     async def complete(
-        self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job
+        self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job,
+        output: Output | None = None,
     ) -> tuple[int, Any]:
+        if output is not None:
+            return await self._stream(url, body, timeout_s, traceparent, output)
         timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
         sent = time.perf_counter()
         try:
@@ -97,19 +126,74 @@ class OpenAIBackend:
                 url, json=strip_mock(body), headers={"traceparent": traceparent}, timeout=timeout
             )
             raw = await response.aread()
-        except httpx.TimeoutException as exc:
-            raise RetryableError(f"the model server did not answer in time ({type(exc).__name__})") from exc
-        except (httpx.ConnectError, httpx.UnsupportedProtocol, httpx.ProxyError) as exc:  # never got the request
-            raise RetryableError(f"cannot reach the model server: {type(exc).__name__}") from exc
-        except httpx.TransportError as exc:
-            # the request was sent and the connection dropped: did the server die with it?
-            if not await self.healthy():
-                raise EngineDied(f"the model server died while running the request ({type(exc).__name__})") from exc
-            raise RetryableError(f"the connection to the model server dropped: {type(exc).__name__}") from exc
+        except httpx.HTTPError as exc:
+            raise await self._failed(exc) from exc
         if 200 <= response.status_code < 300:  # the requests the server counts as finished
             self._answered += 1
             self._answered_s += time.perf_counter() - sent
         return check_status(response.status_code, parse_body(raw))
+
+    async def _stream(self, url: str, body: dict[str, Any], timeout_s: float, traceparent: str, output: Output
+                      ) -> tuple[int, Any]:
+        """The request with ``stream: true`` (and the usage in a last chunk), continuing after the kept output: the
+        first choice's text written to ``output`` chunk by chunk (a chunk is a token, as vLLM streams them), the
+        chunks put back together into the unstreamed answer (:mod:`.chunks`). Closing the connection (a cancel, a
+        timeout) is what aborts the request in vLLM."""
+        request = continuation(url, strip_mock(body), output.kept, output.kept_tokens)
+        options = request.get("stream_options")
+        request = {**request, "stream": True,
+                   "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
+        timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
+        sent = time.perf_counter()
+        assembly = Assembly(url)
+        try:
+            async with self._client.stream("POST", url, json=request, headers={"traceparent": traceparent},
+                                           timeout=timeout) as response:
+                if not 200 <= response.status_code < 300:
+                    return check_status(response.status_code, parse_body(await response.aread()))
+                if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                    # a server that does not stream answers whole: its text is the output, all at once
+                    answer = parse_body(await response.aread())
+                    text = first_choice_text(answer)
+                    if text:
+                        output.write(text, 1)
+                    self._answered += 1
+                    self._answered_s += time.perf_counter() - sent
+                    return 200, with_kept(url, answer, output.kept, output.kept_tokens)
+                ended = False
+                async for line in response.aiter_lines():
+                    data = sse_data(line)
+                    if data is None:
+                        continue
+                    if data == "[DONE]":
+                        ended = True
+                        break
+                    chunk = parse_body(data.encode())
+                    if not isinstance(chunk, dict):
+                        continue
+                    if chunk.get("error") is not None:
+                        _stream_error(chunk)
+                    for index, text in assembly.add(chunk):
+                        if index == 0:
+                            output.write(text, 1)
+        except httpx.HTTPError as exc:
+            raise await self._failed(exc) from exc
+        if not ended:
+            raise RetryableError("the model server's stream ended before [DONE]")
+        self._answered += 1
+        self._answered_s += time.perf_counter() - sent
+        return 200, with_kept(url, assembly.answer(), output.kept, output.kept_tokens)
+
+    async def _failed(self, exc: httpx.HTTPError) -> Exception:
+        """What a failed request to the server is: retryable, or the server died with it."""
+        if isinstance(exc, httpx.TimeoutException):
+            return RetryableError(f"the model server did not answer in time ({type(exc).__name__})")
+        if isinstance(exc, httpx.ConnectError | httpx.UnsupportedProtocol | httpx.ProxyError):  # never got it
+            return RetryableError(f"cannot reach the model server: {type(exc).__name__}")
+        # the request was sent and the connection dropped: did the server die with it?
+        if not await self.healthy():
+            return EngineDied(f"the model server died while running the request ({type(exc).__name__})")
+        return RetryableError(f"the connection to the model server dropped: {type(exc).__name__}")
 
     async def healthy(self) -> bool:
         """Whether the server is alive: its ``GET /health`` answers within :data:`HEALTH_PROBES` tries with anything

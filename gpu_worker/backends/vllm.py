@@ -19,7 +19,7 @@ from typing import Any
 from inferq.config.settings import Settings, SettingsError
 from inferq.queue.jobs import Job
 
-from .base import EngineDied, EngineLoad, FatalError, RetryableError, strip_mock
+from .base import EngineDied, EngineLoad, FatalError, Output, RetryableError, continuation, strip_mock, with_kept
 
 # OpenAI request field -> SamplingParams argument. Anything else in the body is not a sampling control
 # (model, messages, prompt, stream, user, ...) and is ignored, like vLLM's own server ignores unknown fields.
@@ -56,8 +56,6 @@ def sampling_arguments(url: str, body: dict[str, Any]) -> dict[str, Any]:
     if "max_tokens" not in arguments:
         # chat: until the context is full (vLLM's server does the same); completions: OpenAI's 16
         arguments["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS if url == "/v1/completions" else None
-    if body.get("stream"):
-        raise FatalError("stream is not supported for queued jobs", status_code=400)
     return arguments
 
 
@@ -189,9 +187,12 @@ class VllmBackend:
     async def _prompt(self, url: str, body: dict[str, Any]) -> Any:
         if url == "/v1/chat/completions":
             messages = chat_messages(body)
+            # a continuation (inferq.queue.output) ends with the kept output as an assistant message to continue
+            go_on = {"continue_final_message": True} if body.get("continue_final_message") else {}
             try:
                 return await asyncio.to_thread(
-                    self._tokenizer.apply_chat_template, messages, tokenize=False, add_generation_prompt=True
+                    self._tokenizer.apply_chat_template, messages, tokenize=False, add_generation_prompt=not go_on,
+                    **go_on,
                 )
             except (ValueError, TypeError, KeyError) as exc:
                 raise FatalError(f"cannot apply the chat template: {exc}", status_code=400) from exc
@@ -200,9 +201,12 @@ class VllmBackend:
         raise FatalError(f"unknown endpoint {url}", status_code=404)
 
     async def complete(
-        self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job
+        self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str, job: Job,
+        output: Output | None = None,
     ) -> tuple[int, Any]:
         body = strip_mock(body)
+        if output is not None:
+            body = continuation(url, body, output.kept, output.kept_tokens)
         prompt = await self._prompt(url, body)
         try:
             params = self._sampling_params(**sampling_arguments(url, body))
@@ -210,9 +214,15 @@ class VllmBackend:
             raise FatalError(f"invalid sampling parameters: {exc}", status_code=400) from exc
         request_id = f"{job.id}-{job.attempts}-{uuid.uuid4().hex[:8]}"
         final = None
+        written = 0  # characters of the first choice's text written to ``output``
         try:
-            async for output in self._engine.generate(prompt, params, request_id):
-                final = output
+            async for request_output in self._engine.generate(prompt, params, request_id):
+                final = request_output
+                if output is not None:  # outputs are cumulative: the new text is what follows what was written
+                    text = next((c.text for c in request_output.outputs if c.index == 0), "")
+                    if len(text) > written:
+                        output.write(text[written:], 1)
+                        written = len(text)
         except asyncio.CancelledError:
             # timeout, cancellation or shutdown: free the sequence's KV cache now, not when it would have ended
             await asyncio.shield(self._abort(request_id))
@@ -227,7 +237,10 @@ class VllmBackend:
             raise RetryableError(f"vLLM engine error: {type(exc).__name__}") from exc
         if final is None:
             raise RetryableError("vLLM engine returned no output")
-        return 200, to_openai(url, body.get("model") or self._model, request_id, final)
+        answer = to_openai(url, body.get("model") or self._model, request_id, final)
+        if output is None:
+            return 200, answer
+        return 200, with_kept(url, answer, output.kept, output.kept_tokens)
 
     async def _abort(self, request_id: str) -> None:
         with contextlib.suppress(Exception):  # best effort: the request may already be gone

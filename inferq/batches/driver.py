@@ -79,6 +79,7 @@ end kills is a crash, which every step survives, and a pass's first steps have t
 MAX_FAULTS = 5
 """Failed steps in a row after which the batch ends ``failed`` (after about a minute of backoff)."""
 FAULT_BACKOFF_S = 2.0
+FAULT_BACKOFF_MAX_S = 300.0
 
 _held: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("batch_lock", default=None)
 
@@ -177,8 +178,7 @@ class BatchDriver:
     async def _fault(self, batch_id: str, exc: BaseException) -> None:
         faults = await self.redis.hincrby(self.keys.batch(batch_id), "faults", 1)
         if faults < MAX_FAULTS:
-            await self.redis.hset(self.keys.batch(batch_id), "retry_at",
-                                  f"{time.time() + FAULT_BACKOFF_S * 2 ** (faults - 1):.3f}")
+            await self._back_off(batch_id, faults)
             return
         batch = await self.batches.get(batch_id)
         if batch is None or batch.status.terminal:
@@ -191,13 +191,22 @@ class BatchDriver:
         if batch.status in (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING, BatchStatus.FINALIZING):
             try:
                 await self._cancel_unfinished(batch)
-            except Exception:  # noqa: S110 - its jobs run to their end, harmlessly
-                pass
+            except Exception as cancel:
+                # failed now, its jobs would run on on the GPUs for nothing: it stays active, and the next pass
+                # that fails it again tries the cancel again
+                log.warning("batch driver: cancelling the jobs of failing batch %s failed (%s); tried again",
+                            batch_id, type(cancel).__name__)
+                await self._back_off(batch_id, faults)
+                return
         await self.batches.move(batch_id, tuple(s for s in BatchStatus if not s.terminal), BatchStatus.FAILED,
                                 failed_at=int(time.time()), errors=json.dumps([error]))
         await self._retire(batch_id)
         if batch.status is BatchStatus.FINALIZING:  # what its tries wrote is no file of the batch's now
             await self.output.discard(batch)
+
+    async def _back_off(self, batch_id: str, faults: int) -> None:
+        delay_s = min(FAULT_BACKOFF_S * 2 ** (faults - 1), FAULT_BACKOFF_MAX_S)
+        await self.redis.hset(self.keys.batch(batch_id), "retry_at", f"{time.time() + delay_s:.3f}")
 
     async def _renew(self) -> None:
         """Extend this driver's lease on its batch (between chunks of a long step)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,8 @@ from inferq.config.settings import Settings
 from inferq.queue import claimcheck
 from inferq.queue.jobs import Job
 from inferq.queue.protocol import Queue
+
+log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 8 * 1024 * 1024
 """Input bytes held at once (a chunk ends at the line that crosses it), and error-file bytes buffered."""
@@ -72,8 +75,9 @@ class BatchOutput:
                 try:
                     await asyncio.to_thread(self.store.discard_uploads, batch.tenant, file_id)
                     await asyncio.to_thread(self.store.delete, batch.tenant, file_id)
-                except Exception:  # noqa: S110 - S3 is what failed the batch, most likely
-                    pass
+                except Exception as exc:  # S3 is what failed the batch, most likely
+                    log.warning("batch %s: removing what its finalising tries wrote under %s failed (%s); the "
+                                "bucket's lifecycle rule removes it", batch.id, file_id, type(exc).__name__)
 
     async def write(self, batch: Batch, end: BatchStatus) -> Written:
         """Both files, complete (an empty one not kept); the batch is not moved."""
@@ -98,11 +102,12 @@ class BatchOutput:
             await self._close(errors, failed, batch.tenant, error_id)
             self._step(batch.id, "errors_closed")
         except BaseException:
-            for writer in (output, errors):
+            for writer, file_id in ((output, output_id), (errors, error_id)):
                 try:
                     await asyncio.to_thread(writer.abort)
-                except Exception:  # noqa: S110 - the next try discards it; the lifecycle rule after that
-                    pass
+                except Exception as exc:  # the next try discards it; the lifecycle rule after that
+                    log.warning("batch %s: aborting the upload of %s failed (%s); the next try discards it",
+                                batch.id, file_id, type(exc).__name__)
             raise
         return Written(output_id, error_id, completed, failed)
 

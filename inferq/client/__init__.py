@@ -8,7 +8,8 @@ What every caller of the API writes again otherwise, done once:
   as the same job (200, ``Idempotent-Replayed``), never as a second one.
 - ``wait`` long-polls ``GET /v1/jobs/{id}?wait=`` in slices of at most 20 s until the job ends or the deadline.
 - Answers are typed: :class:`Job` (the job object) with :class:`~inferq.queue.jobs.JobStatus`, and one exception class
-  per error ``type`` of the envelope, each carrying the HTTP status and the envelope itself.
+  per error ``type`` of the envelope (:data:`ERRORS`), under one class per HTTP status, each carrying the status and
+  the envelope itself.
 - :func:`verify_webhook` checks a delivery's Standard Webhooks signature with the tenant's secret (or both during a
   rotation), which ``Client.webhook_secret()`` reads and ``Client.rotate_webhook_secret()`` replaces.
 
@@ -17,6 +18,8 @@ importable from here. The blocking client is in :mod:`.blocking`, the asyncio on
 its I/O. Every method is written once, without I/O, in :mod:`.calls`, and what else both share is in
 :mod:`.common`. This package is the only part of ``inferq`` that imports httpx: the queue protocol never needs
 it (tests/unit/test_layout.py).
+- ``stream`` iterates a job's output as it is made (``GET /v1/jobs/{id}/stream``): text pieces that, joined, are the
+  final text of its first choice, long-polling until the job ends.
 - ``usage`` reads the tenant's metered usage (``GET /v1/usage``), for chargeback.
 - ``events`` iterates the results feed (``GET /v1/events``): the tenant's terminal jobs in the order they ended,
   long-polling for more, resumable from a cursor the caller persists, bounded by an optional deadline or count.
@@ -33,27 +36,40 @@ from inferq.webhooks.signing import WebhookVerificationError, verify_webhook
 
 from .aio import AsyncClient
 from .answers import (
+    ERRORS,
     BadRequest,
+    BatchTerminal,
     Conflict,
+    FileInUse,
+    FilesUnavailable,
     Forbidden,
     GatewayUnreachable,
     IdempotencyConflict,
     InferqError,
+    InternalError,
+    InvalidCursor,
     InvalidRequest,
     Job,
     JobTerminal,
+    MethodNotAllowed,
     ModelNotFound,
     NotDeadLettered,
     NotFound,
+    OperatorOnly,
+    PriorityNotAllowed,
     QueueFull,
     QuotaExceeded,
+    RateLimited,
     RequestTooLarge,
     ServerError,
+    TooManyRequests,
     Unauthorized,
     Unavailable,
+    UnsupportedMediaType,
+    UploadNotPending,
 )
 from .blocking import Client
-from .common import AsyncEventStream, EventStream
+from .common import AsyncEventStream, AsyncTextStream, EventStream, TextStream
 from .common import RetryPolicy as RetryPolicy  # re-exported: the building blocks a caller may use directly
 from .common import error_from as error_from
 from .common import new_idempotency_key as new_idempotency_key
@@ -61,29 +77,44 @@ from .common import retry_after_s as retry_after_s
 from .common import submit_request as submit_request
 
 __all__ = [
+    "ERRORS",
     "AsyncClient",
     "AsyncEventStream",
+    "AsyncTextStream",
     "BadRequest",
+    "BatchTerminal",
     "Client",
     "Conflict",
     "EventStream",
+    "FileInUse",
+    "FilesUnavailable",
     "Forbidden",
     "GatewayUnreachable",
     "IdempotencyConflict",
     "InferqError",
+    "InternalError",
+    "InvalidCursor",
     "InvalidRequest",
     "Job",
     "JobStatus",
     "JobTerminal",
+    "MethodNotAllowed",
     "ModelNotFound",
     "NotDeadLettered",
     "NotFound",
+    "OperatorOnly",
+    "PriorityNotAllowed",
     "QueueFull",
     "QuotaExceeded",
+    "RateLimited",
     "RequestTooLarge",
     "ServerError",
+    "TextStream",
+    "TooManyRequests",
     "Unauthorized",
     "Unavailable",
+    "UnsupportedMediaType",
+    "UploadNotPending",
     "WebhookVerificationError",
     "verify_webhook",
 ]

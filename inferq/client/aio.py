@@ -13,7 +13,18 @@ import httpx
 from . import calls
 from .answers import InferqError, Job
 from .calls import Step, SubmitOptions
-from .common import DEFAULT_DATA_DIR, AsyncEventStream, FeedBounds, RetryPolicy, _Feed, _headers, _resolve
+from .common import (
+    DEFAULT_DATA_DIR,
+    MAX_WAIT_SLICE_S,
+    AsyncEventStream,
+    AsyncTextStream,
+    FeedBounds,
+    RetryPolicy,
+    _Feed,
+    _headers,
+    _Output,
+    _resolve,
+)
 
 T = TypeVar("T")
 
@@ -125,3 +136,12 @@ class AsyncClient:
             return await self._run(calls.events_page(params))
 
         return AsyncEventStream(fetch, _Feed(after, **bounds))
+
+    def stream(self, job_id: str, *, after: str | None = None, wait: float = MAX_WAIT_SLICE_S,
+               timeout: float | None = None) -> AsyncTextStream:
+        """See :meth:`Client.stream`; iterate with ``async for``."""
+
+        async def fetch(job: str, params: dict[str, Any]) -> Any:
+            return await self._run(calls.output_page(job, params))
+
+        return AsyncTextStream(fetch, _Output(job_id, after, wait, timeout))

@@ -67,7 +67,12 @@ class Job:
 
 
 class InferqError(Exception):
-    """An error answer of the API: ``status`` (HTTP), ``type`` and ``message`` from ``envelope`` (the whole body)."""
+    """An error answer of the API: ``status`` (HTTP), ``type`` and ``message`` from ``envelope`` (the whole body).
+    Each ``type`` has its class (:data:`ERRORS`), under one class per status (``except Conflict`` catches every
+    409, ``except TooManyRequests`` every 429)."""
+
+    status_default: int = 0
+    """The status whose answers of an unknown ``type`` become this class (set on one class per status)."""
 
     def __init__(self, status: int, type_: str, message: str, envelope: dict[str, Any] | None = None,
                  retry_after_s: float | None = None) -> None:
@@ -82,22 +87,50 @@ class InferqError(Exception):
 class BadRequest(InferqError):
     """400: a request the gateway could not read."""
 
+    status_default = 400
+
 
 class Unauthorized(InferqError):
     """401: missing or unknown API key; in AWS, API Gateway's 403 ``{"message":"Forbidden"}`` from the API key
     authorizer, which refuses such a request before the gateway runs (DEPLOY.md, "API keys")."""
 
+    status_default = 401
+
+
+class Forbidden(InferqError):
+    """403: the key is known but may not do this."""
+
+    status_default = 403
+
+
+class PriorityNotAllowed(Forbidden):
+    """403 ``priority_not_allowed``: a submit's ``priority`` above the tenant's ceiling."""
+
+
+class OperatorOnly(Forbidden):
+    """403 ``operator_only``: a route for the operators' tenants (``INFERQ_ADMIN_TENANTS``) only."""
+
 
 class NotFound(InferqError):
     """404: unknown job, or another tenant's."""
+
+    status_default = 404
 
 
 class ModelNotFound(NotFound):
     """404 ``model_not_found``: ``body.model`` names no configured model."""
 
 
+class MethodNotAllowed(InferqError):
+    """405: a known path with another method."""
+
+    status_default = 405
+
+
 class Conflict(InferqError):
     """409."""
+
+    status_default = 409
 
 
 class IdempotencyConflict(Conflict):
@@ -117,59 +150,128 @@ class NotDeadLettered(Conflict):
     """409 on redrive: the job is not in the dead-letter queue."""
 
 
+class BatchTerminal(Conflict):
+    """409 on a batch's cancel: it is finalizing or has ended; :attr:`batch` is the batch object as it is."""
+
+    @property
+    def batch(self) -> dict[str, Any] | None:
+        data = self.envelope.get("batch")
+        return data if isinstance(data, dict) else None
+
+
+class FileInUse(Conflict):
+    """409 on a file's delete: it is the input of a batch that has not ended."""
+
+
+class UploadNotPending(Conflict):
+    """409: a part, complete or cancel of an upload that is completed, cancelled or being completed."""
+
+
 class RequestTooLarge(InferqError):
     """413: the body is above ``INFERQ_MAX_BODY_BYTES``."""
+
+    status_default = 413
+
+
+class UnsupportedMediaType(InferqError):
+    """415."""
+
+    status_default = 415
 
 
 class InvalidRequest(InferqError):
     """422."""
 
-
-class QueueFull(InferqError):
-    """429: unfinished jobs reached ``INFERQ_MAX_QUEUE_DEPTH``; ``retry_after_s`` says when to try again."""
+    status_default = 422
 
 
-class QuotaExceeded(InferqError):
+class InvalidCursor(InvalidRequest):
+    """422 ``invalid_cursor``: an ``after`` cursor this key was not given."""
+
+
+class TooManyRequests(InferqError):
+    """429: come back later (``retry_after_s``, when the gateway said when)."""
+
+    status_default = 429
+
+
+class QueueFull(TooManyRequests):
+    """429 ``queue_full``: unfinished jobs reached ``INFERQ_MAX_QUEUE_DEPTH``."""
+
+
+class RateLimited(TooManyRequests):
+    """429 ``rate_limited``: the tenant's requests passed ``INFERQ_RATE_LIMIT_PER_S``."""
+
+
+class QuotaExceeded(TooManyRequests):
     """429 ``quota_exceeded``: a tenant quota, or (on submit) the tenant's monthly budget (``INFERQ_TENANT_BUDGETS``):
     the message names it. Not worth retrying soon: ``submit`` does not."""
 
 
-class Forbidden(InferqError):
-    """403: not allowed for this key (``operator_only``: another tenant's usage, queue-wide numbers;
-    ``priority_not_allowed``)."""
+class ServerError(InferqError):
+    """5xx: the deployment could not answer (any 5xx without a class of its own too)."""
 
 
-class Unavailable(InferqError):
+class InternalError(ServerError):
+    """500 ``internal_error``: a bug; the request id is in the gateway's logs."""
+
+    status_default = 500
+
+
+class Unavailable(ServerError):
     """503: the queue store is unreachable (on submit: outcome unknown, retry with the same key)."""
 
+    status_default = 503
 
-class ServerError(InferqError):
-    """Any other 5xx."""
+
+class FilesUnavailable(Unavailable):
+    """503 ``files_unavailable``: Files, Uploads or Batches without a bucket, or S3 not answering."""
 
 
 class GatewayUnreachable(InferqError):
     """No HTTP answer at all (connection refused, reset, timed out); ``status`` is 0."""
 
 
-_BY_TYPE: dict[str, type[InferqError]] = {
+ERRORS: dict[str, type[InferqError]] = {
     "bad_request": BadRequest,
     "unauthorized": Unauthorized,
+    "forbidden": Forbidden,
+    "priority_not_allowed": PriorityNotAllowed,
+    "operator_only": OperatorOnly,
     "not_found": NotFound,
     "model_not_found": ModelNotFound,
+    "method_not_allowed": MethodNotAllowed,
     "conflict": Conflict,
     "idempotency_conflict": IdempotencyConflict,
     "job_terminal": JobTerminal,
     "not_dead_lettered": NotDeadLettered,
+    "batch_terminal": BatchTerminal,
+    "file_in_use": FileInUse,
+    "upload_not_pending": UploadNotPending,
     "request_too_large": RequestTooLarge,
+    "unsupported_media_type": UnsupportedMediaType,
     "invalid_request": InvalidRequest,
+    "invalid_cursor": InvalidCursor,
     "queue_full": QueueFull,
+    "rate_limited": RateLimited,
     "quota_exceeded": QuotaExceeded,
+    "internal_error": InternalError,
     "unavailable": Unavailable,
+    "files_unavailable": FilesUnavailable,
 }
-_BY_STATUS: dict[int, type[InferqError]] = {
-    400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 413: RequestTooLarge,
-    422: InvalidRequest, 429: QueueFull, 503: Unavailable,
+"""Every error ``type`` of the envelope (docs/api.md's table) -> its class: a new type is one row here and a class
+beside its status's (tests/unit/test_client_errors.py fails naming a type of the table that has no row, or shares
+one)."""
+
+def _classes(base: type[InferqError]) -> list[type[InferqError]]:
+    return [base] + [c for sub in base.__subclasses__() for c in _classes(sub)]
+
+
+BY_STATUS: dict[int, type[InferqError]] = {
+    cls.status_default: cls for cls in _classes(InferqError) if "status_default" in vars(cls) and cls.status_default
 }
+"""The class of each status (the one setting ``status_default``), for an answer of a type this client does not
+know yet."""
 
 
 def error_for(status: int, body: Any, text: str = "", retry_after_s: float | None = None) -> InferqError:
@@ -183,5 +285,5 @@ def error_for(status: int, body: Any, text: str = "", retry_after_s: float | Non
         type_, message = "error", text[:500]
     if envelope is None and status == 403:  # the authorizer's refusal: every 403 of the gateway has the envelope
         return Unauthorized(status, "unauthorized", message, None, retry_after_s)
-    cls = _BY_TYPE.get(type_) or _BY_STATUS.get(status) or (ServerError if status >= 500 else InferqError)
+    cls = ERRORS.get(type_) or BY_STATUS.get(status) or (ServerError if status >= 500 else InferqError)
     return cls(status, type_, message, envelope, retry_after_s)

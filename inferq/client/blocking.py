@@ -13,7 +13,18 @@ import httpx
 from . import calls
 from .answers import InferqError, Job
 from .calls import Step, SubmitOptions
-from .common import DEFAULT_DATA_DIR, EventStream, FeedBounds, RetryPolicy, _Feed, _headers, _resolve
+from .common import (
+    DEFAULT_DATA_DIR,
+    MAX_WAIT_SLICE_S,
+    EventStream,
+    FeedBounds,
+    RetryPolicy,
+    TextStream,
+    _Feed,
+    _headers,
+    _Output,
+    _resolve,
+)
 
 T = TypeVar("T")
 
@@ -152,3 +163,12 @@ class Client:
         it has caught up (what has ended so far, then stop). Persist the returned
         stream's :attr:`EventStream.cursor` to resume later; see there for what it covers."""
         return EventStream(lambda params: self._run(calls.events_page(params)), _Feed(after, **bounds))
+
+    def stream(self, job_id: str, *, after: str | None = None, wait: float = MAX_WAIT_SLICE_S,
+               timeout: float | None = None) -> TextStream:
+        """The job's output as it is made (``GET /v1/jobs/{id}/stream``): an iterator of text pieces that, joined, are
+        the first choice's final text (``message.content``, or ``text``), long-polling ``wait`` seconds at a time.
+        It ends when the job ends (the stream's ``status`` says how), or after ``timeout`` seconds; ``after`` (a
+        stream's ``cursor``) resumes where an earlier one stopped."""
+        return TextStream(lambda job, params: self._run(calls.output_page(job, params)),
+                          _Output(job_id, after, wait, timeout))

@@ -231,3 +231,8 @@ def rotate_webhook_secret(keep_previous_s: int | None) -> Flow[dict[str, Any]]:
 def events_page(params: dict[str, Any]) -> Flow[Any]:
     """One page of the results feed, long-polling ``params["wait"]`` seconds."""
     return one(Call("GET", "/v1/events", _json, params=params, extra_timeout=params["wait"]))
+
+
+def output_page(job_id: str, params: dict[str, Any]) -> Flow[Any]:
+    """One page of a job's output, long-polling ``params["wait"]`` seconds."""
+    return one(Call("GET", f"/v1/jobs/{job_id}/stream", _json, params=params, extra_timeout=params["wait"]))

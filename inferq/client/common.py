@@ -290,3 +290,101 @@ class AsyncEventStream(AsyncIterator[Job]):
                 raise StopAsyncIteration
             feed.take_page(await self._fetch(feed.params()))
         return feed.pop()
+
+
+# ---------------------------------------------------------------------- a job's output
+
+
+class _Output:
+    """The bookkeeping of one read of a job's output (``GET /v1/jobs/{id}/stream``), shared by :class:`TextStream`
+    and :class:`AsyncTextStream`: what to ask for next, and when to stop (the job ended, or the deadline)."""
+
+    def __init__(self, job_id: str, after: str | None, wait: float, timeout: float | None) -> None:
+        self.job_id = job_id
+        self.cursor = after
+        self.wait = max(0.0, min(float(wait), MAX_WAIT_SLICE_S))
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.buffer: list[str] = []
+        self.done = False
+        self.status: str | None = None
+
+    def finished(self) -> bool:
+        return self.done or (self.deadline is not None and time.monotonic() >= self.deadline)
+
+    def params(self) -> dict[str, Any]:
+        wait = self.wait if self.deadline is None else max(0.0, min(self.wait, self.deadline - time.monotonic()))
+        params: dict[str, Any] = {"wait": round(wait, 3)}
+        if self.cursor is not None:
+            params["after"] = self.cursor
+        return params
+
+    def take_page(self, body: Any) -> None:
+        self.buffer.extend(str(item["delta"]) for item in body["data"])
+        self.cursor = body["cursor"]
+        self.done = bool(body["done"])
+        self.status = body.get("status")
+
+
+class TextStream(Iterator[str]):
+    """A job's output as it is made, as an iterator of text pieces (from :meth:`Client.stream`): pieces of the first
+    choice's text that, joined, are its final text. It ends when the job ends (:attr:`status` then says how) or at
+    its ``timeout``; :attr:`cursor` resumes it (``client.stream(job_id, after=stream.cursor)``)."""
+
+    def __init__(self, fetch: Callable[[str, dict[str, Any]], Any], output: _Output) -> None:
+        self._fetch = fetch
+        self._output = output
+
+    @property
+    def cursor(self) -> str | None:
+        return self._output.cursor
+
+    @property
+    def status(self) -> str | None:
+        """The job's status when the last page was read (``succeeded``, ... once it ended)."""
+        return self._output.status
+
+    @property
+    def done(self) -> bool:
+        return self._output.done
+
+    def __iter__(self) -> TextStream:
+        return self
+
+    def __next__(self) -> str:
+        out = self._output
+        while not out.buffer:
+            if out.finished():
+                raise StopIteration
+            out.take_page(self._fetch(out.job_id, out.params()))
+        return out.buffer.pop(0)
+
+
+class AsyncTextStream(AsyncIterator[str]):
+    """:class:`TextStream` for asyncio (from :meth:`AsyncClient.stream`): ``async for text in stream``."""
+
+    def __init__(self, fetch: Callable[[str, dict[str, Any]], Awaitable[Any]], output: _Output) -> None:
+        self._fetch = fetch
+        self._output = output
+
+    @property
+    def cursor(self) -> str | None:
+        return self._output.cursor
+
+    @property
+    def status(self) -> str | None:
+        return self._output.status
+
+    @property
+    def done(self) -> bool:
+        return self._output.done
+
+    def __aiter__(self) -> AsyncTextStream:
+        return self
+
+    async def __anext__(self) -> str:
+        out = self._output
+        while not out.buffer:
+            if out.finished():
+                raise StopAsyncIteration
+            out.take_page(await self._fetch(out.job_id, out.params()))
+        return out.buffer.pop(0)

@@ -129,6 +129,38 @@ class Settings:
             "of 0 takes none. Size the gateway's reserved concurrency against it (docs/operations.md). 0: no limit.",
         },
     )
+    tenant_max_retained_bytes: int = field(
+        default=128 * 1024 * 1024,
+        metadata={
+            "parse": _int(0),
+            "doc": "Bytes of job records one tenant's ended jobs may leave behind in one queue (kept for "
+            "`INFERQ_RESULT_TTL_S` after each ends): each record is charged when its job ends (its metadata, "
+            "result, errors, webhook URL and a fixed overhead) until it expires; while the charge is at this, the "
+            "tenant's submits are 429 `quota_exceeded` with `Retry-After`, so no tenant can fill the cache "
+            "(docs/operations.md, \"What one tenant can hold\"). 0: no limit.",
+        },
+    )
+    engine_strikes: int = field(
+        default=3,
+        metadata={
+            "parse": _int(0, 1000),
+            "doc": "Jobs of one tenant that killed the model server (dead-lettered `engine_died`) within "
+            "`INFERQ_ENGINE_STRIKE_WINDOW_S` before the tenant's submits to that model are refused for "
+            "`INFERQ_ENGINE_COOLOFF_S` (429 `engine_cooloff` with `Retry-After`). 0: never.",
+        },
+    )
+    engine_strike_window_s: int = field(
+        default=3600,
+        metadata={"parse": _int(1), "doc": "The window of `INFERQ_ENGINE_STRIKES`, in seconds."},
+    )
+    engine_cooloff_s: int = field(
+        default=3600,
+        metadata={
+            "parse": _int(1),
+            "doc": "How long a tenant whose jobs killed the model server `INFERQ_ENGINE_STRIKES` times is refused "
+            "submits to that model, in seconds.",
+        },
+    )
     api_keys_max_stale_s: int = field(
         default=900,
         metadata={
@@ -217,6 +249,42 @@ class Settings:
             "doc": "The registry model a worker serves (required when `INFERQ_MODELS` names more than one).",
         },
     )
+    output_max_bytes: int = field(
+        default=256 * 1024,
+        metadata={
+            "parse": _int(1024, 64 * 1024 * 1024),
+            "doc": "Most bytes of a job's output kept in its output stream while it runs (`GET /v1/jobs/{id}/stream`, "
+            "`stream: true`); past it the worker stops streaming and readers get the rest when the job ends, from "
+            "its result. The stream's text goes when the job ends.",
+        },
+    )
+    output_flush_ms: int = field(
+        default=500,
+        metadata={
+            "parse": _int(0, 60_000),
+            "doc": "A worker writes a watched job's output to Redis at most once per this many milliseconds (the "
+            "first piece at once): the deltas made meanwhile go in one write, every job's at once. Each write costs "
+            "Valkey about a third of a whole unstreamed job, its readers' wakes as much again (docs/benchmarks.md, "
+            "ST): lower it for smoother streams at that price. 0: every delta at once.",
+        },
+    )
+    output_flush_tokens: int = field(
+        default=0,
+        metadata={
+            "parse": _int(0, 1_000_000),
+            "doc": "A worker writes a running job's output early, before `INFERQ_OUTPUT_FLUSH_MS` is over, once this "
+            "many tokens are waiting. 0: by time only.",
+        },
+    )
+    sync_wait_s: float = field(
+        default=25.0,
+        metadata={
+            "parse": _float(1.0),
+            "doc": "How long `POST /v1/chat/completions` and `POST /v1/completions` wait for the job (with `stream: "
+            "true`, for its first output) before answering 504 `timeout` naming the job, which goes on. At most 25 "
+            "on Lambda (API Gateway's HTTP API ends a request at 30 s): the gateway function refuses to start above.",
+        },
+    )
     usage_retention_days: int = field(
         default=400,
         metadata={
@@ -285,6 +353,11 @@ class Settings:
     def is_admin(self, tenant: str) -> bool:
         """Whether a tenant may see queue-wide numbers (``INFERQ_ADMIN_TENANTS``; unset: every tenant)."""
         return self.admin_tenants is None or tenant in self.admin_tenants
+
+    def is_named_admin(self, tenant: str) -> bool:
+        """Whether ``INFERQ_ADMIN_TENANTS`` names the tenant: an operator that may act on other tenants' jobs (a
+        redrive). Unset, every tenant is an operator of its own jobs, none of another's."""
+        return self.admin_tenants is not None and tenant in self.admin_tenants
 
     @property
     def adaptive_window(self) -> bool:

@@ -46,6 +46,7 @@ class Lease(int, Enum):
     CANCEL_REQUESTED = 1
     LOST = 2
     TERMINAL = 3
+    WATCHED = 4  # held, and someone reads the job's output as it is made: write it (gpu_worker/output.py)
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ class Consumer(QueueCore):
         keys_of, settings = self.keys, self.settings
         usage_keys, usage_args = self.meter(now)
         keys = [keys_of.stats, keys_of.events, keys_of.dlq, keys_of.expiry, keys_of.tenants, keys_of.dlq_index,
-                *usage_keys]
+                *usage_keys, keys_of.bounds]
         args: list[Any] = [consumer, now, settings.max_deliveries, settings.result_ttl_s, settings.events_maxlen,
                            "1" if reclaimed else "0", *usage_args]
         for lane, entry_id, job_id, lease in live:
@@ -262,7 +263,7 @@ class Consumer(QueueCore):
         """The finish script call that writes ``items`` (:data:`SCRIPT_BATCH` at most)."""
         keys_of = self.keys
         usage_keys, usage_args = self.meter(now)
-        keys = [keys_of.stats, keys_of.events, keys_of.tenants, *usage_keys]
+        keys = [keys_of.stats, keys_of.events, keys_of.tenants, *usage_keys, keys_of.bounds]
         rows = UsageRows(self.settings.usage_retention_days > 0)
         jobs: list[Any] = []
         for delivery, status, result, error, *spend in items:
@@ -310,12 +311,13 @@ class Consumer(QueueCore):
         usage_keys, usage_args = self.meter(now)
         keys = [self.keys.stream_of(delivery.lane), self.keys.stats, self.keys.events, self.keys.delayed,
                 self.keys.dlq, self.keys.tenants, self.keys.job(job_id), self.keys.done(job_id), self.keys.dlq_index,
-                *usage_keys]
+                *usage_keys, self.keys.bounds]
         error_json = fastjson.dumps(error).decode()
         args = [delivery.entry_id, now, max(0, int(delay_ms)), self.settings.max_attempts,
                 error_json, self.settings.result_ttl_s, self.settings.events_maxlen, delivery.lease,
                 settle_token(delivery, "retry", error_json, dead_letter or "", str(strikes)), dead_letter or "",
-                strikes, *self._spent(delivery, spend), *usage_args]
+                strikes, *self._spent(delivery, spend), *usage_args, self.settings.engine_strikes,
+                self.settings.engine_strike_window_s * 1000, self.settings.engine_cooloff_s * 1000]
         # a retry may end the job (dead-lettered, or cancelled): with replicas to wait for, it waits like finish
         [reply] = await self._write([("retry", keys, args)], replicated=True)
         if reply_code(reply) == 2:

@@ -147,7 +147,7 @@ class QueueCore:
         usage_keys, usage_args = self.meter(now)
         calls = [
             ("expire", [*self.keys.lane_streams, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.expiry,
-                        self.keys.tenants, self.keys.job(j), self.keys.done(j), *usage_keys],
+                        self.keys.tenants, self.keys.job(j), self.keys.done(j), *usage_keys, self.keys.bounds],
              [j, now, self.settings.result_ttl_s, self.settings.events_maxlen, *usage_args])
             for j in job_ids
         ]

@@ -105,6 +105,9 @@ class JobRequest:
     idempotency_key: str | None = None
     traceparent: str | None = None
     priority: Priority = Priority.NORMAL
+    watch: bool = False
+    """Its output is read as it is made from the start (the front door's ``stream: true``); not part of the request
+    an idempotency key is checked against: a streamed and an unstreamed call are the same job."""
 
     def digest(self) -> str:
         return request_digest({
@@ -151,6 +154,10 @@ class Job:
     traceparent: str | None = None
     entry: str | None = None
     priority: Priority = Priority.NORMAL
+    has_output: bool = False
+    """The job has written output an attempt continues after (``inferq.queue.output``)."""
+    watched: bool = False
+    """Someone reads the job's output while it runs: its worker writes it as it is made (``inferq.queue.output``)."""
 
     @classmethod
     def from_hash(cls, record: dict[str, str]) -> Job:
@@ -183,6 +190,8 @@ class Job:
             traceparent=get("trace") or None,
             entry=get("entry") or None,
             priority=_LANES.get(lane) or Priority(lane),
+            has_output=get("out") not in (None, "", "0"),
+            watched=get("watch") == "1",
         )
         return job
 
@@ -208,7 +217,7 @@ class Job:
 RECORD_FIELDS_BUT_BODY = (
     "id", "tenant", "status", "url", "attempts", "deliveries", "created_at", "started_at", "finished_at", "result",
     "error", "dead_lettered", "cancel", "metadata", "timeout_s", "ttl_s", "webhook_url", "trace", "entry", "lane",
-    "expires_at",
+    "expires_at", "out", "watch",
 )
 """The job record's fields that :meth:`Job.from_hash` and :meth:`~.producer.Producer.get` read, but the request
 body: the gateway reads a job with ``HMGET`` of these, so a body of up to ``INFERQ_INLINE_MAX_BYTES`` need not travel

@@ -64,6 +64,12 @@ class Keys:
         """A one-element list pushed when the job turns terminal: long-poll waiters block on it (BLMOVE)."""
         return f"{self.prefix}done:{job_id}"
 
+    def out(self, job_id: str) -> str:
+        """Stream: the job's output as it is made (the text of its first choice), one entry per delta written by the
+        worker that holds the job (``appendoutput.lua``), closed when the job ends (``closeoutput.lua``):
+        :mod:`inferq.queue.output`."""
+        return f"{self.prefix}out:{job_id}"
+
     @property
     def dlq(self) -> str:
         return self.prefix + "dlq"
@@ -150,6 +156,12 @@ class Keys:
     def usage_exported(self) -> str:
         """String: the last hour whose usage the scaler exported (S3, CloudWatch); the primary queue's only."""
         return self.prefix + "usage:exported"
+    @property
+    def bounds(self) -> str:
+        """Hash: what each tenant holds in the queue after its jobs end (bytes of retained records, by the hour they
+        expire) and the engine deaths its jobs caused, with its cool-off (:mod:`inferq.queue.holds`)."""
+        return self.prefix + "bounds"
+
     def waits(self, tenant: str) -> str:
         """Sorted set: a tenant's long-poll slots (``INFERQ_TENANT_MAX_WAITS``), slot token -> when the slot lapses
         (ms): a slot its holder never gave back (a Lambda sandbox that died mid-wait) is free from then. The primary

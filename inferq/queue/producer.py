@@ -22,51 +22,30 @@ from inferq.queue.jobs import (
     new_job_id,
     record_of,
 )
+from inferq.queue.refusals import (
+    EngineCoolOff,
+    IdempotencyConflict,
+    JobNotFound,
+    JobTerminal,
+    NotDeadLettered,
+    OperatorOnly,
+    QueueError,
+    QueueFull,
+    RetainedQuotaFull,
+    TenantQuotaFull,
+)
 from inferq.queue.waiters import SharedWaiters
 from inferq.redis.scripting import Code
+
+__all__ = [
+    "EngineCoolOff", "IdempotencyConflict", "JobNotFound", "JobTerminal", "NotDeadLettered", "OperatorOnly", "Producer",
+    "QueueError", "QueueFull", "RetainedQuotaFull", "TenantQuotaFull", "record_fields",
+]
 
 DLQ_PAGE = 200
 """Members of the dead-letter index read per round trip of :meth:`Producer.dead_letters`."""
 RATE_CALL_KEEP_MS = 10_000
 """How long a rate-limit call's answer is kept for a resent copy (beyond any client timeout and its retry)."""
-
-
-class QueueError(Exception):
-    """A request the queue refused; the gateway maps each subclass to its HTTP answer."""
-
-
-class JobNotFound(QueueError):
-    pass
-
-
-class IdempotencyConflict(QueueError):
-    def __init__(self, job_id: str) -> None:
-        super().__init__(f"idempotency key already used with a different request (job {job_id})")
-        self.job_id = job_id
-
-
-class QueueFull(QueueError):
-    def __init__(self, unfinished: int) -> None:
-        super().__init__(f"{unfinished} unfinished jobs: the queue is full")
-        self.unfinished = unfinished
-
-
-class TenantQuotaFull(QueueFull):
-    """The tenant has ``INFERQ_TENANT_MAX_DEPTH`` unfinished jobs: one tenant cannot fill the queue for all."""
-
-    def __init__(self, unfinished: int) -> None:
-        QueueError.__init__(self, f"{unfinished} unfinished jobs of this tenant: its quota is full")
-        self.unfinished = unfinished
-
-
-class JobTerminal(QueueError):
-    def __init__(self, job: Job) -> None:
-        super().__init__(f"job {job.id} is already {job.status.value}")
-        self.job = job
-
-
-class NotDeadLettered(QueueError):
-    pass
 
 
 MODEL_MAX = 128
@@ -80,24 +59,35 @@ def record_fields(request: JobRequest, count_tokens: bool = False, model: bool =
     ``INFERQ_SCALE_TOKENS_PER_S`` > 0): the job's expected tokens too, which the queue's ``backlog_tokens`` counts;
     off, the record and the scripts do no work for a figure nobody reads. ``model`` (a single queue, no registry,
     metering on): ``body.model`` as field ``model``, the model its usage is counted under (a registry's queue is one
-    model's, which the reader of usage names)."""
+    model's, which the reader of usage names). Field ``hold``: the bytes of what the tenant chose that the record
+    keeps after the job ends (its metadata, webhook URL, model), part of what the tenant is charged for it then
+    (:mod:`inferq.queue.holds`)."""
     fields: list[Any] = []
+    hold = 0
     if count_tokens:  # first: enqueue.lua adds it to the queue's backlog_tokens from that place
         fields += ["tokens", expected_tokens(request.body)]
     fields += ["url", request.url, "body", fastjson.dumps(request.body), "lane", request.priority.value]
     named = request.body.get("model") if model else None
     if isinstance(named, str) and named:
         fields += ["model", named[:MODEL_MAX]]
+        hold += len(named[:MODEL_MAX].encode())
     if request.metadata:
-        fields += ["metadata", fastjson.dumps(request.metadata)]
+        metadata = fastjson.dumps(request.metadata)
+        fields += ["metadata", metadata]
+        hold += len(metadata)
     if request.timeout_s is not None:
         fields += ["timeout_s", request.timeout_s]
     if request.ttl_s is not None:
         fields += ["ttl_s", request.ttl_s]
     if request.webhook_url:
         fields += ["webhook_url", request.webhook_url]
+        hold += len(request.webhook_url.encode())
     if request.traceparent:
         fields += ["trace", request.traceparent]
+    if request.watch:
+        fields += ["watch", "1"]  # its worker writes its output as it is made (inferq.queue.output)
+    if hold:
+        fields += ["hold", hold]
     return fields
 
 
@@ -108,8 +98,9 @@ class Producer(QueueCore):
         """The enqueue script call that accepts ``jobs`` (tenant, request, job id, now; :data:`SCRIPT_BATCH` at
         most). It answers a list of replies, one per job."""
         keys_of, settings = self.keys, self.settings
-        keys = [keys_of.stats, keys_of.expiry, keys_of.tenants]
-        args: list[Any] = [settings.max_queue_depth, settings.tenant_max_depth, settings.result_ttl_s]
+        keys = [keys_of.stats, keys_of.expiry, keys_of.tenants, keys_of.bounds]
+        args: list[Any] = [settings.max_queue_depth, settings.tenant_max_depth, settings.result_ttl_s,
+                           settings.tenant_max_retained_bytes]
         count_tokens = settings.scale_tokens_per_s > 0
         model = not settings.models and settings.usage_retention_days > 0
         for tenant, request, job_id, now in jobs:
@@ -163,6 +154,10 @@ class Producer(QueueCore):
             raise QueueFull(int(reply[1]))
         if code == Code.TENANT_FULL:
             raise TenantQuotaFull(int(reply[1]))
+        if code == Code.RETAINED_FULL:
+            raise RetainedQuotaFull(int(reply[1]) / 1000)
+        if code == Code.COOLING_OFF:
+            raise EngineCoolOff(int(reply[1]) / 1000)
         raise QueueError(f"enqueue returned {reply!r}")
 
     async def enqueue(self, tenant: str, request: JobRequest, *, now: int | None = None) -> tuple[Job, bool]:
@@ -327,7 +322,7 @@ class Producer(QueueCore):
         now = now or now_ms()
         usage_keys, usage_args = self.meter(now)
         keys = [*self.keys.lane_streams, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.tenants,
-                self.keys.job(job_id), self.keys.done(job_id), *usage_keys]
+                self.keys.job(job_id), self.keys.done(job_id), *usage_keys, self.keys.bounds]
         args = [tenant, now, self.settings.result_ttl_s, self.settings.events_maxlen, new_token(), *usage_args]
         [reply] = await self._write([("cancel", keys, args)], replicated=True)
         if int(reply[0]) == Code.NOT_FOUND:
@@ -339,12 +334,15 @@ class Producer(QueueCore):
             raise JobTerminal(job)
         return job
 
-    async def redrive(self, tenant: str, job_id: str, *, now: int | None = None) -> Job:
+    async def redrive(self, tenant: str, job_id: str, *, now: int | None = None, operator: bool = False,
+                      any_tenant: bool = False) -> Job:
         """Queue a dead-lettered job again. Raises JobNotFound, NotDeadLettered, or QueueFull / TenantQuotaFull
-        under the same limits as :meth:`enqueue`."""
+        under the same limits as :meth:`enqueue`. A job that killed the model server (``engine_died``) is an
+        operator's to redrive (``operator``), else OperatorOnly; ``any_tenant``: another tenant's job too."""
         keys = [*self.keys.lane_streams, self.keys.stats, self.keys.dlq, self.keys.tenants, self.keys.job(job_id),
                 self.keys.done(job_id), self.keys.dlq_index]
-        args = [tenant, now or now_ms(), new_token(), self.settings.max_queue_depth, self.settings.tenant_max_depth]
+        args = [tenant, now or now_ms(), new_token(), self.settings.max_queue_depth, self.settings.tenant_max_depth,
+                "1" if operator else "0", "1" if any_tenant else "0"]
         [reply] = await self._write([("redrive", keys, args)], replicated=True)
         code = int(reply[0])
         if code == Code.NOT_FOUND:
@@ -355,7 +353,9 @@ class Producer(QueueCore):
             raise QueueFull(int(reply[1]))
         if code == Code.NOT_DEAD_LETTERED:
             raise NotDeadLettered(f"job {job_id} is not dead-lettered (status {reply[1]})")
-        job = await self.get(job_id, tenant)
+        if code == Code.OPERATOR_ONLY:
+            raise OperatorOnly(job_id)
+        job = await self.get(job_id, None if any_tenant else tenant)
         if job is None:
             raise JobNotFound(job_id)
         return job

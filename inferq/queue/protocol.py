@@ -16,21 +16,24 @@ from inferq.queue.core import new_token, now_ms
 from inferq.queue.jobs import Priority
 from inferq.queue.keys import LANE_KEYS
 from inferq.queue.producer import (
+    EngineCoolOff,
     IdempotencyConflict,
     JobNotFound,
     JobTerminal,
     NotDeadLettered,
+    OperatorOnly,
     Producer,
     QueueError,
     QueueFull,
+    RetainedQuotaFull,
     TenantQuotaFull,
 )
 from inferq.redis.scripting import ReplicationLag
 
 __all__ = [
-    "Delivery", "IdempotencyConflict", "JobNotFound", "JobTerminal", "Lease", "NotDeadLettered", "Observation",
-    "Outcome", "Queue", "QueueError", "QueueFull", "ReplicationLag", "Skipped", "TenantQuotaFull", "new_token",
-    "now_ms", "settle_token",
+    "Delivery", "EngineCoolOff", "IdempotencyConflict", "JobNotFound", "JobTerminal", "Lease", "NotDeadLettered",
+    "Observation", "OperatorOnly", "Outcome", "Queue", "QueueError", "QueueFull", "ReplicationLag",
+    "RetainedQuotaFull", "Skipped", "TenantQuotaFull", "new_token", "now_ms", "settle_token",
 ]
 
 

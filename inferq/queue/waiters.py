@@ -13,8 +13,11 @@ Correctness does not rest on the reader. A waiter registers its future before it
 has fixed its starting id before any waiter registers, so a job that ends after that read is seen by the reader;
 and every ``recheck_s`` a waiter still waiting reads its job's status again, so a reader that fell behind, lost
 its connection, or missed an entry (a failover to a replica that lacked it, a stream trimmed under it) delays a
-wake by ``recheck_s`` at most and never loses one. The reader stops after ``idle_stop_s`` without waiters and
-starts again on the next one.
+wake by ``recheck_s`` at most and never loses one. The reader stops after ``idle_stop_s`` without waiters (on an
+injectable ``clock``) and starts again on the next one. It retries what waiting out helps (a transient fault, a full
+server: inferq.redis.faults); anything else is a bug, which retrying would only repeat: the reader stops, logs it,
+and fails its waiters with it (the gateway's logged 500), and the next waiter starts a reader that tries once
+more.
 
 A job this process has just submitted needs no read to be waited for: the submit names it to the reader
 (:meth:`SharedWaiters.expect`) while the reader runs, before the job can end, and the reader notes its end when
@@ -60,7 +63,8 @@ class SharedWaiters:
     """The waiters of one queue's terminal events in one process and event loop."""
 
     def __init__(self, redis: Any, events_key: str, *, block_s: float, recheck_s: float = 2.0,
-                 idle_stop_s: float = 10.0, job_key: Callable[[str], str] | None = None) -> None:
+                 idle_stop_s: float = 10.0, job_key: Callable[[str], str] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._redis = redis
         self._key = events_key
         self._job_key = job_key
@@ -68,12 +72,13 @@ class SharedWaiters:
         self._block_ms = max(10, int(block_s * 1000))
         self.recheck_s = recheck_s
         self._idle_stop_s = idle_stop_s
+        self._clock = clock
         self._waiting: dict[str, list[_Waiter]] = {}
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started: asyncio.Future[None] | None = None
         self._last_id = "0-0"
-        self._idle_since = time.monotonic()
+        self._idle_since = self._clock()
         self._run_no = 0
         """Which run of the reader this is: an expectation holds only within the run it was made in."""
         self._expected: dict[str, tuple[str, int, bool]] = {}
@@ -91,6 +96,10 @@ class SharedWaiters:
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
+    def waiting(self, job_id: str) -> int:
+        """How many waiters of the job are registered (tests and metrics)."""
+        return len(self._waiting.get(job_id, ()))
+
     async def _ensure_started(self) -> None:
         """Start the reader (once per event loop) and wait until it has fixed the id it reads after."""
         loop = asyncio.get_running_loop()
@@ -100,7 +109,7 @@ class SharedWaiters:
             self._expected = {}
             self._run_no += 1
             self._started = loop.create_future()
-            self._idle_since = time.monotonic()  # a reader started for a waiter about to register stays up
+            self._idle_since = self._clock()  # a reader started for a waiter about to register stays up
             self._task = loop.create_task(self._run(self._started), name=f"waiters {self._key}")
         assert self._started is not None
         if not self._started.done():
@@ -150,7 +159,7 @@ class SharedWaiters:
         if not waiters:
             del self._waiting[job_id]
             if not self._waiting:
-                self._idle_since = time.monotonic()
+                self._idle_since = self._clock()
 
     async def _start_id(self) -> str:
         newest = await self._redis.xrevrange(self._key, count=1)
@@ -164,19 +173,19 @@ class SharedWaiters:
                     if not started.done():
                         self._last_id = await self._start_id()
                         started.set_result(None)
-                    if not self._waiting and time.monotonic() - self._idle_since > self._idle_stop_s:
+                    if not self._waiting and self._clock() - self._idle_since > self._idle_stop_s:
                         return
                     reply = await self._redis.xread({self._key: self._last_id}, count=READ_COUNT,
                                                     block=self._block_ms)
                     backoff = 0.05
                 except asyncio.CancelledError:
                     raise
-                except Exception as exc:  # every fault of a background reader is retried
+                except Exception as exc:
                     if classify(exc) is Fault.BUG:
-                        log.exception("waiters reader: unexpected error; retrying")
-                    else:
-                        log.warning("waiters reader: %s; retrying (waiters recheck every %.0f s meanwhile)",
-                                    type(exc).__name__, self.recheck_s)
+                        self._stop_on_bug(exc, started)
+                        return
+                    log.warning("waiters reader: %s; retrying (waiters recheck every %.0f s meanwhile)",
+                                type(exc).__name__, self.recheck_s)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 1.0)
                     continue
@@ -187,6 +196,19 @@ class SharedWaiters:
         finally:
             if not started.done():
                 started.cancel()
+
+    def _stop_on_bug(self, exc: Exception, started: asyncio.Future[None]) -> None:
+        """A fault that waiting does not cure: log it, and hand it to whoever waits on this reader (the waiter
+        starting it, the waiters registered), so each request fails with it instead of a reader retrying it
+        forever in the background."""
+        log.error("waiters reader: stopped by an unexpected error", exc_info=exc)
+        if not started.done():
+            started.set_exception(exc)
+        waiting, self._waiting = self._waiting, {}
+        for waiters in waiting.values():
+            for future, _fields in waiters:
+                if not future.done():
+                    future.set_exception(exc)
 
     def _deliver(self, reply: Any) -> list[tuple[str, list[_Waiter]]]:
         """The waiters of the jobs an ``XREAD`` answer says ended, taken out of the registry."""
@@ -206,7 +228,7 @@ class SharedWaiters:
             if waiters:
                 woken.append((job_id, waiters))
         if not self._waiting:
-            self._idle_since = time.monotonic()
+            self._idle_since = self._clock()
         return woken
 
     async def _wake(self, woken: list[tuple[str, list[_Waiter]]]) -> None:

@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import cache
 from typing import Any
@@ -123,13 +124,14 @@ class SecretCredentialProvider(redis.credentials.CredentialProvider):
     itself refuses a token rotated out). Thread-safe: the read is a blocking boto3 call, which an asyncio caller
     makes on a worker thread."""
 
-    def __init__(self, secret_id: str, *, ttl_s: float = TOKEN_TTL_S, client: Any = None) -> None:
+    def __init__(self, secret_id: str, *, ttl_s: float = TOKEN_TTL_S, client: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         from inferq.aws import CachedSecret  # no AWS SDK until a secret is read
 
         self.secret_id = secret_id
         self.ttl_s = ttl_s
-        self.secret = CachedSecret(secret_id, int(ttl_s), max_stale_s=math.inf, retry_after_s=RETRY_READ_AFTER_S,
-                                   client=client)
+        self.secret = CachedSecret(secret_id, ttl_s, max_stale_s=math.inf, retry_after_s=RETRY_READ_AFTER_S,
+                                   client=client, clock=clock)
 
     @property
     def reads(self) -> int:
@@ -159,14 +161,15 @@ class SecretCredentialProvider(redis.credentials.CredentialProvider):
         the refused ones (worth another try); False when it does not or cannot be read."""
         from inferq.aws import SecretUnavailable
 
-        if self.secret.cached() and self.get_credentials(wait=False) != refused:
-            return True  # another connection has already read the rotated token
+        def rotated(raw: str) -> bool:  # another connection has already read the rotated token
+            return credentials_from_secret(raw) != refused
+
         try:
-            raw = self.secret.read_now()
+            raw = self.secret.read_now(unless=rotated)
         except SecretUnavailable as exc:
             log.warning("cache token: %s", exc)
             return False
-        return credentials_from_secret(raw) != refused
+        return rotated(raw)
 
     async def refresh_async(self, refused: Credentials) -> bool:
         return await asyncio.to_thread(self.refresh, refused)

@@ -22,6 +22,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import PipelineCommand, RedisCluster
 from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
+from inferq.queue.holds import BUCKET_MS, RECORD_OVERHEAD_BYTES
 from inferq.queue.jobs import TERMINAL
 from inferq.queue.keys import GROUP, LANE_KEYS, USAGE_OTHER, USAGE_ROWS, WEBHOOK_GROUP
 from inferq.redis.connection import pipelined
@@ -31,7 +32,8 @@ _INCLUDE = re.compile(r'^--- @include "([A-Za-z]+)"\s*$', re.MULTILINE)
 _KEY = re.compile(r"^\s*KEYS\[(\d+)(\.\.n)?\][^\n]*?(\(optional\))?\s*$", re.MULTILINE)
 
 NAMES = ("enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive", "expire", "observe",
-         "requeue", "skipevents", "webhooksecret", "ratelimit", "takewait", "givewait")
+         "requeue", "skipevents", "webhooksecret", "ratelimit", "takewait", "givewait", "appendoutput",
+         "closeoutput", "watchoutput")
 
 
 class Code(IntEnum):
@@ -45,6 +47,11 @@ class Code(IntEnum):
     ENDED = -7
     STALE_OWNER = -8  # finish/retry/release by a caller that no longer holds the delivery: counted, nothing changed
     TENANT_FULL = -9  # enqueue past INFERQ_TENANT_MAX_DEPTH
+    MISPLACED = -10  # appendoutput: the delta does not start where the kept output ends
+    OUTPUT_FULL = -11  # appendoutput: the output stream holds INFERQ_OUTPUT_MAX_BYTES
+    RETAINED_FULL = -12  # enqueue past INFERQ_TENANT_MAX_RETAINED_BYTES
+    COOLING_OFF = -13  # enqueue while the tenant's jobs killed the engine too often (INFERQ_ENGINE_STRIKES)
+    OPERATOR_ONLY = -14  # redrive of an engine_died dead letter by a tenant that is not an operator
 
 
 def reply_code(reply: Any) -> int:
@@ -98,9 +105,10 @@ _COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
 def prelude(source: str | None = None) -> str:
     """The Lua locals every script starts with: ``GROUP``, ``CODE_<NAME>`` per :class:`Code`, ``TERMINAL``,
     ``WEBHOOK_GROUP``, ``LANE_KEYS`` (the lanes in the order a script that may touch any lane takes their streams) and
-    ``USAGE_ROWS`` with ``USAGE_OTHER`` (:data:`inferq.queue.keys.USAGE_ROWS`).
+    ``USAGE_ROWS`` with ``USAGE_OTHER`` (:data:`inferq.queue.keys.USAGE_ROWS`), ``HOLD_BUCKET_MS`` with
+    ``HOLD_RECORD_BYTES`` (:mod:`inferq.queue.holds`).
     The two tables are built on every run of a script (garbage for the server to collect afterwards), so with
-    ``source`` (a script's expanded source) each of the last four is defined only when its code, comments left out,
+    ``source`` (a script's expanded source) each of the last five is defined only when its code, comments left out,
     uses it."""
     used = _COMMENT.sub("", source) if source is not None else None
     codes = "\n".join(f"local CODE_{code.name} = {code.value}" for code in Code)
@@ -113,6 +121,8 @@ def prelude(source: str | None = None) -> str:
     if used is None or re.search(r"\bLANE_KEYS\b", used):
         lanes = ", ".join(f"'{lane}'" for lane in LANE_KEYS)
         out += f"local LANE_KEYS = {{{lanes}}}\n"
+    if used is None or re.search(r"\bHOLD_BUCKET_MS\b", used):
+        out += f"local HOLD_BUCKET_MS, HOLD_RECORD_BYTES = {BUCKET_MS}, {RECORD_OVERHEAD_BYTES}\n"
     if used is None or re.search(r"\bUSAGE_ROWS\b", used):
         out += f"local USAGE_ROWS, USAGE_OTHER = {USAGE_ROWS}, '{USAGE_OTHER}'\n"
     return out

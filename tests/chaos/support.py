@@ -19,7 +19,8 @@ from emulator.valkey import ValkeyProcess
 from inferq.queue.jobs import Job, JobRequest, JobStatus, Priority
 from inferq.queue.protocol import Queue
 from inferq.redis.faults import Backoff, drop_stale_connections, is_recoverable
-from tests.integration.worker.support import TENANT, eventually, mock_calls, terminal, terminal_events
+from tests.integration.worker.support import TENANT, mock_calls, terminal, terminal_events
+from tests.support.waiting import eventually_async
 
 
 class Endpoint:
@@ -215,7 +216,8 @@ async def assert_each_ended_once(
         return (await queue.stats())["unfinished"] == 0 and lengths == [0, 0, 0]
 
     try:
-        await eventually(all_ended, timeout=timeout, interval=0.2, what="every job to end and the streams to empty")
+        await eventually_async(all_ended, what="every job to end and the streams to empty", timeout=timeout,
+                               interval=0.2)
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {await queue.stats()} {await unfinished_jobs(queue)}") from None
 

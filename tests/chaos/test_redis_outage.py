@@ -13,7 +13,8 @@ from emulator.valkey import ValkeyProcess
 from inferq.config.settings import Settings
 from inferq.queue.jobs import LANES, JobStatus
 from inferq.queue.protocol import Queue
-from tests.integration.worker.support import chat, eventually, submit, terminal, terminal_events, worker_processes
+from tests.integration.worker.support import chat, submit, terminal, terminal_events, worker_processes
+from tests.support.waiting import eventually_async
 
 
 @pytest.mark.parametrize("outage", ["restart", "crash", "freeze"])
@@ -33,7 +34,7 @@ async def test_the_worker_rides_out_a_redis_outage_and_loses_nothing(outage: str
             async def some_done() -> bool:
                 return (await queue.stats()).get("succeeded", 0) >= 8
 
-            await eventually(some_done, timeout=15, what="the first jobs")
+            await eventually_async(some_done, what="the first jobs", timeout=15)
             if outage == "freeze":
                 server.freeze()
                 await asyncio.sleep(3)

@@ -26,6 +26,7 @@ from inferq.config.settings import Settings
 from inferq.queue.jobs import LANES, Job
 from inferq.queue.protocol import Queue
 from tests.integration.worker.support import chat, submit, worker_processes
+from tests.support.waiting import eventually_async
 
 from .support import Endpoint, assert_each_ended_once, submit_until_accepted
 
@@ -101,10 +102,11 @@ async def _run_through(endpoint: Endpoint, tmp_path: Path, fault: Callable[[Endp
         for worker in workers:
             await worker.started(queue)
         async with submitting(queue, accepted):
-            await asyncio.sleep(1)
+            await eventually_async(lambda: len(accepted) >= 10, what="jobs accepted before the fault", timeout=30)
             await fault(endpoint)
-            await asyncio.sleep(1)
-        assert len(accepted) >= 10
+            after = len(accepted)
+            await eventually_async(lambda: len(accepted) >= after + 5, what="jobs accepted after the fault",
+                                   timeout=60)
         await assert_each_ended_once(queue, accepted, timeout=60)
         for worker in workers:
             assert worker.alive(), worker.output()[-3000:]
@@ -150,9 +152,10 @@ async def test_client_pause_runs_nothing_twice(server: ValkeyProcess, tmp_path: 
 async def test_killing_every_connection_in_a_loop_runs_nothing_twice(server: ValkeyProcess, tmp_path: Path) -> None:
     async def kills(_: Endpoint) -> None:
         killed = 0
-        for _ in range(15):
+        for kill in range(15):
+            if kill:
+                await asyncio.sleep(0.3)  # kills paced through the run, not waiting for anything
             killed += server.kill_clients("normal")
-            await asyncio.sleep(0.3)
         assert killed > 0
 
     # a kill lands between commands as often as during one: any command sent again counts here

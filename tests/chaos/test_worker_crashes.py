@@ -15,7 +15,6 @@ from inferq.queue.jobs import JobStatus, Priority
 from inferq.queue.protocol import Queue
 from tests.integration.worker.support import (
     chat,
-    eventually,
     mock_calls,
     status_is,
     submit,
@@ -23,6 +22,7 @@ from tests.integration.worker.support import (
     terminal_events,
     worker_processes,
 )
+from tests.support.waiting import eventually_async
 
 
 @pytest.mark.parametrize("lane", list(Priority))
@@ -37,7 +37,7 @@ async def test_a_job_of_a_worker_killed_mid_inference_is_reclaimed_and_finished_
             await status_is(queue, job.id, "running")
             # running is written by start, a moment before the worker calls the model (whose count is a round trip
             # more): kill only once every job's model call is under way, as "mid inference" means
-            await eventually(functools.partial(mock_calls, queue, job.id), what=f"the model call of {job.id}")
+            await eventually_async(functools.partial(mock_calls, queue, job.id), what=f"the model call of {job.id}")
         first.kill()  # SIGKILL: no drain, no release, leases simply stop being renewed
         assert first.proc.returncode == -9
         spawn("second")

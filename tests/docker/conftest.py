@@ -5,7 +5,6 @@ Module-scoped: in a whole-suite run the stack and the engine are gone before the
 
 from __future__ import annotations
 
-import os
 import secrets
 import socket
 import subprocess
@@ -19,6 +18,8 @@ import httpx
 import pytest
 import redis
 import yaml
+
+from tests.support.ci import missing
 
 from .engine import Engine, EngineUnavailable, which
 
@@ -61,9 +62,7 @@ def compose_command(engine: Engine) -> list[str]:
 
 def unavailable(reason: str) -> NoReturn:
     """CI must exercise the Docker path, so there a missing engine fails; elsewhere the tests skip, saying why."""
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"no Docker engine could be started, and CI must run the Docker path: {reason}")
-    pytest.skip(f"no Docker engine can be started here: {reason}")
+    missing(f"no Docker engine can be started here: {reason}")
 
 
 @pytest.fixture(scope="module")

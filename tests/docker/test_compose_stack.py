@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from inferq.queue.keys import Keys
+from tests.support.waiting import NeverHappened, eventually
 
 from .conftest import WORKERS, Stack
 from .engine import Engine
@@ -54,10 +55,11 @@ def wait_terminal(stack: Stack, job_ids: list[str], timeout: float = 120) -> dic
 
 
 def wait_running(stack: Stack, job_ids: list[str], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while any(job(stack, j)["status"] != "running" for j in job_ids):
-        assert time.monotonic() < deadline, f"jobs not all running in {timeout}s\n{stack.logs(['worker'])}"
-        time.sleep(0.3)
+    try:
+        eventually(lambda: all(job(stack, j)["status"] == "running" for j in job_ids), what="the jobs all running",
+                   timeout=timeout, interval=0.3)
+    except NeverHappened as failure:
+        raise NeverHappened(f"{failure}\n{stack.logs(['worker'])}") from None
 
 
 def test_worker_image_is_small_unprivileged_and_has_no_build_tools(engine: Engine, stack: Stack) -> None:

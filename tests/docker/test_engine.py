@@ -20,10 +20,11 @@ def test_without_root_no_engine_starts_and_nothing_is_left(monkeypatch: pytest.M
     assert not engine.state.exists()
 
 
-@pytest.mark.parametrize("ci", ["true", ""])
-def test_an_engine_that_cannot_start_fails_ci_and_skips_elsewhere(monkeypatch: pytest.MonkeyPatch, ci: str) -> None:
+@pytest.mark.parametrize(("ci", "fails"), [("true", True), ("1", True), ("", False), ("false", False)])
+def test_an_engine_that_cannot_start_fails_ci_and_skips_elsewhere(monkeypatch: pytest.MonkeyPatch, ci: str,
+                                                                  fails: bool) -> None:
     monkeypatch.setenv("CI", ci)
-    with pytest.raises(pytest.fail.Exception if ci else pytest.skip.Exception, match="no Docker engine"):
+    with pytest.raises(pytest.fail.Exception if fails else pytest.skip.Exception, match="no Docker engine"):
         unavailable("dockerd needs root")
 
 

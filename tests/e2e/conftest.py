@@ -4,6 +4,7 @@ process group holds exactly the processes it started)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from emulator.valkey import free_port
+from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
@@ -49,17 +51,6 @@ def process_group(pgid: int) -> dict[int, str]:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             found[int(entry)] = cmdline.strip()
     return found
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def chat(text: str, **mock: Any) -> dict[str, Any]:
@@ -109,7 +100,7 @@ class Emulator:
                 raise AssertionError(f"inferq up exited with {self.process.returncode}:\n{self.logs()[-4000:]}")
             return "inferq: ready on" in self.logs()
 
-        wait_for(ready, timeout, what="inferq: ready")
+        eventually(ready, what="inferq: ready", timeout=timeout)
         self.ready_s = time.monotonic() - started
         key = (self.data_dir / "dev-api-key").read_text().strip()
         self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=30.0)
@@ -185,21 +176,28 @@ class Emulator:
         assert code in (0, -signal.SIGKILL), f"inferq up exited with {code}:\n{self.logs()[-3000:]}"
 
 
-@pytest.fixture(scope="session")
-def start_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Emulator]]:
-    started: list[Emulator] = []
-
-    def start(**env: str) -> Emulator:
-        emulator = Emulator(tmp_path_factory.mktemp("inferq") / "data", {**FAST, **env})
-        started.append(emulator)
-        return emulator.start()
-
-    yield start
-    for emulator in started:
+@contextlib.contextmanager
+def running_emulator(tmp_path_factory: pytest.TempPathFactory, **env: str) -> Iterator[Emulator]:
+    """``inferq up`` with short timings (and ``env``) for the block, then stopped with nothing left running."""
+    emulator = Emulator(tmp_path_factory.mktemp("inferq") / "data", {**FAST, **env})
+    try:
+        yield emulator.start()
+    finally:
         emulator.cleanup()
 
 
 @pytest.fixture(scope="session")
-def stack(start_emulator: Callable[..., Emulator]) -> Emulator:
-    """The emulator shared by the tests that need only a running stack with short timings."""
-    return start_emulator()
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
+    """The emulator shared by the tests that need only a running stack with short timings and leave it as they
+    found it: no test on it kills its parts (those start their own, :func:`own_stack`) or relies on another having
+    run first."""
+    with running_emulator(tmp_path_factory) as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Emulator]]:
+    """``own_stack(**env)``: a stack of the test's own (it kills parts of it, needs it fresh, or sets it up
+    differently), stopped when the test ends, so no stack idles on for the rest of the session."""
+    with contextlib.ExitStack() as stacks:
+        yield lambda **env: stacks.enter_context(running_emulator(tmp_path_factory, **env))

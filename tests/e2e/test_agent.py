@@ -10,7 +10,7 @@ import json
 import random
 import sys
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import boto3
@@ -19,6 +19,7 @@ import pytest
 from emulator.agent import EcsAgent
 from emulator.ecs import MotoEcs, Names
 from emulator.procs import LogSink
+from tests.support.waiting import NeverHappened, eventually_async
 
 # A task that sets its own protection from PROTECT (a list of worker ids), then waits; IGNORE_TERM ignores SIGTERM.
 TASK = r"""
@@ -67,18 +68,21 @@ class Harness:
                                         services=[self.ecs.names.service])
         return dict(reply["services"][0])
 
+    async def counts_are(self, *, running: int, pending: int) -> bool:
+        service = await self.service()
+        return (service["runningCount"], service["pendingCount"]) == (running, pending)
+
     def live(self) -> dict[str, Any]:
         return {t.worker_id: t for t in self.agent.live()}
 
-    async def until(self, condition: Any, timeout: float = 10.0) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not condition():
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"timed out; agent log:\n{self.log.getvalue()}")
-            await asyncio.sleep(0.05)
+    async def until(self, condition: Callable[[], Any], what: str = "the agent's state", timeout: float = 10.0) -> None:
+        try:
+            await eventually_async(condition, what=what, timeout=timeout)
+        except NeverHappened as failure:
+            raise NeverHappened(f"{failure}; agent log:\n{self.log.getvalue()}") from None
 
     async def protected_reported(self, count: int) -> None:
-        await self.until(lambda: self.log.getvalue().count("| protection") >= count)
+        await self.until(lambda: self.log.getvalue().count("| protection") >= count, f"{count} protection calls")
 
 
 @pytest.fixture
@@ -98,7 +102,7 @@ async def harness() -> AsyncIterator[Harness]:
 
 async def test_scale_in_stops_unprotected_tasks_only_and_waits_for_protection_to_end(harness: Harness) -> None:
     await harness.set_desired(3)
-    await harness.until(lambda: len(harness.live()) == 3)
+    await harness.until(lambda: len(harness.live()) == 3, "3 live tasks")
     await harness.protected_reported(3)
     service = await harness.service()
     assert (service["desiredCount"], service["runningCount"]) == (3, 3)
@@ -109,43 +113,44 @@ async def test_scale_in_stops_unprotected_tasks_only_and_waits_for_protection_to
 
     await harness.set_desired(1)
     # worker-2 is the only unprotected task: it goes; the two protected ones stay although one is surplus
-    await harness.until(lambda: set(harness.live()) == {"worker-1", "worker-3"})
-    await asyncio.sleep(1.0)
-    assert set(harness.live()) == {"worker-1", "worker-3"}
-    assert "1 surplus task(s) protected from scale-in" in harness.log.getvalue()
+    await harness.until(lambda: set(harness.live()) == {"worker-1", "worker-3"}, "worker-2 stopped")
+    await harness.until(lambda: "1 surplus task(s) protected from scale-in" in harness.log.getvalue(),
+                        "the agent's decision to spare the protected surplus task")
+    assert set(harness.live()) == {"worker-1", "worker-3"}  # decided, and spared
     assert (await harness.service())["runningCount"] == 2
 
     third = harness.live()["worker-3"]
     status, reply = await call("PUT", harness.agent.agent_uri(third.id) + "/task-protection/v1/state",
                                {"ProtectionEnabled": False})
     assert status == 200 and reply["protection"]["ProtectionEnabled"] is False
-    await harness.until(lambda: set(harness.live()) == {"worker-1"})
-    await harness.until(lambda: "worker-3 stopped (exit -15)" in harness.log.getvalue())
+    await harness.until(lambda: set(harness.live()) == {"worker-1"}, "only worker-1 live")
+    await harness.until(lambda: "worker-3 stopped (exit -15)" in harness.log.getvalue(), "worker-3 stopped by SIGTERM")
     service = await harness.service()
     assert (service["desiredCount"], service["runningCount"]) == (1, 1)
 
 
 async def test_a_dead_task_is_replaced_and_a_task_ignoring_sigterm_is_killed(harness: Harness) -> None:
     await harness.set_desired(1)
-    await harness.until(lambda: "worker-1" in harness.live())
+    await harness.until(lambda: "worker-1" in harness.live(), "worker-1 live")
     await harness.protected_reported(1)
     harness.live()["worker-1"].child.signal(9)
-    await harness.until(lambda: "worker-2" in harness.live())
+    await harness.until(lambda: "worker-2" in harness.live(), "worker-2 replacing worker-1")
     assert "worker-1 exited on its own (exit -9); replacing it\n" in harness.log.getvalue()
 
     await harness.set_desired(4)  # worker-3 .. worker-5; worker-4 ignores SIGTERM
-    await harness.until(lambda: len(harness.live()) == 4)
+    await harness.until(lambda: len(harness.live()) == 4, "4 live tasks")
     await harness.protected_reported(5)  # every task has made its protection call (worker-3 protects itself)
     await harness.set_desired(1)
-    await harness.until(lambda: set(harness.live()) == {"worker-3"})
-    await harness.until(lambda: "worker-4 stopped (exit -9)" in harness.log.getvalue(), timeout=5)
+    await harness.until(lambda: set(harness.live()) == {"worker-3"}, "only worker-3 live")
+    await harness.until(lambda: "worker-4 stopped (exit -9)" in harness.log.getvalue(), "worker-4 killed",
+                        timeout=5)
     assert "worker-4 | " in harness.log.getvalue()
     assert "| did not stop within 1s: SIGKILL" in harness.log.getvalue()
 
 
 async def test_the_protection_endpoint_rejects_what_ecs_rejects(harness: Harness) -> None:
     await harness.set_desired(1)
-    await harness.until(lambda: len(harness.live()) == 1)
+    await harness.until(lambda: len(harness.live()) == 1, "one live task")
     [task] = harness.live().values()
     url = harness.agent.agent_uri(task.id) + "/task-protection/v1/state"
     for body in ({"ProtectionEnabled": "yes"}, {"ProtectionEnabled": True, "ExpiresInMinutes": 0},
@@ -165,7 +170,7 @@ async def test_a_crash_loop_slows_replacements_down() -> None:
     harness = Harness(ecs, agent, log)
     try:
         await harness.set_desired(1)
-        await harness.until(lambda: "(crash loop)" in log.getvalue())
+        await harness.until(lambda: "(crash loop)" in log.getvalue(), "a crash loop noticed")
         lines = [line for line in log.getvalue().splitlines() if "exited on its own (exit 3)" in line]
         assert len(lines) == 3  # replaced at once twice; the third failure in a row is a crash loop
         assert lines[-1].endswith("replacing it in 0.5s (crash loop)")
@@ -180,26 +185,23 @@ async def test_an_emulated_boot_keeps_a_task_pending_and_a_scale_in_cancels_it_f
     log = io.StringIO()
     ecs = MotoEcs(Names("agent-boot", "agent-boot-workers"), stop_timeout_s=1)
     await asyncio.to_thread(ecs.start)
-    agent = await EcsAgent(ecs, LogSink(log), {"PYTHONUNBUFFERED": "1"}, stop_timeout_s=1.0, boot_s=1.5,
+    # a boot long enough that the scale-in below lands within it on a loaded machine
+    agent = await EcsAgent(ecs, LogSink(log), {"PYTHONUNBUFFERED": "1"}, stop_timeout_s=1.0, boot_s=3.0,
                            worker_argv=[sys.executable, "-c", TASK]).start()
     harness = Harness(ecs, agent, log)
     try:
         await harness.set_desired(1)
-        await asyncio.sleep(0.5)
+        await eventually_async(lambda: harness.counts_are(running=0, pending=1), what="one task pending")
         assert not harness.live()  # still booting
-        service = await harness.service()
-        assert (service["runningCount"], service["pendingCount"]) == (0, 1)
-        await harness.until(lambda: set(harness.live()) == {"worker-1"}, timeout=10)
-        service = await harness.service()
-        assert (service["runningCount"], service["pendingCount"]) == (1, 0)
+        await harness.until(lambda: set(harness.live()) == {"worker-1"}, "worker-1 booted", timeout=10)
+        assert await harness.counts_are(running=1, pending=0)
 
         await harness.set_desired(2)
-        await asyncio.sleep(0.3)
+        await eventually_async(lambda: harness.counts_are(running=1, pending=1), what="worker-2 booting")
         await harness.set_desired(1)  # while worker-2 boots: its boot is cancelled, worker-1 keeps running
-        await asyncio.sleep(2.0)
+        await eventually_async(lambda: harness.counts_are(running=1, pending=0), what="worker-2's boot cancelled")
         assert set(harness.live()) == {"worker-1"}
-        assert "started worker-2" not in log.getvalue()
-        assert (await harness.service())["pendingCount"] == 0
+        assert "started worker-2" not in log.getvalue()  # a cancelled boot never starts its worker
     finally:
         await agent.shutdown()
         ecs.stop()
@@ -209,23 +211,24 @@ async def test_a_spot_interruption_stops_a_protected_task_and_replaces_it_at_onc
     """As ECS drains a Spot instance: the task goes whatever its protection, stops counting as running, and its
     replacement starts while it is still stopping (worker-4 ignores SIGTERM: it lives until the SIGKILL)."""
     await harness.set_desired(1)
-    await harness.until(lambda: "worker-1" in harness.live())
+    await harness.until(lambda: "worker-1" in harness.live(), "worker-1 live")
     await harness.protected_reported(1)  # worker-1 protects itself
     status, reply = await call("POST", f"http://127.0.0.1:{harness.agent.port}/interrupt", {"notice_s": 120})
     assert status == 200 and reply["worker"] == "worker-1" and reply["kill_after_s"] == 1.0  # the stop timeout
-    await harness.until(lambda: "worker-2" in harness.live())
+    await harness.until(lambda: "worker-2" in harness.live(), "worker-2 live")
     assert "stopping worker-1 (Spot interruption, 120s notice): SIGTERM" in harness.log.getvalue()
-    await harness.until(lambda: "worker-1 stopped (exit -15)" in harness.log.getvalue())
+    await harness.until(lambda: "worker-1 stopped (exit -15)" in harness.log.getvalue(), "worker-1 stopped by SIGTERM")
     service = await harness.service()
     assert (service["desiredCount"], service["runningCount"]) == (1, 1)
 
     await harness.set_desired(3)  # worker-3, worker-4 (ignores SIGTERM)
-    await harness.until(lambda: {"worker-3", "worker-4"} <= set(harness.live()))
+    await harness.until(lambda: {"worker-3", "worker-4"} <= set(harness.live()), "worker-3 and worker-4 live")
     await harness.protected_reported(4)
     assert harness.agent.interrupt("worker-4", notice_s=0.5) is not None
-    await harness.until(lambda: "worker-5" in harness.live())
+    await harness.until(lambda: "worker-5" in harness.live(), "worker-5 live")
     assert "worker-4" not in harness.live() and "worker-4 stopped" not in harness.log.getvalue()  # still stopping
-    await harness.until(lambda: "worker-4 stopped (exit -9)" in harness.log.getvalue())  # the notice's end
+    await harness.until(lambda: "worker-4 stopped (exit -9)" in harness.log.getvalue(),  # the notice's end
+                        "worker-4 killed")
     assert harness.agent.interrupted == 2
 
 
@@ -233,7 +236,7 @@ async def test_the_interrupt_endpoint_names_a_live_worker_or_says_why_not(harnes
     url = f"http://127.0.0.1:{harness.agent.port}/interrupt"
     assert (await call("POST", url, {}))[0] == 404  # no live task yet
     await harness.set_desired(1)
-    await harness.until(lambda: "worker-1" in harness.live())
+    await harness.until(lambda: "worker-1" in harness.live(), "worker-1 live")
     for body in ({"notice_s": -1}, {"notice_s": "soon"}, {"worker": 3}, [1]):
         status, reply = await call("POST", url, body)
         assert status == 400 and reply["error"]["type"] == "invalid_request", body
@@ -254,8 +257,8 @@ async def test_random_interruptions_keep_the_service_whole() -> None:
     harness = Harness(ecs, agent, log)
     try:
         await harness.set_desired(2)
-        await harness.until(lambda: agent.interrupted >= 3, timeout=30)
-        await harness.until(lambda: len(harness.live()) == 2)
+        await harness.until(lambda: agent.interrupted >= 3, "three interruptions", timeout=30)
+        await harness.until(lambda: len(harness.live()) == 2, "two live tasks")
         assert log.getvalue().count("(Spot interruption, 120s notice)") == agent.interrupted
     finally:
         await agent.shutdown()

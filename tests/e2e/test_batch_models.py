@@ -21,8 +21,8 @@ def line_for(n: int, model: str) -> dict[str, object]:
     return line
 
 
-def test_a_two_model_batch_runs_each_line_on_its_own_models_fleet(start_emulator: Callable[..., Emulator]) -> None:
-    stack = start_emulator(INFERQ_MODELS="models.example.yaml", **BATCH_ENV)
+def test_a_two_model_batch_runs_each_line_on_its_own_models_fleet(own_stack: Callable[..., Emulator]) -> None:
+    stack = own_stack(INFERQ_MODELS="models.example.yaml", **BATCH_ENV)
     client = client_for(stack)
     names = ["chat", "gpt-4o-mini", "embed", "text-embedding-3-small"]  # names and aliases of both models
     lines = [line_for(i, names[i % 4]) for i in range(200)] + [line_for(200, "gpt-5")]

@@ -6,14 +6,16 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from openai import APIStatusError, NotFoundError, OpenAI
 
-from .conftest import Emulator, wait_for
+from tests.support.waiting import eventually
+
+from .conftest import Emulator, running_emulator
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -22,8 +24,9 @@ TERMINAL_BATCH = {"completed", "failed", "expired", "cancelled"}
 
 
 @pytest.fixture(scope="module")
-def batch_stack(start_emulator: Callable[..., Emulator]) -> Emulator:
-    return start_emulator(**BATCH_ENV)
+def batch_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
+    with running_emulator(tmp_path_factory, **BATCH_ENV) as stack:
+        yield stack
 
 
 def client_for(stack: Emulator) -> OpenAI:
@@ -47,7 +50,7 @@ def finish(client: OpenAI, batch_id: str, timeout: float = 300.0) -> Any:
         batch = client.batches.retrieve(batch_id)
         return batch if batch.status in TERMINAL_BATCH else None
 
-    return wait_for(ended, timeout, interval=0.5, what=f"batch {batch_id} to end")
+    return eventually(ended, what=f"batch {batch_id} to end", timeout=timeout, interval=0.5)
 
 
 def lines_of(client: OpenAI, file_id: str | None) -> list[dict[str, Any]]:
@@ -118,7 +121,7 @@ def test_cancel_mid_way_keeps_the_partial_output(batch_stack: Emulator) -> None:
     # the workers of the test before stop first: one that is scaled in just as this batch arrives gives back the
     # lines it read (a drain releases them to the end of their lane), and the batch's counts, which move over the
     # lines in file order, then stay at 0 until those lines run last, so "a few lines done" comes only at the end
-    wait_for(lambda: not batch_stack.workers(), 60, interval=0.2, what="the previous batch's workers to stop")
+    eventually(lambda: not batch_stack.workers(), what="the previous batch's workers to stop", timeout=60, interval=0.2)
     n = 400
     lines = [request_line(i, latency_ms=3000) for i in range(n)]  # long enough that the cancel finds lines queued
     uploaded = client.files.create(file=("slow.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
@@ -129,7 +132,7 @@ def test_cancel_mid_way_keeps_the_partial_output(batch_stack: Emulator) -> None:
         counts = client.batches.retrieve(batch.id).request_counts
         return counts is not None and counts.completed >= 5
 
-    wait_for(some_done, 180, interval=0.3, what="a few lines done")
+    eventually(some_done, what="a few lines done", timeout=180, interval=0.3)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
     batch = finish(client, batch.id, timeout=180)
@@ -178,8 +181,9 @@ def test_a_file_larger_than_one_request_goes_through_uploads(batch_stack: Emulat
 
 
 def test_the_feed_delivers_each_terminal_job_once_across_cursors_and_a_gateway_restart(
-    batch_stack: Emulator,
+    own_stack: Callable[..., Emulator],
 ) -> None:
+    batch_stack = own_stack(**BATCH_ENV)  # its gateway is killed
     http = batch_stack.client
     start = http.get("/v1/events", params={"limit": 1000}).json()
     cursor = start["cursor"]
@@ -224,12 +228,14 @@ def restart_gateway(stack: Emulator) -> None:
         except Exception:
             return False
 
-    wait_for(answers, 60, interval=0.3, what="a new gateway")
+    eventually(answers, what="a new gateway", timeout=60, interval=0.3)
 
 
-def test_a_batch_survives_its_scaler_gateway_and_a_worker_being_killed(batch_stack: Emulator) -> None:
+def test_a_batch_survives_its_scaler_gateway_and_a_worker_being_killed(own_stack: Callable[..., Emulator]) -> None:
     import os
     import signal
+
+    batch_stack = own_stack(**BATCH_ENV)
 
     client = client_for(batch_stack)
     n = 2000
@@ -242,7 +248,7 @@ def test_a_batch_survives_its_scaler_gateway_and_a_worker_being_killed(batch_sta
         counts = client.batches.retrieve(batch.id).request_counts
         return counts is not None and counts.completed > 0
 
-    wait_for(running, 120, interval=0.2, what="the batch to be under way")
+    eventually(running, what="the batch to be under way", timeout=120, interval=0.2)
     victims = [pid for pid, cmd in batch_stack.processes().items() if "emulator.scaler" in cmd]
     victims += batch_stack.workers()[:1]
     for pid in victims:

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.timeout(600)
 MIB = 1024 * 1024
 
 
-def test_claim_checked_jobs_run_end_to_end(start_emulator: Callable[..., Emulator]) -> None:
-    stack = start_emulator(INFERQ_MAX_BODY_BYTES=str(4 * MIB))
+def test_claim_checked_jobs_run_end_to_end(own_stack: Callable[..., Emulator]) -> None:
+    stack = own_stack(INFERQ_MAX_BODY_BYTES=str(4 * MIB))
     prompt = "claim " * (2 * MIB // 6)
     done = stack.finish(stack.submit(chat(prompt))["id"], timeout=180)
     assert done["status"] == "succeeded", done

@@ -35,8 +35,9 @@ from inferq.client import (
     Unauthorized,
     Unavailable,
 )
+from tests.support.waiting import eventually
 
-from .conftest import ROOT, Emulator, wait_for
+from .conftest import ROOT, Emulator
 
 
 def chat(text: str, **mock: Any) -> dict[str, Any]:
@@ -118,7 +119,7 @@ def test_errors_are_typed(client: Client, stack: Emulator) -> None:
 def test_scale_and_history(client: Client) -> None:
     scale = client.scale()
     assert {"lag", "pending", "unfinished", "dlq", "workers", "desired"} <= set(scale)
-    samples = wait_for(lambda: client.history(), 30, 0.5, "a history sample from the scaler")
+    samples = eventually(lambda: client.history(), what="a history sample from the scaler", timeout=30, interval=0.5)
     assert {"at", "succeeded", "failed", "lag", "delayed", "workers"} <= set(samples[-1])
     assert len(client.history(limit=1)) == 1
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
-from .conftest import ROOT, Emulator, chat, wait_for
+from tests.support.waiting import eventually
+
+from .conftest import ROOT, Emulator, chat, running_emulator
 
 SPOT = {
     "INFERQ_DRAIN_S": "3",  # what ends within 3 s finishes where it runs
@@ -20,8 +22,10 @@ SPOT = {
 
 
 @pytest.fixture(scope="module")
-def spot(start_emulator: Callable[..., Emulator]) -> Iterator[Emulator]:
-    yield start_emulator(**SPOT)
+def spot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
+    """Shared: each interruption leaves the service as ECS does, its replacement started."""
+    with running_emulator(tmp_path_factory, **SPOT) as emulator:
+        yield emulator
 
 
 def interrupt(emulator: Emulator, *args: str) -> subprocess.CompletedProcess[str]:
@@ -37,13 +41,13 @@ def test_a_job_that_ends_within_the_notice_ends_where_it_runs_and_a_replacement_
     spot: Emulator,
 ) -> None:
     job = spot.submit(chat("ends in time", latency_ms=1500))
-    wait_for(lambda: running(spot, job["id"]), 20, 0.05, "the job to run")
+    eventually(lambda: running(spot, job["id"]), what="the job to run", timeout=20, interval=0.05)
     logged = len(spot.logs())
     done = interrupt(spot)
     assert done.returncode == 0, done.stderr
     assert "interrupted worker-" in done.stdout and "its replacement is starting" in done.stdout
     # the service starts the replacement while the interrupted worker still finishes its job
-    wait_for(lambda: "| started worker-" in spot.logs()[logged:], 20, 0.05, "the replacement to start")
+    eventually(lambda: "| started worker-" in spot.logs()[logged:], what="the replacement to start", timeout=20)
     finished = spot.finish(job["id"], timeout=30)
     assert (finished["status"], finished["attempts"]) == ("succeeded", 1)
     assert finished["result"]["body"]["choices"][0]["message"]["content"] == "ends in time"
@@ -54,7 +58,7 @@ def test_a_job_that_ends_within_the_notice_ends_where_it_runs_and_a_replacement_
 
 def test_a_job_that_cannot_end_within_the_notice_is_handed_back_and_ends_once(spot: Emulator) -> None:
     job = spot.submit(chat("too long for the notice", latency_ms=6000))
-    wait_for(lambda: running(spot, job["id"]), 20, 0.05, "the job to run")
+    eventually(lambda: running(spot, job["id"]), what="the job to run", timeout=20, interval=0.05)
     logged = len(spot.logs())
     interrupted = time.monotonic()
     assert interrupt(spot).returncode == 0

@@ -9,15 +9,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from emulator.valkey import free_port
+from tests.support.waiting import eventually
 
-from .conftest import ROOT, Emulator, chat, process_group, wait_for
+from .conftest import ROOT, Emulator, chat, process_group
 
 SLOW_TICK = {
     "INFERQ_SCALER_INTERVAL_S": "60",  # the schedule alone would take a minute
@@ -26,15 +27,10 @@ SLOW_TICK = {
 }
 
 
-@pytest.fixture(scope="module")
-def slow_tick(start_emulator: Callable[..., Emulator]) -> Iterator[Emulator]:
-    yield start_emulator(**SLOW_TICK)
-
-
-def test_a_single_job_at_zero_wakes_the_fleet_long_before_the_next_tick(slow_tick: Emulator) -> None:
-    emulator = slow_tick
+def test_a_single_job_at_zero_wakes_the_fleet_long_before_the_next_tick(own_stack: Callable[..., Emulator]) -> None:
+    emulator = own_stack(**SLOW_TICK)  # a fleet at zero, whatever ran before
     # the scaler's first (scheduled) evaluation has run: the fleet is at zero and the next tick is a minute away
-    wait_for(lambda: emulator.scale()["desired"] == 0, 20, 0.2, "a first decision of 0")
+    eventually(lambda: emulator.scale()["desired"] == 0, what="a first decision of 0", timeout=20, interval=0.2)
     assert not emulator.workers()
     started = time.monotonic()
     job = emulator.submit(chat("wake up"))
@@ -48,11 +44,12 @@ def test_a_single_job_at_zero_wakes_the_fleet_long_before_the_next_tick(slow_tic
     assert scale_ups and all('"trigger":"wake"' in line.replace(" ", "") for line in scale_ups), scale_ups
 
 
-def test_sigterm_to_a_busy_worker_hands_its_work_over_promptly(slow_tick: Emulator) -> None:
-    emulator = slow_tick
-    [worker] = wait_for(emulator.workers, 20, 0.2, "one worker")
-    job = emulator.submit(chat("long one", latency_ms=3000))
-    wait_for(lambda: emulator.job(job["id"])["status"] == "running", 10, 0.05, "the job to run")
+def test_sigterm_to_a_busy_worker_hands_its_work_over_promptly(own_stack: Callable[..., Emulator]) -> None:
+    emulator = own_stack(**SLOW_TICK)
+    job = emulator.submit(chat("long one", latency_ms=3000))  # its submit wakes the fleet: one worker
+    eventually(lambda: emulator.job(job["id"])["status"] == "running", what="the job to run", timeout=30,
+               interval=0.05)
+    [worker] = emulator.workers()
     logged = len(emulator.logs())
     signalled = time.monotonic()
     os.kill(worker, signal.SIGTERM)
@@ -63,12 +60,14 @@ def test_sigterm_to_a_busy_worker_hands_its_work_over_promptly(slow_tick: Emulat
     # drain 1 s, then the signalled worker released the job (the replacement took it at once, not by a reclaim
     # after the 20 s claim-idle)
     assert "releasing 1 unfinished jobs" in emulator.logs()[logged:], emulator.logs()[logged:][-3000:]
-    wait_for(lambda: worker not in emulator.processes(), 10, 0.1, "the signalled worker to exit")
+    eventually(lambda: worker not in emulator.processes(), what="the signalled worker to exit", timeout=10)
     assert "exited on its own (exit 0); replacing it\n" in emulator.logs()  # drained, then replaced like on ECS
 
 
-def test_ctrl_c_stops_everything_in_order_and_leaves_no_process(slow_tick: Emulator) -> None:
-    emulator = slow_tick
+def test_ctrl_c_stops_everything_in_order_and_leaves_no_process(own_stack: Callable[..., Emulator]) -> None:
+    emulator = own_stack(**SLOW_TICK)
+    job = emulator.submit(chat("wake one worker"))
+    assert emulator.finish(job["id"], timeout=30)["status"] == "succeeded"
     before = emulator.processes()
     assert any("valkey-server" in c for c in before.values()) and any("uvicorn" in c for c in before.values())
     assert len(emulator.workers()) == 1  # running, so that its drain is part of the stop
@@ -94,14 +93,14 @@ def sigint_blocked(pid: int) -> bool:
     return False
 
 
-def test_a_sigkilled_emulator_leaves_no_process(start_emulator: Callable[..., Emulator]) -> None:
-    emulator = start_emulator()
+def test_a_sigkilled_emulator_leaves_no_process(own_stack: Callable[..., Emulator]) -> None:
+    emulator = own_stack()
     job = emulator.submit(chat("one"))
     assert emulator.finish(job["id"], timeout=30)["status"] == "succeeded"
     roles = emulator.processes().values()
     assert any("gpu_worker" in c for c in roles) and any("valkey-server" in c for c in roles)
     emulator.stop(signal.SIGKILL, timeout=10)
-    wait_for(lambda: not process_group(emulator.pid), 15, 0.1, "every child to die with the emulator")
+    eventually(lambda: not process_group(emulator.pid), what="every child to die with the emulator", timeout=15)
 
 
 def _up(args: list[str], env: dict[str, str], data_dir: Path) -> subprocess.CompletedProcess[str]:

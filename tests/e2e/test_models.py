@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROOT, Emulator, chat, wait_for
+from tests.support.waiting import eventually
+
+from .conftest import ROOT, Emulator, chat
 
 
 def models(emulator: Emulator) -> dict[str, dict[str, Any]]:
@@ -30,8 +32,8 @@ def to(model: str, text: str, **mock: Any) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(300)
-def test_two_fleets_scale_apart_and_route_by_model(start_emulator: Callable[..., Emulator]) -> None:
-    emulator = start_emulator(INFERQ_MODELS="models.example.yaml")
+def test_two_fleets_scale_apart_and_route_by_model(own_stack: Callable[..., Emulator]) -> None:
+    emulator = own_stack(INFERQ_MODELS="models.example.yaml")
     assert '"model": "chat"' in emulator.logs() and "--model chat" in emulator.logs()  # the hint names a real model
     listed = models(emulator)
     assert list(listed) == ["chat", "embed"]
@@ -44,7 +46,8 @@ def test_two_fleets_scale_apart_and_route_by_model(start_emulator: Callable[...,
     # chat gets busy (8 jobs of 4 s, window 4): its fleet grows; embed's stays at zero
     busy = [emulator.submit(to("gpt-4o-mini", f"busy {i}", latency_ms=4000)) for i in range(8)]
     assert all(job["id"].endswith("_chat") for job in busy)
-    wait_for(lambda: (models(emulator)["chat"]["inferq"]["running"] or 0) >= 1, 60, what="chat's fleet to start")
+    eventually(lambda: (models(emulator)["chat"]["inferq"]["running"] or 0) >= 1, what="chat's fleet to start",
+               timeout=60)
     now = models(emulator)
     assert (now["embed"]["inferq"]["desired"] or 0) == 0 and now["embed"]["inferq"]["running"] == 0
     assert [m for m in emulator.workers()], "chat's workers run"
@@ -59,7 +62,7 @@ def test_two_fleets_scale_apart_and_route_by_model(start_emulator: Callable[...,
 
     # the second model's jobs: get and cancel
     hung = emulator.submit(to("embed", "hang", hang=True))
-    wait_for(lambda: emulator.job(hung["id"])["status"] == "running", 30, what="the hung job to start")
+    eventually(lambda: emulator.job(hung["id"])["status"] == "running", what="the hung job to start", timeout=30)
     cancelled = emulator.client.post(f"/v1/jobs/{hung['id']}/cancel")
     assert cancelled.status_code == 200, cancelled.text
     assert emulator.finish(hung["id"], timeout=30)["status"] == "cancelled"

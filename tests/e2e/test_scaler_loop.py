@@ -4,13 +4,13 @@ context, and the gateway's wake event as it was posted."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 
 from emulator.scaler import LambdaContext, Wake, scheduled_event, serve_wake
 from emulator.valkey import free_port
 from functions.scaler.app import trigger
 from tests.conftest import load_event
+from tests.support.clock import FakeClock
 
 
 def test_the_scheduled_event_has_the_shape_eventbridge_sends() -> None:
@@ -23,10 +23,13 @@ def test_the_scheduled_event_has_the_shape_eventbridge_sends() -> None:
 
 
 def test_the_context_budget_runs_down_and_allows_one_evaluation() -> None:
-    context = LambdaContext(budget_ms=1000)
-    first = context.get_remaining_time_in_millis()
-    time.sleep(0.05)
-    assert 0 < context.get_remaining_time_in_millis() < first <= 1000
+    clock = FakeClock()
+    context = LambdaContext(budget_ms=1000, clock=clock)
+    assert context.get_remaining_time_in_millis() == 1000
+    clock.advance(0.05)
+    assert context.get_remaining_time_in_millis() == 950
+    clock.advance(1)
+    assert context.get_remaining_time_in_millis() == 0
     assert context.aws_request_id != LambdaContext().aws_request_id
 
 

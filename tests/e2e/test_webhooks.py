@@ -15,8 +15,9 @@ import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from tests.support.tls import HttpsReceiver, private_ca
+from tests.support.waiting import eventually
 
-from .conftest import FAST, Emulator, chat, wait_for
+from .conftest import FAST, Emulator, chat
 
 KEYS = {"acme-e2e": "key-acme-e2e-000001", "rival-e2e": "key-rival-e2e-00002"}
 
@@ -62,7 +63,7 @@ def test_each_tenants_webhooks_reach_a_private_ca_receiver_signed_with_its_own_s
             def arrived() -> Any:
                 return next(((h, b) for h, b in receiver.requests if json.loads(b)["id"] == job_id), None)
 
-            headers, body = wait_for(arrived, 60, what=f"the webhook of {tenant}'s job")
+            headers, body = eventually(arrived, what=f"the webhook of {tenant}'s job", timeout=60)
             assert json.loads(body)["status"] == "succeeded"
             return headers, body
 

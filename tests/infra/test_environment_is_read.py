@@ -257,6 +257,9 @@ PRODUCTION_DEFAULTS: dict[str, str] = {
     "model": "none: the template deploys one queue (a model registry's stacks set it: scripts/gen_model_stacks.py)",
     "models": "none: one queue, INFERQ_QUEUE (a model registry's stacks set it)",
     "openai_api_key": "the vLLM sidecar on localhost takes no key",
+    "output_flush_ms": "a watched job's output written every 500 ms (docs/benchmarks.md, ST: its Valkey cost)",
+    "output_flush_tokens": "no early write by tokens: the interval alone bounds a streamed job's writes",
+    "output_max_bytes": "256 KiB of a running job's output in its stream (the result has it whole; memory bound)",
     "redis_max_connections": "1,000 connections per process, far above what one process holds",
     "redis_timeout_s": "2 s socket timeout: a frozen cache is a prompt 503, a failover's pause is waited out",
     "result_ttl_s": "a day of results (docs/operations.md: the per-tenant memory bound is computed with it)",
@@ -275,14 +278,15 @@ PRODUCTION_DEFAULTS: dict[str, str] = {
 }
 """Settings a deployed process reads that the template leaves at their default, and why that default is right."""
 
-_NO_CACHE = ("the authorizer never opens the cache (no URL, no token, outside the VPC): the name is in the queue "
-             "package, which the gateway's key store it imports shares a package with")
 _PRODUCER = "only the producer side (submit, redrive) reads it: a worker submits nothing"
+NOT_RUN_PACKAGES: dict[str, tuple[tuple[str, ...], str]] = {
+    "AuthorizerFunction": (("inferq.queue", "inferq.redis", "inferq.usage"),
+                           "the authorizer never opens the cache (no URL, no token, outside the VPC): these packages "
+                           "come with the gateway's key store it imports, and it runs none of their code"),
+}
+"""A process's packages whose settings it never reads: it imports them and runs none of their code."""
+
 NOT_RUN: dict[tuple[str, str], str] = {
-    **{("AuthorizerFunction", name): _NO_CACHE for name in (
-        "claim_idle_ms", "events_maxlen", "max_attempts", "max_deliveries", "max_queue_depth", "queue",
-        "redis_auth", "redis_auth_secret", "redis_max_connections", "redis_timeout_s", "redis_url",
-        "redis_wait_replicas", "result_ttl_s", "scale_tokens_per_s", "tenant_max_depth", "usage_retention_days")},
     ("worker", "max_queue_depth"): _PRODUCER,
     ("worker", "tenant_max_depth"): _PRODUCER,
     ("worker", "scale_tokens_per_s"): _PRODUCER + " (the expected tokens are written at submit)",
@@ -290,6 +294,11 @@ NOT_RUN: dict[tuple[str, str], str] = {
     **{("worker", name): "INFERQ_WORKER_WEBHOOKS=false: the GPU task has no route to the internet, so its worker "
        "delivers no webhook (the scaler does)" for name in ("webhook_secret", "webhook_secrets_key",
                                                              "webhook_blocked_networks", "webhook_ports")},
+    ("GatewayFunction", "output_max_bytes"): "the gateway reads a job's output, never appends to it (the worker does)",
+    **{(process, name): "only a worker's retry of a job the engine died under counts engine deaths"
+       for process in ("GatewayFunction", "ScalerFunction")
+       for name in ("engine_strikes", "engine_strike_window_s", "engine_cooloff_s")},
+    ("worker", "tenant_max_retained_bytes"): _PRODUCER,
 }
 """(process, setting): the process's code names the setting, but the process never runs that code."""
 
@@ -301,7 +310,8 @@ PER_PROCESS = {"redis_auth_secret", "log_level"}
 level is the container's."""
 
 TENANT_BOUNDS = ("max_queue_depth", "tenant_max_depth", "tenant_max_files", "tenant_max_file_bytes",
-                 "tenant_max_batches", "tenant_max_waits", "rate_limit_per_s", "max_body_bytes")
+                 "tenant_max_batches", "tenant_max_waits", "rate_limit_per_s", "max_body_bytes",
+                 "tenant_max_retained_bytes", "engine_strikes")
 """What one tenant can make the deployment hold or spend (G11): non-zero wherever read, at the deployed defaults."""
 
 REGISTRY_NAMES = "inferq.config.registry"
@@ -310,10 +320,13 @@ process's own: a process without INFERQ_MODELS, which the template deploys, read
 
 
 def settings_used_by(process: str) -> set[str]:
-    """:func:`settings_read_by` less the registry's names (see :data:`REGISTRY_NAMES`)."""
+    """:func:`settings_read_by` less the registry's names (see :data:`REGISTRY_NAMES`) and the packages the process
+    never runs (:data:`NOT_RUN_PACKAGES`)."""
+    skipped = NOT_RUN_PACKAGES.get(process, ((), ""))[0]
     used: set[str] = set()
     for name in import_closure(ENTRY_POINTS[process]) - {"inferq.config.settings", REGISTRY_NAMES}:
-        used |= _names_used(parsed(name))
+        if not any(name == package or name.startswith(package + ".") for package in skipped):
+            used |= _names_used(parsed(name))
     for prop, fields in _settings_properties().items():
         if prop in used:
             used |= fields
@@ -409,5 +422,8 @@ def test_the_lists_of_the_other_way_round_name_real_settings_each_still_needed()
     used_anywhere = set().union(*(settings_used_by(p) for p in ENTRY_POINTS))
     assert sorted(set(PRODUCTION_DEFAULTS) - used_anywhere) == [], "no deployed process reads these any more"
     assert sorted(k for k in NOT_RUN if k[1] not in settings_used_by(k[0])) == [], "no longer named: drop them"
+    for process, (packages, _) in NOT_RUN_PACKAGES.items():
+        closure = import_closure(ENTRY_POINTS[process])
+        assert all(any(m.startswith(p + ".") for m in closure) for p in packages), (process, packages)
     # the scaler's batch driver admits lines under the gateway's limits (the bug this test was written for)
     assert {"tenant_max_depth", "max_queue_depth", "max_body_bytes"} <= settings_used_by("ScalerFunction")

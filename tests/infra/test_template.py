@@ -8,6 +8,7 @@ IAM scoped to single resources.
 from __future__ import annotations
 
 import json
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -476,10 +477,38 @@ def test_alarms_watch_the_scaler_metrics_by_queue(nested: dict[str, dict[str, An
         for r in resources.values()
         if r["Type"] == "AWS::CloudWatch::Alarm"
         for query in r["Properties"].get("Metrics", [])
+        if isinstance(query.get("Expression"), dict)
     )
     for metric in ("Dlq", "OldestJobAgeSeconds", "Lag"):
         assert f"MAX({metric}) FROM inferq WHERE queue = '${{QueueName}}'" in expressions
     assert "AWS::CloudWatch::Dashboard" in {r["Type"] for r in resources.values()}
+
+
+def test_the_cache_memory_alarm_watches_the_stacks_own_cache_in_each_mode(
+    translated: dict[str, Any], nested: dict[str, dict[str, Any]]
+) -> None:
+    """G11: the cache runs with noeviction, so an alarm says when it nears full, long before a write is refused."""
+    parameters = translated["Resources"]["Observability"]["Properties"]["Parameters"]
+    assert parameters["CacheMode"] == {"Fn::If": ["CreateCache", {"Ref": "CacheMode"}, ""]}
+    assert parameters["CacheName"] == {"Fn::If": ["CreateCache", {"Fn::GetAtt": ["Cache", "Outputs.Name"]}, "none"]}
+    observability = nested["observability"]
+    alarms = {r["Condition"]: r["Properties"] for r in observability["Resources"].values()
+              if r["Type"] == "AWS::CloudWatch::Alarm" and r.get("Condition", "").startswith("Watches")
+              and r["Condition"] not in ("WatchesQueue", "WatchesNoQueue")}
+    assert set(alarms) == {"WatchesReplicationGroup", "WatchesServerless", "WatchesMemoryDb"}
+    for alarm in alarms.values():
+        assert alarm["Threshold"] == {"Ref": "CacheMemoryThresholdPercent"}
+        assert alarm["AlarmActions"] == [{"Ref": "AlarmTopic"}]
+    assert observability["Parameters"]["CacheMemoryThresholdPercent"]["Default"] == 80
+    node = alarms["WatchesReplicationGroup"]
+    assert node["MetricName"] == "DatabaseMemoryUsagePercentage"
+    assert node["Dimensions"] == [{"Name": "CacheClusterId", "Value": {"Fn::Sub": "${CacheName}-001"}}]
+    conditions = observability["Conditions"]
+    for condition, mode in (("WatchesReplicationGroup", "replication-group"), ("WatchesServerless", "serverless"),
+                            ("WatchesMemoryDb", "memorydb")):
+        assert conditions[condition] == {"Fn::Equals": [{"Ref": "CacheMode"}, mode]}
+        assert mode in nested["cache"]["Parameters"]["Mode"]["AllowedValues"]
+    assert "Name" in nested["cache"]["Outputs"] and "MaxDataGb" in nested["cache"]["Outputs"]
 
 
 # --- the job timeout, the webhook secret, one scaler at a time, durability (issue 11) ---
@@ -620,3 +649,15 @@ def test_memorydb_is_a_durable_cache_option_behind_the_same_url_and_token(
     cache_parameters = translated["Resources"]["Cache"]["Properties"]["Parameters"]
     assert cache_parameters["Mode"] == {"Ref": "CacheMode"}
     assert cache_parameters["MemoryDbNodeType"] == {"Ref": "MemoryDbNodeType"}
+
+
+def test_the_gateway_concurrency_one_tenant_can_take_is_what_the_docs_state(source: dict[str, Any]) -> None:
+    """G11: a wait holds a gateway execution; one tenant holds at most TenantMaxWaits of the reserved ones, and
+    docs/operations.md ("Sizing the gateway") says how many tenants at the cap fill the reservation."""
+    waits = int(source["Parameters"]["TenantMaxWaits"]["Default"])
+    reserved = int(source["Parameters"]["GatewayReservedConcurrency"]["Default"])
+    assert 0 < waits < reserved  # one tenant alone can never take the gateway
+    page = (ROOT / "docs" / "operations.md").read_text()
+    stated = re.search(r"At the defaults one tenant can hold (\d+) of the (\d+) reserved executions", page)
+    assert stated is not None and (int(stated.group(1)), int(stated.group(2))) == (waits, reserved)
+    assert f"**{math.ceil(reserved / waits)} tenants at the cap together**" in page

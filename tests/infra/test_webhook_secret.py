@@ -3,7 +3,6 @@ read from Secrets Manager (moto) at first use and again after a rotation."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +13,7 @@ from moto import mock_aws
 from functions.scaler import app
 from functions.scaler.app import webhook_pass, with_webhook_secret
 from inferq.config.settings import Settings
+from tests.support.clock import FakeClock
 
 
 @pytest.fixture
@@ -28,19 +28,17 @@ def secrets(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 def test_the_scaler_reads_the_signing_secret_once_and_again_when_its_cache_lapses(
     secrets: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(app, "webhook_secret_clock", clock)
     secrets.create_secret(Name="hooks", SecretString="first-key")
     settings = Settings(webhook_secret_id="hooks")
     assert settings.webhook_secret is None
     assert with_webhook_secret(settings).webhook_secret == "first-key"
     secrets.put_secret_value(SecretId="hooks", SecretString="rotated-key")
+    clock.advance(app.WEBHOOK_SECRET_MAX_AGE_S - 1)
     assert with_webhook_secret(settings).webhook_secret == "first-key"  # cached: one read per five minutes
-    monkeypatch.setattr(app, "WEBHOOK_SECRET_MAX_AGE_S", 1)  # five minutes, shortened: a fresh reader, then wait
-    app.reset()
+    clock.advance(1)
     assert with_webhook_secret(settings).webhook_secret == "rotated-key"
-    secrets.put_secret_value(SecretId="hooks", SecretString="rotated-again")
-    assert with_webhook_secret(settings).webhook_secret == "rotated-key"
-    time.sleep(1.1)  # past Powertools' max_age
-    assert with_webhook_secret(settings).webhook_secret == "rotated-again"
 
 
 def test_a_secret_given_as_a_value_wins_and_none_at_all_is_no_read(secrets: Any) -> None:
@@ -57,9 +55,10 @@ def test_an_unreadable_secret_means_no_webhook_pass_rather_than_unsigned_webhook
 def test_an_expired_signing_secret_that_cannot_be_read_again_is_not_used(
     secrets: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(app, "WEBHOOK_SECRET_MAX_AGE_S", 1)
+    clock = FakeClock()
+    monkeypatch.setattr(app, "webhook_secret_clock", clock)
     secrets.create_secret(Name="hooks", SecretString="key")
     assert webhook_pass(Settings(webhook_secret_id="hooks")) is not None
     secrets.delete_secret(SecretId="hooks", ForceDeleteWithoutRecovery=True)
-    time.sleep(1.1)
+    clock.advance(app.WEBHOOK_SECRET_MAX_AGE_S)
     assert webhook_pass(Settings(webhook_secret_id="hooks")) is None  # no pass: nothing signed with a lapsed copy

@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -16,6 +15,7 @@ from emulator.gateway import wait_for_bucket
 from emulator.valkey import ValkeyProcess, free_port
 from tests.support.s3 import MotoS3
 from tests.support.s3 import s3 as s3_server  # noqa: F401  (the moto server fixture, used by name)
+from tests.support.waiting import eventually
 
 BUCKET = "inferq-up-bucket"
 
@@ -51,10 +51,11 @@ def test_the_gateway_opens_its_port_only_once_the_bucket_exists(s3_server: MotoS
             pytest.fail(f"the gateway exited with {process.wait()} before waiting for its bucket")
         assert not listening(port), "the port opened before the bucket exists"
         s3_server.client().create_bucket(Bucket=BUCKET)
-        deadline = time.monotonic() + 60
-        while not listening(port):
-            assert process.poll() is None and time.monotonic() < deadline, "the gateway never opened its port"
-            time.sleep(0.05)
+        def opened() -> bool:
+            assert process.poll() is None, f"the gateway exited with {process.returncode}"
+            return listening(port)
+
+        eventually(opened, what="the gateway to open its port once the bucket exists", timeout=60)
         assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
     finally:
         process.terminate()

@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 from playwright.sync_api import ConsoleMessage, Error, Response, sync_playwright
+
+from tests.support.waiting import eventually
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome")
 NETWORK_LOG = "Failed to load resource"
@@ -88,14 +89,8 @@ class Browser:
             raise RuntimeError(f"JS error in {expression!r}: {exc.message}") from None
 
     def wait(self, expression: str, timeout: float = 30.0, what: str | None = None) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = self.js(expression)
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what or expression}")
-            time.sleep(0.1)
+        """The first truthy value of a JS expression (:func:`tests.support.waiting.eventually`)."""
+        return eventually(lambda: self.js(expression), what=what or expression, timeout=timeout, interval=0.1)
 
     def text(self, selector: str) -> str:
         found = self.page.query_selector(selector)

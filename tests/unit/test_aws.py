@@ -8,7 +8,6 @@ import math
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +19,19 @@ from functions.storage import ClaimStore, FileStore
 from gpu_worker.claim_check import ClaimCheck
 from inferq import aws
 from inferq.config.settings import Settings
+from tests.support.clock import FakeClock
+
+
+class Counting:
+    """A Secrets Manager client that counts the reads asked of it, answered or not."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.calls = 0
+
+    def get_secret_value(self, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self.client.get_secret_value(**kwargs)
 
 
 @pytest.fixture
@@ -60,38 +72,67 @@ def test_an_endpoint_gives_path_style_addressing(monkeypatch: pytest.MonkeyPatch
 
 def test_a_secret_is_cached_for_max_age_then_read_again(secrets: Any) -> None:
     secrets.create_secret(Name="s", SecretString="one")
-    cached = aws.CachedSecret("s", 1, client=secrets)
+    clock = FakeClock()
+    cached = aws.CachedSecret("s", 60, client=Counting(secrets), clock=clock)
     assert not cached.cached()
     assert cached.get() == "one"
     assert cached.cached()
     secrets.put_secret_value(SecretId="s", SecretString="two")
-    assert [cached.get() for _ in range(3)] == ["one"] * 3  # Powertools' cache
-    assert cached.reads == 1, (
-        "Powertools' SecretsProvider.get no longer calls _get, its documented custom-provider method (inferq/aws.py "
-        "counts reads there): check the release against aws-lambda-powertools' range in pyproject.toml")
-    time.sleep(1.1)
+    clock.advance(59.9)
+    assert [cached.get() for _ in range(3)] == ["one"] * 3  # within max_age: the copy in hand
+    assert cached.reads == cached._client.calls == 1
+    clock.advance(0.1)
     assert not cached.cached()
     assert cached.get() == "two"
     assert cached.reads == 2
     secrets.put_secret_value(SecretId="s", SecretString="three")
-    assert cached.read_now() == "three"  # force_fetch: whatever the cache holds
-    assert cached.reads == 3
+    assert cached.read_now() == "three"  # whatever the cache holds
+    assert cached.read_now(unless=lambda held: held != "two") == "three"  # a copy other than the refused one: no read
+    assert cached.reads == cached._client.calls == 3
 
 
 def test_a_failed_read_serves_the_copy_in_hand_up_to_the_bound_then_refuses(secrets: Any) -> None:
     secrets.create_secret(Name="s", SecretString="one")
-    cached = aws.CachedSecret("s", 1, max_stale_s=1, retry_after_s=0.1, client=secrets)
+    clock = FakeClock()
+    client = Counting(secrets)
+    cached = aws.CachedSecret("s", 60, max_stale_s=30, retry_after_s=5, client=client, clock=clock)
     assert cached.get() == "one"
-    read_at = time.monotonic()
     secrets.delete_secret(SecretId="s", ForceDeleteWithoutRecovery=True)
-    time.sleep(1.1)
+    clock.advance(60)
     assert cached.get() == "one"  # expired, its read failed: stale within max_age + max_stale_s
-    time.sleep(max(0.0, read_at + 2.2 - time.monotonic()))
+    assert client.calls == 2
+    clock.advance(4.9)
+    assert cached.get() == "one"  # within retry_after_s of the failed read: no read
+    assert client.calls == 2
+    clock.advance(0.1)
+    assert cached.get() == "one"  # retried, failed again, still within the bound
+    assert client.calls == 3
+    clock.advance(25.1)  # 90.1 s after the read: past max_age + max_stale_s
     with pytest.raises(aws.SecretUnavailable):
         cached.get()
     with pytest.raises(aws.SecretUnavailable):
         cached.get()  # within retry_after_s: refused without a read
+    assert client.calls == 4
     assert cached.reads == 1
+    secrets.create_secret(Name="s", SecretString="back")
+    clock.advance(5)
+    assert cached.get() == "back"  # Secrets Manager answers again: so does the cache
+
+
+def test_a_forgotten_client_reads_again_with_a_new_one_and_keeps_the_copy_within_the_bound(secrets: Any) -> None:
+    secrets.create_secret(Name="s", SecretString="one")
+    clock = FakeClock()
+    cached = aws.CachedSecret("s", 60, max_stale_s=30, client=secrets, clock=clock)
+    assert cached.get() == "one"
+    secrets.put_secret_value(SecretId="s", SecretString="two")
+    cached.forget_client()  # what SnapStart's restore does
+    assert not cached.cached()
+    assert cached.get() == "two"  # read at once, by a new client
+    assert cached.reads == 2
+    cached.forget_client()
+    secrets.delete_secret(SecretId="s", ForceDeleteWithoutRecovery=True)
+    assert cached.get() == "two"  # that read failed: the copy in hand, within the bound
+    assert cached.reads == 2
 
 
 def test_nothing_read_yet_is_unavailable_and_a_failed_forced_read_keeps_the_copy(secrets: Any) -> None:

@@ -26,6 +26,7 @@ async def test_the_floor_must_answer_what_inferqs_client_does(tmp_path: Path, mo
         await clientcost._measure(server.url, server.host, server.port, 10, 1)
 
 
+@pytest.mark.timeout(900)  # callgrind runs Python some 50x slower: about 3 min of CPU, more on a shared machine
 def test_client_instructions_count_a_round_trip_of_each_client() -> None:
     counted = clientcost.instructions(small=20, large=120)
     k = counted["kinstructions_per_round_trip"]

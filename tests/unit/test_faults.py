@@ -21,6 +21,7 @@ from redis.backoff import NoBackoff
 
 from emulator.valkey import ValkeyProcess, free_port
 from inferq.redis.faults import Backoff, Fault, FaultRun, classify, drop_stale_connections, error_code, is_recoverable
+from tests.support.waiting import eventually_async
 
 
 @pytest.fixture
@@ -77,7 +78,8 @@ async def test_busy_from_a_long_script_is_transient(server: ValkeyProcess, clien
     spinner = Redis(host=server.host, port=server.port, socket_timeout=10)
     spin = asyncio.create_task(spinner.eval("while true do end", 0))
     try:
-        await asyncio.sleep(0.3)
+        await eventually_async(lambda: server.call("PING").startswith(b"-BUSY"),
+                               what="the script running past the threshold")
         exc = await raised(client.get("k"))
         assert type(exc) is redis_errors.ResponseError and error_code(exc) == "BUSY"
         assert classify(exc) is Fault.TRANSIENT
@@ -96,7 +98,7 @@ async def test_a_blocked_read_of_a_primary_turned_replica_is_unblocked_transient
 ) -> None:
     await client.xgroup_create("s", "g", id="0", mkstream=True)
     read = asyncio.create_task(client.xreadgroup("g", "c", {"s": ">"}, count=1, block=3000))
-    await asyncio.sleep(0.3)
+    await eventually_async(lambda: int(server.info("clients")["blocked_clients"]) == 1, what="the read blocked")
     with ValkeyProcess(tmp_path / "b", appendfsync=None) as primary:
         server.replicate(primary)
         exc = await raised(read)

@@ -25,6 +25,10 @@ SIZED = PACKAGES
 MAX_LINES = 400
 SIZE_SLACK = 20
 """"About 400": a module may pass 400 by a docstring's worth while its split is not worth making."""
+PRODUCT = ("inferq", "functions", "gpu_worker", "emulator")
+"""The product's code: what is deployed or run by users (the benchmarks and the tests are not held to the next)."""
+MAX_FUNCTION_LINES = 80
+"""A function a reader can hold at once: one longer than this does several things, and is split by what they are."""
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -148,6 +152,16 @@ def test_the_imports_form_no_circle() -> None:
     assert found == [], "import circles:\n" + "\n".join(sorted(found))
 
 
+def test_the_package_imports_nothing_of_the_repository() -> None:
+    """Imports go one way: ``functions/``, ``gpu_worker/``, ``emulator/`` and ``bench/`` build on ``inferq``, the
+    package the wheel installs alone, which never reaches back into them (``inferq up`` finds the emulator through
+    an entry point the repository registers: inferq/cli/main.py)."""
+    graph = import_graph(tuple(p for p in PACKAGES if (ROOT / p).is_dir()))
+    upward = sorted(f"{name} -> {target}" for name, targets in graph.items() if name.split(".")[0] == "inferq"
+                    for target in targets if target.split(".")[0] != "inferq")
+    assert upward == [], "the package imports the repository's code:\n" + "\n".join(upward)
+
+
 def test_the_graph_sees_the_imports_it_must() -> None:
     """Module-level, function-level, relative and ``TYPE_CHECKING`` imports are all edges."""
     graph = import_graph(("functions",))
@@ -182,3 +196,29 @@ def test_a_circle_through_a_function_level_import_is_found(tmp_path: Path) -> No
 def test_no_module_outgrows_one_concern(module: str) -> None:
     lines = len(sources(SIZED)[module].read_text().splitlines())
     assert lines <= MAX_LINES + SIZE_SLACK, f"{module}: {lines} lines; split it by responsibility (about {MAX_LINES})"
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Each function or method of ``path`` longer than ``limit`` lines, from its first decorator to its last line
+    (a function nested in another counts in its parent too)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            length = (node.end_lineno or node.lineno) - first + 1
+            if length > limit:
+                found.append(f"{node.name} (line {node.lineno}): {length} lines")
+    return found
+
+
+def test_no_product_function_is_over_80_lines() -> None:
+    found = [f"{name}.{long}" for name, path in sources(PRODUCT).items() for long in long_functions(path)]
+    assert found == [], f"functions over {MAX_FUNCTION_LINES} lines; split each by what it does:\n" + "\n".join(found)
+
+
+def test_the_function_length_check_counts_decorators_and_nested_functions(tmp_path: Path) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(76))
+    source = tmp_path / "m.py"
+    source.write_text(f"@decorator\n@other\ndef outer():\n    def inner():\n        pass\n{body}\n")
+    assert long_functions(source) == ["outer (line 3): 81 lines"]  # two decorators, def, inner (2), 76 lines
+    assert long_functions(source, limit=81) == []

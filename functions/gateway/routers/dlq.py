@@ -38,12 +38,14 @@ async def list_dead_letters(
     responses={
         202: doc("JobObject", "Queued again", Location="/v1/jobs/{id}"),
         409: doc("ErrorEnvelope", "The job is not dead-lettered"),
-        **errors(400, 401, 404, 413, 422, 429, 503),
+        **errors(400, 401, 403, 404, 413, 422, 429, 503),
     },
 )
 async def redrive_job(request: Request, background: BackgroundTasks, job_id: str, gw: GatewayDep,
                       tenant: Tenant) -> JSONResponse:
     queue = gw.job_queue(job_id_or_404(job_id))
-    job = await gw.call(queue.redrive(tenant, job_id))
+    # an engine_died dead letter is an operator's (its strikes would reset); a named operator's, any tenant's
+    job = await gw.call(queue.redrive(tenant, job_id, operator=gw.settings.is_admin(tenant),
+                                      any_tenant=gw.settings.is_named_admin(tenant)))
     gw.after_enqueue(background, queue)
     return job_response(request, job, 202, {"Location": f"/v1/jobs/{job.id}"})

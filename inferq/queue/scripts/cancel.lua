@@ -16,6 +16,7 @@
   KEYS[9] done (long-poll wakeup)
   KEYS[10] usage of the hour (keys.usage_hour of now; includes/meter): a job cancelled here is counted there
   KEYS[11] usage totals of the month (keys.usage_month of now)
+  KEYS[12] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
 
   ARGV[1] tenant
   ARGV[2] now (ms)
@@ -36,6 +37,7 @@ local statsKey, eventsKey, delayedKey = KEYS[4], KEYS[5], KEYS[6]
 local tenantsKey, jobKey, doneKey = KEYS[7], KEYS[8], KEYS[9]
 local tenant, now, resultTtl, eventsMaxlen, call = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local METER = {hour = KEYS[10], month = KEYS[11], hourUntil = ARGV[6], monthUntil = ARGV[7]}
+local HOLDS = KEYS[12]
 
 --- @include "ackEntry"
 --- @include "replay"

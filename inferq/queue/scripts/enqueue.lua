@@ -15,14 +15,17 @@
   KEYS[1] stats
   KEYS[2] expiry (jobs with a ttl_s, scored by the time they expire unless started)
   KEYS[3] tenants (unfinished jobs per tenant)
-  KEYS[4..n] three per job, in the order of ARGV's jobs: the stream of the job's lane (its lane is recorded in
+  KEYS[4] per-tenant bounds (keys.bounds): a tenant cooling off, or whose ended jobs' records hold its quota, is
+          refused (includes/holdsAdmit)
+  KEYS[5..n] three per job, in the order of ARGV's jobs: the stream of the job's lane (its lane is recorded in
              the job field lane, passed with the fields), the job record of the new id, the idempotency key (the
              job record again when the job has none: that is how the script tells)
 
   ARGV[1] max unfinished jobs (0 = no limit)
   ARGV[2] max unfinished jobs of one tenant (0 = no limit)
   ARGV[3] idempotency key TTL (s)
-  ARGV[4..] per job: job id, tenant, request digest ("" without an idempotency key: nothing is checked against
+  ARGV[4] max bytes the ended jobs of one tenant may leave in records (0 = no limit)
+  ARGV[5..] per job: job id, tenant, request digest ("" without an idempotency key: nothing is checked against
             it), now (ms: its created_at), expires at (ms; "" when the job has no ttl_s), the number of more job
             fields, then those fields as name/value pairs
 
@@ -31,17 +34,23 @@
     {1, id}            the idempotency key was seen: the caller compares the request digests
     -3 QUEUE_FULL      {-3, unfinished}
     -9 TENANT_FULL     {-9, unfinished of this tenant}
+    -12 RETAINED_FULL  {-12, ms until some of the tenant's retained records' charge goes}
+    -13 COOLING_OFF    {-13, ms until the tenant's cool-off ends}
 ]]
 local rcall = redis.call
 local statsKey, expiryKey, tenantsKey = KEYS[1], KEYS[2], KEYS[3]
 local maxDepth, tenantMaxDepth, idemTtl = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-local jobs = (#KEYS - 3) / 3
+local maxKept = tonumber(ARGV[4])
+local HOLDS = KEYS[4]
+local jobs = (#KEYS - 4) / 3
+
+--- @include "holdsAdmit"
 
 -- The counters are taken first for every job of the batch and what was not accepted is given back at the end:
 -- the checks read the counts their own increments return, one command per counter and batch rather than a read
 -- and an increment per job on the path every accepted job takes (the script is atomic: nobody sees the counts
 -- of refused jobs).
-local offered, a = {}, 4
+local offered, a = {}, 5
 for _ = 1, jobs do
   local tenant = ARGV[a + 1]
   offered[tenant] = (offered[tenant] or 0) + 1
@@ -54,14 +63,17 @@ for tenant, count in pairs(offered) do
   taken[tenant] = 0
 end
 
-local replies, accepted, acceptedTokens = {}, 0, 0
-a = 4
+local replies, accepted, acceptedTokens, held = {}, 0, 0, {}
+a = 5
 for i = 1, jobs do
-  local streamKey, jobKey, idemKey = KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3]
+  local streamKey, jobKey, idemKey = KEYS[3 * i + 2], KEYS[3 * i + 3], KEYS[3 * i + 4]
   local jobId, tenant, digest, now, expiresAt = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   local fieldsFrom, fieldsTo = a + 6, a + 5 + 2 * tonumber(ARGV[a + 5])
   local hasIdem = idemKey ~= jobKey
   a = fieldsTo + 1
+  if held[tenant] == nil then
+    held[tenant] = holdsAdmit(tenant, tonumber(now), maxKept) or false
+  end
   local firstEntry = rcall('HGET', jobKey, 'first_entry')
   local seen = not firstEntry and hasIdem and rcall('GET', idemKey)
   if firstEntry then
@@ -70,6 +82,9 @@ for i = 1, jobs do
     replies[i] = {0, jobId, firstEntry}
   elseif seen then
     replies[i] = {1, seen}
+  elseif held[tenant] then
+    -- the tenant's own bounds before any depth (G11): cooling off, or its ended jobs' records at their quota
+    replies[i] = held[tenant]
   elseif tenantMaxDepth > 0 and mine[tenant] + taken[tenant] >= tenantMaxDepth then
     -- the tenant's quota before the queue's depth: a resent batch, which finds the counts its first run left,
     -- then answers each refusal as that run did (a tenant refused before other tenants' jobs filled the queue is

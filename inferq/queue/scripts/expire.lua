@@ -19,6 +19,7 @@
   KEYS[10] done (long-poll wakeup)
   KEYS[11] usage of the hour (keys.usage_hour of now; includes/meter): a job expired here is counted there
   KEYS[12] usage totals of the month (keys.usage_month of now)
+  KEYS[13] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
 
   ARGV[1] job id
   ARGV[2] now (ms)
@@ -37,6 +38,7 @@ local statsKey, eventsKey, delayedKey, expiryKey = KEYS[4], KEYS[5], KEYS[6], KE
 local tenantsKey, jobKey, doneKey = KEYS[8], KEYS[9], KEYS[10]
 local jobId, now, resultTtl, eventsMaxlen = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local METER = {hour = KEYS[11], month = KEYS[12], hourUntil = ARGV[5], monthUntil = ARGV[6]}
+local HOLDS = KEYS[13]
 
 --- @include "ackEntry"
 --- @include "terminate"

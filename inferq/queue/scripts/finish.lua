@@ -20,7 +20,8 @@
   KEYS[3] tenants (unfinished jobs per tenant)
   KEYS[4] usage of the hour (keys.usage_hour of now; includes/meter)
   KEYS[5] usage totals of the month (keys.usage_month of now)
-  KEYS[6..n] three per job, in the order of ARGV's jobs: the stream of the delivery's entry (the job's lane),
+  KEYS[6] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
+  KEYS[7..n] three per job, in the order of ARGV's jobs: the stream of the delivery's entry (the job's lane),
              the job record, done (long-poll wakeup)
 
   ARGV[1] now (ms)
@@ -49,6 +50,7 @@ local rcall = redis.call
 local statsKey, eventsKey, tenantsKey = KEYS[1], KEYS[2], KEYS[3]
 local now, resultTtl, eventsMaxlen = ARGV[1], ARGV[2], ARGV[3]
 local METER = {hour = KEYS[4], month = KEYS[5], hourUntil = ARGV[4], monthUntil = ARGV[5]}
+local HOLDS = KEYS[6]
 
 --- @include "ackEntry"
 --- @include "replay"
@@ -60,13 +62,13 @@ local rowCount = tonumber(ARGV[6])
 local rows = meterRows(tally, 7, rowCount)
 local first = 7 + 9 * rowCount
 local replies, acks = {}, {}
-for i = 0, (#KEYS - 5) / 3 - 1 do
-  local streamKey, jobKey, doneKey = KEYS[6 + 3 * i], KEYS[7 + 3 * i], KEYS[8 + 3 * i]
+for i = 0, (#KEYS - 6) / 3 - 1 do
+  local streamKey, jobKey, doneKey = KEYS[7 + 3 * i], KEYS[8 + 3 * i], KEYS[9 + 3 * i]
   local a = first + 8 * i
   local entryId, newStatus, resultJson, errorJson, lease, call = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
     ARGV[a + 4], ARGV[a + 5]
   local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 'refused', 'tenant',
-    'webhook_url', 'created_at', 'tokens')
+    'webhook_url', 'created_at', 'tokens', 'hold')
   local refusal = settleGuard(streamKey, statsKey, jobKey, entryId, lease, call, job, true)
   if refusal then
     replies[i + 1] = refusal
@@ -97,7 +99,7 @@ for i = 0, (#KEYS - 5) / 3 - 1 do
     extra[#extra + 1] = call .. '|0'  -- memo(call, 0) without encoding the constant answer
     -- counted in its row already (ARGV); a job the client did not meter is counted from its record
     terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, job[1], newStatus, now, resultTtl, eventsMaxlen,
-      extra, {job[7], job[8], job[9], job[10]}, tally, ARGV[a + 6] ~= '0')
+      extra, {job[7], job[8], job[9], job[10], job[11]}, tally, ARGV[a + 6] ~= '0')
     replies[i + 1] = 0
   end
 end

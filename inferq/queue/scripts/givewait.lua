@@ -9,5 +9,8 @@
 
   Returns 1: the slot is free
 ]]
-redis.call('ZREM', KEYS[1], ARGV[1])
+local rcall = redis.call
+local slotsKey, token = KEYS[1], ARGV[1]
+
+rcall('ZREM', slotsKey, token)
 return 1

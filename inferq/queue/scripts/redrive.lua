@@ -4,6 +4,9 @@
   and the tenant's unfinished jobs, and its tokens in backlog_tokens.
   Safe to resend (G9): the answer is recorded against the call token (field redrive_call), so a resent copy
   answers as the first run did, never "not dead-lettered", and adds no second entry.
+  A job dead-lettered because the model server died running it (error type engine_died: a poison request) is
+  redriven by an operator only (ARGV[6]): its tenant could otherwise reset its strikes and send the poison to the
+  engine again and again. An operator named as such (ARGV[7]) may redrive any tenant's dead letter.
 
   KEYS[1] stream of the normal lane
   KEYS[2] stream of the high lane
@@ -20,25 +23,28 @@
   ARGV[3] call token (random, one per call)
   ARGV[4] the queue's depth limit (INFERQ_MAX_QUEUE_DEPTH; 0 = none)
   ARGV[5] the tenant's quota (INFERQ_TENANT_MAX_DEPTH; 0 = none)
+  ARGV[6] (optional) "1" when the caller is an operator (INFERQ_ADMIN_TENANTS): engine_died dead letters too
+  ARGV[7] (optional) "1" when the caller is an operator named in INFERQ_ADMIN_TENANTS: any tenant's dead letter
 
   Returns
     {0, entry}              queued again
-    -1 NOT_FOUND            unknown, or another tenant's
+    -1 NOT_FOUND            unknown, or another tenant's (unless ARGV[7])
+    -14 OPERATOR_ONLY       {-14}: an engine_died dead letter, and the caller no operator; nothing changed
     -6 NOT_DEAD_LETTERED    {-6, status}
     -9 TENANT_FULL          {-9, the tenant's unfinished jobs}: refused as a submit would be, nothing changed
     -3 QUEUE_FULL           {-3, the queue's unfinished jobs}: likewise
 ]]
 local rcall = redis.call
 local statsKey, dlqKey, tenantsKey, jobKey, doneKey, dlqIndexKey = KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local tenant, call = ARGV[1], ARGV[3]
+local tenant, call, operator, anyTenant = ARGV[1], ARGV[3], ARGV[6] == '1', ARGV[7] == '1'
 
 --- @include "replay"
 --- @include "laneStream"
 
 local job = rcall('HMGET', jobKey, 'id', 'status', 'tenant', 'dead_lettered', 'dlq_entry', 'redrive_call', 'lane',
-  'tokens')
+  'tokens', 'error')
 local jobId, status, owner, dead, dlqEntry = job[1], job[2], job[3], job[4], job[5]
-if not jobId or owner ~= tenant then
+if not jobId or (owner ~= tenant and not anyTenant) then
   return {CODE_NOT_FOUND}
 end
 local again = replayed(jobKey, 'redrive_call', job[6], call)
@@ -47,6 +53,9 @@ if again then
 end
 if dead ~= '1' then
   return {CODE_NOT_DEAD_LETTERED, status}
+end
+if not operator and string.find(job[9] or '', '"type"%s*:%s*"engine_died"') then
+  return {CODE_OPERATOR_ONLY}
 end
 -- the same limits as a submit (enqueue.lua), the tenant's quota first; a refusal changes nothing, so a resent copy
 -- answers from the counts it finds, as a resent submit does

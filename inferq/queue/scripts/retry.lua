@@ -21,6 +21,8 @@
   KEYS[9] dlq index (per tenant: keys.dlq_index)
   KEYS[10] usage of the hour (keys.usage_hour of now; includes/meter): a job this ends is counted there
   KEYS[11] usage totals of the month (keys.usage_month of now)
+  KEYS[12] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord); a
+           poison job dead-lettered here is an engine death against its tenant (includes/holdStrike)
 
   ARGV[1] entry id
   ARGV[2] now (ms)
@@ -41,6 +43,9 @@
   ARGV[13] GPU ms of the job's attempts likewise (the workers' shares of their busy time; field gpu_ms)
   ARGV[14] when the hour's usage expires (unix s; "0": metering off)
   ARGV[15] when the month's usage totals expire (unix s)
+  ARGV[16] (optional) engine deaths that start a tenant's cool-off (INFERQ_ENGINE_STRIKES; 0 or absent: none)
+  ARGV[17] (optional) within how long (ms; INFERQ_ENGINE_STRIKE_WINDOW_S)
+  ARGV[18] (optional) how long the cool-off lasts (ms; INFERQ_ENGINE_COOLOFF_S)
 
   Returns
     {1, attempt, due_ms}   next attempt queued (due_ms 0: in the stream now; else in the delayed set)
@@ -58,6 +63,7 @@ local errorJson, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7
 local poison = ARGV[10] or ''
 local strikesNeeded = tonumber(ARGV[11] or '1')
 local METER = {hour = KEYS[10], month = KEYS[11], hourUntil = ARGV[14], monthUntil = ARGV[15]}
+local HOLDS = KEYS[12]
 
 
 --- @include "ackEntry"
@@ -65,6 +71,7 @@ local METER = {hour = KEYS[10], month = KEYS[11], hourUntil = ARGV[14], monthUnt
 --- @include "terminate"
 --- @include "deadLetter"
 --- @include "settleGuard"
+--- @include "holdStrike"
 
 local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 'refused', 'attempts', 'cancel')
 local refusal = settleGuard(streamKey, statsKey, jobKey, entryId, lease, call, job, true)
@@ -90,11 +97,17 @@ if poisoned or attempts >= maxAttempts then
   deadLetter(jobKey, doneKey, statsKey, tenantsKey, eventsKey, dlqKey, dlqIndexKey, jobId, now, resultTtl,
     eventsMaxlen,
     poisoned and poison or 'max_attempts', errorJson)
+  if poisoned then  -- its tenant's jobs killed the engine once more: past its strikes, a cool-off
+    holdStrike(rcall('HGET', jobKey, 'tenant') or '', now, tonumber(ARGV[16] or '0') or 0,
+      tonumber(ARGV[17] or '0') or 0, tonumber(ARGV[18] or '0') or 0)
+  end
   return remember(jobKey, 'settled', call, {2})
 end
 
 attempts = attempts + 1
 rcall('HINCRBY', statsKey, 'retried', 1)
+-- the record keeps the last attempt's error to its end: part of what its tenant is charged for then (field hold)
+rcall('HINCRBY', jobKey, 'hold', #errorJson - rcall('HSTRLEN', jobKey, 'last_error'))
 rcall('HSET', jobKey, 'status', 'queued', 'attempts', attempts, 'deliveries', '0', 'last_error', errorJson)
 rcall('HDEL', jobKey, 'lease')
 if delay > 0 then

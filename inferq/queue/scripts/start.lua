@@ -19,7 +19,8 @@
   KEYS[6] dlq index (per tenant: keys.dlq_index)
   KEYS[7] usage of the hour (keys.usage_hour of now; includes/meter): a job ended here is counted there
   KEYS[8] usage totals of the month (keys.usage_month of now)
-  KEYS[9..n] three per entry, in the order of ARGV's entries: the stream it was read from (the job's lane), the
+  KEYS[9] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
+  KEYS[10..n] three per entry, in the order of ARGV's entries: the stream it was read from (the job's lane), the
              job record, done (long-poll wakeup)
 
   ARGV[1] consumer (worker id)
@@ -45,6 +46,7 @@ local rcall = redis.call
 local statsKey, eventsKey, dlqKey, expiryKey, tenantsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dlqIndexKey = KEYS[6]
 local METER = {hour = KEYS[7], month = KEYS[8], hourUntil = ARGV[7], monthUntil = ARGV[8]}
+local HOLDS = KEYS[9]
 local consumer, now = ARGV[1], tonumber(ARGV[2])
 local maxDeliveries, resultTtl, eventsMaxlen, reclaimed = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 
@@ -125,7 +127,7 @@ local function start(streamKey, jobKey, doneKey, entryId, lease)
 end
 
 local replies = {}
-for i = 0, (#KEYS - 8) / 3 - 1 do
-  replies[i + 1] = start(KEYS[9 + 3 * i], KEYS[10 + 3 * i], KEYS[11 + 3 * i], ARGV[9 + 2 * i], ARGV[10 + 2 * i])
+for i = 0, (#KEYS - 9) / 3 - 1 do
+  replies[i + 1] = start(KEYS[10 + 3 * i], KEYS[11 + 3 * i], KEYS[12 + 3 * i], ARGV[9 + 2 * i], ARGV[10 + 2 * i])
 end
 return replies

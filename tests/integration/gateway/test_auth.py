@@ -1,13 +1,12 @@
-"""API keys from Secrets Manager (moto): SHA-256 digests only, cached with Powertools' parameters utility (a rotation
-is picked up once max_age has passed), a failed refresh serves the last good copy up to the stale bound, and an
-unreadable secret is a 503 (the store is down), never a 401 (the key is wrong) or a 500."""
+"""API keys from Secrets Manager (moto): SHA-256 digests only, read with Powertools' parameters utility and cached
+(a rotation is picked up once the cache's time has passed, on a clock the tests move), a failed refresh serves the
+last good copy up to the stale bound, and an unreadable secret is a 503 (the store is down), never a 401 (the key
+is wrong) or a 500."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,8 +16,9 @@ import pytest
 from moto import mock_aws
 
 from functions.gateway.api import create_app
-from functions.gateway.auth import SecretKeys
+from functions.gateway.auth import REFRESH_BACKOFF_S, SecretKeys
 from inferq.config.settings import Settings, SettingsError
+from tests.support.clock import FakeClock
 
 from .support import CHAT
 from .test_submit import assert_envelope
@@ -85,7 +85,7 @@ async def test_the_secret_is_read_once_per_cache_period(
         assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
     assert counting.reads == 1
     assert store.secret.reads == 1
-    # A revoked key stays valid while the copy is cached (Powertools' max_age).
+    # A revoked key stays valid while the copy is cached.
     secrets.put_secret_value(SecretId=SECRET, SecretString=json.dumps({sha(OTHER): "tenant-t"}))
     assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
     assert counting.reads == 1
@@ -96,13 +96,15 @@ async def test_a_rotation_is_picked_up_once_the_cache_expires(
 ) -> None:
     secrets.create_secret(Name=SECRET, SecretString=json.dumps({sha(KEY): "tenant-s"}))
     counting = Counting(secrets)
-    store = SecretKeys(SECRET, cache_s=1, client=counting)
+    clock = FakeClock()
+    store = SecretKeys(SECRET, cache_s=300, client=counting, clock=clock)
     client = open_client(create_app(settings, keys=store))
     assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
     secrets.put_secret_value(SecretId=SECRET, SecretString=json.dumps({sha(OTHER): "tenant-t"}))
+    clock.advance(299.9)
     assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200  # cached: the old keys
     assert counting.reads == 1
-    await asyncio.sleep(1.1)  # past max_age (whole seconds, Powertools' unit)
+    clock.advance(0.1)  # the cache's 300 s are up
     assert_envelope(await client.get("/v1/dlq", headers=bearer(KEY)), 401)  # revoked
     assert (await client.get("/v1/dlq", headers=bearer(OTHER))).status_code == 200  # added
     assert counting.reads == 2
@@ -113,14 +115,18 @@ async def test_a_failed_refresh_keeps_the_last_good_keys(
 ) -> None:
     secrets.create_secret(Name=SECRET, SecretString=json.dumps({sha(KEY): "tenant-s"}))
     counting = Counting(secrets)
-    store = SecretKeys(SECRET, cache_s=1, client=counting)
+    clock = FakeClock()
+    store = SecretKeys(SECRET, cache_s=300, client=counting, clock=clock)
     client = open_client(create_app(settings, keys=store))
     assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
     secrets.delete_secret(SecretId=SECRET, ForceDeleteWithoutRecovery=True)
-    await asyncio.sleep(1.1)
+    clock.advance(300)
     for _ in range(3):
         assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
-    assert counting.calls == 2  # the failed read is tried once, not on every request (retried after a pause)
+    assert counting.calls == 2  # the failed read is tried once, not on every request ...
+    clock.advance(REFRESH_BACKOFF_S)
+    assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
+    assert counting.calls == 3  # ... but again after a pause
     assert store.secret.reads == 1
 
 
@@ -128,20 +134,20 @@ async def test_a_failed_refresh_serves_the_last_keys_only_up_to_the_stale_bound_
     secrets: Any, settings: Settings, open_client: Callable[..., httpx.AsyncClient]
 ) -> None:
     secrets.create_secret(Name=SECRET, SecretString=json.dumps({sha(KEY): "tenant-s"}))
-    store = SecretKeys(SECRET, cache_s=1, client=secrets, max_stale_s=1)
+    clock = FakeClock()
+    store = SecretKeys(SECRET, cache_s=300, client=secrets, max_stale_s=900, clock=clock)
     client = open_client(create_app(settings, keys=store))
     assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
-    read_at = time.monotonic()
     secrets.delete_secret(SecretId=SECRET, ForceDeleteWithoutRecovery=True)
-    await asyncio.sleep(1.2)  # expired, within the bound (1 s + 1 s)
+    clock.advance(300 + 899)  # expired, within the bound (300 s + 900 s)
     assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
-    await asyncio.sleep(max(0.0, read_at + 2.2 - time.monotonic()))  # past cache_s + max_stale_s
+    clock.advance(1.1)  # past cache_s + max_stale_s
     response = await client.get("/v1/dlq", headers=bearer(KEY))
     assert_envelope(response, 503, "unavailable")
     assert "retry-after" in response.headers
     # Secrets Manager answers again: so does the gateway, with what the secret holds now
     secrets.create_secret(Name=SECRET, SecretString=json.dumps({sha(OTHER): "tenant-t"}))
-    await asyncio.sleep(1.1)  # the pause before the next read after a failed one (min(10 s, cache_s))
+    clock.advance(REFRESH_BACKOFF_S)  # the pause before the next read after a failed one
     assert (await client.get("/v1/dlq", headers=bearer(OTHER))).status_code == 200
     assert_envelope(await client.get("/v1/dlq", headers=bearer(KEY)), 401)
 
@@ -150,15 +156,15 @@ async def test_a_malformed_rotation_serves_the_last_good_keys_within_the_bound(
     secrets: Any, settings: Settings, open_client: Callable[..., httpx.AsyncClient]
 ) -> None:
     secrets.create_secret(Name=SECRET, SecretString=json.dumps({sha(KEY): "tenant-s"}))
-    store = SecretKeys(SECRET, cache_s=1, client=secrets, max_stale_s=1)
+    clock = FakeClock()
+    store = SecretKeys(SECRET, cache_s=300, client=secrets, max_stale_s=900, clock=clock)
     client = open_client(create_app(settings, keys=store))
     assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
-    read_at = time.monotonic()
     secrets.put_secret_value(SecretId=SECRET, SecretString="{}")  # an operator's mistake: never "no keys"
-    await asyncio.sleep(1.1)
+    clock.advance(300)
     assert (await client.get("/v1/dlq", headers=bearer(KEY))).status_code == 200
     assert store.secret.reads == 2
-    await asyncio.sleep(max(0.0, read_at + 2.2 - time.monotonic()))
+    clock.advance(900.1)  # the last good keys are older than cache_s + max_stale_s
     assert_envelope(await client.get("/v1/dlq", headers=bearer(KEY)), 503, "unavailable")
 
 

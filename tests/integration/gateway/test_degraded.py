@@ -17,6 +17,7 @@ import redis
 from emulator.valkey import ValkeyProcess, free_port
 from functions.gateway.api import create_app
 from inferq.config.settings import Settings
+from tests.support.waiting import eventually
 
 from .support import CHAT, KEYS, A
 from .test_submit import assert_envelope
@@ -139,7 +140,7 @@ async def test_a_demoted_primary_and_a_busy_script_are_503(
     spin = threading.Thread(target=_spin, args=(spinner,), daemon=True)
     spin.start()
     try:
-        time.sleep(0.3)
+        eventually(lambda: own_valkey.call("PING").startswith(b"-BUSY"), what="the script running past the threshold")
         assert_unavailable(await client.post("/v1/jobs", json=CHAT, headers=A))  # BUSY
     finally:
         own_valkey.call("SCRIPT", "KILL")

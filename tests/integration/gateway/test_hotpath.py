@@ -4,7 +4,6 @@ and declined requests included."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRouter
 
 from functions.gateway import hotpath
+from tests.support.clock import FakeClock
 
 from .conftest import AppFactory
 from .support import CHAT, A, B
@@ -142,11 +142,13 @@ async def test_with_opentelemetry_configured_every_request_takes_the_full_stack(
 async def test_a_provider_configured_while_the_app_runs_is_found_within_the_recheck_interval(
     router_calls: list[str], app: FastAPI, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(hotpath, "TELEMETRY_RECHECK_S", 0.2)
+    clock = FakeClock()
+    monkeypatch.setattr(app, "telemetry_clock", clock)
     assert (await client.post("/v1/jobs", json=CHAT, headers=A)).status_code == 202
     monkeypatch.setattr(app._native_telemetry, "enabled", lambda: True)  # type: ignore[attr-defined]
+    clock.advance(hotpath.TELEMETRY_RECHECK_S - 0.01)
     assert (await client.post("/v1/jobs", json=CHAT, headers=A)).status_code == 202  # FastAPI's "no" still kept
     assert router_calls == []
-    await asyncio.sleep(0.25)
+    clock.advance(0.01)
     assert (await client.post("/v1/jobs", json=CHAT, headers=A)).status_code == 202
     assert router_calls == ["POST /v1/jobs"]

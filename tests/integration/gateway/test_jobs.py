@@ -7,9 +7,11 @@ from collections.abc import Callable
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Queue
+from tests.support.waiting import eventually_async
 
 from .conftest import AppFactory
 from .support import CHAT, A, B
@@ -58,10 +60,19 @@ async def test_unknown_or_malformed_ids_are_404(client: httpx.AsyncClient, job_i
     assert_envelope(await client.get(f"/v1/jobs/{job_id}", headers=A), 404, "not_found")
 
 
-async def test_wait_returns_as_soon_as_the_job_completes(client: httpx.AsyncClient, queue: Queue) -> None:
+async def waits_registered(app: FastAPI, job_id: str) -> None:
+    """Until the gateway's wait for the job is registered with its reader of terminal events (it holds the
+    request)."""
+    waiters = app.state.gateway.queue.waiters
+    await eventually_async(lambda: waiters.waiting(job_id), what=f"the gateway's wait for {job_id}")
+
+
+async def test_wait_returns_as_soon_as_the_job_completes(
+    app: FastAPI, client: httpx.AsyncClient, queue: Queue
+) -> None:
     job_id = await submit(client)
     waiting = asyncio.create_task(client.get(f"/v1/jobs/{job_id}", params={"wait": 20}, headers=A))
-    await asyncio.sleep(0.3)
+    await waits_registered(app, job_id)
     assert not waiting.done(), waiting.result().json()  # a queued job: the wait holds the request
     await complete(queue, job_id)
     # woken by the completion: the answer comes long before the wait's 20 s deadline (else this guard fails)
@@ -81,10 +92,10 @@ async def test_wait_on_a_terminal_job_returns_at_once(client: httpx.AsyncClient,
     assert response.json()["status"] == "succeeded"
 
 
-async def test_wait_ends_at_its_deadline_with_the_job_as_it_is(client: httpx.AsyncClient) -> None:
+async def test_wait_ends_at_its_deadline_with_the_job_as_it_is(app: FastAPI, client: httpx.AsyncClient) -> None:
     job_id = await submit(client)
     waiting = asyncio.create_task(client.get(f"/v1/jobs/{job_id}", params={"wait": 1}, headers=A))
-    await asyncio.sleep(0.3)
+    await waits_registered(app, job_id)
     assert not waiting.done(), waiting.result().json()  # it waits, though the job will not end
     response = await asyncio.wait_for(waiting, WOKEN_WITHIN_S)  # and then answers: it does not hang
     assert response.status_code == 200 and response.json()["status"] == "queued"

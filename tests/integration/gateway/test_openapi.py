@@ -52,8 +52,9 @@ def gateway(make_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[F
 def test_every_answer_matches_the_openapi_document_and_none_is_5xx(gateway: FastAPI, mode: GenerationMode) -> None:
     schema = schemathesis.openapi.from_asgi("/openapi.json", gateway)
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 27  # the jobs API's 8, the history, Files/Uploads/Batches' 13, the events feed, models,
-    # the webhook secret's 2, usage
+    assert len(operations) == 30  # the jobs API's 8, the history, Files/Uploads/Batches' 13, the events feed, models,
+    # the webhook secret's 2, usage, a job's output stream, the OpenAI front door's 2 (their body, OpenAI's request, is
+    # read by hand and not in the document: every generated call is refused before a job is queued)
     # GET /v1/events long-polls for up to `wait` seconds when nothing arrives, which every generated case would:
     # tests/integration/gateway/test_files.py covers it
     operations = [op for op in operations if op.path != "/v1/events"]

@@ -11,7 +11,6 @@ import importlib
 import json
 import random
 import sys
-import time
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -23,6 +22,7 @@ from functions.gateway import edge
 from inferq.config.settings import Settings
 from inferq.redis import faults
 from tests.conftest import load_event
+from tests.support.waiting import eventually
 
 MODULE = "functions.gateway.app"
 EVENT_KEY = "dev-key-tenant-a"
@@ -92,15 +92,6 @@ def _stats(server: redis.Redis, section: str, field: str) -> int:
     return int(server.info(section)[field])
 
 
-def _until(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()
-
-
 def test_the_import_registers_one_hook_on_each_side(gateway: ModuleType, runtime: Runtime) -> None:
     assert [f.__name__ for f, _ in runtime.before] == ["before_snapshot"]
     assert [f.__name__ for f, _ in runtime.after] == ["after_restore"]
@@ -126,8 +117,8 @@ def test_the_hooks_close_the_open_connection_and_the_next_request_reconnects(
     routes_before = len(gateway.app.routes)
     runtime.snapshot()
     assert len(gateway.app.routes) > routes_before  # the snapshot holds every route, deferred ones included
-    assert _until(lambda: _stats(sync_redis, "clients", "connected_clients") < connected), \
-        "the gateway's Redis connection is still open after the before-snapshot hook"
+    eventually(lambda: _stats(sync_redis, "clients", "connected_clients") < connected,
+               what="the gateway's Redis connection closed by the before-snapshot hook")
     runtime.restore()
 
     second = submit(gateway)

@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from functions.gateway.waits import Wait
+from functions.gateway.dependencies import Wait
 from inferq.queue.protocol import Queue
 
 from .conftest import AppFactory

@@ -105,6 +105,22 @@ async def test_a_failed_wake_does_not_fail_the_submit(
     assert app.state.telemetry.totals["ScalerWakeFailures"] == 1
 
 
+async def test_a_failed_wake_gives_its_guard_back_so_the_next_submit_wakes(
+    make_app: AppFactory, open_client: Callable[..., httpx.AsyncClient], queue: Queue
+) -> None:
+    broken = FakeWaker(fail=True)
+    app = make_app(waker=broken)
+    app.state.gateway.wake.refresh_s = 0  # check on every submit: only the Redis guard limits the wakes
+    client = open_client(app)
+    await queue.record_decision(0, "scale_to_zero")
+    await submit_ok(client)
+    assert broken.calls == 1 and await queue.redis.get(queue.keys.wake) is None
+    broken.fail = False
+    await submit_ok(client)  # within the guard's 5 s: woken all the same, since the first wake never happened
+    assert broken.calls == 2 and await queue.redis.get(queue.keys.wake) is not None
+    assert app.state.telemetry.totals["ScalerWakes"] == 1
+
+
 async def test_a_hung_wake_is_cut_short_and_the_submit_still_answers(
     make_app: AppFactory, open_client: Callable[..., httpx.AsyncClient]
 ) -> None:

@@ -145,6 +145,74 @@ async def test_a_step_that_raises_or_hangs_holds_up_no_other_batch(
         assert batch.status is BatchStatus.FAILED and batch.errors[0]["code"] == "batch_processing_error"
 
 
+async def test_a_failing_batch_whose_cancel_fails_is_failed_only_once_its_jobs_are_cancelled(
+    make_queue: Any, store: FileStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch failed after its jobs were queued cancels them; a cancel that fails (Redis refused it) is not
+    forgotten: the batch stays active and the next pass tries again, so no job of a failed batch runs on the GPUs."""
+    import redis.exceptions
+
+    queue = await make_queue()
+    batch_id = await new_batch(queue, store, jsonl([request_line(i) for i in range(20)]))
+    driver = BatchDriver(queue, store, queue.settings)
+    await driver.run_once()  # validated
+    await driver.run_once()  # its 20 jobs queued
+    jobs = list((await queue.redis.hgetall(queue.keys.batch_lines(batch_id))).values())
+    assert len(jobs) == 20
+
+    async def broken(self: BatchDriver, batch: Any, report: Any) -> None:
+        raise RuntimeError("a bug in the batch's step")
+
+    real_cancel, refusals = BatchDriver._cancel_job, [1]
+
+    async def refused_once(self: BatchDriver, tenant: str, job_id: str) -> None:
+        if refusals:
+            refusals.pop()
+            raise redis.exceptions.ConnectionError("reset by peer")
+        await real_cancel(self, tenant, job_id)
+
+    monkeypatch.setattr(BatchDriver, "_progress", broken)
+    monkeypatch.setattr(BatchDriver, "_cancel_job", refused_once)
+    for _ in range(batch_driver.MAX_FAULTS):
+        await driver.run_once()
+    assert (await batch_of(queue, batch_id)).status is BatchStatus.IN_PROGRESS, "failed with its cancel undone"
+    assert await queue.redis.zscore(queue.keys.batches_active, batch_id) is not None
+    assert f"cancelling the jobs of failing batch {batch_id} failed" in caplog.text
+    await driver.run_once()  # fails again: the cancel is tried again, and goes through
+    failed = await batch_of(queue, batch_id)
+    assert failed.status is BatchStatus.FAILED and failed.errors[0]["code"] == "batch_processing_error"
+    statuses = {(await queue.get(job_id)).status for job_id in jobs}  # type: ignore[union-attr]
+    assert statuses == {JobStatus.CANCELLED}
+
+
+class S3Down:
+    """The file store, but S3 refuses every removal and abort."""
+
+    def __init__(self, store: FileStore) -> None:
+        self._store = store
+
+    def discard_uploads(self, tenant: str, file_id: str) -> int:
+        raise ConnectionError("S3 unreachable")
+
+    def delete(self, tenant: str, file_id: str) -> bool:
+        raise ConnectionError("S3 unreachable")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def test_a_cleanup_that_fails_is_logged_naming_the_batch_and_its_file(
+    make_queue: Any, store: FileStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = await make_queue()
+    batch = await batch_of(queue, await new_batch(queue, store, jsonl([request_line(0)])))
+    driver = BatchDriver(queue, S3Down(store), queue.settings)  # type: ignore[arg-type]
+    output_id, error_id = await driver.output.file_ids(batch)
+    await driver.output.discard(batch)  # best effort, never raises: the bucket's lifecycle rule is the net
+    for file_id in (output_id, error_id):
+        assert f"batch {batch.id}: removing what its finalising tries wrote under {file_id} failed" in caplog.text
+
+
 async def test_lines_obey_the_body_limit_and_the_claim_check_of_a_submit(make_queue: Any, store: FileStore) -> None:
     queue = await make_queue(max_body_bytes=8192, inline_max_bytes=2048)
     lines = [request_line(0), request_line(1, "x" * 20_000), request_line(2, "y" * 4000), request_line(3)]

@@ -11,11 +11,12 @@ import redis.asyncio as aioredis
 
 from emulator.valkey import ValkeyProcess
 from inferq.config.settings import Settings
+from inferq.queue import output
 from inferq.queue.jobs import JobRequest, JobStatus, Priority, new_job_id
 from inferq.queue.keys import GROUP
 from inferq.queue.protocol import Delivery, Lease, Outcome, Queue, QueueFull, TenantQuotaFull, now_ms
 from inferq.queue.waitslots import WaitsFull, WaitSlots
-from inferq.redis.scripting import NAMES, all_scripts
+from inferq.redis.scripting import NAMES, Code, all_scripts
 from inferq.webhooks.tenant_secrets import rotate_secret, tenant_secret
 from tests.integration.protocol.resend import DelayingProxy, Resending, difference, snapshot, without_refusals
 
@@ -52,7 +53,14 @@ async def test_every_script_on_each_of_its_paths_answers_the_same_and_changes_no
     by_id = {d.job.id: d for d in deliveries}
     first, second, third, fourth = (by_id.pop(done.id), *by_id.values())
     assert await q.renew("w1", [first, second]) == [Lease.HELD, Lease.HELD]       # renew
+    assert await output.watch(q, first.job.id, "t")                                 # watchoutput
+    assert await q.renew("w1", [first]) == [Lease.WATCHED]                          # renew: watched
+    said = await output.append(q, first.job.id, first.entry_id, first.lease, 0, "Hel", 1, ttl_s=60, first=True)
+    assert said.code == 0                                                           # appendoutput
+    said = await output.append(q, first.job.id, first.entry_id, first.lease, 9, "x", 2, ttl_s=60, first=False)
+    assert said.code == Code.MISPLACED                                              # appendoutput: misplaced
     assert await q.finish(first, JobStatus.SUCCEEDED, result=RESULT) is Outcome.WRITTEN    # finish
+    await output.close(q, [first.job.id])                                           # closeoutput
     assert await q.finish(first, JobStatus.FAILED, error=ERROR) is Outcome.DUPLICATE       # finish: duplicate
     assert await q.retry(second, delay_ms=60_000, error=ERROR) is Outcome.RETRY_SCHEDULED  # retry: delayed
     assert await q.promote(now=now_ms() + 61_000) == 1                              # promote

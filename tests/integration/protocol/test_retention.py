@@ -55,7 +55,7 @@ async def test_an_ended_jobs_body_is_dropped_and_a_dead_lettered_one_keeps_it_fo
     dead = await q.get(running.id, "t")
     assert dead is not None and dead.dead_lettered and dead.attempts == 1 and dead.body == CHAT
 
-    redriven = await q.redrive("t", running.id)
+    redriven = await q.redrive("t", running.id, operator=True)  # engine_died: an operator's
     assert redriven.status is JobStatus.QUEUED
     [again] = await _read(q, 1)
     assert again.job.id == running.id and again.job.body == CHAT  # the redrive runs the request as it was
@@ -72,7 +72,7 @@ async def test_a_tenants_dead_letters_come_from_its_own_index_newest_first(q: Qu
     assert sorted(m.split("|")[0] for m in members) == ["a", "a", "a", "b", "b"]
 
     # redriven: no longer listed, its member removed; dead-lettered again: listed once, as the newest
-    await q.redrive("a", mine[0])
+    await q.redrive("a", mine[0], operator=True)  # engine_died: an operator's
     assert [j.id for j in await q.dead_letters("a", 10)] == [mine[2], mine[1]]
     assert len(await q.redis.zrange(q.keys.dlq_index, 0, -1)) == 4
     [delivery] = await _read(q, 1)
@@ -131,7 +131,7 @@ async def test_a_redrive_resets_the_engine_death_strikes_and_removes_the_jobs_in
     members = await q.redis.zrange(q.keys.dlq_index, 0, -1)
     assert sorted(m.rsplit("|", 1)[-1] for m in members) == sorted([job.id, other])
 
-    redriven = await q.redrive("a", job.id)
+    redriven = await q.redrive("a", job.id, operator=True)  # engine_died: an operator's
     assert redriven.status is JobStatus.QUEUED and not redriven.dead_lettered
     assert not await q.redis.hexists(q.keys.job(job.id), "strikes")
     assert [m.rsplit("|", 1)[-1] for m in await q.redis.zrange(q.keys.dlq_index, 0, -1)] == [other]
@@ -144,7 +144,7 @@ async def test_a_redrive_resets_the_engine_death_strikes_and_removes_the_jobs_in
     # a second redrive of the same job (not dead-lettered now) is refused and changes nothing
     before = await q.redis.zrange(q.keys.dlq_index, 0, -1)
     with pytest.raises(NotDeadLettered):
-        await q.redrive("a", job.id)
+        await q.redrive("a", job.id, operator=True)
     assert await q.redis.zrange(q.keys.dlq_index, 0, -1) == before
     if isinstance(q.scripts, Resending):
         assert q.scripts.checked.get("redrive", 0) >= 1

@@ -29,6 +29,8 @@ from inferq.queue.protocol import (
 )
 from inferq.redis.scripting import Code, all_scripts, load
 from tests.integration.protocol.resend import Resending
+from tests.support.blocked import blocked_in
+from tests.support.waiting import eventually_async
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -48,15 +50,15 @@ def test_every_script_declares_its_keys_and_loads() -> None:
     names = {s.name for s in all_scripts()}
     assert names == {"enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive",
                      "expire", "observe", "requeue", "skipevents", "webhooksecret", "ratelimit", "takewait",
-                     "givewait"}
-    assert load("enqueue").min_keys == 3 and load("enqueue").max_keys is None
+                     "givewait", "appendoutput", "closeoutput", "watchoutput"}
+    assert load("enqueue").min_keys == 4 and load("enqueue").max_keys is None
     assert load("renew").max_keys is None
 
 
 async def test_a_call_with_the_wrong_key_count_is_refused_before_reaching_redis(q: Queue) -> None:
-    with pytest.raises(TypeError, match="takes 11"):
+    with pytest.raises(TypeError, match="takes 12"):
         await q.scripts("retry", [q.keys.stream], [])
-    with pytest.raises(TypeError, match="takes 5 or more"):
+    with pytest.raises(TypeError, match="takes 6 or more"):
         await q.scripts("finish", [q.keys.stats], [])
 
 
@@ -506,10 +508,11 @@ async def test_renew_keeps_own_leases_and_reports_lost_ones(q: Queue) -> None:
     await q.enqueue("t", req())
     await q.enqueue("t", req())
     held = (await q.read("w1", 2))[0]
-    await asyncio.sleep(0.05)
+    # idle for a day as far as the server knows (XCLAIM IDLE to the same consumer, JUSTID: not a delivery)
+    await q.redis.xclaim(q.keys.stream, GROUP, "w1", 0, [d.entry_id for d in held], idle=DAY_MS, justid=True)
     assert await q.renew("w1", held) == [Lease.HELD, Lease.HELD]
     pending = await q.redis.xpending_range(q.keys.stream, GROUP, "-", "+", 10)
-    assert all(p["time_since_delivered"] < 50 for p in pending)
+    assert all(p["time_since_delivered"] < DAY_MS // 2 for p in pending)  # renewed: idle from the renewal
     assert all(p["times_delivered"] == 1 for p in pending)  # renewal is not a delivery
     (stolen,), _ = await q.reclaim("w2", 1)
     leases = await q.renew("w1", held)
@@ -613,6 +616,20 @@ async def test_observe_of_a_stream_without_its_group_counts_everything_as_lag(q:
     assert obs.group_missing and obs.lag == 1 and obs.pending == 0
 
 
+DAY_MS = 86_400_000
+
+
+async def waits_blocked(q: Queue, job_id: str, count: int, shared: bool) -> None:
+    """Until ``count`` waits of the job block: registered with the shared reader, or each in its own ``BLMOVE``."""
+
+    async def blocked() -> bool:
+        if shared:
+            return q.waiters.waiting(job_id) >= count
+        return await blocked_in(q.redis, "blmove") >= count
+
+    await eventually_async(blocked, what=f"{count} waits of {job_id} blocked")
+
+
 @pytest.mark.parametrize("shared", [False, True], ids=["own-wakeup-list", "shared-reader"])
 async def test_wait_returns_as_soon_as_the_job_is_terminal(q: Queue, shared: bool) -> None:
     job, _ = await q.enqueue("t", req())
@@ -620,7 +637,7 @@ async def test_wait_returns_as_soon_as_the_job_is_terminal(q: Queue, shared: boo
 
     # every waiter wakes, not only the first
     waiters = [asyncio.create_task(q.wait(job.id, "t", 20, shared=shared)) for _ in range(3)]
-    await asyncio.sleep(0.2)
+    await waits_blocked(q, job.id, 3, shared)
     assert not any(w.done() for w in waiters)  # the job runs: they wait
     await q.finish(d, JobStatus.SUCCEEDED, result={"status_code": 200, "body": {}})
     # woken by the finish, long before the waits' 20 s deadline (a guard: it fails the test if they were not)
@@ -633,7 +650,7 @@ async def test_wait_returns_as_soon_as_the_job_is_terminal(q: Queue, shared: boo
 async def test_hundreds_of_concurrent_waits_do_not_exhaust_the_connection_pool(q: Queue, shared: bool) -> None:
     job, _ = await q.enqueue("t", req())
     waits = [asyncio.create_task(q.wait(job.id, "t", 30, shared=shared)) for _ in range(300)]
-    await asyncio.sleep(0.3)
+    await waits_blocked(q, job.id, 300, shared)
     assert await q.get(job.id, "t") is not None  # other calls still get a connection while 300 block
     (d,), _ = await q.read("w1", 1)
     await q.finish(d, JobStatus.SUCCEEDED, result={"status_code": 200, "body": {}})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.exceptions
@@ -17,6 +18,8 @@ from inferq.queue.producer import QueueFull
 from inferq.queue.protocol import Delivery, Outcome, Queue
 from inferq.queue.waiters import SharedWaiters
 from inferq.redis.connection import pipelined
+from tests.support.clock import FakeClock
+from tests.support.waiting import eventually_async
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 OK = {"status_code": 200, "body": {}}
@@ -48,6 +51,7 @@ async def test_two_hundred_waiters_are_woken_by_one_blocking_read_on_the_server(
 ) -> None:
     deliveries = await started(q, 200)
     waits = [asyncio.create_task(q.wait(d.job.id, "t", 30, shared=True)) for d in deliveries]
+    await registered(q, *(d.job.id for d in deliveries))
     samples = []
     for _ in range(20):  # the reader re-issues its XREAD at the end of each block slice: sample across slices
         await asyncio.sleep(0.05)
@@ -65,19 +69,22 @@ async def test_a_reader_that_loses_every_event_still_wakes_its_waiter_at_the_nex
     q._waiters._deliver = lambda reply: None  # type: ignore[method-assign]  # a reader that sees nothing
     [d] = await started(q, 1)
     wait = asyncio.create_task(q.wait(d.job.id, "t", 20, shared=True))
-    await asyncio.sleep(0.1)
+    await registered(q, d.job.id)
     await q.finish(d, JobStatus.FAILED, error={"type": "x", "message": "y"})
     job = await asyncio.wait_for(wait, 5)
     assert job is not None and job.status is JobStatus.FAILED
 
 
-async def test_a_wait_that_outlasts_several_rechecks_is_still_woken_by_its_event(q: Queue) -> None:
+async def test_a_wait_that_outlasts_several_rechecks_is_still_woken_by_its_event(
+    q: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each recheck registers the waiter anew (its timeout cancelled the last registration): one registration at a
     time, none left behind, and the job's end still ends the wait."""
     q._waiters = SharedWaiters(q.redis, q.keys.events, block_s=0.2, recheck_s=0.15, job_key=q.keys.job)
     [d] = await started(q, 1)
+    reads = Reads(q, monkeypatch)
     wait = asyncio.create_task(q.wait(d.job.id, "t", 20, shared=True, with_body=False))
-    await asyncio.sleep(0.6)  # about four rechecks
+    await eventually_async(lambda: reads.done.count("hget") >= 4, what="four rechecks (each reads the status)")
     assert [len(w) for w in q.waiters._waiting.values()] == [1]
     await q.finish(d, JobStatus.SUCCEEDED, result=OK)
     job = await asyncio.wait_for(wait, 5)
@@ -88,28 +95,31 @@ async def test_the_reader_survives_its_connection_being_killed(q: Queue, valkey:
     q._waiters = SharedWaiters(q.redis, q.keys.events, block_s=0.5, recheck_s=30)  # no recheck to fall back on
     first, second = await started(q, 2)
     wait = asyncio.create_task(q.wait(first.job.id, "t", 20, shared=True))
-    await asyncio.sleep(0.2)
+    await registered(q, first.job.id)
+    await eventually_async(lambda: blocked_clients(valkey) >= 1, what="the reader's XREAD blocked")
     assert valkey.kill_clients() >= 1  # the blocked XREAD among them
-    await asyncio.sleep(0.3)
-    await q.finish(first, JobStatus.SUCCEEDED, result=OK)
+    await q.finish(first, JobStatus.SUCCEEDED, result=OK)  # while the reader reconnects, or after
     job = await asyncio.wait_for(wait, 10)
     assert job is not None and job.status is JobStatus.SUCCEEDED
     # and it keeps serving the next waiter
     again = asyncio.create_task(q.wait(second.job.id, "t", 20, shared=True))
-    await asyncio.sleep(0.1)
+    await registered(q, second.job.id)
     await q.finish(second, JobStatus.SUCCEEDED, result=OK)
     assert (await asyncio.wait_for(again, 10)).status is JobStatus.SUCCEEDED  # type: ignore[union-attr]
 
 
 async def test_the_reader_stops_when_no_one_waits_and_starts_again_for_the_next_waiter(q: Queue,
                                                                                         valkey: ValkeyProcess) -> None:
-    q._waiters = SharedWaiters(q.redis, q.keys.events, block_s=0.1, idle_stop_s=0.2)
+    clock = FakeClock()
+    q._waiters = SharedWaiters(q.redis, q.keys.events, block_s=0.1, idle_stop_s=60, clock=clock)
     first, second = await started(q, 2)
     assert await q.wait(first.job.id, "t", 0.2, shared=True) is not None  # times out: the job is running
-    await asyncio.sleep(1.0)
-    assert not q.waiters.running and blocked_clients(valkey) == 0
+    assert q.waiters.running
+    clock.advance(60.1)  # a minute without waiters
+    await eventually_async(lambda: not q.waiters.running, what="the idle reader to stop")
+    assert blocked_clients(valkey) == 0
     wait = asyncio.create_task(q.wait(second.job.id, "t", 20, shared=True))
-    await asyncio.sleep(0.1)
+    await registered(q, second.job.id)
     assert q.waiters.running
     await q.finish(second, JobStatus.SUCCEEDED, result=OK)
     assert (await asyncio.wait_for(wait, 5)).status is JobStatus.SUCCEEDED  # type: ignore[union-attr]
@@ -141,7 +151,7 @@ async def test_the_reader_hands_woken_waiters_their_records_read_in_one_round_tr
     monkeypatch.setattr(q.redis, "hmget", counted)
     waits = [asyncio.create_task(q.wait(d.job.id, "t", 30, shared=True, with_body=False)) for d in deliveries]
     stranger = asyncio.create_task(q.wait(deliveries[0].job.id, "another tenant", 30, shared=True, with_body=False))
-    await asyncio.sleep(0.3)
+    await eventually_async(lambda: len(own_reads) >= 51, what="every waiter's read before it waits")
     assert len(own_reads) == 51  # each waiter's read before it waits (the stranger's too)
     assert fields_read == {("status", "tenant", "expires_at", "started_at")}  # what tells whether to wait, no more
     await q.finish_many([(d, JobStatus.SUCCEEDED, OK, None) for d in deliveries])
@@ -159,7 +169,7 @@ async def test_a_wait_that_runs_out_answers_the_job_as_it_is_then_and_a_job_past
 ) -> None:
     job, _ = await q.enqueue("t", JobRequest(body=dict(BODY)))
     wait = asyncio.create_task(q.wait(job.id, "t", 1.0, shared=True, with_body=False))
-    await asyncio.sleep(0.2)
+    await registered(q, job.id)
     [d] = (await q.read("w1", 1))[0]  # started while the wait runs: not an end, so no wake
     answer = await asyncio.wait_for(wait, 5)
     assert answer is not None and answer.status is JobStatus.RUNNING and answer.started_at is not None
@@ -199,7 +209,7 @@ async def test_a_reader_that_cannot_read_the_records_still_wakes_the_waiters_who
         await pipelined(q._waiters._redis, [("HMGET", "k", "f")])
     deliveries = await started(q, 3)
     waits = [asyncio.create_task(q.wait(d.job.id, "t", 20, shared=True, with_body=False)) for d in deliveries]
-    await asyncio.sleep(0.2)
+    await registered(q, *(d.job.id for d in deliveries))
     await q.finish_many([(d, JobStatus.FAILED, None, {"type": "x", "message": "y"}) for d in deliveries])
     jobs = await asyncio.wait_for(asyncio.gather(*waits), 5)  # well before the 30 s recheck
     assert [j.status for j in jobs if j] == [JobStatus.FAILED] * 3
@@ -209,13 +219,14 @@ async def test_a_reader_that_cannot_read_the_records_still_wakes_the_waiters_who
 async def test_waiters_woken_while_the_reader_is_stopped_are_still_resolved(q: Queue) -> None:
     """A reader stopped (cancelled) while it reads the woken jobs' records still resolves their futures, without
     records: the waiters read their own at once instead of waiting for the recheck."""
-    release = asyncio.Event()
+    release, stalled = asyncio.Event(), asyncio.Event()
 
     class Stalled:
         def execute_command(self, *args: object) -> None:
             pass
 
         async def execute(self, raise_on_error: bool = True) -> None:
+            stalled.set()
             await release.wait()  # never released: the reader is stopped meanwhile
 
     class StalledPipelines(FailingPipelines):
@@ -226,9 +237,9 @@ async def test_waiters_woken_while_the_reader_is_stopped_are_still_resolved(q: Q
                                job_key=q.keys.job)
     [d] = await started(q, 1)
     wait = asyncio.create_task(q.wait(d.job.id, "t", 20, shared=True, with_body=False))
-    await asyncio.sleep(0.2)
+    await registered(q, d.job.id)
     await q.finish(d, JobStatus.SUCCEEDED, result=OK)
-    await asyncio.sleep(0.5)  # the event is read; the records' read stalls
+    await asyncio.wait_for(stalled.wait(), 10)  # the event is read; the records' read stalls
     assert not wait.done()
     await q.waiters.aclose()
     job = await asyncio.wait_for(wait, 5)  # well before the 30 s recheck
@@ -237,18 +248,28 @@ async def test_waiters_woken_while_the_reader_is_stopped_are_still_resolved(q: Q
 
 
 class Reads:
-    """The queue's own job reads (HMGET, HGETALL, HGET), counted; the reader's pipelined reads are not among them."""
+    """The queue's own job reads (HMGET, HGETALL, HGET), counted when made (``calls``) and when answered
+    (``done``); the reader's pipelined reads are not among them."""
 
     def __init__(self, q: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[str] = []
+        self.done: list[str] = []
         for name in ("hmget", "hgetall", "hget"):
             original = getattr(q.redis, name)
 
-            def counted(*args: object, _name: str = name, _original: object = original) -> object:
+            async def counted(*args: object, _name: str = name, _original: Any = original) -> object:
                 self.calls.append(_name)
-                return _original(*args)  # type: ignore[operator]
+                answer = await _original(*args)
+                self.done.append(_name)
+                return answer
 
             monkeypatch.setattr(q.redis, name, counted)
+
+
+async def registered(q: Queue, *job_ids: str) -> None:
+    """Until a waiter of each job is registered with the queue's reader."""
+    await eventually_async(lambda: all(q.waiters.waiting(job_id) for job_id in job_ids),
+                           what=f"waiters of {len(job_ids)} job(s) registered")
 
 
 async def reader_running(q: Queue) -> None:
@@ -269,9 +290,9 @@ async def test_a_job_submitted_here_is_waited_for_without_a_read_before_the_wake
     reads = Reads(q, monkeypatch)
     waits = [asyncio.create_task(q.wait(job.id, "t", 30, shared=True, with_body=False)) for job in jobs]
     stranger = asyncio.create_task(q.wait(jobs[0].id, "another tenant", 30, shared=True, with_body=False))
-    await asyncio.sleep(0.3)
+    assert await asyncio.wait_for(stranger, 5) is None
+    await registered(q, *(job.id for job in jobs))
     assert reads.calls == ["hmget"]  # the stranger's: another tenant's job is read, and unknown to it
-    assert await asyncio.wait_for(stranger, 1) is None
     deliveries = []
     while len(deliveries) < len(jobs):
         deliveries += (await q.read("w1", len(jobs)))[0]
@@ -289,18 +310,16 @@ async def test_a_job_submitted_here_that_ended_before_its_wait_is_read_once(
     job, _ = await q.enqueue("t", JobRequest(body=dict(BODY)))
     [d] = (await q.read("w1", 1))[0]
     await q.finish(d, JobStatus.SUCCEEDED, result=OK)
-    for _ in range(100):  # the reader reads the end
-        if q.waiters.expected(job.id, "t"):
-            break
-        await asyncio.sleep(0.02)
-    assert q.waiters.expected(job.id, "t") is True
+    await eventually_async(lambda: q.waiters.expected(job.id, "t"), what="the reader to read the end")
     reads = Reads(q, monkeypatch)
     answer = await asyncio.wait_for(q.wait(job.id, "t", 20, shared=True, with_body=False), 2)
     assert answer is not None and answer.status is JobStatus.SUCCEEDED and answer.result == OK
     assert reads.calls == ["hmget"]  # the job object's read, nothing before it
 
 
-async def test_a_job_submitted_here_that_ended_and_was_redriven_is_waited_for_again(q: Queue) -> None:
+async def test_a_job_submitted_here_that_ended_and_was_redriven_is_waited_for_again(
+    q: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
     await reader_running(q)
     job, _ = await q.enqueue("t", JobRequest(body=dict(BODY)))
     outcome = None
@@ -308,14 +327,11 @@ async def test_a_job_submitted_here_that_ended_and_was_redriven_is_waited_for_ag
         (d,), _ = await q.read("w1", 1)
         outcome = await q.retry(d, delay_ms=0, error={"type": "x", "message": "y"})
     assert outcome is Outcome.DEAD_LETTERED
-    for _ in range(100):
-        if q.waiters.expected(job.id, "t"):
-            break
-        await asyncio.sleep(0.02)
-    assert q.waiters.expected(job.id, "t") is True  # its end was read
+    await eventually_async(lambda: q.waiters.expected(job.id, "t"), what="the reader to read the end")
     assert (await q.redrive("t", job.id)).status is JobStatus.QUEUED
+    reads = Reads(q, monkeypatch)
     wait = asyncio.create_task(q.wait(job.id, "t", 20, shared=True, with_body=False))
-    await asyncio.sleep(0.3)
+    await eventually_async(lambda: reads.done, what="the wait's read of the job")
     assert not wait.done()  # queued again: worth waiting for, not answered as it was read
     (d,), _ = await q.read("w1", 1)
     await q.finish(d, JobStatus.SUCCEEDED, result=OK)
@@ -328,18 +344,19 @@ async def test_nothing_is_expected_without_a_running_reader_nor_across_its_resta
 ) -> None:
     """The reader sees an end only while it runs: a job submitted while it is stopped, or before it stopped and
     started again, is read before its wait as any other; a job with a ttl_s is read too (it may have expired)."""
-    q._waiters = SharedWaiters(q.redis, q.keys.events, block_s=0.1, idle_stop_s=0.2, job_key=q.keys.job)
+    clock = FakeClock()
+    q._waiters = SharedWaiters(q.redis, q.keys.events, block_s=0.1, idle_stop_s=60, job_key=q.keys.job, clock=clock)
     unseen, _ = await q.enqueue("t", JobRequest(body=dict(BODY)))
     assert q.waiters.expected(unseen.id, "t") is None  # no reader yet
     await reader_running(q)
     before, _ = await q.enqueue("t", JobRequest(body=dict(BODY)))
     with_ttl, _ = await q.enqueue("t", JobRequest(body=dict(BODY), ttl_s=60))
     assert q.waiters.expected(before.id, "t") is False and q.waiters.expected(with_ttl.id, "t") is None
-    await asyncio.sleep(1.0)
-    assert not q.waiters.running  # stopped: no one waited
+    clock.advance(60.1)
+    await eventually_async(lambda: not q.waiters.running, what="the reader to stop: no one waited")
     reads = Reads(q, monkeypatch)
     wait = asyncio.create_task(q.wait(before.id, "t", 20, shared=True, with_body=False))
-    await asyncio.sleep(0.2)
+    await eventually_async(lambda: reads.done, what="the wait's read of the job")
     assert q.waiters.running and q.waiters.expected(before.id, "t") is None  # a new run knows nothing
     assert reads.calls == ["hmget"]  # read before it waits, as any other job
     deliveries = []
@@ -365,3 +382,28 @@ async def test_an_idempotent_replay_or_a_refused_submit_leaves_nothing_expected(
         assert list(q.waiters._expected) == [first.id]  # the replay's and the refused submit's ids are dropped
     finally:
         await q.close()
+
+
+async def test_a_bug_stops_the_reader_and_fails_its_waiters_instead_of_being_retried_forever(
+    q: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fault that waiting does not cure (here the events stream replaced by a string: WRONGTYPE) is not retried
+    in the background: the reader stops, logs it, and the waits fail with it (the gateway's logged 500); a later
+    wait starts a reader that tries once more, and fails at once rather than hanging."""
+    [d] = await started(q, 1)
+    q._waiters = SharedWaiters(q.redis, q.keys.events, block_s=0.1, recheck_s=30)  # no recheck within the test
+    wait = asyncio.create_task(q.wait(d.job.id, "t", 20, shared=True))
+    await registered(q, d.job.id)
+    await q.redis.delete(q.keys.events)
+    await q.redis.set(q.keys.events, "not a stream")
+    with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+        await asyncio.wait_for(wait, 10)
+    assert not q.waiters.running
+    assert "waiters reader: stopped by an unexpected error" in caplog.text
+    with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+        await asyncio.wait_for(q.wait(d.job.id, "t", 20, shared=True), 10)
+    assert not q.waiters.running
+    await q.redis.delete(q.keys.events)
+    await q.finish(d, JobStatus.SUCCEEDED, result=OK)  # once repaired, waits are served again
+    answer = await asyncio.wait_for(q.wait(d.job.id, "t", 20, shared=True), 10)
+    assert answer is not None and answer.status is JobStatus.SUCCEEDED

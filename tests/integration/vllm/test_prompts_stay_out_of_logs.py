@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from tests.support.vllm_server import (
     server_env,
     stop_process_group,
 )
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -81,18 +81,15 @@ def started(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Po
 
 
 def wait_until(check: Any, timeout: float, what: str, *processes: subprocess.Popen[bytes]) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """``eventually``, failing at once when one of ``processes`` exits, and counting an unreachable server as
+    "not yet"."""
+
+    def alive_and_checked() -> Any:
         for process in processes:
             assert process.poll() is None, f"{what}: a process exited with {process.returncode}"
-        try:
-            result = check()
-        except (httpx.HTTPError, OSError):
-            result = None
-        if result:
-            return result
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s")
+        return check()
+
+    return eventually(alive_and_checked, what=what, timeout=timeout, interval=0.5, ignoring=(httpx.HTTPError, OSError))
 
 
 def test_a_planted_prompt_appears_in_no_log_line_of_any_role(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from inferq.config.settings import Settings
 from inferq.queue.jobs import Job, JobRequest
 from inferq.queue.protocol import Queue
 from inferq.redis.faults import Fault, FaultRun
+from tests.support.waiting import eventually_async
 
 REPO = Path(__file__).resolve().parents[3]
 TENANT = "acme"
@@ -43,26 +44,12 @@ async def submit(queue: Queue, body: dict[str, Any] | None = None, **request: An
     return job
 
 
-async def eventually(
-    check: Callable[[], Awaitable[Any]], timeout: float = 10.0, interval: float = 0.05, what: str = "condition"
-) -> Any:
-    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(interval)
-
-
 async def terminal(queue: Queue, job_id: str, timeout: float = 10.0) -> Job:
     async def check() -> Job | None:
         job = await queue.get(job_id)
         return job if job is not None and job.status.terminal else None
 
-    result: Job = await eventually(check, timeout, what=f"job {job_id} to end")
+    result: Job = await eventually_async(check, what=f"job {job_id} to end", timeout=timeout)
     return result
 
 
@@ -71,7 +58,7 @@ async def status_is(queue: Queue, job_id: str, status: str, timeout: float = 10.
         job = await queue.get(job_id)
         return job if job is not None and job.status.value == status else None
 
-    result: Job = await eventually(check, timeout, what=f"job {job_id} to be {status}")
+    result: Job = await eventually_async(check, what=f"job {job_id} to be {status}", timeout=timeout)
     return result
 
 
@@ -183,7 +170,7 @@ class WorkerProcess:
                 raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
             return bool(await queue.redis.hexists(queue.keys.workers, self.name))
 
-        await eventually(check, timeout, what=f"{self.name} to heartbeat")
+        await eventually_async(check, what=f"{self.name} to heartbeat", timeout=timeout)
 
     def stop(self) -> None:
         """Cleanup: SIGKILL if still running."""

@@ -19,6 +19,7 @@ from gpu_worker.worker import Worker
 from inferq.config.settings import Settings
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Queue
+from tests.support.waiting import eventually_async
 
 from .support import REPO, chat, submit, terminal, worker_env, worker_processes
 
@@ -118,25 +119,21 @@ async def test_the_pull_loop_takes_only_what_the_current_window_has_room_for(set
     backend = MockBackend(queue.redis, queue.keys)
     window = ManualWindow(2)
     worker = Worker(settings, queue, backend, window=window, burst=True)
-    seen: dict[int, int] = {}
     task = asyncio.create_task(worker.run())
-    steps = {0: 2, 1: 6, 2: 1}
-    for phase, size in steps.items():
-        if phase:
-            window.set(size)
-        for _ in range(40):  # ~0.8 s per phase: several 150 ms jobs go through at each size
-            await asyncio.sleep(0.02)
-            seen[size] = max(seen.get(size, 0), worker.in_flight if worker.window.size == size else 0)
-        if phase == 2:  # after a shrink the jobs already running finish; then at most one at a time
-            while worker.in_flight > 1:
-                await asyncio.sleep(0.01)
-            for _ in range(20):
-                await asyncio.sleep(0.02)
-                assert worker.in_flight <= 1
+    await eventually_async(lambda: worker.in_flight == 2, what="two jobs in flight in a window of 2")
+    window.set(6)
+    await eventually_async(lambda: worker.in_flight == 6, what="six in flight: the pull loop woke and filled the "
+                           "new slots")
+    window.set(1)  # after a shrink the jobs already running finish; then at most one at a time
+    await eventually_async(lambda: worker.in_flight <= 1, what="the jobs running at the shrink to finish")
+    most = 0
+    for _ in range(20):  # proves a negative: no second job is taken for 0.4 s (several 150 ms jobs)
+        await asyncio.sleep(0.02)
+        most = max(most, worker.in_flight)
+    assert most <= 1
     window.set(8)
     await task
     assert await all_succeeded(queue, ids)
-    assert seen[2] == 2 and seen[6] == 6  # grew: the pull loop woke and filled the new slots
 
 
 async def test_a_worker_process_runs_with_window_auto_and_publishes_its_window(settings: Settings,

@@ -29,6 +29,7 @@ from inferq.config.settings import Settings, SettingsError
 from inferq.queue.jobs import Job, JobStatus
 from inferq.queue.protocol import Queue
 from inferq.redis.coalescing import Coalescer
+from tests.support.waiting import eventually_async
 
 TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -134,15 +135,17 @@ async def test_mock_counts_the_calls_of_one_turn_in_one_script_run_and_a_resent_
     assert len([k async for k in queue.redis.scan_iter(f"{queue.keys.mock_calls}:*")]) == 3
 
 
+async def _counted(queue: Queue, job_id: str) -> bool:
+    return await queue.redis.hget(queue.keys.mock_calls, job_id) == "1"
+
+
 async def test_mock_counts_a_call_alongside_its_latency_and_answers_or_fails_only_once_counted(
     mock: MockBackend, queue: Queue
 ) -> None:
     # the count is written while the simulated model time runs: no instrumentation round trip in a job's latency
     slow = {"messages": [{"role": "user", "content": "x"}], "mock": {"latency_ms": 5000}}
     running = asyncio.create_task(call(mock, make_job(slow, job_id="job_slow")))
-    async with asyncio.timeout(4):
-        while await queue.redis.hget(queue.keys.mock_calls, "job_slow") != "1":
-            await asyncio.sleep(0.01)
+    await eventually_async(lambda: _counted(queue, "job_slow"), what="the slow call counted", timeout=4)
     assert not running.done()
     running.cancel()  # an aborted call stays counted once
     with pytest.raises(asyncio.CancelledError):
@@ -161,7 +164,10 @@ async def test_mock_counts_a_call_alongside_its_latency_and_answers_or_fails_onl
     gate = asyncio.Event()
     count = mock._count
 
+    waiting_for_count: set[str] = set()
+
     async def held(calls: list[str]) -> list[int]:
+        waiting_for_count.update(calls)
         await gate.wait()
         return await count(calls)
 
@@ -174,7 +180,8 @@ async def test_mock_counts_a_call_alongside_its_latency_and_answers_or_fails_onl
     }
     calls = {job_id: asyncio.create_task(call(mock, make_job(body, job_id=job_id))) for job_id, body in bodies.items()}
     long = asyncio.create_task(call(mock, make_job(slow, job_id="job_long")))
-    await asyncio.sleep(0.3)
+    await eventually_async(lambda: waiting_for_count >= {*bodies, "job_long"},
+                           what="every call waiting for its count")
     assert not any(task.done() for task in calls.values())
     assert (await mock.load()).running == 1  # the long call's model time runs while its count is held
     gate.set()

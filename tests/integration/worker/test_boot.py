@@ -20,8 +20,9 @@ from gpu_worker.__main__ import _model_server_ready
 from inferq.config.settings import Settings
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Queue
+from tests.support.waiting import eventually_async
 
-from .support import WorkerProcess, eventually, submit, terminal
+from .support import WorkerProcess, submit, terminal
 
 
 class Health:
@@ -104,8 +105,8 @@ async def test_a_stop_request_ends_the_wait(settings: Settings, queue: Queue) ->
     try:
         stopped = asyncio.Event()
         waiting = asyncio.create_task(_model_server_ready(settings.replace(openai_base_url=server.url), queue, stopped))
-        await asyncio.sleep(0.5)
-        assert not waiting.done()
+        await eventually_async(lambda: server.seen >= 2, what="the worker polling /health again")
+        assert not waiting.done()  # still loading: it waits
         stopped.set()
         await asyncio.wait_for(waiting, 5)
     finally:
@@ -122,7 +123,7 @@ async def test_a_worker_started_beside_a_loading_model_server_takes_no_job_until
     job = await submit(queue)
     worker = WorkerProcess(settings, tmp_path, "beside", INFERQ_BACKEND="openai", INFERQ_OPENAI_BASE_URL=server.url)
     try:
-        await eventually(lambda: asyncio.sleep(0, server.seen > 0), timeout=30, what="the worker polling /health")
+        await eventually_async(lambda: asyncio.sleep(0, server.seen > 0), what="the worker polling /health", timeout=30)
         assert server.up_at is None and worker.alive()
         assert not await queue.redis.hexists(queue.keys.workers, "beside")  # no heartbeat while the model loads
         queued = await queue.get(job.id, "acme")

@@ -17,8 +17,9 @@ from inferq.queue import claimcheck
 from inferq.queue.protocol import Queue
 from tests.support import s3 as moto_s3
 from tests.support.s3 import MotoS3
+from tests.support.waiting import eventually_async
 
-from .support import TENANT, Receiver, chat, eventually, mock_calls, running_worker, submit, terminal
+from .support import TENANT, Receiver, chat, mock_calls, running_worker, submit, terminal
 
 s3 = moto_s3.s3  # the moto S3 server and a fresh bucket: fixtures shared by the claim-check tests
 bucket = moto_s3.bucket
@@ -49,7 +50,7 @@ async def test_s3_down_when_the_body_is_read_is_retried_and_the_job_not_lost(
     job = await submit(queue, claim_body(s3, bucket, text))
     s3.stop()
     async with running_worker(settings.replace(files_bucket=bucket), queue):
-        await eventually(lambda: _at_least(queue, job.id, 2), timeout=60, what="a retried attempt")
+        await eventually_async(lambda: _at_least(queue, job.id, 2), what="a retried attempt", timeout=60)
         assert await mock_calls(queue, job.id) == 0  # the model is never called without its body
         s3.start()
         done = await terminal(queue, job.id, timeout=60)
@@ -68,7 +69,7 @@ async def test_s3_down_when_a_large_result_is_stored_is_retried_and_the_job_not_
     job = await submit(queue, chat(text))
     s3.stop()
     async with running_worker(settings.replace(files_bucket=bucket, inline_max_bytes=1024), queue):
-        await eventually(lambda: _at_least(queue, job.id, 2), timeout=60, what="a retried attempt")
+        await eventually_async(lambda: _at_least(queue, job.id, 2), what="a retried attempt", timeout=60)
         s3.start()
         done = await terminal(queue, job.id, timeout=60)
     assert done.status.value == "succeeded", done.error
@@ -110,7 +111,7 @@ async def test_a_webhook_carries_a_claimed_result_as_a_presigned_url(
         worker_settings = settings.replace(files_bucket=bucket, inline_max_bytes=1024, webhook_allow_private=True)
         async with running_worker(worker_settings, queue):
             await terminal(queue, job.id, timeout=30)
-            await eventually(lambda: _received(receiver), timeout=30, what="the webhook")
+            await eventually_async(lambda: _received(receiver), what="the webhook", timeout=30)
     finally:
         receiver.close()
     sent = json.loads(receiver.requests[0][3])
@@ -182,7 +183,7 @@ async def test_a_job_cancelled_while_running_has_its_body_deleted_by_the_worker_
 ) -> None:
     job = await submit(queue, claim_body(s3, bucket, "slow " * 20_000, latency_ms=60_000))
     async with running_worker(settings.replace(files_bucket=bucket), queue):
-        await eventually(lambda: _running(queue, job.id), timeout=30, what="the job running")
+        await eventually_async(lambda: _running(queue, job.id), what="the job running", timeout=30)
         await queue.cancel(TENANT, job.id)
         done = await terminal(queue, job.id, timeout=30)
     assert done.status.value == "cancelled"
@@ -196,7 +197,7 @@ async def test_s3_down_when_an_ended_jobs_body_is_deleted_leaves_the_job_done_an
     the lifecycle rule on claims/ removes later."""
     job = await submit(queue, claim_body(s3, bucket, "keep " * 20_000, latency_ms=1500))
     async with running_worker(settings.replace(files_bucket=bucket, inline_max_bytes=1024 * 1024), queue):
-        await eventually(lambda: mock_calls(queue, job.id), timeout=30, what="the model called")
+        await eventually_async(lambda: mock_calls(queue, job.id), what="the model called", timeout=30)
         s3.stop()  # its body was read: the model is answering
         done = await terminal(queue, job.id, timeout=60)
     assert done.status.value == "succeeded" and done.attempts == 1, done

@@ -11,8 +11,9 @@ from gpu_worker.worker import Worker
 from inferq.config.settings import Settings
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Queue
+from tests.support.waiting import eventually_async
 
-from .support import Receiver, chat, eventually, running_worker, submit, terminal
+from .support import Receiver, chat, running_worker, submit, terminal
 
 
 def _runs(worker: Worker) -> int:
@@ -31,17 +32,18 @@ async def test_a_surplus_worker_drains_under_load_and_pulls_again_when_taken_bac
     protection = TaskProtection(agent.url + "/v1/newest", expires_minutes=5, idle_grace_s=0.2)
     try:
         async with running_worker(settings, queue, worker_id="oldest") as oldest:
-            await eventually(lambda: queue.redis.hexists(queue.keys.fleet, "oldest"), what="oldest in the fleet")
+            await eventually_async(lambda: queue.redis.hexists(queue.keys.fleet, "oldest"), what="oldest in the fleet")
             async with running_worker(settings, queue, worker_id="newest", protection=protection) as newest:
-                await eventually(lambda: queue.redis.hexists(queue.keys.fleet, "newest"), what="newest in the fleet")
+                await eventually_async(lambda: queue.redis.hexists(queue.keys.fleet, "newest"),
+                                       what="newest in the fleet")
                 first = [await submit(queue, chat(f"a{i}", latency_ms=400)) for i in range(8)]
 
                 async def both_busy() -> bool:
                     return bool(newest.in_flight) and bool(oldest.in_flight)
 
-                await eventually(both_busy, what="both workers running jobs")
+                await eventually_async(both_busy, what="both workers running jobs")
                 await _set_target(queue, 1)
-                await eventually(lambda: _true(newest.fleet.surplus), what="newest to see itself surplus")
+                await eventually_async(lambda: _true(newest.fleet.surplus), what="newest to see itself surplus")
                 held_then = _runs(newest) + newest.in_flight
 
                 # work keeps coming; the surplus worker takes none of it, empties, and drops protection
@@ -59,11 +61,11 @@ async def test_a_surplus_worker_drains_under_load_and_pulls_again_when_taken_bac
                     bodies = [body for _, _, _, body in agent.requests]
                     return bool(bodies) and b'"ProtectionEnabled": false' in bodies[-1].replace(b'":false', b'": false')
 
-                await eventually(unprotected, 5, what="protection dropped")
+                await eventually_async(unprotected, what="protection dropped", timeout=5)
 
                 # taken back: it pulls again, no restart needed
                 await _set_target(queue, 2)
-                await eventually(lambda: _true(not newest.fleet.surplus), what="newest back within the target")
+                await eventually_async(lambda: _true(not newest.fleet.surplus), what="newest back within the target")
                 before = _runs(newest)
                 more = [await submit(queue, chat(f"c{i}", latency_ms=300)) for i in range(12)]
                 for job in more:
@@ -106,5 +108,5 @@ async def test_a_worker_publishes_its_output_tokens_and_the_backlog_tokens_fall_
             record = await queue.redis.hget(queue.keys.fleet, "counting")
             return record is not None and record.split(" ")[1:2] == ["4"] and int(record.split(" ")[3]) == tokens
 
-        await eventually(published, what="the fleet record with the worker's tokens")
+        await eventually_async(published, what="the fleet record with the worker's tokens")
     assert int(await queue.redis.hget(queue.keys.stats, "backlog_tokens") or 0) == 0

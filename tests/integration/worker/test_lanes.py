@@ -5,7 +5,6 @@ in every lane, each job staying in its lane."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -15,8 +14,10 @@ from gpu_worker.worker import Worker
 from inferq.config.settings import Settings
 from inferq.queue.jobs import LANES, Job, JobRequest, JobStatus, Priority
 from inferq.queue.protocol import Queue, now_ms
+from tests.support.blocked import blocked_in
+from tests.support.waiting import eventually_async
 
-from .support import chat, eventually, mock_calls, running_worker, status_is, submit, terminal
+from .support import chat, mock_calls, running_worker, status_is, submit, terminal
 
 
 class RecordingBackend(MockBackend):
@@ -28,10 +29,11 @@ class RecordingBackend(MockBackend):
         self.ids: list[str] = []
 
     async def complete(self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str,
-                       job: Job) -> tuple[int, Any]:
+                       job: Job, output: Any = None) -> tuple[int, Any]:
         self.lanes.append(job.priority)
         self.ids.append(job.id)
-        return await super().complete(url, body, timeout_s=timeout_s, traceparent=traceparent, job=job)
+        return await super().complete(url, body, timeout_s=timeout_s, traceparent=traceparent, job=job,
+                                          output=output)
 
 
 async def lane_of_entries(queue: Queue, job_id: str) -> list[Priority]:
@@ -61,7 +63,7 @@ async def test_a_low_backlog_gets_a_tenth_of_the_takes_under_a_constant_high_str
     await queue.enqueue_many("acme", [_request(Priority.HIGH) for _ in range(120)])
     backend = RecordingBackend(queue)
     async with running_worker(settings.replace(window=1, drain_s=0), queue, backend, webhooks=False):
-        await eventually(lambda: _at_least(backend, 100), timeout=60, what="100 takes")
+        await eventually_async(lambda: _at_least(backend, 100), what="100 takes", timeout=60)
     first = backend.lanes[:100]
     assert first.count(Priority.LOW) >= 10, first
     assert first.count(Priority.HIGH) >= 80, first
@@ -141,8 +143,11 @@ async def test_a_job_whose_ttl_passed_expires_without_running(settings: Settings
 
 
 async def test_a_worker_idle_on_every_lane_wakes_for_a_job_in_any_lane(settings: Settings, queue: Queue) -> None:
+    async def blocked_reading() -> bool:
+        return await blocked_in(queue.redis, "xreadgroup") > 0
+
     async with running_worker(settings, queue, webhooks=False):
-        await asyncio.sleep(0.3)  # it is blocked across the three empty lanes now
+        await eventually_async(blocked_reading, what="the worker blocked across the three empty lanes")
         for lane in (Priority.LOW, Priority.HIGH, Priority.NORMAL):
             job = await submit(queue, chat(lane.value), priority=lane)
             assert (await terminal(queue, job.id, timeout=5)).status is JobStatus.SUCCEEDED

@@ -66,7 +66,7 @@ async def test_a_worker_serves_the_queue_window_and_served_name_of_its_model(
         assert await embed.redis.hexists(chat_queue.keys.workers, "embed-1") == 0  # it serves embed only
         slow = [await submit(embed, {**chat("slow", latency_ms=4000), "model": "embed"}) for _ in range(5)]
         await status_is(embed, slow[2].id, "running")
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # proves a negative: no fourth job starts beside the three
         statuses = [(await embed.get(j.id)).status for j in slow]  # type: ignore[union-attr]
         assert statuses.count(JobStatus.RUNNING) == 3  # embed's window, not the default 8
         worker.kill()

@@ -17,8 +17,9 @@ from gpu_worker.backends.openai import OpenAIBackend
 from gpu_worker.worker import Worker
 from inferq.config.settings import Settings
 from inferq.queue.protocol import Queue
+from tests.support.waiting import eventually_async
 
-from .support import chat, eventually, running_worker, submit, terminal
+from .support import chat, running_worker, submit, terminal
 
 POISON = "poison-prompt-7f3a: please crash"
 FLAKY = "flaky-prompt-91bc"
@@ -194,7 +195,7 @@ async def test_a_server_that_was_never_reached_is_an_ordinary_retry_not_poison(
         return int(await queue.redis.hget(queue.keys.job(job.id), "attempts") or 0) >= 3
 
     async with running_worker(settings, queue, backend):
-        await eventually(retried_twice, 20, what="two retries")
+        await eventually_async(retried_twice, what="two retries", timeout=20)
     await backend.aclose()
 
     record = await queue.redis.hgetall(queue.keys.job(job.id))

@@ -13,8 +13,9 @@ from emulator.valkey import free_port
 from inferq.config.settings import Settings
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Queue
+from tests.support.waiting import eventually_async
 
-from .support import REPO, chat, eventually, mock_calls, status_is, submit, terminal, worker_env, worker_processes
+from .support import REPO, chat, mock_calls, status_is, submit, terminal, worker_env, worker_processes
 
 
 def test_a_bad_setting_stops_the_worker_with_exit_2_naming_the_variable(settings: Settings) -> None:
@@ -77,7 +78,7 @@ async def test_sigterm_drains_then_hands_unfinished_work_over_at_once(
         async def called_twice() -> bool:
             return await mock_calls(queue, long.id) == 2
 
-        await eventually(called_twice, timeout=15, what="the second worker's call of the long job")
+        await eventually_async(called_twice, what="the second worker's call of the long job", timeout=15)
         # handed over by the release, not taken back by a reclaim after the 60 s claim-idle
         assert (await queue.stats()).get("reclaimed", 0) == 0
         second.kill()

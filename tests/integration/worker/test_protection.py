@@ -12,8 +12,9 @@ from gpu_worker.protection import TaskProtection, expires_minutes
 from inferq.config.settings import Settings
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Queue
+from tests.support.waiting import eventually_async
 
-from .support import Receiver, chat, eventually, running_worker, submit, terminal
+from .support import Receiver, chat, running_worker, submit, terminal
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ async def test_protection_follows_busy_and_idle_transitions_only(
             async def idle_again() -> bool:
                 return len(agent.requests) % 2 == 0 and len(agent.requests) > 0
 
-            await eventually(idle_again, 5, what="protection off")
+            await eventually_async(idle_again, what="protection off", timeout=5)
             await asyncio.sleep(0.3)
     on = {"ProtectionEnabled": True, "ExpiresInMinutes": 12}
     off = {"ProtectionEnabled": False}
@@ -62,7 +63,7 @@ async def test_a_short_idle_gap_between_jobs_keeps_protection(
         async def off() -> bool:
             return len(agent.requests) == 2
 
-        await eventually(off, 5, what="protection off after the grace")
+        await eventually_async(off, what="protection off after the grace", timeout=5)
     assert puts(agent) == [{"ProtectionEnabled": True, "ExpiresInMinutes": 5}, {"ProtectionEnabled": False}]
 
 

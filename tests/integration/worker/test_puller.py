@@ -18,8 +18,9 @@ from gpu_worker.window import StaticWindow
 from inferq.config.settings import Settings
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Delivery, Queue
+from tests.support.waiting import eventually_async
 
-from .support import chat, counting_faults, eventually, settler_for, submit
+from .support import chat, counting_faults, settler_for, submit
 
 
 class Harness:
@@ -70,10 +71,10 @@ async def test_the_puller_reads_only_what_the_window_has_room_for(settings: Sett
         await submit(queue, chat(f"q{i}"))
     harness = Harness(settings, queue, window=3)
     async with harness.running():
-        await eventually(lambda: harness.count(3), what="three jobs started")
+        await eventually_async(lambda: harness.count(3), what="three jobs started")
         assert (await queue.observe()).lag == 7  # one read of three: the rest was never read
         await harness.finish(harness.started[0])
-        await eventually(lambda: harness.count(4), what="a fourth job once a slot was freed")
+        await eventually_async(lambda: harness.count(4), what="a fourth job once a slot was freed")
         observation = await queue.observe()
         assert observation.lag == 6 and observation.pending == 3
 
@@ -84,13 +85,13 @@ async def test_reclaim_takes_over_one_suspect_at_a_time(settings: Settings, queu
     await queue.read("dead-worker", 2)  # a worker that took both and died
     harness = Harness(settings, queue, window=4)
     async with harness.running():
-        await eventually(lambda: harness.count(1), what="the first entry reclaimed")
+        await eventually_async(lambda: harness.count(1), what="the first entry reclaimed")
         [suspect] = harness.started
         assert suspect.suspect and suspect.delivery.reclaimed and suspect.delivery.job.id in {j.id for j in jobs}
         await asyncio.sleep(1.2)  # proves a negative: two reclaim periods pass, and no second suspect is taken
         assert len(harness.started) == 1
         await harness.finish(suspect)
-        await eventually(lambda: harness.count(2), what="the next suspect once the first ended")
+        await eventually_async(lambda: harness.count(2), what="the next suspect once the first ended")
         assert harness.started[1].suspect
     assert harness.settler.metrics.reclaimed._value.get() == 2
 
@@ -107,7 +108,7 @@ async def test_a_surplus_worker_takes_nothing_until_the_target_takes_it_back(set
         assert harness.started == [] and (await queue.observe()).lag == 1
         await queue.redis.hset(queue.keys.scale, mapping={"target": 1, "at": time.time()})
         await harness.fleet.check()
-        await eventually(lambda: harness.count(1), what="the job taken once the worker was taken back")
+        await eventually_async(lambda: harness.count(1), what="the job taken once the worker was taken back")
 
 
 async def test_what_is_read_as_the_worker_stops_is_given_back_at_once(settings: Settings, queue: Queue) -> None:
@@ -118,7 +119,7 @@ async def test_what_is_read_as_the_worker_stops_is_given_back_at_once(settings: 
         async def blocked() -> bool:
             return int((await queue.redis.info("clients"))["blocked_clients"]) > before
 
-        await eventually(blocked, what="the puller's blocking read")
+        await eventually_async(blocked, what="the puller's blocking read")
         harness.stopping.set()
         job = await submit(queue, chat("late"))  # the blocked read returns it to a stopping puller
     record = await queue.get(job.id)

@@ -17,8 +17,9 @@ from gpu_worker.window import StaticWindow
 from inferq.config.settings import Settings
 from inferq.queue.jobs import Job, JobStatus
 from inferq.queue.protocol import Delivery, Queue
+from tests.support.waiting import eventually_async
 
-from .support import chat, eventually, mock_calls, settler_for, submit
+from .support import chat, mock_calls, settler_for, submit
 
 
 class Harness:
@@ -80,7 +81,7 @@ async def _aborted(queue: Queue, harness: Harness, reason: str) -> tuple[Attempt
     async def at_engine() -> bool:
         return await mock_calls(queue, delivery.job.id) == 1
 
-    await eventually(at_engine, what="the call under way")
+    await eventually_async(at_engine, what="the call under way")
     assert attempt.cancel(reason) and attempt.task is not None
     await asyncio.wait_for(attempt.task, 5)
     job = await queue.get(delivery.job.id)
@@ -104,7 +105,7 @@ class DyingEngine(MockBackend):
     """The mock, but its model server dies under every call."""
 
     async def complete(self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str,
-                       job: Job) -> tuple[int, Any]:
+                       job: Job, output: Any = None) -> tuple[int, Any]:
         raise EngineDied("the model server died while running the request (ConnectionResetError)")
 
 

@@ -20,8 +20,9 @@ from inferq.config.settings import Settings
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Delivery, Outcome, Queue
 from inferq.redis.faults import Fault
+from tests.support.waiting import eventually_async
 
-from .support import chat, eventually, settler_for, submit
+from .support import chat, settler_for, submit
 
 
 async def taken(queue: Queue, count: int = 1) -> list[Delivery]:
@@ -114,7 +115,7 @@ async def test_a_full_redis_is_waited_out_and_the_finish_written_once_memory_is_
     server.set_maxmemory("1")
     try:
         write = asyncio.create_task(settler.settle(delivery, succeeded({"status_code": 200, "body": {}})))
-        await eventually(lambda: _true(len(seen) >= 2), what="the write to be refused and tried again")
+        await eventually_async(lambda: _true(len(seen) >= 2), what="the write to be refused and tried again")
         assert not write.done() and set(seen) == {Fault.CAPACITY}
     finally:
         server.set_maxmemory("0")

@@ -32,8 +32,9 @@ from inferq.webhooks import sender as webhooks
 from inferq.webhooks.guarded_http import GuardedTransport
 from inferq.webhooks.sender import LEASE_MS, WebhookSender, deliver_webhooks
 from tests.support.tls import private_ca
+from tests.support.waiting import eventually_async
 
-from .support import chat, eventually, submit
+from .support import chat, submit
 
 
 class HookServer:
@@ -153,8 +154,8 @@ async def test_several_consumers_and_a_slow_receiver_post_each_webhook_exactly_o
     async def all_posted() -> bool:
         return len(receiver.job_ids()) == len(ids)
 
-    await eventually(all_posted, timeout=90, interval=0.2, what="150 webhooks")
-    await eventually(lambda: no_pending(queue), timeout=30, what="every entry acknowledged")
+    await eventually_async(all_posted, what="150 webhooks", timeout=90, interval=0.2)
+    await eventually_async(lambda: no_pending(queue), what="every entry acknowledged", timeout=30)
     # a duplicate comes once a delivered entry idles past the lease and a peer claims it: wait that out, twice
     await asyncio.sleep(2 * LEASE_MS / 1000 + 1)
     stop.set()
@@ -202,7 +203,7 @@ async def test_a_stopping_sender_starts_no_new_post(settings: Settings, queue: Q
     stop = asyncio.Event()
     sender = WebhookSender(queue, settings, "stopping", concurrency=1)
     task = asyncio.create_task(sender.run(stop))
-    await eventually(lambda: asyncio.sleep(0, result=bool(receiver.requests)), timeout=10, what="a first POST")
+    await eventually_async(lambda: asyncio.sleep(0, result=bool(receiver.requests)), what="a first POST", timeout=10)
     stop.set()
     await asyncio.wait_for(task, 10)
     await sender.aclose()

@@ -19,8 +19,9 @@ from inferq.queue.keys import WEBHOOK_GROUP
 from inferq.queue.protocol import Queue
 from inferq.webhooks.sender import WebhookSender, deliver_webhooks
 from inferq.webhooks.signing import verify
+from tests.support.waiting import eventually_async
 
-from .support import Receiver, chat, eventually, submit, terminal, worker_processes
+from .support import Receiver, chat, submit, terminal, worker_processes
 
 SECRET = "whsec_" + base64.b64encode(b"a test key of some length").decode()
 
@@ -49,7 +50,7 @@ async def test_webhook_is_signed_retried_after_a_500_with_the_same_webhook_id_an
         async def two_posts() -> bool:
             return len(receiver.requests) >= 2
 
-        await eventually(two_posts, timeout=15, what="the webhook retry")
+        await eventually_async(two_posts, what="the webhook retry", timeout=15)
         await asyncio.sleep(1.5)  # nothing more comes once it was delivered
         worker.terminate()
         assert await worker.wait() == 0
@@ -101,7 +102,7 @@ async def test_a_failed_delivery_waits_out_its_backoff_and_is_not_taken_by_anoth
     async def retried() -> bool:
         return (await second.deliver_once()).delivered == 1
 
-    await eventually(retried, timeout=10, interval=0.2, what="the retry")
+    await eventually_async(retried, what="the retry", timeout=10, interval=0.2)
     assert time.monotonic() - started >= 2.5  # the lease: 3 s after the failed attempt
     assert len(receiver.requests) == 2
     await first.aclose()

@@ -16,8 +16,9 @@ from gpu_worker.worker import Worker
 from inferq.config.settings import Settings
 from inferq.queue.jobs import Job, JobStatus
 from inferq.queue.protocol import Queue
+from tests.support.waiting import eventually_async
 
-from .support import chat, eventually, mock_calls, running_worker, status_is, submit, terminal, terminal_events
+from .support import chat, mock_calls, running_worker, status_is, submit, terminal, terminal_events
 
 
 class CountingBackend(MockBackend):
@@ -30,12 +31,13 @@ class CountingBackend(MockBackend):
         self.traceparents: list[str] = []
 
     async def complete(self, url: str, body: dict[str, Any], *, timeout_s: float, traceparent: str,
-                       job: Job) -> tuple[int, Any]:
+                       job: Job, output: Any = None) -> tuple[int, Any]:
         self.running += 1
         self.most = max(self.most, self.running)
         self.traceparents.append(traceparent)
         try:
-            return await super().complete(url, body, timeout_s=timeout_s, traceparent=traceparent, job=job)
+            return await super().complete(url, body, timeout_s=timeout_s, traceparent=traceparent, job=job,
+                                          output=output)
         finally:
             self.running -= 1
 
@@ -83,8 +85,8 @@ async def test_the_next_job_goes_to_the_backend_while_an_outcome_is_written_and_
             return len(backend.traceparents) == 2
 
         # the first outcome is held: the second job was still taken and called, the third was not (2 x window)
-        await eventually(two_calls, what="the second call")
-        await asyncio.sleep(0.3)
+        await eventually_async(two_calls, what="the second call")
+        await asyncio.sleep(0.3)  # proves a negative: the third job is not taken while the first outcome is held
         assert len(backend.traceparents) == 2 and backend.most == 1 and worker.in_flight == 2
         gate.set()
         for job in jobs:
@@ -235,7 +237,7 @@ async def test_heartbeat_reports_in_flight_and_stop_deregisters(settings: Settin
             beat = await queue.redis.hget(queue.keys.workers, "beater")
             return beat is not None and beat.endswith(" 1")
 
-        await eventually(beats_one, 5, what="a heartbeat with one job in flight")
+        await eventually_async(beats_one, what="a heartbeat with one job in flight", timeout=5)
         observation = await queue.observe()
         assert observation.workers == 1 and observation.in_flight == 1
     assert await queue.redis.hget(queue.keys.workers, "beater") is None
@@ -305,12 +307,12 @@ async def test_the_lease_keeper_outlives_a_failover_and_no_long_job_runs_twice(
             await status_is(queue, job.id, "running")
         # an idle worker keeps trying to reclaim idle entries all along
         async with running_worker(settings, queue, worker_id="thief", webhooks=False):
-            await eventually(lambda: queue.redis.hexists(queue.keys.workers, "thief"), what="the thief to start")
+            await eventually_async(lambda: queue.redis.hexists(queue.keys.workers, "thief"), what="the thief to start")
             await asyncio.to_thread(fail_over, primary, replica)
             await asyncio.sleep(1.5)
             await asyncio.to_thread(fail_over, replica, primary)
             renewals = first.leases.renewals
-            await eventually(lambda: _more(first, renewals), timeout=10, what="renewals after the failover")
+            await eventually_async(lambda: _more(first, renewals), what="renewals after the failover", timeout=10)
             for job in jobs:
                 assert (await terminal(queue, job.id, timeout=30)).status is JobStatus.SUCCEEDED
                 assert await mock_calls(queue, job.id) == 1

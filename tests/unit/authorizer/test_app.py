@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -26,6 +25,7 @@ from moto import mock_aws
 from functions.gateway.auth import KeysUnavailable
 from inferq.config.settings import SettingsError
 from tests.conftest import load_event
+from tests.support.clock import FakeClock
 
 ROOT = Path(__file__).resolve().parents[3]
 MODULE = "functions.authorizer.app"
@@ -155,15 +155,15 @@ def test_a_revoked_key_is_refused_once_the_cache_expires(
 def test_an_unreadable_secret_serves_the_last_keys_for_a_bounded_time_then_fails_closed(
     secrets: Any, load_authorizer: Callable[..., ModuleType]
 ) -> None:
-    # the bound is what is tested: 2 s past the last good read (room for a loaded machine between the calls)
     handler = load_authorizer(INFERQ_API_KEYS_SECRET=SECRET, INFERQ_API_KEYS_CACHE_S="0",
                               INFERQ_API_KEYS_MAX_STALE_S="2").handler
+    clock = FakeClock()
+    handler.keys.secret.clock = clock  # the store the module made, on a clock the test moves
     assert handler(event(x_api_key=KEY_S), None)["isAuthorized"] is True
-    read_at = time.monotonic()
     secrets.delete_secret(SecretId=SECRET, ForceDeleteWithoutRecovery=True)  # Secrets Manager cannot answer
     assert handler(event(x_api_key=KEY_S), None)["isAuthorized"] is True  # stale, within the bound
     assert handler(event(x_api_key="unknown-key"), None) == {"isAuthorized": False}
-    time.sleep(max(0.0, read_at + 2.2 - time.monotonic()))
+    clock.advance(2)  # 2 s past the last good read: the bound
     with pytest.raises(KeysUnavailable):
         handler(event(x_api_key=KEY_S), None)
     with pytest.raises(KeysUnavailable):  # and stays refused: no good key is called bad, no bad key let through

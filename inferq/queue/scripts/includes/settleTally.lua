@@ -1,14 +1,15 @@
 --[[
   Write the counters terminate added up in a tally (the queue's and the tenants' unfinished jobs, the terminal
-  status counts, latency_ms_total, webhook_events, backlog_tokens) and the usage rows (meter): one increment per
-  counter for all the jobs the tally holds.
+  status counts, latency_ms_total, webhook_events, backlog_tokens), the usage rows (meter) and the tenants' charges
+  for the records the jobs leave behind (holdRecord): one increment per counter for all the jobs the tally holds.
   terminate calls it for a job of its own; a script ending several jobs calls it once for them all (terminate
-  includes it, after the meter include it needs).
+  includes it, after the meter and holdRecord includes it needs).
 ]]
 local function settleTally(statsKey, tenantsKey, tally)
   if tally.n == 0 then
     return
   end
+  holdFlush(tally)
   meterFlush(tally.rows)
   rcall('HINCRBY', statsKey, 'unfinished', -tally.n)
   for status, count in pairs(tally.statuses) do

@@ -6,7 +6,7 @@
   tokens field, which the scaler sizes the fleet by), starts the result TTL (or keeps the record until its keep_until, a
   batch line's: its batch's end).
   extra: flat list of more job fields to set (result, error, dead_lettered, ...).
-  known (optional): {tenant, webhook_url, created_at, tokens} of the job, when the caller has read them already (one
+  known (optional): {tenant, webhook_url, created_at, tokens, hold} of the job, when the caller has read them already (one
   command less on the hot path).
   metered (optional): true when the caller has counted the job's usage itself (finish: the worker's figures, added
   up by its client); otherwise it is counted here from its record (fields lane, model, run_ms, gpu_ms: what its
@@ -17,14 +17,19 @@
   The wakeup list is new here: a job turns terminal once, and redrive (the one way back) deletes the list.
   The request body is dropped here (nothing reads it once the job has ended: the record lives on for its result
   only), except for a dead-lettered job (extra sets dead_lettered), which keeps it for a redrive.
+  What the record keeps is charged to its tenant until it expires (includes/holdRecord: the script names HOLDS, the
+  per-tenant bounds hash, before its includes): the fixed HOLD_RECORD_BYTES, the record's field hold (what the
+  tenant chose at submit that the record keeps: metadata, webhook URL, the last attempt's error), what this writes
+  (extra: result, error, ...) and a dead letter's body. known may carry hold as its fifth element.
 ]]
 --- @include "meter"
+--- @include "holdRecord"
 --- @include "settleTally"
 
 local function terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId, status, now, resultTtl,
                          eventsMaxlen, extra, known, tally, metered)
-  local tenant, webhook, createdAt, tokens = unpack(known or
-    rcall('HMGET', jobKey, 'tenant', 'webhook_url', 'created_at', 'tokens'))
+  local tenant, webhook, createdAt, tokens, hold = unpack(known or
+    rcall('HMGET', jobKey, 'tenant', 'webhook_url', 'created_at', 'tokens', 'hold'))
   rcall('HSET', jobKey, 'status', status, 'finished_at', now, 'entry', '', unpack(extra))
   local keepBody = false
   for i = 1, #extra, 2 do
@@ -52,9 +57,6 @@ local function terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId
   if tenant then
     counts.tenants[tenant] = (counts.tenants[tenant] or 0) + 1
   end
-  if not tally then
-    settleTally(statsKey, tenantsKey, counts)
-  end
   rcall('XADD', eventsKey, 'MAXLEN', '~', eventsMaxlen, '*', 'job', jobId, 'status', status,
     'tenant', tenant or '', 'webhook', hooked and '1' or '0')
   rcall('EXPIRE', jobKey, resultTtl)
@@ -62,6 +64,24 @@ local function terminate(jobKey, doneKey, statsKey, tenantsKey, eventsKey, jobId
   local keepUntil = rcall('HGET', jobKey, 'keep_until')
   if keepUntil then
     rcall('EXPIREAT', jobKey, keepUntil, 'GT')
+  end
+  if tenant and tenant ~= '' then
+    -- what the record keeps from now on is charged to its tenant until it expires (includes/holdRecord)
+    local bytes = HOLD_RECORD_BYTES + (tonumber(hold) or 0)
+    for i = 2, #extra, 2 do  -- every value a string
+      bytes = bytes + #extra[i]
+    end
+    if keepBody then
+      bytes = bytes + rcall('HSTRLEN', jobKey, 'body')
+    end
+    local untilMs = now + resultTtl * 1000
+    if keepUntil then
+      untilMs = math.max(untilMs, keepUntil * 1000)
+    end
+    holdRecord(counts, tenant, bytes, untilMs)
+  end
+  if not tally then
+    settleTally(statsKey, tenantsKey, counts)
   end
   rcall('RPUSH', doneKey, status)
   rcall('EXPIRE', doneKey, 300)

@@ -1,0 +1,31 @@
+"""What one tenant holds in a queue after its jobs end, and the engine deaths its jobs caused: the per-tenant
+bounds a submit must pass (G11), kept in one hash per queue (:meth:`~inferq.queue.keys.Keys.bounds`).
+
+**Retained records.** A job's record outlives the job by the result TTL (a batch line's, by its batch's end): what
+a tenant's ended jobs leave behind is charged to the tenant in bytes when each job ends (the ``terminate`` include:
+:data:`RECORD_OVERHEAD_BYTES` plus the bytes of what the record keeps that the tenant chose: metadata, webhook URL,
+result, errors, a dead letter's body), in the hour its record expires, and given back when that hour is over. A
+submit is refused (429 ``quota_exceeded``) while the tenant's charge is at ``INFERQ_TENANT_MAX_RETAINED_BYTES``: so
+no tenant can fill a ``noeviction`` cache with records, whatever it submits and cancels at its rate limit.
+:data:`RECORD_OVERHEAD_BYTES` covers what a record costs beyond those bytes -- its fixed fields, the hash's own
+overhead, its idempotency key, its terminal event, its dead-letter entries -- and tests/integration/protocol/
+test_tenant_memory.py holds it above what a real Valkey reports (``MEMORY USAGE``) for records at every bound.
+
+**Engine deaths.** A job dead-lettered because the model server died running it (``engine_died``, ``retry.lua``) is
+a strike against its tenant; ``INFERQ_ENGINE_STRIKES`` of them within ``INFERQ_ENGINE_STRIKE_WINDOW_S`` and the
+tenant's submits to that queue (model) are refused for ``INFERQ_ENGINE_COOLOFF_S`` (429 ``engine_cooloff``): one
+tenant's poison requests cannot keep every worker of a model restarting its engine.
+
+Fields of the hash, per tenant ``t`` (a tenant name has no ``|``): ``t|kept`` (bytes charged now), ``t|<hour>``
+(bytes whose records expire in that hour, hours since the epoch), ``t|from`` and ``t|to`` (the first and last hour
+charged), ``t|deaths`` (the times of its last engine deaths, ms, space-separated), ``t|cool`` (when its cool-off
+ends, ms).
+"""
+
+from __future__ import annotations
+
+BUCKET_MS = 3_600_000
+"""The charge of a record is given back when the hour its record expires in is over: at most an hour late."""
+
+RECORD_OVERHEAD_BYTES = 3072
+"""What one ended job costs the cache beyond the bytes it is charged for (see the module's docstring)."""

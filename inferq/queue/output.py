@@ -1,0 +1,374 @@
+"""A job's output as it is made: the per-job output stream ``inferq:{Q}:out:<id>`` (docs/data-model.md), its writes
+and its reads.
+
+The stream holds the text of the job's first choice (``message.content`` of a chat completion, ``text`` of a
+completion) in deltas, one entry each: ``p`` (UTF-8 bytes of output before it), ``t`` (its text), ``k`` (tokens of
+the output up to and including it). The deltas in order always spell the final text, across attempts: a later
+attempt finds the output kept by the earlier ones (:func:`kept`) and continues after it, so the kept output is a
+prefix of the final text.
+
+- The worker that holds the job appends (``appendoutput.lua``: owner-checked, each delta placed by its position so a
+  resent append adds nothing) and, once the job has ended, closes the stream (``closeoutput.lua``): the text
+  entries go (the result has the whole text), an end entry wakes the readers, the stream lingers briefly.
+- A reader (:class:`OutputReader`) follows the stream from a :class:`Cursor` and, once the job has ended, takes
+  what it has not read from the final result: a reader never needs the stream to learn that a job ended, and the
+  deltas it hands out always spell the final text, whatever was flushed, lost in a failover or trimmed.
+
+The job record's ``out`` field holds the bytes the stream keeps (each append sets it, closing removes it): a worker
+starting an attempt reads the kept output only when it is there. Its ``watch`` field says that someone reads the
+output while the job runs (set at enqueue by the front door's ``stream: true``, or by a reader's first read:
+``watchoutput.lua``): only then does the worker write the output as it is made. A job nobody watches writes none while
+it runs (its result has the whole text), only what an attempt that did not succeed made, for the next to continue.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferq.queue.jobs import RECORD_FIELDS_BUT_BODY, Job, JobStatus, record_of
+from inferq.redis.connection import pipelined
+from inferq.redis.scripting import Code
+
+CLOSED_LINGER_MS = 60_000
+"""How long a closed stream (its end entry only) stays, for the readers blocked on it to wake."""
+PAGE_ENTRIES = 1000
+"""Entries one read answers at most."""
+
+_CURSOR_RE = re.compile(r"^(\d{1,20}-\d{1,20})\.(\d{1,12})\.(\d{1,12})$")
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a reader is: after stream entry ``entry``, having read ``offset`` bytes of the text in ``index``
+    deltas. Opaque to clients (``GET /v1/jobs/{id}/stream``'s ``cursor``/``after``)."""
+
+    entry: str = "0-0"
+    offset: int = 0
+    index: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.entry}.{self.offset}.{self.index}"
+
+    @classmethod
+    def parse(cls, text: str | None) -> Cursor | None:
+        """The cursor ``text`` names; a fresh one for None; None when ``text`` is no cursor."""
+        if text is None:
+            return cls()
+        match = _CURSOR_RE.match(text)
+        if match is None:
+            return None
+        return cls(match.group(1), int(match.group(2)), int(match.group(3)))
+
+
+@dataclass(frozen=True)
+class Appended:
+    """What an append answered: its code (0 or a :class:`~inferq.redis.scripting.Code`), the bytes the stream
+    keeps, and whether cancellation was requested."""
+
+    code: int
+    kept: int
+    cancel: bool
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One delta to append: whose (the job, and the delivery's entry and lease), where, what, and whether it is the
+    attempt's first append (which gives the stream its expiry, ``ttl_s``)."""
+
+    job_id: str
+    entry_id: str
+    lease: str
+    position: int
+    text: str
+    tokens: int
+    ttl_s: int
+    first: bool
+
+
+@dataclass(frozen=True)
+class Kept:
+    """The output earlier attempts kept: its text, its bytes, and its tokens as the backends counted them."""
+
+    text: str = ""
+    tokens: int = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.text.encode())
+
+
+# ---------------------------------------------------------------------- writing (the worker)
+
+
+def append_call(queue: Any, items: Sequence[Delta]) -> tuple[str, list[str], list[Any]]:
+    """The ``appendoutput`` script call of the deltas ``items`` (:data:`~inferq.queue.core.SCRIPT_BATCH` at
+    most)."""
+    keys: list[str] = []
+    args: list[Any] = [queue.settings.output_max_bytes]
+    for d in items:
+        keys += [queue.keys.job(d.job_id), queue.keys.out(d.job_id)]
+        args += [d.entry_id, d.lease, d.position, d.text, d.tokens, d.ttl_s if d.first else ""]
+    return ("appendoutput", keys, args)
+
+
+async def append_many(queue: Any, items: Sequence[Delta]) -> list[Appended]:
+    """Append the deltas ``items`` in one round trip, one script call per
+    :data:`~inferq.queue.core.SCRIPT_BATCH` of them; one answer each, in order (see ``appendoutput.lua``)."""
+    from inferq.queue.core import chunks
+
+    replies = await queue.scripts.many([append_call(queue, part) for part in chunks(items)])
+    return [Appended(int(r[0]), int(r[1]), bool(int(r[2]))) for reply in replies for r in reply]
+
+
+async def append(queue: Any, job_id: str, entry_id: str, lease: str, position: int, text: str, tokens: int, *,
+                 ttl_s: int, first: bool) -> Appended:
+    """Append ``text`` at byte ``position`` of the job's output, as the holder of delivery ``entry_id`` with
+    ``lease``; see ``appendoutput.lua``."""
+    [appended] = await append_many(queue, [Delta(job_id, entry_id, lease, position, text, tokens, ttl_s, first)])
+    return appended
+
+
+def close_call(queue: Any, job_id: str) -> tuple[str, list[str], list[Any]]:
+    return ("closeoutput", [queue.keys.job(job_id), queue.keys.out(job_id)], [CLOSED_LINGER_MS])
+
+
+async def close(queue: Any, job_ids: Sequence[str]) -> None:
+    """Close the output streams of jobs that have ended (one round trip); a job that goes on keeps its output."""
+    if job_ids:
+        await queue.scripts.many([close_call(queue, job_id) for job_id in job_ids])
+
+
+async def watch(queue: Any, job_id: str, tenant: str) -> bool:
+    """Mark a running or queued job of ``tenant`` as watched (``watchoutput.lua``): its worker writes its output as it
+    is made from now on. False when the job is unknown, another tenant's or has ended."""
+    return bool(await queue.scripts("watchoutput", [queue.keys.job(job_id)], [tenant]))
+
+
+async def kept(queue: Any, job_id: str) -> Kept:
+    """The output kept for ``job_id`` by its earlier attempts: the stream's text from its start, as far as it is
+    contiguous."""
+    entries = await queue.redis.xrange(queue.keys.out(job_id), "-", "+")
+    text, tokens, offset = [], 0, 0
+    for _, fields in entries:
+        delta = _delta(fields)
+        if delta is None:
+            continue
+        at, said, counted = delta
+        raw = said.encode()
+        if at > offset or at + len(raw) <= offset:
+            continue  # a gap (nothing to continue after it) or bytes already had
+        text.append(raw[offset - at:].decode())
+        offset = at + len(raw)
+        tokens = counted
+    return Kept("".join(text), tokens)
+
+
+# ---------------------------------------------------------------------- reading (the gateway)
+
+
+def first_choice_text(body: Any) -> str | None:
+    """The text of the first choice of a chat completion (``message.content``) or a completion (``text``)."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices:
+        return None
+    first = next((c for c in choices if isinstance(c, dict) and c.get("index") == 0), choices[0])
+    if not isinstance(first, dict):
+        return None
+    message = first.get("message")
+    text = message.get("content") if isinstance(message, dict) else first.get("text")
+    return text if isinstance(text, str) else None
+
+
+def _delta(fields: dict[str, str]) -> tuple[int, str, int] | None:
+    """An entry's (position, text, tokens); None for the end entry (or anything else)."""
+    at, said = fields.get("p"), fields.get("t")
+    if at is None or said is None:
+        return None
+    return int(at), said, int(fields.get("k") or 0)
+
+
+@dataclass
+class Page:
+    """What one read found: the deltas (``{"index", "delta"}``), the cursor to read on from, and the job as the read
+    last saw it (None: unknown, or another tenant's). ``done`` once the job has ended and its text has been handed
+    out whole."""
+
+    job: Job | None
+    cursor: Cursor
+    deltas: list[dict[str, Any]] = field(default_factory=list)
+    done: bool = False
+
+    def to_api(self) -> dict[str, Any]:
+        assert self.job is not None
+        return {"object": "list", "data": self.deltas, "cursor": str(self.cursor), "done": self.done,
+                "status": self.job.status.value}
+
+
+TextOf = Callable[[Job], Awaitable[str | None]]
+"""The text of a succeeded job's first choice, from its result (which may be held in S3: the gateway's claims)."""
+
+
+async def result_text(job: Job) -> str | None:
+    """:data:`TextOf` for results held inline."""
+    return first_choice_text((job.result or {}).get("body"))
+
+
+class OutputReader:
+    """One reader of one job's output, for one tenant (``tenant`` None: any)."""
+
+    def __init__(self, queue: Any, job_id: str, tenant: str | None, *, text_of: TextOf = result_text,
+                 slice_s: float | None = None) -> None:
+        self.queue = queue
+        self.job_id = job_id
+        self.tenant = tenant
+        self.text_of = text_of
+        self._out = queue.keys.out(job_id)
+        self._job_key = queue.keys.job(job_id)
+        # a blocking read never outlasts the client's socket timeout; between slices the job is looked at again
+        self.slice_s = slice_s or max(0.1, queue.settings.redis_timeout_s * 0.5)
+
+    async def read(self, cursor: Cursor, wait_s: float = 0.0, *, fresh: Job | None = None) -> Page:
+        """The deltas after ``cursor``; with ``wait_s``, as soon as there are some or the job ends, whichever is
+        first (at most ``wait_s`` seconds). ``fresh``: the job as this process just queued it (no output yet, and
+        watched if it is to be): the wait blocks at once, one round trip sooner (the time to first token)."""
+        deadline = time.monotonic() + wait_s
+        if fresh is not None and wait_s > 0:
+            page = Page(fresh, cursor)
+            ended = False
+            full = False
+        else:
+            page, ended, full = await self._first(cursor)
+            if page.job is None:
+                return page
+        while not page.deltas and not full and page.job is not None and not page.job.status.terminal:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0.005:
+                break
+            got = await self._block(page.cursor, min(remaining, self.slice_s))
+            ended = self._apply(page, got) or ended
+            if ended or not got:  # the end entry, or a slice with nothing: is the job still running?
+                page.job = await self._read_job()
+                if page.job is None:
+                    return page
+        return await self._finish(page)
+
+    async def _first(self, cursor: Cursor) -> tuple[Page, bool, bool]:
+        """The first look: the entries after the cursor and the job, in one round trip; marks a job watched."""
+        entries, values = await pipelined(self.queue.redis, [
+            ("XRANGE", self._out, f"({cursor.entry}" if cursor.entry != "0-0" else "-", "+", "COUNT", PAGE_ENTRIES),
+            ("HMGET", self._job_key, *RECORD_FIELDS_BUT_BODY),
+        ])
+        for reply in (entries, values):
+            if isinstance(reply, Exception):
+                raise reply
+        page = Page(self._job_of(record_of(RECORD_FIELDS_BUT_BODY, values)), cursor)
+        if page.job is None:
+            return page, False, False
+        if not page.job.watched and not page.job.status.terminal and self.tenant is not None:
+            await watch(self.queue, self.job_id, self.tenant)  # its worker writes its output from now on
+        return page, self._apply(page, _pairs(entries)), len(entries) >= PAGE_ENTRIES
+
+    async def follow(self, cursor: Cursor, wait_s: float | None = None) -> Any:
+        """Pages as the output arrives, until the job ends (the last page is ``done``) or ``wait_s`` passes (None:
+        no limit); one blocking read per page, the job read only when the stream says it ended or stays quiet a
+        slice. The first page may have no deltas (the job as it is)."""
+        deadline = None if wait_s is None else time.monotonic() + wait_s
+        page = await self.read(cursor)
+        yield page
+        if page.job is None or page.done:
+            return
+        while deadline is None or time.monotonic() < deadline:
+            remaining = self.slice_s if deadline is None else min(self.slice_s, deadline - time.monotonic())
+            if remaining <= 0.005:
+                return
+            page = Page(page.job, page.cursor)
+            got = await self._block(page.cursor, remaining)
+            ended = self._apply(page, got)
+            if ended or not got:
+                page.job = await self._read_job()
+                if page.job is None:
+                    yield page
+                    return
+            page = await self._finish(page)
+            if page.deltas or page.done:
+                yield page
+            if page.done:
+                return
+
+    # ------------------------------------------------------------------ parts
+
+    def _job_of(self, record: dict[str, str]) -> Job | None:
+        if not record or "status" not in record:
+            return None
+        job = Job.from_hash(record)
+        return None if self.tenant is not None and job.tenant != self.tenant else job
+
+    async def _read_job(self) -> Job | None:
+        values = await self.queue.redis.hmget(self._job_key, RECORD_FIELDS_BUT_BODY)
+        return self._job_of(record_of(RECORD_FIELDS_BUT_BODY, values))
+
+    async def _block(self, cursor: Cursor, seconds: float) -> list[tuple[str, dict[str, str]]]:
+        reply = await self.queue.redis.xread({self._out: cursor.entry}, count=PAGE_ENTRIES,
+                                             block=max(1, int(seconds * 1000)))
+        if not reply:
+            return []
+        # RESP2 answers [[stream, entries]], RESP3 {stream: [entries]}
+        return list(reply[0][1]) if isinstance(reply, list) else list(next(iter(reply.values()))[0])
+
+    def _apply(self, page: Page, entries: list[tuple[str, dict[str, str]]]) -> bool:
+        """Hand out what ``entries`` add after the page's cursor, in order; whether the end entry was among them.
+        An entry that starts past the cursor's offset (bytes the stream lost: a failover) is passed over: the
+        writer sends those bytes again, and the final result has them all."""
+        cursor = page.cursor
+        entry, offset, index = cursor.entry, cursor.offset, cursor.index
+        ended = False
+        for entry_id, fields in entries:
+            entry = entry_id
+            delta = _delta(fields)
+            if delta is None:
+                ended = ended or "end" in fields
+                continue
+            at, said, _ = delta
+            raw = said.encode()
+            if at > offset or at + len(raw) <= offset:
+                continue
+            page.deltas.append({"index": index, "delta": raw[offset - at:].decode()})
+            index += 1
+            offset = at + len(raw)
+        page.cursor = Cursor(entry, offset, index)
+        return ended
+
+    async def _finish(self, page: Page) -> Page:
+        """A page of a job that has ended: what the reader has not read of the final text, and ``done``."""
+        job = page.job
+        if job is None or not job.status.terminal:
+            return page
+        page.done = True
+        if job.status is not JobStatus.SUCCEEDED:
+            return page
+        text = await self.text_of(job)
+        raw = (text or "").encode()
+        cursor = page.cursor
+        if len(raw) > cursor.offset:
+            page.deltas.append({"index": cursor.index, "delta": raw[cursor.offset:].decode(errors="replace")})
+            page.cursor = Cursor(cursor.entry, len(raw), cursor.index + 1)
+        return page
+
+
+def _pairs(entries: Any) -> list[tuple[str, dict[str, str]]]:
+    """``XRANGE``'s answer through :func:`pipelined` as ``[(id, fields)]``, decoded or not."""
+    out = []
+    for entry_id, fields in entries or ():
+        if isinstance(fields, list):  # a raw pipelined reply: flat field/value list
+            fields = dict(zip(fields[::2], fields[1::2], strict=True))
+        out.append((entry_id, fields))
+    return out
+
+
+def is_refusal(code: int) -> bool:
+    """An append the writer should stop after (the job is not its to write any more, or the stream is full)."""
+    return code in (Code.NOT_FOUND, Code.TERMINAL, Code.STALE_OWNER, Code.OUTPUT_FULL)
