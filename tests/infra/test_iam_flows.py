@@ -16,6 +16,7 @@ operators, explicit denies, the bucket policy), from the authorizations tests/in
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +89,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Results]:
     from moto import mock_aws
     from moto.core import enable_iam_authentication
 
+    before = dict(os.environ)
     mp = pytest.MonkeyPatch()
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_ECS", "AWS_PROFILE",
                  "AWS_SESSION_TOKEN", "ECS_AGENT_URI"):
@@ -121,6 +123,10 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Results]:
         valkey.stop()
         mp.undo()
         guarded_http._verifying_context.cache_clear()
+    # the roles' environments stayed in their flows: a variable left behind reaches every later test's processes
+    after = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    before.pop("PYTEST_CURRENT_TEST", None)
+    assert after == before, set(after.items()) ^ set(before.items())
 
 
 def webhook_receiver(directory: Path, mp: pytest.MonkeyPatch) -> HttpsReceiver:
