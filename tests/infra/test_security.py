@@ -378,3 +378,79 @@ def test_the_worker_base_image_is_pinned_by_digest() -> None:
     assert base and re.fullmatch(r"[a-z0-9./:-]+@sha256:[0-9a-f]{64}", base.group(1)), base
     compose = (ROOT / "emulator" / "compose.yaml").read_text()
     assert compose.count(f"${{PYTHON_IMAGE:-{base.group(1)}}}") == 2
+
+
+# --- issue 47, M4: an optional edge (CloudFront and AWS WAF) in front of the HTTP API ---
+
+EDGE = ("EdgeWebAcl", "EdgeDistribution")
+CACHING_DISABLED = "4135ea2d-6df8-44a3-9df3-4b5a84be39ad"  # AWS's managed cache policy CachingDisabled
+ALL_VIEWER_EXCEPT_HOST = "b689b0a8-53d0-40ab-baf2-68738e2966ac"  # its origin request policy for API Gateway
+
+
+def test_the_edge_is_off_by_default_and_a_stack_condition(translated: dict[str, Any]) -> None:
+    resources = translated["Resources"]
+    assert translated["Parameters"]["EdgeProtection"]["Default"] == "off"
+    off, waf = Resolver(translated), Resolver(translated, overrides={"EdgeProtection": "waf"})
+    for name in EDGE:
+        condition = resources[name]["Condition"]
+        assert not off.condition(condition) and waf.condition(condition), name
+    assert not off.condition(translated["Outputs"]["EdgeUrl"]["Condition"])
+    # a web ACL of the account's own, made in us-east-1, is used instead of the stack's
+    given = Resolver(translated, overrides={"EdgeProtection": "waf", "EdgeWebAclArn": "arn:aws:wafv2:us-east-1:"
+                                            "123456789012:global/webacl/mine/0a1b"})
+    assert given.condition(resources["EdgeDistribution"]["Condition"])
+    assert not given.condition(resources["EdgeWebAcl"]["Condition"])
+    distribution = given.value(resources["EdgeDistribution"]["Properties"]["DistributionConfig"])
+    assert distribution["WebACLId"].endswith("webacl/mine/0a1b")
+    # elsewhere than us-east-1 the stack cannot make a CLOUDFRONT web ACL: the stack refuses waf without one
+    rule = translated["Rules"]["EdgeWebAclOutsideUsEast1"]
+    assert Resolver(translated, overrides={"EdgeProtection": "waf", "AWS::Region": "eu-west-1"}).value(
+        rule["RuleCondition"])
+    assert not waf.value(rule["RuleCondition"])  # us-east-1
+    assert not Resolver(translated, overrides={"EdgeProtection": "waf", "AWS::Region": "eu-west-1"}).value(
+        rule["Assertions"][0]["Assert"])
+
+
+def test_the_web_acl_limits_each_address_and_blocks_no_prompt_for_what_it_quotes(translated: dict[str, Any]) -> None:
+    """The rate per source address first (429), then AWS's managed groups; their body rules only count: a body is a
+    tenant's prompt, which may quote markup, SQL or a metadata address."""
+    acl = Resolver(translated, overrides={"EdgeProtection": "waf"}).value(translated["Resources"]["EdgeWebAcl"])
+    properties = acl["Properties"]
+    assert properties["Scope"] == "CLOUDFRONT" and properties["DefaultAction"] == {"Allow": {}}
+    rules = sorted(properties["Rules"], key=lambda r: r["Priority"])
+    rate = rules[0]
+    assert rate["Statement"]["RateBasedStatement"] == {"Limit": "20000", "AggregateKeyType": "IP"}
+    assert rate["Action"]["Block"]["CustomResponse"]["ResponseCode"] == 429
+    groups = [r["Statement"]["ManagedRuleGroupStatement"] for r in rules[1:]]
+    assert [(g["VendorName"], g["Name"]) for g in groups] == [
+        ("AWS", "AWSManagedRulesAmazonIpReputationList"), ("AWS", "AWSManagedRulesCommonRuleSet"),
+        ("AWS", "AWSManagedRulesKnownBadInputsRuleSet")]
+    assert all(r["OverrideAction"] == {"None": {}} for r in rules[1:])  # the groups' own actions: they block
+    counted = {o["Name"] for g in groups for o in g.get("RuleActionOverrides", [])
+               if o["ActionToUse"] == {"Count": {}}}
+    # every rule of these groups that inspects the body (AWS's names end in _BODY) counts instead of blocking
+    assert counted == {"SizeRestrictions_BODY", "CrossSiteScripting_BODY", "GenericLFI_BODY", "GenericRFI_BODY",
+                       "EC2MetaDataSSRF_BODY", "Log4JRCE_BODY", "JavaDeserializationRCE_BODY"}
+    assert all(r["VisibilityConfig"]["CloudWatchMetricsEnabled"] for r in rules)
+    bounds = translated["Parameters"]["EdgeRateLimit"]
+    # WAF's floor; and a tenant at its own rate limit from one address is not cut at the edge (5 minutes of it)
+    tenant_rate = int(translated["Parameters"]["TenantRateLimit"]["Default"])
+    assert bounds["MinValue"] >= 10 and int(bounds["Default"]) >= tenant_rate * 300
+
+
+def test_the_distribution_caches_nothing_and_forwards_the_key_to_the_api_over_tls(translated: dict[str, Any]) -> None:
+    resolver = Resolver(translated, overrides={"EdgeProtection": "waf"})
+    config = resolver.value(translated["Resources"]["EdgeDistribution"]["Properties"]["DistributionConfig"])
+    assert config["WebACLId"] == "EdgeWebAcl.Arn"
+    (origin,) = config["Origins"]
+    assert origin["DomainName"] == "HttpApi.execute-api.us-east-1.amazonaws.com"
+    custom = origin["CustomOriginConfig"]
+    assert custom["OriginProtocolPolicy"] == "https-only" and custom["OriginSSLProtocols"] == ["TLSv1.2"]
+    assert custom["OriginReadTimeout"] <= 30  # the HTTP API's own integration limit
+    behavior = config["DefaultCacheBehavior"]
+    assert behavior["ViewerProtocolPolicy"] == "https-only" and behavior["TargetOriginId"] == origin["Id"]
+    assert (behavior["CachePolicyId"], behavior["OriginRequestPolicyId"]) == (CACHING_DISABLED, ALL_VIEWER_EXCEPT_HOST)
+    assert set(behavior["AllowedMethods"]) == {"GET", "HEAD", "OPTIONS", "PUT", "PATCH", "POST", "DELETE"}
+    assert "CacheBehaviors" not in config  # one behaviour: nothing is cached anywhere
+    output = resolver.value(translated["Outputs"]["EdgeUrl"]["Value"])
+    assert output == "https://EdgeDistribution.DomainName/"
