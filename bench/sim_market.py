@@ -1,32 +1,34 @@
 """The fleet on a market (:mod:`bench.sim_spot` reports it): on-demand and Spot prices, Spot interruptions and
 shortages, on-demand stand-ins, and what an interruption throws away with and without continuation.
 
-The fleet of :class:`bench.sim_fleet.Sim`, with what Spot adds (infra/gpu.yaml, ``inferq.scaling.capacity``):
+The fleet of :class:`bench.sim_fleet.Sim` on the market of :mod:`bench.sim_terms`, with what Spot adds
+(infra/gpu.yaml, ``inferq.scaling.capacity``):
 
 - **Two services.** The *primary* service's tasks run on Spot, its first ``on_demand_base`` on on-demand (its
   capacity provider strategy's base; ``on_demand_weight`` > 0 splits the rest between the providers by weight, the
-  other way ECS offers to hedge). The scaling policy's count is asked of it. The *fallback* service runs on
-  on-demand alone; the scaler sizes it with :func:`inferq.scaling.capacity.stand_ins` when Spot tasks have waited
+  other way ECS offers to hedge). The scaling policy's count is asked of it. The *fallback* service runs on on-demand
+  alone; the scaler sizes it with :func:`inferq.scaling.capacity.stand_ins` when Spot tasks have waited
   ``fallback_after_s`` for an instance.
 - **Prices.** A worker costs its instance's price from the launch to its stop: on-demand
-  :data:`ON_DEMAND_PER_H`, Spot :data:`SPOT_PER_H` per GPU-hour. A Spot task that waits for capacity has no
-  instance yet and costs nothing.
-- **Shortages.** Windows of the day when no Spot pool has capacity: a Spot task asked for then waits for an
-  instance (``PROVISIONING``) until the window ends or the scaler gives it an on-demand stand-in.
+  :data:`~bench.sim_terms.ON_DEMAND_PER_H`, Spot :data:`~bench.sim_terms.SPOT_PER_H` per GPU-hour. A Spot task that
+  waits for capacity has no instance yet and costs nothing.
+- **Shortages.** Windows of the day when no Spot pool has capacity: a Spot task asked for then waits for an instance
+  (``PROVISIONING``) until the window ends or the scaler gives it an on-demand stand-in.
 - **Interruptions.** Each Spot instance is interrupted at a rate per instance-hour (exponential: the Spot Instance
-  Advisor's monthly buckets converted by :func:`per_hour`, or the stress rate of one per instance-hour). ECS drains
-  the instance and SIGTERMs the task (``ECS_ENABLE_SPOT_INSTANCE_DRAINING``); the service starts a replacement at
-  once (``MaximumPercent`` 200) on a new instance, which boots. The instance is reclaimed, and billed until then,
-  :data:`NOTICE_S` after the notice. The worker takes no new job; a job that will end within ``drain_s``
-  (``INFERQ_DRAIN_S``) finishes there, the others are handed back at once, without spending an attempt, to the tail
-  of the queue. With **continuation** (the job's output so far is kept) the next attempt runs only the rest, plus
-  :data:`CONTINUE_OVERHEAD_S` to read the prompt and the kept text again; without, it starts over, and the time
-  the interrupted attempt ran is thrown away. ``hand_back="at_deadline"`` is the worker as it was before
-  (every job kept until ``drain_s``, then released to start over).
+  Advisor's monthly buckets converted by :func:`bench.sim_terms.per_hour`, or the stress rate of one per
+  instance-hour). ECS drains the instance and SIGTERMs the task (``ECS_ENABLE_SPOT_INSTANCE_DRAINING``); the service
+  starts a replacement at once (``MaximumPercent`` 200) on a new instance, which boots. The instance is reclaimed,
+  and billed until then, :data:`~bench.sim_terms.NOTICE_S` after the notice. The worker takes no new job; a job that
+  will end within ``drain_s`` (``INFERQ_DRAIN_S``) finishes there, the others are handed back at once, without
+  spending an attempt, to the tail of the queue. With **continuation** (the job's output so far is kept) the next
+  attempt runs only the rest, plus :data:`~bench.sim_terms.CONTINUE_OVERHEAD_S` to read the prompt and the kept text
+  again; without, it starts over, and the time the interrupted attempt ran is thrown away.
+  ``hand_back="at_deadline"`` is the worker as it was before (every job kept until ``drain_s``, then released to
+  start over).
 
 Queue wait is still arrival to the first attempt's start; the turnaround (arrival to the job's end) is what an
-interruption adds to. GPU-seconds thrown away are the interrupted attempts' run time over the window (one job's
-share of its worker, as the work floor counts it).
+interruption adds to. GPU-seconds thrown away are the interrupted attempts' run time over the window (one job's share
+of its worker, as the work floor counts it).
 """
 
 from __future__ import annotations
@@ -40,76 +42,7 @@ from inferq.scaling.capacity import Fallback, stand_ins
 
 from .sim_fleet import DONE, READY, Controller, Scenario, Sim, Worker, percentile
 from .sim_strategies import InferqPolicy
-
-ON_DEMAND_PER_H = 1.006
-"""g5.xlarge (one NVIDIA A10G, 24 GiB), Linux On-Demand, us-east-1: $1.006 an hour (aws.amazon.com/ec2/pricing/
-on-demand/). The stack's default ``InstanceType``."""
-SPOT_PER_H = 0.35
-"""Spot price per GPU-hour of the same class. g5.xlarge Spot in us-east-1 has been about $0.30-0.50 an hour
-(2026; aws.amazon.com/ec2/spot/pricing/ and the EC2 console's Spot price history), g6.xlarge (one L4, 24 GiB) at
-or below it; the Spot group spreads over four such types with ``price-capacity-optimized``, which buys from the
-cheaper pools with capacity: 0.35 (35% of on-demand) is an assumption within that range, not a quote. The dollar
-table is printed again at 0.30, 0.40 and 0.50 (:data:`PRICE_SWEEP`); ``--spot-price`` sets it."""
-PRICE_SWEEP = (0.30, 0.40, 0.50)
-NOTICE_S = 120.0
-"""EC2's Spot interruption notice: the instance is reclaimed two minutes after it."""
-DRAIN_S = 90.0
-"""INFERQ_DRAIN_S of the Spot stack (infra/gpu.yaml's DrainSeconds): what will end within it finishes where it
-runs; the worker's stop timeout (105 s) and vLLM's (10 s) fit inside the notice."""
-CONTINUE_OVERHEAD_S = 0.5
-"""What a continued attempt spends before its first new token: the prompt and the kept text prefilled again (a
-few thousand tokens prefill in well under a second on one A10G); an estimate, charged to every continuation."""
-FALLBACK_AFTER_S = 180.0
-"""INFERQ_SCALE_SPOT_FALLBACK_S's default: a Spot task that has waited this long for an instance gets an
-on-demand stand-in (a Spot launch takes a minute or two)."""
-ADVISOR_MONTHLY = {"<5%": 0.05, "5-10%": 0.10, "10-15%": 0.15, "15-20%": 0.20}
-"""The Spot Instance Advisor's frequency-of-interruption buckets (the share of a type's instances interrupted over
-the trailing month; aws.amazon.com/ec2/spot/instance-advisor/), by their upper ends: GPU types sit in 5-20%."""
-STRESS_PER_H = 1.0
-"""A stress rate: every Spot instance interrupted about once an hour, far beyond any bucket."""
-FLOOR_GATHER_S = 300.0
-"""The gathering the floor analysis tries: jobs at an empty fleet wait up to 5 minutes for company."""
-LONG_FACTOR = 4.0
-SHORTAGES = 2
-SHORTAGE_S = 3600.0
-"""The shortage rows: two windows of an hour each, within 08:00-20:00 (the busy part of the day), when no Spot
-pool has capacity; drawn from a generator of their own, so the day's jobs are unchanged."""
-
-
-def per_hour(monthly: float) -> float:
-    """Interruptions per instance-hour for a share ``monthly`` of instances interrupted within a month (730 h)."""
-    return -math.log(1.0 - monthly) / 730.0
-
-
-def shortage_windows(sc: Scenario, count: int = SHORTAGES,
-                     length_s: float = SHORTAGE_S) -> tuple[tuple[float, float], ...]:
-    rng = random.Random(sc.seed + 500)
-    starts = sorted(rng.uniform(sc.day_s * 8 / 24, sc.day_s * 20 / 24 - length_s) for _ in range(count))
-    return tuple((s, s + length_s) for s in starts)
-
-
-@dataclass(frozen=True)
-class Market:
-    """How the fleet buys its instances (module docstring). The default is all on-demand: :class:`bench.sim_fleet.Sim`'s
-    fleet, priced."""
-
-    spot: bool = False
-    on_demand_base: int = 0
-    on_demand_weight: int = 0
-    fallback_after_s: float = 0.0
-    interruptions_per_h: float = 0.0
-    continuation: bool = True
-    hand_back: str = "at_once"
-    drain_s: float = DRAIN_S
-    notice_s: float = NOTICE_S
-    shortages: tuple[tuple[float, float], ...] = ()
-    spot_per_h: float = SPOT_PER_H
-    on_demand_per_h: float = ON_DEMAND_PER_H
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.hand_back not in ("at_once", "at_deadline"):
-            raise ValueError(f"hand_back must be at_once or at_deadline, got {self.hand_back!r}")
+from .sim_terms import CONTINUE_OVERHEAD_S, Market, price
 
 
 @dataclass
@@ -374,11 +307,6 @@ def breakdown(sim: MarketSim, end: float) -> dict[str, float]:
             out[key + "_work"] += span * slots / sim.sc.window
         ready, slots, last = ready + d_ready, slots + d_slots, t
     return {k: v / 60.0 for k, v in out.items()}
-
-
-def price(spot_hours: float, on_demand_hours: float, spot_per_h: float = SPOT_PER_H,
-          on_demand_per_h: float = ON_DEMAND_PER_H) -> float:
-    return spot_hours * spot_per_h + on_demand_hours * on_demand_per_h
 
 
 class SpotPolicy(InferqPolicy):

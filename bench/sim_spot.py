@@ -17,28 +17,28 @@ from typing import Any
 from inferq.scaling.capacity import Fallback
 
 from .sim_fleet import Scenario, Trace, peak_fleet
-from .sim_market import (
+from .sim_market import SpotPolicy, breakdown, run_market
+from .sim_strategies import InferqPolicy
+from .sim_terms import (
     ADVISOR_MONTHLY,
     DRAIN_S,
     FALLBACK_AFTER_S,
-    FLOOR_GATHER_S,
-    LONG_FACTOR,
     NOTICE_S,
     ON_DEMAND_PER_H,
     PRICE_SWEEP,
     SPOT_PER_H,
     STRESS_PER_H,
     Market,
-    SpotPolicy,
-    breakdown,
     per_hour,
     price,
-    run_market,
     shortage_windows,
 )
-from .sim_strategies import InferqPolicy
 from .sim_work import summarize_trace
 
+FLOOR_GATHER_S = 300.0
+"""The gathering the floor analysis tries: jobs at an empty fleet wait up to 5 minutes for company."""
+LONG_FACTOR = 4.0
+"""The long-generation day's jobs are this many times the two-model day's ``summarize`` jobs."""
 
 def long_trace(sc: Scenario) -> Trace:
     """Long generations: the two-model day's ``summarize`` arrivals (a trickle and six batch bursts of 100-600

@@ -1,10 +1,11 @@
 """``python -m gpu_worker``: one worker process, configured by the ``INFERQ_*`` environment.
 
-SIGTERM (ECS stopping the task, the emulator scaling in) or SIGINT: stop pulling, drain for ``INFERQ_DRAIN_S``,
-release the rest, exit 0. A second signal skips the rest of the drain. A bad setting exits 2 naming the variable.
-With a model registry (``INFERQ_MODELS``) it serves the model ``INFERQ_MODEL`` names, with that entry's settings.
-A task of the worker that died (a fault that is not Redis's to wait out, a bug) stops it: it releases its jobs,
-deregisters and exits 1, so ECS replaces it.
+SIGTERM (ECS stopping the task, draining a Spot instance, the emulator scaling in) or SIGINT: stop pulling, hand
+back at once what will not end within ``INFERQ_DRAIN_S`` (its output kept, :mod:`gpu_worker.interruption`), drain
+the rest for ``INFERQ_DRAIN_S``, release what is left, exit 0. A second signal skips the rest of the drain. A bad
+setting exits 2 naming the variable. With a model registry (``INFERQ_MODELS``) it serves the model ``INFERQ_MODEL``
+names, with that entry's settings. A task of the worker that died (a fault that is not Redis's to wait out, a bug)
+stops it: it releases its jobs, deregisters and exits 1, so ECS replaces it.
 
 ``--burst`` (as arq's): drain the queue, then exit 0: the worker works as usual until nothing is queued, delayed,
 pending or held, then stops (docs/operations.md, "Drain a queue and exit").

@@ -12,11 +12,22 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from inferq.queue.protocol import Delivery
 from inferq.usage.spend import NONE, Spend
 
+from .interruption import Progress
 from .output import OutputWriter
+
+
+def token_limit(body: dict[str, Any]) -> int | None:
+    """A request's ``max_completion_tokens`` or ``max_tokens``: the most its answer may make."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
 
 
 class Abort:
@@ -47,6 +58,23 @@ class Attempt:
     output: OutputWriter | None = None
     """Where its backend writes its output as it is made, while the call runs (:mod:`gpu_worker.output`); None for a
     request answered whole."""
+    token_limit: int | None = None
+    """Its request's ``max_tokens`` (or ``max_completion_tokens``): the most the job may make, all attempts
+    together; None when it names none."""
+
+    def progress(self) -> Progress | None:
+        """What it has made so far, for a stopping worker to tell whether it will end within the drain
+        (:mod:`gpu_worker.interruption`); None for a request answered whole."""
+        out = self.output
+        if out is None:
+            return None
+        if out.expected is not None:
+            left: int | None = out.expected - out.made
+        elif self.token_limit is not None:
+            left = self.token_limit - out.kept_tokens - out.made
+        else:
+            left = None
+        return Progress(out.first_at, out.made, left)
 
     @property
     def key(self) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -64,7 +65,7 @@ async def output_for(queue: Any, settings: Settings, delivery: Delivery, body: d
     from .backends.base import continuable
 
     job = delivery.job
-    if not continuable(job.url, body):
+    if not continuable(job.url, body) or not job.continuation:  # opted out: every attempt starts over, whole
         return None
     kept = await output.kept(queue, job.id) if job.has_output else Kept()
     return OutputWriter(queue, delivery, kept, live=job.watched, flush_ms=settings.output_flush_ms,
@@ -104,12 +105,23 @@ class OutputWriter:
         """Whether the job has output in its stream (kept, or written here): it is closed once the job ends."""
         self.writes = 0
         """Appends sent (tests, benchmarks)."""
+        self.first_at: float | None = None
+        """When this attempt wrote its first token (``time.monotonic()``): with :attr:`made`, its rate."""
+        self.expected: int | None = None
+        """The tokens this attempt will write in all, when its backend said (:meth:`expect`)."""
+
+    @property
+    def made(self) -> int:
+        """Tokens this attempt has written (the kept ones not counted)."""
+        return self._tokens - self.kept_tokens
 
     # ------------------------------------------------------------------ what the backend calls
 
     def write(self, delta: str, tokens: int = 1) -> None:
         if not delta:
             return
+        if self.first_at is None:
+            self.first_at = time.monotonic()
         self._made.append(delta)
         self._size += len(delta.encode())
         self._tokens += tokens
@@ -117,6 +129,9 @@ class OutputWriter:
         self._unsent_tokens += tokens
         if self.live:
             self._schedule()
+
+    def expect(self, tokens: int) -> None:
+        self.expected = max(tokens, 0)
 
     # ------------------------------------------------------------------ what the worker calls
 

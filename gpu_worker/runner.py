@@ -30,7 +30,7 @@ from inferq.queue.protocol import Delivery
 from inferq.usage.spend import BusyShare
 
 from . import outcomes
-from .attempt import Abort, Attempt
+from .attempt import Abort, Attempt, token_limit
 from .backends.base import Backend, check_status, child_traceparent, trace_id
 from .claim_check import ClaimCheck
 from .held import HeldJobs
@@ -125,6 +125,7 @@ class JobRunner:
                 request_body = await self.claim_check.request_body(record)
                 attempt.output = await output_for(self.settler.queue, self.settings, attempt.delivery, request_body,
                                                   timeout_s, lambda: attempt.cancel(Abort.CANCEL), self.appends)
+                attempt.token_limit = token_limit(request_body)
                 self.engine.enter(attempt)
                 self.busy.begin(attempt)
                 status, body = await self.backend.complete(

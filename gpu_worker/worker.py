@@ -44,11 +44,12 @@ from inferq.queue.protocol import Queue
 from inferq.redis.faults import Fault, FaultRun
 from inferq.webhooks.sender import WebhookSender
 
-from .attempt import Abort
+from .attempt import Abort, Attempt
 from .backends.base import Backend
 from .claim_check import ClaimCheck
 from .fleet import Fleet
 from .held import HeldJobs
+from .interruption import hand_back_now
 from .leases import LeaseKeeper
 from .maintenance import Maintenance
 from .metrics import WorkerMetrics
@@ -153,14 +154,30 @@ class Worker:
         return len(self.held)
 
     def stop(self, *, now: bool = False) -> None:
-        """Stop pulling and drain (SIGTERM); ``now`` skips the drain (a second signal)."""
-        if self._stopping.is_set() and not now:
+        """Stop pulling and drain (SIGTERM); ``now`` skips the drain (a second signal). The first stop hands back
+        at once the jobs that will not end within the drain (:meth:`hand_back_late`)."""
+        first = not self._stopping.is_set()
+        if not first and not now:
             now = True  # asked twice: the operator means it
         self._stopping.set()
         if self.settler.deadline is None:  # writes against an unreachable Redis stop trying after the drain and grace
             self.settler.deadline = time.monotonic() + self.settings.drain_s + SHUTDOWN_GRACE_S
         if now:
             self._skip_drain.set()
+        elif first and self.failure is None:  # told to stop (SIGTERM), not stopping for a failure of its own
+            self.hand_back_late()
+
+    def hand_back_late(self) -> list[Attempt]:
+        """Give back now, without spending an attempt and with their output kept, the jobs that will not end within
+        ``INFERQ_DRAIN_S`` at the rate they make tokens (:mod:`gpu_worker.interruption`): another worker continues
+        them at once instead of after the drain. What ends in time, or cannot tell, stays."""
+        now = time.monotonic()
+        late = [a for a in self.held
+                if hand_back_now(a.progress(), self.settings.drain_s, now) and a.cancel(Abort.SHUTDOWN)]
+        if late:
+            log.info("handing back %d jobs that will not end within the %d s drain", len(late),
+                     self.settings.drain_s)
+        return late
 
     async def run(self) -> None:
         """Work until :meth:`stop` (or, in burst mode, until the queue is drained), then drain, release and

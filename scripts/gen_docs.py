@@ -88,7 +88,10 @@ SETTING_DOCS: dict[str, str] = {
     "window_max": "Upper bound of the window when `INFERQ_WINDOW=auto` sizes it from the backend. With `auto` it is "
     "also the connections the `openai` backend keeps, vLLM's `max_num_seqs` with the `vllm` backend, and the "
     "scaler's jobs per worker unless `INFERQ_SCALE_TARGET_PER_WORKER` is set.",
-    "drain_s": "On SIGTERM, how long a worker lets in-flight jobs finish before it releases the rest to the queue.",
+    "drain_s": "On SIGTERM (a scale-in, a deployment, ECS draining a Spot instance on its two-minute notice), how "
+    "long a worker lets in-flight jobs finish before it releases the rest to the queue. A job that will not end within "
+    "it (by the rate it makes tokens and its `max_tokens`, or what the backend knows it will make) is handed back at "
+    "once, its output kept for the next attempt to continue (docs/api.md, Continuation); none spends an attempt.",
     "backend": "What runs a job: `mock` (deterministic echo with failure controls), `openai` (an OpenAI-compatible "
     "server such as `vllm serve`), `vllm` (vLLM's engine in-process; GPU images only).",
     "openai_base_url": "The model server of the `openai` backend.",

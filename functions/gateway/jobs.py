@@ -95,6 +95,7 @@ async def submit(gw: "Gateway", tenant: str, raw: bytes, idempotency_key: str | 
         idempotency_key=key,
         traceparent=traceparent if traceparent and TRACEPARENT_RE.match(traceparent) else None,
         priority=Priority(payload.priority) if payload.priority else gw.settings.priority_of(tenant),
+        continuation=payload.continuation,
     )
     queue = gw.model_queue(payload.body.get("model"))  # an unknown model is a 404 before anything is stored
     job_request = await gw.claim_check.check_in(tenant, job_request, len(raw))  # a large body goes to S3 first

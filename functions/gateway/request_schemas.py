@@ -178,6 +178,12 @@ class JobCreate(BaseModel):
         "waiting lower lane still gets at least one take in ten). Default: the tenant's "
         "(`INFERQ_TENANT_PRIORITIES`), else `normal`.",
     )
+    continuation: bool = Field(
+        default=True,
+        description="When an attempt is handed back (a worker stopped or interrupted) or retried after it had made "
+        "output, the next attempt continues after that output (default), or, `false`, starts over from the first "
+        "token, as an uninterrupted run with the same `seed` would; its stream then gets the text when the job ends.",
+    )
     custom_id: Annotated[str, StringConstraints(max_length=512)] | None = Field(
         default=None, description="Accepted so a line of an OpenAI Batch input file can be sent as it is; not stored "
         "(use `metadata` for what should come back).",

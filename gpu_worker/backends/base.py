@@ -73,6 +73,11 @@ class Output(Protocol):
     def write(self, delta: str, tokens: int = 1) -> None:
         """More text of the first choice (``tokens``: how many tokens it is). Never blocks."""
 
+    def expect(self, tokens: int) -> None:
+        """How many tokens this attempt will write in all, when the backend knows before it ends (the mock's echo):
+        a stopping worker keeps a job that will end in time and hands back one that will not
+        (:mod:`gpu_worker.interruption`). A backend that cannot tell does not call it."""
+
 
 class Backend(Protocol):
     """A model server. ``complete`` returns ``(status_code, body)`` for a 2xx answer and raises

@@ -152,7 +152,9 @@ def _pieces(answer: dict[str, Any] | None, output: Output) -> Stream | None:
     if not text.startswith(output.kept):
         raise FatalError("mock: the kept output is not the start of this job's echo", status_code=400)
     rest = text[len(output.kept):]
-    return Stream(_PIECE.findall(rest), output, len(rest) / len(text) if text else 0.0)
+    pieces = _PIECE.findall(rest)
+    output.expect(len(pieces))  # the mock knows how much it will write: a stopping worker can tell when it ends
+    return Stream(pieces, output, len(rest) / len(text) if text else 0.0)
 
 
 async def _elapse(latency_ms: int, stream: Stream | None) -> None:

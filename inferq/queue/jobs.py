@@ -108,9 +108,11 @@ class JobRequest:
     watch: bool = False
     """Its output is read as it is made from the start (the front door's ``stream: true``); not part of the request
     an idempotency key is checked against: a streamed and an unstreamed call are the same job."""
+    continuation: bool = True
+    """A later attempt continues after the output earlier ones made (False: each starts over; docs/api.md)."""
 
     def digest(self) -> str:
-        return request_digest({
+        request: dict[str, Any] = {
             "body": self.body,
             "url": self.url,
             "metadata": self.metadata,
@@ -118,7 +120,10 @@ class JobRequest:
             "ttl_s": self.ttl_s,
             "webhook_url": self.webhook_url,
             "priority": self.priority.value,
-        })
+        }
+        if not self.continuation:  # digests of requests made before the opt-out existed stay the same
+            request["continuation"] = False
+        return request_digest(request)
 
 
 def _seconds(ms: str | None) -> float | None:
@@ -158,6 +163,9 @@ class Job:
     """The job has written output an attempt continues after (``inferq.queue.output``)."""
     watched: bool = False
     """Someone reads the job's output while it runs: its worker writes it as it is made (``inferq.queue.output``)."""
+    continuation: bool = True
+    """Whether a later attempt continues after the output earlier ones made (the record's ``continuation``, "0"
+    when the job opted out)."""
 
     @classmethod
     def from_hash(cls, record: dict[str, str]) -> Job:
@@ -192,6 +200,7 @@ class Job:
             priority=_LANES.get(lane) or Priority(lane),
             has_output=get("out") not in (None, "", "0"),
             watched=get("watch") == "1",
+            continuation=get("continuation") != "0",
         )
         return job
 
@@ -217,7 +226,7 @@ class Job:
 RECORD_FIELDS_BUT_BODY = (
     "id", "tenant", "status", "url", "attempts", "deliveries", "created_at", "started_at", "finished_at", "result",
     "error", "dead_lettered", "cancel", "metadata", "timeout_s", "ttl_s", "webhook_url", "trace", "entry", "lane",
-    "expires_at", "out", "watch",
+    "expires_at", "out", "watch", "continuation",
 )
 """The job record's fields that :meth:`Job.from_hash` and :meth:`~.producer.Producer.get` read, but the request
 body: the gateway reads a job with ``HMGET`` of these, so a body of up to ``INFERQ_INLINE_MAX_BYTES`` need not travel

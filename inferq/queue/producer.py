@@ -82,6 +82,8 @@ def record_fields(request: JobRequest, count_tokens: bool = False, model: bool =
     if request.webhook_url:
         fields += ["webhook_url", request.webhook_url]
         hold += len(request.webhook_url.encode())
+    if not request.continuation:  # absent: the default, every attempt continues after the output kept
+        fields += ["continuation", "0"]
     if request.traceparent:
         fields += ["trace", request.traceparent]
     if request.watch:

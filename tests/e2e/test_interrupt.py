@@ -3,6 +3,8 @@ notice (SIGTERM, a replacement started at once), and nothing is lost, no attempt
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -56,18 +58,57 @@ def test_a_job_that_ends_within_the_notice_ends_where_it_runs_and_a_replacement_
     assert "releasing" not in since  # it ended where it ran: nothing handed back
 
 
-def test_a_job_that_cannot_end_within_the_notice_is_handed_back_and_ends_once(spot: Emulator) -> None:
-    job = spot.submit(chat("too long for the notice", latency_ms=6000))
-    eventually(lambda: running(spot, job["id"]), what="the job to run", timeout=20, interval=0.05)
+def streamed(emulator: Emulator, job_id: str) -> tuple[str, bool]:
+    """The job's output so far, read from its stream from the start (a read marks it watched), and whether it ended."""
+    reply = emulator.client.get(f"/v1/jobs/{job_id}/stream")
+    assert reply.status_code == 200, reply.text
+    page = reply.json()
+    return "".join(piece["delta"] for piece in page["data"]), bool(page["done"])
+
+
+def test_a_job_that_cannot_end_within_the_notice_is_handed_back_at_once_and_continued(spot: Emulator) -> None:
+    text = "one two three four five six seven eight nine ten"
+    job = spot.submit(chat(text, latency_ms=6000))  # a word every 0.6 s: 6 s in all, the drain is 3 s
+    eventually(lambda: len(streamed(spot, job["id"])[0].split()) >= 2, what="the job to stream two words", timeout=20,
+               interval=0.1)
     logged = len(spot.logs())
-    interrupted = time.monotonic()
     assert interrupt(spot).returncode == 0
+    eventually(lambda: "handing back 1 jobs that will not end within the 3 s drain" in spot.logs()[logged:],
+               what="the interrupted worker to hand the job back")
     finished = spot.finish(job["id"], timeout=60)
-    took = time.monotonic() - interrupted
     assert (finished["status"], finished["attempts"]) == ("succeeded", 1)  # no attempt spent on the interruption
-    assert finished["result"]["body"]["choices"][0]["message"]["content"] == "too long for the notice"
-    print(f"interruption -> succeeded on the replacement: {took:.1f}s")
-    assert "releasing 1 unfinished jobs" in spot.logs()[logged:]  # handed back, not left for a reclaim
+    assert finished["result"]["body"]["choices"][0]["message"]["content"] == text
+    assert streamed(spot, job["id"]) == (text, True)  # continued after what was kept: the pieces spell it once
+    assert "releasing" not in spot.logs()[logged:]  # nothing was left for the end of the drain
+
+
+def test_sigterm_to_the_worker_mid_stream_under_default_settings_ends_the_job_whole_where_it_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """What ECS's SIGTERM does to a worker of ``inferq up`` as it comes (default settings, one worker): a streamed job
+    halfway through ends where it runs, whole, in the rest of its time, not another run of it."""
+    emulator = Emulator(tmp_path_factory.mktemp("inferq") / "data", {})
+    try:
+        emulator.start()
+        words = "one two three four five six seven eight"
+        job = emulator.submit(chat(words, latency_ms=4000))  # a word every 0.5 s
+        eventually(lambda: len(streamed(emulator, job["id"])[0].split()) >= 4, what="the job to stream half",
+                   timeout=60)
+        [worker] = emulator.workers()
+        logged = len(emulator.logs())
+        os.kill(worker, signal.SIGTERM)
+        interrupted = time.monotonic()
+        finished = emulator.finish(job["id"], timeout=60)
+        took = time.monotonic() - interrupted
+        assert (finished["status"], finished["attempts"]) == ("succeeded", 1)
+        assert finished["result"]["body"]["choices"][0]["message"]["content"] == words
+        assert streamed(emulator, job["id"]) == (words, True)
+        since = emulator.logs()[logged:]
+        assert "handing back" not in since and "releasing" not in since  # it ended where it ran
+        print(f"SIGTERM mid-stream -> succeeded in {took:.1f}s (a rerun would take 4 s or more)")
+        assert took < 4.0  # the rest of its 4 s, not a run from the start
+    finally:
+        emulator.cleanup()
 
 
 def test_interrupting_a_worker_that_is_not_there_says_so(spot: Emulator) -> None:

@@ -259,7 +259,6 @@ PRODUCTION_DEFAULTS: dict[str, str] = {
     "openai_api_key": "the vLLM sidecar on localhost takes no key",
     "output_flush_ms": "a watched job's output written every 500 ms (docs/benchmarks.md, ST: its Valkey cost)",
     "output_flush_tokens": "no early write by tokens: the interval alone bounds a streamed job's writes",
-    "output_max_bytes": "256 KiB of a running job's output in its stream (the result has it whole; memory bound)",
     "redis_max_connections": "1,000 connections per process, far above what one process holds",
     "redis_timeout_s": "2 s socket timeout: a frozen cache is a prompt 503, a failover's pause is waited out",
     "result_ttl_s": "a day of results (docs/operations.md: the per-tenant memory bound is computed with it)",
@@ -311,7 +310,8 @@ level is the container's."""
 
 TENANT_BOUNDS = ("max_queue_depth", "tenant_max_depth", "tenant_max_files", "tenant_max_file_bytes",
                  "tenant_max_batches", "tenant_max_waits", "rate_limit_per_s", "max_body_bytes",
-                 "tenant_max_retained_bytes", "engine_strikes")
+                 "tenant_max_retained_bytes", "engine_strikes",
+                 "output_max_bytes")
 """What one tenant can make the deployment hold or spend (G11): non-zero wherever read, at the deployed defaults."""
 
 REGISTRY_NAMES = "inferq.config.registry"

@@ -28,7 +28,8 @@ def test_every_field_the_job_object_reads_but_the_body_is_in_the_gateways_read()
     full = {"id": "job_1", "tenant": "t", "status": "succeeded", "url": "/v1/chat/completions", "body": "{}",
             "attempts": "2", "deliveries": "3", "created_at": "1", "started_at": "2", "finished_at": "3",
             "result": "{}", "error": "{}", "dead_lettered": "1", "cancel": "1", "metadata": "{}", "timeout_s": "5",
-            "ttl_s": "6", "webhook_url": "https://example.com/h", "trace": "00-x", "entry": "1-0", "lane": "high"}
+            "ttl_s": "6", "webhook_url": "https://example.com/h", "trace": "00-x", "entry": "1-0", "lane": "high",
+            "continuation": "0"}
     record = Recording(full)
     Job.from_hash(record)
     assert record.read - {"body"} <= set(RECORD_FIELDS_BUT_BODY), record.read - set(RECORD_FIELDS_BUT_BODY)

@@ -1,16 +1,15 @@
 """The OpenAI front door: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (docs/api.md), so an application
 written against the official ``openai`` client uses the queue by pointing ``base_url`` at the gateway.
 
-The body is queued as a job (lane ``normal``, or the ``inferq-priority`` header's; ``Idempotency-Key`` as on
-``POST /v1/jobs``) and the call waits for it: the answer is the model server's response once the job succeeds, or
-the job's error with its status; not ended within ``INFERQ_SYNC_WAIT_S``, a 504 ``timeout`` naming the job, which
-goes on (a retry with the same ``Idempotency-Key`` waits for the same job). ``stream: true`` answers Server-Sent
-Events (:mod:`.sse`) as the output arrives, where the server can stream (uvicorn: ``inferq up``, compose, a gateway
-in a container); on Lambda behind API Gateway's HTTP API, which buffers a response whole, the same events come
-together once the job ends. ``stream`` and ``stream_options`` are the answer's, not the job's: the job's body is
-the request without them, so a streamed and an unstreamed call with one key are the same job. Every answer about a
-job carries its id in ``inferq-job-id``.
-"""
+The body is queued as a job (lane ``normal``, or the ``inferq-priority`` header's; ``inferq-continuation: off`` to
+opt out of continuation; ``Idempotency-Key`` as on ``POST /v1/jobs``) and the call waits for it: the answer is the
+model server's response once the job succeeds, or the job's error with its status; not ended within
+``INFERQ_SYNC_WAIT_S``, a 504 ``timeout`` naming the job, which goes on (a retry with the same ``Idempotency-Key``
+waits for the same job). ``stream: true`` answers Server-Sent Events (:mod:`.sse`) as the output arrives, where the
+server can stream (uvicorn: ``inferq up``, compose, a gateway in a container); on Lambda behind API Gateway's HTTP
+API, which buffers a response whole, the same events come together once the job ends. ``stream`` and
+``stream_options`` are the answer's, not the job's: the job's body is the request without them, so a streamed and an
+unstreamed call with one key are the same job. Every answer about a job carries its id in ``inferq-job-id``."""
 
 from __future__ import annotations
 
@@ -46,6 +45,8 @@ router = APIRouter()
 
 JOB_HEADER = "inferq-job-id"
 PRIORITY_HEADER = "inferq-priority"
+CONTINUATION_HEADER = "inferq-continuation"
+"""``off``: the job opts out of continuation (every attempt starts over), as a job's ``"continuation": false``."""
 KEEPALIVE_S = 15.0
 STREAM_SLOT_S = 3600
 """How long a streamed answer's wait slot lasts at most once its first output came: the longest attempt a job may
@@ -103,8 +104,12 @@ def _job_request(request: Request, url: str, body: dict[str, Any], gw: Gateway, 
     else:
         priority = Priority.NORMAL
     trace = headers.get("traceparent")
+    continuation = headers.get(CONTINUATION_HEADER, "on")
+    if continuation not in ("on", "off"):
+        raise ApiError(422, f"{CONTINUATION_HEADER}: on or off")
     return JobRequest(body=body, url=url, idempotency_key=key, priority=priority, watch=stream,
-                      traceparent=trace if trace and TRACEPARENT_RE.match(trace) else None)
+                      traceparent=trace if trace and TRACEPARENT_RE.match(trace) else None,
+                      continuation=continuation == "on")
 
 
 def _stream_options(body: dict[str, Any]) -> tuple[bool, bool]:

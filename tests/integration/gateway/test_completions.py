@@ -145,6 +145,16 @@ async def test_the_priority_header_picks_the_lane(client: httpx.AsyncClient, que
                     422, "invalid_request")
 
 
+async def test_the_continuation_header_opts_the_job_out(client: httpx.AsyncClient, queue: Queue) -> None:
+    call = asyncio.create_task(client.post("/v1/chat/completions", json=BODY,
+                                           headers={**A, "inferq-continuation": "off"}))
+    job_id = await served(queue)
+    assert (await call).headers["inferq-job-id"] == job_id
+    assert (await queue.redis.hget(queue.keys.job(job_id), "continuation")) == "0"
+    assert_envelope(await client.post("/v1/chat/completions", json=BODY, headers={**A, "inferq-continuation": "no"}),
+                    422, "invalid_request")
+
+
 @pytest.mark.parametrize("body,field", [
     (b"not json", "body"), (b"[1]", "body"), (json.dumps({**BODY, "stream": "yes"}).encode(), "body.stream"),
     (json.dumps({**BODY, "stream_options": {"include_usage": 1}}).encode(), "include_usage"),

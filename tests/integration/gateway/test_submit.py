@@ -48,6 +48,22 @@ async def test_submit_answers_202_with_the_job_and_its_location(client: httpx.As
     assert await queue.redis.xlen(queue.keys.stream) == 1
 
 
+async def test_a_job_may_opt_out_of_continuation_and_a_replay_must_say_the_same(
+    client: httpx.AsyncClient, queue: Queue
+) -> None:
+    default = (await client.post("/v1/jobs", json=CHAT, headers=A)).json()
+    assert (await queue.get(default["id"])).continuation is True  # type: ignore[union-attr]
+    assert "continuation" not in await queue.redis.hgetall(queue.keys.job(default["id"]))  # the default costs nothing
+    request = {**CHAT, "continuation": False, "idempotency_key": "restart-me"}
+    opted = await client.post("/v1/jobs", json=request, headers=A)
+    assert opted.status_code == 202, opted.text
+    assert (await queue.get(opted.json()["id"])).continuation is False  # type: ignore[union-attr]
+    assert (await client.post("/v1/jobs", json=request, headers=A)).status_code == 200  # the same request
+    other = await client.post("/v1/jobs", json={**request, "continuation": True}, headers=A)
+    assert_envelope(other, 409)  # the same key with another request
+    assert_envelope(await client.post("/v1/jobs", json={**CHAT, "continuation": "no"}, headers=A), 422)
+
+
 async def test_submit_forwards_a_valid_traceparent_and_drops_a_malformed_one(
     client: httpx.AsyncClient, queue: Queue
 ) -> None:

@@ -10,9 +10,9 @@ The bound, per tenant and queue (model): ``Q + D x R + S``, where
 - ``D`` is ``INFERQ_TENANT_MAX_DEPTH``: the jobs admitted before the charge reached ``Q`` are at most ``D`` unfinished
   ones, each of which costs at most ``R`` -- the largest of an unfinished job (its body inline at its bound,
   everything else at its bound too, with its stream entry and idempotency key, and its output stream at its bound:
-  ``INFERQ_OUTPUT_MAX_BYTES`` of text in one delta per ``INFERQ_OUTPUT_FLUSH_MS`` of every attempt's run time) and
-  the charge of an ended one (its result inline at its bound, or a dead letter with its body and errors; an ended
-  job's output stream is closed);
+  ``INFERQ_OUTPUT_MAX_BYTES`` (``OutputMaxBytes``) of text in one delta per ``INFERQ_OUTPUT_FLUSH_MS`` of every
+  attempt's run time) and the charge of an ended one (its result inline at its bound, or a dead letter with its
+  body and errors; an ended job's output stream is closed);
 - ``S`` is the rest of what a tenant holds: its long-poll slots, its rate-limit bucket, its fields of the bounds
   hash over every hour its records may be charged in.
 """
@@ -44,6 +44,7 @@ DEPTH = TEMPLATE_DEFAULTS["TenantMaxDepth"]
 RETAINED = TEMPLATE_DEFAULTS["TenantMaxRetainedBytes"]
 WAITS = TEMPLATE_DEFAULTS["TenantMaxWaits"]
 JOB_TIMEOUT_S = TEMPLATE_DEFAULTS["JobTimeoutSeconds"]
+OUTPUT = TEMPLATE_DEFAULTS["OutputMaxBytes"]
 DEFAULTS = Settings()
 INLINE = DEFAULTS.inline_max_bytes
 """The deployed template always has a files bucket: a body or a result above this is kept in S3 (the claim check)."""
@@ -82,7 +83,7 @@ async def charged(q: Queue, tenant: str) -> int:
 async def test_the_most_one_tenant_can_hold_at_the_deployed_defaults_is_what_the_docs_state(
     valkey: Any, queue_name: str
 ) -> None:
-    q = Queue.connect(Settings(redis_url=valkey.url, queue=queue_name, max_attempts=2))
+    q = Queue.connect(Settings(redis_url=valkey.url, queue=queue_name, max_attempts=2, output_max_bytes=OUTPUT))
     await q.ensure_groups()
     try:
         await q.enqueue("warm", JobRequest(body={"model": "m"}))  # the streams' and hashes' first allocations
@@ -94,13 +95,13 @@ async def test_the_most_one_tenant_can_hold_at_the_deployed_defaults_is_what_the
         stream_job, _ = await q.enqueue("s", JobRequest(body={"model": "m"}))
         (streaming,), _ = await q.read("w", 1)
         flushes = DEFAULTS.max_attempts * JOB_TIMEOUT_S * 1000 // DEFAULTS.output_flush_ms
-        size = DEFAULTS.output_max_bytes // flushes
+        size = OUTPUT // flushes
         deltas = [output.Delta(stream_job.id, streaming.entry_id, streaming.lease, i * size, "x" * size, i + 1,
                                3600, i == 0) for i in range(flushes)]
         for first_delta in range(0, flushes, 1000):
             assert {a.code for a in await output.append_many(q, deltas[first_delta:first_delta + 1000])} == {0}
         stream = int(await q.redis.memory_usage(q.keys.out(stream_job.id), samples=0) or 0)
-        assert stream >= DEFAULTS.output_max_bytes * 0.95
+        assert stream >= OUTPUT * 0.95
 
         # unfinished: every field at its bound, with its stream entry, idempotency key and expiry entry
         before = await held_bytes(q)

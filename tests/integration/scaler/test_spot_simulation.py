@@ -3,7 +3,7 @@ stand-ins (the real rule of inferq/scaling/capacity.py) and continuation, on the
 
 from __future__ import annotations
 
-from bench import sim_fleet, sim_market, sim_spot, simulate
+from bench import sim_fleet, sim_market, sim_spot, sim_terms, simulate
 from bench.sim_strategies import InferqPolicy
 from bench.sim_work import with_tokens
 from inferq.scaling.capacity import Fallback
@@ -21,10 +21,10 @@ def test_an_on_demand_market_is_the_fleet_as_it_was_priced() -> None:
     sc, trace, peak = _day()
     policy = simulate._policy(sc, 2 * peak)
     plain = sim_fleet.Sim(trace, sc).run(InferqPolicy(policy, every_s=10.0))
-    priced, _ = sim_market.run_market(trace, sc, InferqPolicy(policy, every_s=10.0), sim_market.Market())
+    priced, _ = sim_market.run_market(trace, sc, InferqPolicy(policy, every_s=10.0), sim_terms.Market())
     for key in ("gpu_minutes", "p50_wait_s", "p95_wait_s", "max_wait_s", "scale_changes", "jobs"):
         assert priced[key] == plain[key], key
-    assert abs(priced["dollars"] - plain["gpu_minutes"] / 60 * sim_market.ON_DEMAND_PER_H) < 1e-9
+    assert abs(priced["dollars"] - plain["gpu_minutes"] / 60 * sim_terms.ON_DEMAND_PER_H) < 1e-9
     assert priced["on_demand_share"] == 1.0 and priced["interruptions"] == 0
 
 
@@ -70,7 +70,7 @@ def test_a_task_waiting_for_spot_costs_nothing_and_a_reclaimed_instance_is_paid_
     notice's end; the replacement continued the rest."""
     sc = sim_fleet.Scenario(seed=1, day_s=2000.0, bursts=0, boot_s=120.0)
     trace = sim_fleet.Trace(arrivals=[0.0], service=[400.0], bursts=[])
-    market = sim_market.Market(spot=True, shortages=((0.0, 100.0),))
+    market = sim_terms.Market(spot=True, shortages=((0.0, 100.0),))
 
     class OneThenInterrupt(sim_fleet.Controller):
         def start(self, sim: sim_fleet.Sim) -> None:
@@ -85,11 +85,11 @@ def test_a_task_waiting_for_spot_costs_nothing_and_a_reclaimed_instance_is_paid_
     result = sim.run(OneThenInterrupt())
     first, replacement = sim.workers
     assert isinstance(first, sim_market.Instance) and isinstance(replacement, sim_market.Instance)
-    assert first.billed_from == 100.0 and first.reclaimed_at == 300.0 + sim_market.NOTICE_S
+    assert first.billed_from == 100.0 and first.reclaimed_at == 300.0 + sim_terms.NOTICE_S
     assert replacement.billed_from == 300.0
     assert result["interruptions"] == 1 and result["continued"] == 1 and result["thrown_gpu_s"] == 0
     # the job ran 80 s, then the rest (320 s + the re-read) once the replacement booted at 420 s
-    assert sim.turnaround == [420.0 + 320.0 + sim_market.CONTINUE_OVERHEAD_S]
+    assert sim.turnaround == [420.0 + 320.0 + sim_terms.CONTINUE_OVERHEAD_S]
     assert sim.waits == [220.0]  # the first attempt's start: 100 s for capacity, 120 s of boot
 
 
@@ -97,7 +97,7 @@ def test_stand_ins_follow_the_real_rule_in_the_sim() -> None:
     """The sim's scaler gives a Spot task that waited the delay an on-demand stand-in on the fallback service."""
     sc = sim_fleet.Scenario(seed=1, day_s=3000.0, bursts=0)
     trace = sim_fleet.Trace(arrivals=[0.0], service=[30.0], bursts=[])
-    market = sim_market.Market(spot=True, fallback_after_s=180.0, shortages=((0.0, 2000.0),))
+    market = sim_terms.Market(spot=True, fallback_after_s=180.0, shortages=((0.0, 2000.0),))
     policy = ScalePolicy(gather_s=0.0)
     sim = sim_market.MarketSim(trace, sc, market=market)
     result = sim.run(sim_market.SpotPolicy(policy, every_s=10.0, fallback=Fallback(180.0)))

@@ -27,6 +27,10 @@ class Written:
     pieces: list[str] = field(default_factory=list)
     tokens: int = 0
     at: list[float] = field(default_factory=list)
+    expected: int | None = None
+
+    def expect(self, tokens: int) -> None:
+        self.expected = tokens
 
     def write(self, delta: str, tokens: int = 1) -> None:
         import asyncio
