@@ -156,3 +156,15 @@ def test_a_digest_pinned_image_and_ordinary_engine_arguments_pass() -> None:
                                         "backend": {"kind": "vllm", "args": {"model": "Qwen/Qwen2.5-7B-Instruct",
                                                                              "max_model_len": 4096}}}]})
     assert registry.models[0].deploy["image"].endswith("ab" * 32)
+
+
+def test_a_model_s_gpu_hour_price_defaults_to_its_instance_type_s_on_demand_price_per_gpu() -> None:
+    base = Settings(gpu_hour_usd=9.0)
+    registry = registry_of({"models": [
+        {"name": "one", "deploy": {"instance_type": "g6.xlarge"}},
+        {"name": "four", "deploy": {"instance_type": "g5.12xlarge", "gpus": 4}},  # $5.672 an hour over 4 A10Gs
+        {"name": "priced", "gpu_hour_usd": 0.5, "deploy": {"instance_type": "g5.xlarge"}},  # its own rate wins
+        {"name": "unlisted", "deploy": {"instance_type": "p5.48xlarge"}},
+        {"name": "nowhere"}]}, base)
+    prices = {m.name: m.settings.gpu_hour_usd for m in registry.models}
+    assert prices == {"one": 0.8048, "four": 1.418, "priced": 0.5, "unlisted": 9.0, "nowhere": 9.0}
