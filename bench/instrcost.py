@@ -9,6 +9,11 @@ the counters before each phase and dumps them after it (``callgrind_control``), 
 the jobs. Everything the server does for a phase is counted (reading and parsing the commands, scripts, replies),
 but not the kernel's socket work. Valgrind runs the server about 50 times slower, so fewer jobs are measured.
 
+The phases run twice on the same server, with usage metering on (the default, ``INFERQ_USAGE_RETENTION_DAYS`` 400:
+the terminal transition counts each job into its tenant's hourly bucket; the finish phase reports each attempt's
+time and tokens as a worker does) and off (0), each on a queue of its own: metering's cost is their difference in
+the same run.
+
 Needs valgrind (Debian's package, on every machine this project runs on); without it the figure is left out and
 the report says why.
 """
@@ -82,6 +87,8 @@ async def _counted(server: CallgrindValkey, n: int) -> dict[str, float]:
         return float(total_instructions(dump.read_text()))
 
     q = Queue.connect(Settings(redis_url=server.url, queue="bench-instr", max_queue_depth=0))
+    off = Queue.connect(Settings(redis_url=server.url, queue="bench-instr-unmetered", max_queue_depth=0,
+                                 usage_retention_days=0))
     try:
         await q.ensure_groups()
         await protocost._inferq_once(q, min(n, 200))  # warm: scripts loaded, the first allocations made
@@ -90,8 +97,13 @@ async def _counted(server: CallgrindValkey, n: int) -> dict[str, float]:
         await protocost._contract_once(q, min(n, 200))  # warm, as above
         contract = await protocost._contract_once(q, n, phase)
         out.update({f"contract_{name}": value for name, value in contract.items()})
+        await off.ensure_groups()
+        await protocost._inferq_once(off, min(n, 200))  # warm, as above
+        unmetered = await protocost._inferq_once(off, n, phase)
+        out.update({f"unmetered_{name}": value for name, value in unmetered.items()})
     finally:
         await q.close()
+        await off.close()
     return out
 
 
@@ -109,10 +121,16 @@ def measure(n: int = 1000) -> dict[str, Any]:
             server.stop()
     kilo = {name: round(value / 1000, 1) for name, value in counted.items()}
     contract = {name.removeprefix("contract_"): value for name, value in kilo.items() if name.startswith("contract_")}
+    unmetered = {name.removeprefix("unmetered_"): v for name, v in kilo.items() if name.startswith("unmetered_")}
+    metered = {k: v for k, v in kilo.items() if k != "floor" and not k.startswith(("contract_", "unmetered_"))}
     return {
         "method": f"{n} jobs, {protocost.BATCH} per round trip, valkey-server under valgrind --tool=callgrind; "
                   "callgrind_control --zero/--dump around each phase; thousands of instructions per job",
-        "kinstructions_per_job": {k: v for k, v in kilo.items() if k != "floor" and not k.startswith("contract_")},
+        "kinstructions_per_job": metered,
+        "metering": {
+            "off_kinstructions_per_job": unmetered,
+            "overhead": round(metered["total"] / unmetered["total"] - 1, 4),
+        },
         "contract_kinstructions_per_job": contract,
         "floor_kinstructions_per_job": kilo["floor"],
         "ratio_to_floor": round(kilo["total"] / kilo["floor"], 2),
@@ -126,8 +144,10 @@ def render(cost: dict[str, Any]) -> str:
     k = cost["kinstructions_per_job"]
     parts = ", ".join(f"{name} {k[name]:.1f}" for name in ("enqueue", "start", "finish", "read"))
     c = cost["contract_kinstructions_per_job"]
+    off = cost["metering"]["off_kinstructions_per_job"]
     return (f"server instructions per job (callgrind, repeatable): {k['total']:.1f} k ({parts}) vs the floor's "
             f"{cost['floor_kinstructions_per_job']:.1f} k: {cost['ratio_to_floor']:.1f}x; the contract's keys "
             f"written with plain commands, no script (a lower bound): {c['total']:.1f} k "
             f"({', '.join(f'{name} {c[name]:.1f}' for name in ('enqueue', 'start', 'finish', 'read'))}), "
-            f"{cost['contract_ratio_to_floor']:.1f}x")
+            f"{cost['contract_ratio_to_floor']:.1f}x; usage metering off: {off['total']:.1f} k "
+            f"(finish {off['finish']:.1f}): metering {cost['metering']['overhead']:+.1%}")

@@ -18,6 +18,7 @@ from inferq.queue.jobs import Job, JobRequest, Priority
 from inferq.webhooks import netguard
 
 from .errors import ApiError
+from .metering import check_budget
 from .request_schemas import (
     ALLOW_PRIVATE,
     NO_SURROGATES,
@@ -98,6 +99,7 @@ async def submit(gw: "Gateway", tenant: str, raw: bytes, idempotency_key: str | 
         continuation=payload.continuation,
     )
     queue = gw.model_queue(payload.body.get("model"))  # an unknown model is a 404 before anything is stored
+    await check_budget(gw, tenant, queue, key)  # past its monthly budget: 429 quota_exceeded, nothing stored
     job_request = await gw.claim_check.check_in(tenant, job_request, len(raw))  # a large body goes to S3 first
     job, replayed = await gw.call(queue.enqueue(tenant, job_request))
     location = f"/v1/jobs/{job.id}"

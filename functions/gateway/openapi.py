@@ -32,7 +32,8 @@ JOB_ERRORS = {
     409: "Conflict",
     413: "Body above INFERQ_MAX_BODY_BYTES",
     422: "Invalid request",
-    429: "Unfinished jobs reached INFERQ_MAX_QUEUE_DEPTH, or the key's rate limit (INFERQ_RATE_LIMIT_PER_S)",
+    429: "Unfinished jobs reached INFERQ_MAX_QUEUE_DEPTH, the key's rate limit (INFERQ_RATE_LIMIT_PER_S), or (a "
+         "submit) its tenant's monthly budget (INFERQ_TENANT_BUDGETS: quota_exceeded)",
     503: "Redis unreachable (on submit the outcome is unknown: retry with the same Idempotency-Key)",
 }
 
@@ -44,7 +45,8 @@ FILE_ERRORS = {
     409: "Conflict with the object's state",
     413: "Body above its bound",
     422: "Invalid request",
-    429: "A tenant quota reached (INFERQ_TENANT_MAX_FILES, INFERQ_TENANT_MAX_BATCHES)",
+    429: "A tenant quota reached (INFERQ_TENANT_MAX_FILES, INFERQ_TENANT_MAX_BATCHES), or its monthly budget "
+         "(INFERQ_TENANT_BUDGETS) on a new batch",
     503: "Redis unreachable, or no files bucket configured",
 }
 

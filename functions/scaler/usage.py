@@ -6,6 +6,9 @@
 - CloudWatch metrics (EMF) of each settled hour, stamped with the hour: per model (``Jobs``, ``PromptTokens``,
   ``CompletionTokens``, ``RunSeconds``, ``GpuSeconds``, ``EstimatedCostUSD``), and per model and tenant only with
   ``INFERQ_USAGE_TENANT_METRICS`` (each tenant's metrics are custom metrics CloudWatch bills for);
+- each queue's month totals per tenant through the last settled hour (``inferq:{Q}:usage:month:<YYYY-MM>``, what
+  budgets are checked against with the buckets since: :mod:`inferq.usage.budgets`), recomputed whole from the month's
+  buckets, so the terminal transition writes its hourly bucket alone;
 - ``BudgetUsedPercent`` per tenant with a budget (``INFERQ_TENANT_BUDGETS``), at most once a minute, and a warning in
   the log at 80 %.
 
@@ -24,9 +27,9 @@ from typing import Any
 
 from inferq.config.settings import Settings
 from inferq.queue.keys import Keys
-from inferq.usage.budgets import WARN_AT, month_to_date
+from inferq.usage.budgets import WARN_AT, month_to_date, month_totals
 from inferq.usage.export import day_key, jsonl
-from inferq.usage.periods import DAY_S, HOUR_S, hour_start
+from inferq.usage.periods import DAY_S, HOUR_S, MONTH_KEEP_S, hour_start, month_label, month_start, next_month_start
 from inferq.usage.report import Row, Source, totals, usage
 
 SETTLE_S = 300
@@ -126,8 +129,22 @@ async def export_pass(
                 await asyncio.to_thread(put, day_key(day), jsonl(day_rows))
                 logger.info("usage exported", extra={"key": day_key(day), "rows": len(day_rows),
                                                      "tenants": len(totals(day_rows))})
+    for first_of_month in sorted({month_start(hour) for hour in hours}):
+        await roll_up_month(found, first_of_month, min(settled, next_month_start(first_of_month) - HOUR_S))
     await primary.redis.set(primary.keys.usage_exported, str(settled))
     return hours
+
+
+async def roll_up_month(found: Sequence[Source], first_of_month: int, through: int) -> None:
+    """Each queue's month totals through the hour starting at ``through``, summed again from the month's buckets and
+    written in one step: a rerun writes the same."""
+    for source in found:
+        fields = month_totals(await usage([source], first_of_month, through + HOUR_S), through)
+        key = source.keys.usage_month(month_label(first_of_month))
+        async with source.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping=fields)
+            pipe.expireat(key, next_month_start(first_of_month) + MONTH_KEEP_S)
+            await pipe.execute()
 
 
 def s3_put(bucket: str) -> Callable[[str, bytes], None]:

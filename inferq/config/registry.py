@@ -22,6 +22,7 @@ from typing import Any
 
 from inferq.config.settings import Settings, SettingsError
 from inferq.queue.keys import Keys
+from inferq.usage.prices import gpu_hour_usd
 
 VARIABLE = "INFERQ_MODELS"
 MODEL_VARIABLE = "INFERQ_MODEL"
@@ -216,6 +217,9 @@ def _model(where: _Where, index: int, raw: Any, base: Settings) -> Model:
                                   or (isinstance(value, int) and value < 1)):
             raise where.error(f"{at} deploy.{key}", f"must be {'a positive integer' if kind is int else 'a string'}")
     _check_spot(where, at, deploy)
+    listed = gpu_hour_usd(deploy.get("instance_type", ""))
+    if "gpu_hour_usd" not in entry and listed is not None:  # its instance type's on-demand price per GPU-hour
+        overrides["gpu_hour_usd"] = listed
     multimodal = entry.get("multimodal", False)
     if not isinstance(multimodal, bool):
         raise where.error(f"{at} multimodal", "must be true or false")

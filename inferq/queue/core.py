@@ -57,13 +57,12 @@ class QueueCore:
         self._meter: tuple[int, list[str], list[Any]] = (-1, [], [])
 
     def meter(self, now: int) -> tuple[list[str], list[Any]]:
-        """The usage keys (the hour's bucket, the month's totals) and their expiries that a script which may end a
-        job at ``now`` (ms) takes (``includes/meter.lua``); made once per hour."""
+        """The usage key (the hour's bucket) and its expiry that a script which may end a job at ``now`` (ms) takes
+        (``includes/meter.lua``); made once per hour."""
         hour = hour_start(now / 1000)
         if self._meter[0] != hour:
-            hour_label, month_label, hour_until, month_until = meter_args(now, self.settings.usage_retention_days)
-            self._meter = (hour, [self.keys.usage_hour(hour_label), self.keys.usage_month(month_label)],
-                           [hour_until, month_until])
+            hour_label, hour_until = meter_args(now, self.settings.usage_retention_days)
+            self._meter = (hour, [self.keys.usage_hour(hour_label)], [hour_until])
         return self._meter[1], self._meter[2]
 
     @classmethod

@@ -1,6 +1,9 @@
-"""Per-tenant monthly budgets (``INFERQ_TENANT_BUDGETS``): what a tenant spent this UTC month, from each queue's month
-totals (``inferq:{Q}:usage:month:<YYYY-MM>``, written with the hourly buckets by ``includes/meter.lua``), summed
-over the queues; past a budget the gateway refuses the tenant's submits (429 ``quota_exceeded``).
+"""Per-tenant monthly budgets (``INFERQ_TENANT_BUDGETS``): what a tenant spent this UTC month, summed over the queues;
+past a budget the gateway refuses the tenant's submits (429 ``quota_exceeded``).
+
+A queue's month to date is its month totals (``inferq:{Q}:usage:month:<YYYY-MM>``, which the scaler writes once an
+hour has settled, through that hour: :func:`month_totals`) plus the hourly buckets since (usually one or two): the
+terminal transition writes the hourly bucket alone, and the month is summed off its hot path.
 
 A budget stops new work, not work already accepted: jobs in flight when it is reached still run and count, so a
 month's usage can pass the budget by what was in flight (bounded by ``INFERQ_TENANT_MAX_DEPTH``)."""
@@ -13,8 +16,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from inferq.config.parsers import Budget
-from inferq.usage.periods import month_label, next_month_start
-from inferq.usage.report import Source
+from inferq.usage.periods import HOUR_S, hours, month_label, month_start, next_month_start
+from inferq.usage.report import Row, Source, parse, read_buckets
 
 RECHECK_S = 10.0
 """How long a gateway process trusts a tenant's month-to-date under its budget before reading it again: one read per
@@ -48,16 +51,39 @@ class Spent:
         return None
 
 
+THROUGH = "through"
+"""The month totals' field: the start of the last hour they include (unix s)."""
+
+
+async def _queue_month(source: Source, tenant: str, now_s: float) -> tuple[int, float]:
+    """One queue's month to date of ``tenant``: its month totals, then the buckets of the hours after them."""
+    totals = await source.redis.hgetall(source.keys.usage_month(month_label(now_s)))
+    through = totals.get(THROUGH)
+    since = int(through) + HOUR_S if through and through.isdigit() else month_start(now_s)
+    tokens, gpu_ms = int(totals.get(f"{tenant}|tokens") or 0), int(totals.get(f"{tenant}|gpu_ms") or 0)
+    prefix = f"{tenant}|"
+    for _, bucket in await read_buckets(source, hours(since, now_s + 1)) if since <= now_s else []:
+        for name, value in bucket.items():
+            parsed = parse(name, value) if name.startswith(prefix) else None
+            if parsed is not None:
+                numbers = parsed[3]
+                tokens, gpu_ms = tokens + numbers[4] + numbers[5], gpu_ms + numbers[7]
+    return tokens, gpu_ms / 3_600_000 * source.gpu_hour_usd
+
+
 async def month_to_date(sources: Sequence[Source], tenant: str, now_s: float) -> Spent:
-    """What ``tenant`` spent this UTC month: one read per queue, side by side."""
-    label = month_label(now_s)
-    replies = await asyncio.gather(*(s.redis.hmget(s.keys.usage_month(label), f"{tenant}|tokens", f"{tenant}|gpu_ms")
-                                     for s in sources))
-    tokens, usd = 0, 0.0
-    for source, (spent_tokens, gpu_ms) in zip(sources, replies, strict=True):
-        tokens += int(spent_tokens or 0)
-        usd += int(gpu_ms or 0) / 3_600_000 * source.gpu_hour_usd
-    return Spent(tokens, usd)
+    """What ``tenant`` spent this UTC month, every queue read side by side."""
+    found = await asyncio.gather(*(_queue_month(source, tenant, now_s) for source in sources))
+    return Spent(sum(t for t, _ in found), sum(usd for _, usd in found))
+
+
+def month_totals(rows: Sequence[Row], through: int) -> dict[str, str]:
+    """The month totals' fields, from one queue's rows of the month through the hour starting at ``through``."""
+    fields: dict[str, int] = {}
+    for row in rows:
+        fields[f"{row.tenant}|tokens"] = fields.get(f"{row.tenant}|tokens", 0) + row.tokens
+        fields[f"{row.tenant}|gpu_ms"] = fields.get(f"{row.tenant}|gpu_ms", 0) + row.gpu_ms
+    return {THROUGH: str(through), **{name: str(value) for name, value in fields.items()}}
 
 
 class BudgetExceeded(Exception):

@@ -1,7 +1,8 @@
 """The periods usage is kept in: hourly buckets (``inferq:{Q}:usage:<YYYY-MM-DDTHH>``, kept
-``INFERQ_USAGE_RETENTION_DAYS``) and each tenant's totals of the calendar month (``inferq:{Q}:usage:month:<YYYY-MM>``,
-what budgets are checked against), both in UTC. A script that may end a job takes the two keys of its ``now`` and
-when each expires (:func:`meter_args`): the keys come in through ``KEYS``, computed here from the same clock."""
+``INFERQ_USAGE_RETENTION_DAYS``), and each tenant's totals of the calendar month through its last settled hour
+(``inferq:{Q}:usage:month:<YYYY-MM>``, what budgets are checked against, kept by the scaler), in UTC. A script that may
+end a job takes the bucket of its ``now`` and when it expires (:func:`meter_args`): the key comes in through
+``KEYS``, computed here from the same clock."""
 
 from __future__ import annotations
 
@@ -45,13 +46,8 @@ def hours(start_s: float, end_s: float) -> list[int]:
     return list(range(first, last + HOUR_S, HOUR_S))
 
 
-def meter_args(now_ms: int, retention_days: int) -> tuple[str, str, int, int]:
-    """For a script that may end a job at ``now_ms``: the labels of its hour and month, and when the hour's bucket
-    and the month's totals expire (unix seconds). ``retention_days`` 0 (metering off): both expiries are 0, and the
-    scripts write nothing."""
-    now_s = now_ms / 1000
-    start = hour_start(now_s)
-    if retention_days <= 0:
-        return hour_label(start), month_label(now_s), 0, 0
-    return (hour_label(start), month_label(now_s), start + HOUR_S + retention_days * DAY_S,
-            next_month_start(now_s) + MONTH_KEEP_S)
+def meter_args(now_ms: int, retention_days: int) -> tuple[str, int]:
+    """For a script that may end a job at ``now_ms``: the label of its hour, and when the hour's bucket expires (unix
+    seconds; 0 with ``retention_days`` 0, metering off: the scripts write nothing)."""
+    start = hour_start(now_ms / 1000)
+    return hour_label(start), (start + HOUR_S + retention_days * DAY_S if retention_days > 0 else 0)

@@ -120,8 +120,8 @@ class UsageRows:
         return [self._positions[row_name], f"{run_ms} {gpu_ms} {spend.prompt_tokens} {spend.completion_tokens}"]
 
     def args(self) -> list[Any]:
-        """The rows' arguments: their number, then each row's name and its eight sums."""
+        """The rows' arguments: their number, then each row's name and its eight sums separated by spaces."""
         out: list[Any] = [len(self._rows)]
         for name, row in self._rows.items():
-            out += [name, *row]
+            out += [name, " ".join(map(str, row))]
         return out

@@ -23,7 +23,13 @@ def test_it_counts_every_phase_and_the_floor_and_the_same_again() -> None:
     for name, value in k.items():  # instructions, not seconds: the same work counts (nearly) the same
         assert second["kinstructions_per_job"][name] == pytest.approx(value, rel=0.05), name
         assert second["contract_kinstructions_per_job"][name] == pytest.approx(contract[name], rel=0.05), name
+    # usage metering off beside on, in the same run: the same phases, the difference its cost
+    off = first["metering"]["off_kinstructions_per_job"]
+    assert set(off) == set(k) and all(off[name] > 0 for name in off)
+    assert first["metering"]["overhead"] == pytest.approx(k["total"] / off["total"] - 1, abs=1e-3)
+    assert second["metering"]["off_kinstructions_per_job"]["total"] == pytest.approx(off["total"], rel=0.05)
     assert instrcost.render(first).startswith("server instructions per job (callgrind, repeatable): ")
+    assert "usage metering off" in instrcost.render(first)
 
 
 def test_a_dump_is_read_by_its_totals_line() -> None:

@@ -130,3 +130,15 @@ def test_only_a_model_marked_multimodal_takes_images() -> None:
     assert not registry.multimodal("text") and not registry.multimodal("unknown") and not registry.multimodal(3)
     with pytest.raises(SettingsError, match="multimodal: must be true or false"):
         registry_of({"models": [{"name": "m", "multimodal": "yes"}]})
+
+
+def test_a_model_s_gpu_hour_price_defaults_to_its_instance_type_s_on_demand_price_per_gpu() -> None:
+    base = Settings(gpu_hour_usd=9.0)
+    registry = registry_of({"models": [
+        {"name": "one", "deploy": {"instance_type": "g6.xlarge"}},
+        {"name": "four", "deploy": {"instance_type": "g5.12xlarge", "gpus": 4}},  # $5.672 an hour over 4 A10Gs
+        {"name": "priced", "gpu_hour_usd": 0.5, "deploy": {"instance_type": "g5.xlarge"}},  # its own rate wins
+        {"name": "unlisted", "deploy": {"instance_type": "p5.48xlarge"}},
+        {"name": "nowhere"}]}, base)
+    prices = {m.name: m.settings.gpu_hour_usd for m in registry.models}
+    assert prices == {"one": 0.8048, "four": 1.418, "priced": 0.5, "unlisted": 9.0, "nowhere": 9.0}

@@ -13,7 +13,7 @@ from inferq.config.parsers import Budget, SettingsError
 from inferq.config.settings import Settings
 from inferq.queue.jobs import JobStatus, Priority
 from inferq.usage.budgets import RECHECK_S, BudgetExceeded, BudgetGuard, Spent
-from inferq.usage.periods import DAY_S, HOUR_S, hours, meter_args, next_month_start
+from inferq.usage.periods import DAY_S, HOUR_S, hours, meter_args, month_start, next_month_start
 from inferq.usage.report import Row, parse
 from inferq.usage.spend import BusyShare, Spend, UsageRows, tokens_of
 
@@ -74,7 +74,7 @@ def test_a_finish_call_s_jobs_are_added_up_per_row_with_their_earlier_attempts()
     assert rows.add(FakeDelivery(FakeJob("a")), JobStatus.SUCCEEDED, Spend(10, 5, 1, 2)) == [1, "110 55 1 2"]
     assert rows.add(FakeDelivery(FakeJob("b")), JobStatus.FAILED, Spend()) == [2, "100 50 0 0"]
     assert rows.add(FakeDelivery(FakeJob("a")), JobStatus.CANCELLED, Spend(1, 1, 0, 0)) == [1, "101 51 0 0"]
-    assert rows.args() == [2, "a|normal|m", 1, 0, 1, 0, 1, 2, 211, 106, "b|normal|m", 0, 1, 0, 0, 0, 0, 100, 50]
+    assert rows.args() == [2, "a|normal|m", "1 0 1 0 1 2 211 106", "b|normal|m", "0 1 0 0 0 0 100 50"]
     off = UsageRows(False)
     assert off.add(FakeDelivery(FakeJob("a")), JobStatus.SUCCEEDED, Spend(1, 1, 1, 1)) == [0, ""]
     assert off.args() == [0]
@@ -96,11 +96,9 @@ def test_periods_cover_whole_hours_and_expire_after_the_retention() -> None:
     start = 1_764_547_200  # 2025-12-01T00:00Z
     assert hours(start + 10, start + HOUR_S + 1) == [start, start + HOUR_S]
     assert hours(start, start + HOUR_S) == [start]
-    label, month, hour_until, month_until = meter_args((start + 90) * 1000, 30)
-    assert (label, month) == ("2025-12-01T00", "2025-12")
-    assert hour_until == start + HOUR_S + 30 * DAY_S
-    assert month_until == next_month_start(start) + 7 * DAY_S == 1_767_225_600 + 7 * DAY_S
-    assert meter_args(start * 1000, 0)[2:] == (0, 0)
+    assert meter_args((start + 90) * 1000, 30) == ("2025-12-01T00", start + HOUR_S + 30 * DAY_S)
+    assert meter_args(start * 1000, 0) == ("2025-12-01T00", 0)
+    assert next_month_start(start + 10 * DAY_S) == 1_767_225_600 and month_start(start + 10 * DAY_S) == start
 
 
 @pytest.mark.parametrize("raw, expected", [

@@ -35,6 +35,7 @@ from ..errors import ApiError
 from ..gateway import Gateway
 from ..joboutput import final_text, reader
 from ..jobs import TRACEPARENT_RE
+from ..metering import check_budget
 from ..openapi import JOB_ERRORS, errors
 from ..request_schemas import IDEMPOTENCY_KEY_MAX
 from ..responses import JSONResponse
@@ -193,6 +194,8 @@ async def _checked(request: Request, gw: Gateway, url: str, tenant: str) -> Call
 
 async def _enqueue(request: Request, call: Call, tenant: str) -> Job:
     gw = call.gw
+    # past its monthly budget: 429 quota_exceeded, before anything is stored (a retry of an accepted job replays)
+    await check_budget(gw, tenant, call.queue, call.request.idempotency_key)
     job_request = await gw.claim_check.check_in(tenant, call.request, call.raw_bytes)  # a large body goes to S3 first
     job, replayed = await gw.call(call.queue.enqueue(tenant, job_request))
     request.state.job_id = job.id

@@ -15,8 +15,7 @@
   KEYS[8] job record
   KEYS[9] done (long-poll wakeup)
   KEYS[10] usage of the hour (keys.usage_hour of now; includes/meter): a job cancelled here is counted there
-  KEYS[11] usage totals of the month (keys.usage_month of now)
-  KEYS[12] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
+  KEYS[11] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
 
   ARGV[1] tenant
   ARGV[2] now (ms)
@@ -24,7 +23,6 @@
   ARGV[4] events max length
   ARGV[5] call token (random, one per call)
   ARGV[6] when the hour's usage expires (unix s; "0": metering off)
-  ARGV[7] when the month's usage totals expire (unix s)
 
   Returns
     {0}            cancelled now
@@ -36,8 +34,8 @@ local rcall = redis.call
 local statsKey, eventsKey, delayedKey = KEYS[4], KEYS[5], KEYS[6]
 local tenantsKey, jobKey, doneKey = KEYS[7], KEYS[8], KEYS[9]
 local tenant, now, resultTtl, eventsMaxlen, call = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local METER = {hour = KEYS[10], month = KEYS[11], hourUntil = ARGV[6], monthUntil = ARGV[7]}
-local HOLDS = KEYS[12]
+local METER = {hour = KEYS[10], hourUntil = ARGV[6]}
+local HOLDS = KEYS[11]
 
 --- @include "ackEntry"
 --- @include "replay"

@@ -18,15 +18,13 @@
   KEYS[9] job record
   KEYS[10] done (long-poll wakeup)
   KEYS[11] usage of the hour (keys.usage_hour of now; includes/meter): a job expired here is counted there
-  KEYS[12] usage totals of the month (keys.usage_month of now)
-  KEYS[13] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
+  KEYS[12] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
 
   ARGV[1] job id
   ARGV[2] now (ms)
   ARGV[3] result TTL (s)
   ARGV[4] events max length
   ARGV[5] when the hour's usage expires (unix s; "0": metering off)
-  ARGV[6] when the month's usage totals expire (unix s)
 
   Returns
     {0}            expired now
@@ -37,8 +35,8 @@ local rcall = redis.call
 local statsKey, eventsKey, delayedKey, expiryKey = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local tenantsKey, jobKey, doneKey = KEYS[8], KEYS[9], KEYS[10]
 local jobId, now, resultTtl, eventsMaxlen = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local METER = {hour = KEYS[11], month = KEYS[12], hourUntil = ARGV[5], monthUntil = ARGV[6]}
-local HOLDS = KEYS[13]
+local METER = {hour = KEYS[11], hourUntil = ARGV[5]}
+local HOLDS = KEYS[12]
 
 --- @include "ackEntry"
 --- @include "terminate"

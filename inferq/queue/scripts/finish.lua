@@ -19,23 +19,22 @@
   KEYS[2] events
   KEYS[3] tenants (unfinished jobs per tenant)
   KEYS[4] usage of the hour (keys.usage_hour of now; includes/meter)
-  KEYS[5] usage totals of the month (keys.usage_month of now)
-  KEYS[6] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
-  KEYS[7..n] three per job, in the order of ARGV's jobs: the stream of the delivery's entry (the job's lane),
+  KEYS[5] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
+  KEYS[6..n] three per job, in the order of ARGV's jobs: the stream of the delivery's entry (the job's lane),
              the job record, done (long-poll wakeup)
 
   ARGV[1] now (ms)
   ARGV[2] result TTL (s)
   ARGV[3] events max length
   ARGV[4] when the hour's usage expires (unix s; "0": metering off)
-  ARGV[5] when the month's usage totals expire (unix s)
-  ARGV[6] R, the number of usage rows that follow (0 with metering off)
-  ARGV[7..6+9R] the jobs' usage added up by the client, per row: row ("tenant|lane|model"), jobs succeeded, failed,
-            cancelled, expired, prompt tokens, completion tokens, run ms, GPU ms (each job's run and GPU ms of all its
-            attempts: the record's run_ms and gpu_ms as its delivery read them -- only the delivery's own retry or
-            release changes them -- plus this attempt's, the worker's share of its busy time for GPU ms); a job the
-            script does not end (refused, resent) is taken back out of its row (includes/meter)
-  ARGV[7+9R..] eight per job: entry id, status (succeeded | failed | cancelled), result JSON ("" for none), error
+  ARGV[5] R, the number of usage rows that follow (0 with metering off)
+  ARGV[6..5+2R] the jobs' usage added up by the client, two per row: row ("tenant|lane|model"), and its eight sums
+            separated by spaces: jobs succeeded, failed, cancelled, expired, prompt tokens, completion tokens, run ms,
+            GPU ms (each job's run and GPU ms of all its attempts: the record's run_ms and gpu_ms as its delivery read
+            them -- only the delivery's own retry or release changes them -- plus this attempt's, the worker's share
+            of its busy time for GPU ms); a job the script does not end (refused, resent) is taken back out of its
+            row (includes/meter)
+  ARGV[6+2R..] eight per job: entry id, status (succeeded | failed | cancelled), result JSON ("" for none), error
             JSON ("" for none), lease token of the delivery (from start), call token (the same for the same write of
             one delivery: queue.settle_token), its row's position among the rows (1..R; 0: not metered), what it
             added to the row ("run_ms gpu_ms prompt_tokens completion_tokens")
@@ -49,8 +48,8 @@
 local rcall = redis.call
 local statsKey, eventsKey, tenantsKey = KEYS[1], KEYS[2], KEYS[3]
 local now, resultTtl, eventsMaxlen = ARGV[1], ARGV[2], ARGV[3]
-local METER = {hour = KEYS[4], month = KEYS[5], hourUntil = ARGV[4], monthUntil = ARGV[5]}
-local HOLDS = KEYS[6]
+local METER = {hour = KEYS[4], hourUntil = ARGV[4]}
+local HOLDS = KEYS[5]
 
 --- @include "ackEntry"
 --- @include "replay"
@@ -58,12 +57,12 @@ local HOLDS = KEYS[6]
 --- @include "settleGuard"
 
 local tally = {n = 0, statuses = {}, latency = 0, tenants = {}, webhooks = 0, tokens = 0}
-local rowCount = tonumber(ARGV[6])
-local rows = meterRows(tally, 7, rowCount)
-local first = 7 + 9 * rowCount
+local rowCount = tonumber(ARGV[5])
+local rows = meterRows(tally, 6, rowCount)
+local first = 6 + 2 * rowCount
 local replies, acks = {}, {}
-for i = 0, (#KEYS - 6) / 3 - 1 do
-  local streamKey, jobKey, doneKey = KEYS[7 + 3 * i], KEYS[8 + 3 * i], KEYS[9 + 3 * i]
+for i = 0, (#KEYS - 5) / 3 - 1 do
+  local streamKey, jobKey, doneKey = KEYS[6 + 3 * i], KEYS[7 + 3 * i], KEYS[8 + 3 * i]
   local a = first + 8 * i
   local entryId, newStatus, resultJson, errorJson, lease, call = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
     ARGV[a + 4], ARGV[a + 5]
@@ -72,9 +71,9 @@ for i = 0, (#KEYS - 6) / 3 - 1 do
   local refusal = settleGuard(streamKey, statsKey, jobKey, entryId, lease, call, job, true)
   if refusal then
     replies[i + 1] = refusal
-    local row = rows[tonumber(ARGV[a + 6])]
-    if row then  -- not ended here: out of its row
-      meterUnend(row, newStatus, ARGV[a + 7])
+    local name = rows[tonumber(ARGV[a + 6])]
+    if name then  -- not ended here: out of its row
+      meterUnend(tally.rows, name, newStatus, ARGV[a + 7])
     end
   else
     -- acknowledged with the batch's other entries of its stream, in one XACK and one XDEL (which walks a stream's

@@ -20,8 +20,7 @@
   KEYS[8] done (long-poll wakeup)
   KEYS[9] dlq index (per tenant: keys.dlq_index)
   KEYS[10] usage of the hour (keys.usage_hour of now; includes/meter): a job this ends is counted there
-  KEYS[11] usage totals of the month (keys.usage_month of now)
-  KEYS[12] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord); a
+  KEYS[11] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord); a
            poison job dead-lettered here is an engine death against its tenant (includes/holdStrike)
 
   ARGV[1] entry id
@@ -42,10 +41,9 @@
            writes change); "" to leave the field as it is
   ARGV[13] GPU ms of the job's attempts likewise (the workers' shares of their busy time; field gpu_ms)
   ARGV[14] when the hour's usage expires (unix s; "0": metering off)
-  ARGV[15] when the month's usage totals expire (unix s)
-  ARGV[16] (optional) engine deaths that start a tenant's cool-off (INFERQ_ENGINE_STRIKES; 0 or absent: none)
-  ARGV[17] (optional) within how long (ms; INFERQ_ENGINE_STRIKE_WINDOW_S)
-  ARGV[18] (optional) how long the cool-off lasts (ms; INFERQ_ENGINE_COOLOFF_S)
+  ARGV[15] (optional) engine deaths that start a tenant's cool-off (INFERQ_ENGINE_STRIKES; 0 or absent: none)
+  ARGV[16] (optional) within how long (ms; INFERQ_ENGINE_STRIKE_WINDOW_S)
+  ARGV[17] (optional) how long the cool-off lasts (ms; INFERQ_ENGINE_COOLOFF_S)
 
   Returns
     {1, attempt, due_ms}   next attempt queued (due_ms 0: in the stream now; else in the delayed set)
@@ -62,8 +60,8 @@ local entryId, now, delay, maxAttempts = ARGV[1], tonumber(ARGV[2]), tonumber(AR
 local errorJson, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local poison = ARGV[10] or ''
 local strikesNeeded = tonumber(ARGV[11] or '1')
-local METER = {hour = KEYS[10], month = KEYS[11], hourUntil = ARGV[14], monthUntil = ARGV[15]}
-local HOLDS = KEYS[12]
+local METER = {hour = KEYS[10], hourUntil = ARGV[14]}
+local HOLDS = KEYS[11]
 
 
 --- @include "ackEntry"
@@ -98,8 +96,8 @@ if poisoned or attempts >= maxAttempts then
     eventsMaxlen,
     poisoned and poison or 'max_attempts', errorJson)
   if poisoned then  -- its tenant's jobs killed the engine once more: past its strikes, a cool-off
-    holdStrike(rcall('HGET', jobKey, 'tenant') or '', now, tonumber(ARGV[16] or '0') or 0,
-      tonumber(ARGV[17] or '0') or 0, tonumber(ARGV[18] or '0') or 0)
+    holdStrike(rcall('HGET', jobKey, 'tenant') or '', now, tonumber(ARGV[15] or '0') or 0,
+      tonumber(ARGV[16] or '0') or 0, tonumber(ARGV[17] or '0') or 0)
   end
   return remember(jobKey, 'settled', call, {2})
 end

@@ -18,9 +18,8 @@
   KEYS[5] tenants (unfinished jobs per tenant)
   KEYS[6] dlq index (per tenant: keys.dlq_index)
   KEYS[7] usage of the hour (keys.usage_hour of now; includes/meter): a job ended here is counted there
-  KEYS[8] usage totals of the month (keys.usage_month of now)
-  KEYS[9] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
-  KEYS[10..n] three per entry, in the order of ARGV's entries: the stream it was read from (the job's lane), the
+  KEYS[8] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord)
+  KEYS[9..n] three per entry, in the order of ARGV's entries: the stream it was read from (the job's lane), the
              job record, done (long-poll wakeup)
 
   ARGV[1] consumer (worker id)
@@ -30,8 +29,7 @@
   ARGV[5] events max length
   ARGV[6] "1" when the entries were reclaimed from another consumer
   ARGV[7] when the hour's usage expires (unix s; "0": metering off)
-  ARGV[8] when the month's usage totals expire (unix s)
-  ARGV[9..] two per entry: entry id, lease token of this delivery
+  ARGV[8..] two per entry: entry id, lease token of this delivery
 
   Returns one reply per entry, in order:
     0                       run it. The caller reads the record (HGETALL) right after, in the same pipeline: a
@@ -45,8 +43,8 @@
 local rcall = redis.call
 local statsKey, eventsKey, dlqKey, expiryKey, tenantsKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dlqIndexKey = KEYS[6]
-local METER = {hour = KEYS[7], month = KEYS[8], hourUntil = ARGV[7], monthUntil = ARGV[8]}
-local HOLDS = KEYS[9]
+local METER = {hour = KEYS[7], hourUntil = ARGV[7]}
+local HOLDS = KEYS[8]
 local consumer, now = ARGV[1], tonumber(ARGV[2])
 local maxDeliveries, resultTtl, eventsMaxlen, reclaimed = tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 
@@ -127,7 +125,7 @@ local function start(streamKey, jobKey, doneKey, entryId, lease)
 end
 
 local replies = {}
-for i = 0, (#KEYS - 9) / 3 - 1 do
-  replies[i + 1] = start(KEYS[10 + 3 * i], KEYS[11 + 3 * i], KEYS[12 + 3 * i], ARGV[9 + 2 * i], ARGV[10 + 2 * i])
+for i = 0, (#KEYS - 8) / 3 - 1 do
+  replies[i + 1] = start(KEYS[9 + 3 * i], KEYS[10 + 3 * i], KEYS[11 + 3 * i], ARGV[8 + 2 * i], ARGV[9 + 2 * i])
 end
 return replies

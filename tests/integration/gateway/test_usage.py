@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,10 @@ from inferq.config.parsers import Budget
 from inferq.config.settings import Settings
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Queue
+from inferq.usage.budgets import RECHECK_S
 from inferq.usage.spend import Spend
+from tests.support.clock import FakeClock
+from tests.support.s3 import in_process_bucket
 
 from .conftest import AppFactory
 from .support import KEYS, A, B
@@ -120,20 +123,64 @@ async def test_a_registry_s_models_are_rows_of_their_own_priced_each_at_its_rate
         ("chat", 2, 0.004), ("embed", 1, 0.001)]
 
 
-async def test_past_its_budget_a_tenant_s_submits_are_quota_exceeded_and_others_go_on(
-    make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient], queue: Queue,
-    monkeypatch: pytest.MonkeyPatch
+BUCKET = "inferq-usage-budgets"
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+SUBMITS = {"/v1/jobs": {"body": BODY}, "/v1/chat/completions": BODY,
+           "/v1/completions": {"model": "m", "prompt": "hi"}}
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    with in_process_bucket(monkeypatch, BUCKET) as client:
+        yield client
+
+
+async def test_past_its_budget_every_submit_of_the_tenant_is_quota_exceeded_and_others_go_on(
+    s3: Any, make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient], queue: Queue
 ) -> None:
-    app = make_app(tenant_budgets={"tenant-a": Budget(tokens=10)})
+    app = make_app(tenant_budgets={"tenant-a": Budget(tokens=10)}, files_bucket=BUCKET)
     client = open_client(app)
-    gw = app.state.gateway
+    clock = FakeClock(time.time())
+    metering.budget_guard(app.state.gateway, clock=clock)
+    uploaded = await client.post("/v1/files", headers=A, files={"file": ("in.jsonl", json.dumps(
+        {"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions", "body": BODY}).encode() + b"\n")},
+                                 data={"purpose": "batch"})
+    keyed = await client.post("/v1/jobs", json={"body": BODY}, headers={**A, "Idempotency-Key": "k1"})
+    assert keyed.status_code == 202, keyed.text  # under its budget: accepted, and the guard holds that RECHECK_S
+    await run_all(queue, Spend(1, 1, 4, 6))  # 10 tokens: the budget reached
+    await submit(client, A)  # not read again before the recheck
+    clock.advance(RECHECK_S)
+    for path, body in SUBMITS.items():
+        refused = await client.post(path, json=body, headers=A)
+        assert_envelope(refused, 429, "quota_exceeded")
+        message = refused.json()["error"]["message"]
+        assert "monthly budget of 10 tokens (used: 10)" in message and "tenant-a" in message
+        assert 0 < int(refused.headers["Retry-After"]) <= 31 * 86400
+    batch = {"input_file_id": uploaded.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    assert_envelope(await client.post("/v1/batches", json=batch, headers=A), 429, "quota_exceeded")
+    # a retry of the submit accepted before the budget was reached is no new job: it replays that job
+    replayed = await client.post("/v1/jobs", json={"body": BODY}, headers={**A, "Idempotency-Key": "k1"})
+    assert replayed.status_code == 200 and replayed.json()["id"] == keyed.json()["id"]
+    assert_envelope(await client.post("/v1/jobs", json={"body": BODY}, headers={**A, "Idempotency-Key": "k2"}),
+                    429, "quota_exceeded")
+    await submit(client, B)  # no budget: nothing read, nothing refused
+    assert (await client.post("/v1/batches", json=batch, headers=B)).status_code == 404  # A's file: not B's
+
+
+async def test_a_budget_in_dollars_is_reached_by_gpu_time_at_the_model_s_price(
+    make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient], queue: Queue
+) -> None:
+    app = make_app(tenant_budgets={"tenant-a": Budget(usd=0.01)}, gpu_hour_usd=3.6)  # $0.001 per GPU-second
+    client = open_client(app)
+    clock = FakeClock(time.time())
+    metering.budget_guard(app.state.gateway, clock=clock)
     await submit(client, A)
-    await run_all(queue, Spend(1, 1, 4, 6))
-    guard = metering.budget_guard(gw)
-    guard._known.clear()  # the month to date read again now, as after RECHECK_S
-    with pytest.raises(Exception) as refused:
-        await metering.check_budget(gw, "tenant-a")
-    response: Any = refused.value
-    assert response.status == 429 and response.type == "quota_exceeded" and "10 tokens" in response.message
-    assert int(response.headers["Retry-After"]) > 0
-    await metering.check_budget(gw, "tenant-b")  # no budget: nothing read, nothing refused
+    await run_all(queue, Spend(9_000, 9_000, 1, 1))  # 9 GPU-seconds: $0.009, under
+    await submit(client, A)
+    clock.advance(RECHECK_S)
+    await submit(client, A)  # read again: still under
+    await run_all(queue, Spend(2_000, 2_000, 1, 1))  # 13 GPU-seconds in all: $0.013
+    clock.advance(RECHECK_S)
+    refused = await client.post("/v1/jobs", json={"body": BODY}, headers=A)
+    assert_envelope(refused, 429, "quota_exceeded")
+    assert "$0.01" in refused.json()["error"]["message"]

