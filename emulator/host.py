@@ -71,12 +71,25 @@ def aws_env(endpoint: str) -> dict[str, str]:
     }
 
 
-def create_bucket(endpoint: str, bucket: str) -> None:
-    """The files bucket (Files, Uploads, batch output) in moto's S3, on the same server as ECS."""
+def _moto_client(service: str, endpoint: str) -> Any:
     import boto3
 
     credentials = aws_env(endpoint)  # the children's: moto's test credentials
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name=credentials["AWS_REGION"],
-                      aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
-                      aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"])
-    s3.create_bucket(Bucket=bucket)
+    return boto3.client(service, endpoint_url=endpoint, region_name=credentials["AWS_REGION"],
+                        aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"])
+
+
+def create_bucket(endpoint: str, bucket: str) -> None:
+    """The files bucket (Files, Uploads, batch output) in moto's S3, on the same server as ECS."""
+    _moto_client("s3", endpoint).create_bucket(Bucket=bucket)
+
+
+def create_key_alias(endpoint: str, alias: str) -> None:
+    """A KMS key under ``alias`` (``alias/<name>``) in moto, unless it is there: the key that seals the tenants'
+    webhook secrets when ``INFERQ_WEBHOOK_SECRETS_KEY`` names one (`make sam-local`: the Lambda containers and this
+    stack's processes share it, where a local key file would be on this machine only)."""
+    kms = _moto_client("kms", endpoint)
+    if alias not in [a["AliasName"] for a in kms.list_aliases()["Aliases"]]:
+        key = kms.create_key(Description="inferq tenant webhook secrets (emulator)")["KeyMetadata"]["KeyId"]
+        kms.create_alias(AliasName=alias, TargetKeyId=key)

@@ -47,6 +47,11 @@ BASE_IMAGE_SCRIPT = ROOT / "emulator" / "sam-base-image.sh"
 STATE_FILE = "sam-local.json"
 WAKE_EVENT = {"source": "inferq.sam-local", "detail-type": "manual invoke"}
 """Not EventBridge's scheduled event: the scaler evaluates once and returns (a scheduled one loops for a minute)."""
+SECRETS_KEY = "alias/inferq-webhook-secrets"
+"""INFERQ_WEBHOOK_SECRETS_KEY of the Lambdas and of the ``inferq up`` behind them: one KMS key in the emulator's moto
+(``inferq up`` makes it), which the containers reach as they reach moto's S3. ``inferq up``'s own default, a key
+file on this machine, is out of the containers' sight; and sam local would hand the template's ``!GetAtt
+WebhookSecretsKey.Arn`` over as a made-up Lambda ARN, which the settings refuse."""
 MOTO_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_REGION": "us-east-1",
@@ -99,6 +104,7 @@ def env_vars(endpoints: dict[str, Any], container_host: str, api_key: str | None
         "INFERQ_REDIS_URL": reachable(endpoints["redis_url"]),
         "INFERQ_FILES_BUCKET": endpoints["files_bucket"],
         "AWS_ENDPOINT_URL": reachable(endpoints["aws_endpoint"]),
+        "INFERQ_WEBHOOK_SECRETS_KEY": SECRETS_KEY,
         **log_levels,
     }
     return {
@@ -115,7 +121,6 @@ def env_vars(endpoints: dict[str, Any], container_host: str, api_key: str | None
             **common,
             "INFERQ_ECS_CLUSTER": endpoints["ecs_cluster"],
             "INFERQ_ECS_SERVICE": endpoints["ecs_service"],
-            "INFERQ_WEBHOOK_SECRET_ID": "",
         },
         # the HTTP API's authorizer runs before the gateway on every non-public route, with the same keys
         "AuthorizerFunction": {**log_levels, "INFERQ_API_KEYS_SECRET": "", "INFERQ_API_KEYS": api_keys},
@@ -231,7 +236,8 @@ class SamLocal:
         if self.args.scaler != "emulator":
             command.append("--no-scaler")
         say(f"starting the emulator: {' '.join(command[2:])}")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")},
+               "INFERQ_WEBHOOK_SECRETS_KEY": SECRETS_KEY}
         self.emulator = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True,
                                          preexec_fn=die_with_parent)
         deadline = time.monotonic() + 120

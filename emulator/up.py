@@ -26,7 +26,7 @@ from inferq.config.registry import Registry
 from inferq.config.registry import load as load_registry
 from inferq.config.settings import Settings, SettingsError, load_or_exit
 
-from .host import aws_env, bind_error, create_bucket, dev_api_key, lock_data_dir
+from .host import aws_env, bind_error, create_bucket, create_key_alias, dev_api_key, lock_data_dir
 from .httpd import get_status
 from .procs import Child, LogSink
 from .valkey import ValkeyProcess, free_port
@@ -158,6 +158,9 @@ class Supervisor:
             "--no-access-log",  # the gateway logs every request itself, as JSON
         ])
         await asyncio.to_thread(self.ecs.start)
+        secrets_key = child_env["INFERQ_WEBHOOK_SECRETS_KEY"]
+        if secrets_key.startswith("alias/"):  # a KMS key named (make sam-local): moto's, made before anyone seals
+            await asyncio.to_thread(create_key_alias, self.ecs.endpoint, secrets_key)
         await asyncio.to_thread(create_bucket, self.ecs.endpoint, child_env["INFERQ_FILES_BUCKET"])
         # EMF metrics are for CloudWatch: a JSON blob every tick would drown the log (POWERTOOLS_METRICS_DISABLED=false
         # brings them back)

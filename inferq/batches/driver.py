@@ -354,11 +354,11 @@ class BatchDriver:
         report.finished.append(batch.id)
 
     async def _retire(self, batch_id: str) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.zrem(self.keys.batches_active, batch_id)
-        pipe.expire(self.keys.batch(batch_id), self.settings.result_ttl_s)
-        pipe.expire(self.keys.batch_lines(batch_id), self.settings.result_ttl_s)
-        await pipe.execute()
+        """Off the active set; the record and its lines kept the result TTL, charged to the tenant (G11)."""
+        await self.queue.scripts(
+            "retirebatch",
+            [self.keys.batch(batch_id), self.keys.batch_lines(batch_id), self.keys.batches_active, self.keys.bounds],
+            [batch_id, self.settings.result_ttl_s, self.batches.index_keep_s()])
 
 
 __all__ = ["BatchDriver", "FileSource", "PassReport", "QueueError"]

@@ -19,8 +19,10 @@ from enum import Enum
 from typing import Any
 
 from inferq.config.settings import window_seconds
+from inferq.queue.holds import retained_full
 from inferq.queue.jobs import ENDPOINTS, Job, JobStatus
 from inferq.queue.protocol import Queue
+from inferq.queue.refusals import RetainedQuotaFull
 
 
 class BatchStatus(str, Enum):
@@ -227,8 +229,12 @@ class Batches:
         window_s = window_seconds(completion_window)
         if window_s is None:
             raise ValueError("completion_window must look like 24h")
-        batch_id = new_batch_id()
         now_ms = int(time.time() * 1000)
+        settings = self.queue.settings
+        full = await retained_full(self.redis, self.keys, tenant, settings.tenant_max_retained_bytes, now_ms)
+        if full is not None:
+            raise RetainedQuotaFull(full)
+        batch_id = new_batch_id()
         now = now_ms // 1000
         record: dict[str, Any] = {
             "id": batch_id, "tenant": tenant, "status": BatchStatus.VALIDATING.value, "endpoint": endpoint,
@@ -239,9 +245,12 @@ class Batches:
             record["metadata"] = json.dumps(metadata)
         # record first, indexes after: a crash in between leaves a record nothing points at, never an index entry
         # without a record
+        # (the index forgets batches past its horizon here too, not only when listed: a tenant that never lists
+        # its batches does not grow its index for ever)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(self.keys.batch(batch_id), mapping=record)
         pipe.zadd(self.keys.batches_of(tenant), {batch_id: now_ms})
+        pipe.zremrangebyscore(self.keys.batches_of(tenant), "-inf", f"({self._horizon_ms()}")
         pipe.zadd(self.keys.batches_active, {batch_id: now_ms})
         await pipe.execute()
         return Batch.from_hash({k: str(v) for k, v in record.items()})
@@ -313,13 +322,17 @@ class Batches:
                 break
         return found[:limit], len(found) > limit
 
-    def _horizon_ms(self) -> int:
-        """Creation time (ms) before which a batch whose record is gone is forgotten by the index too: its record
-        has surely expired by then (the longest completion window, then the result TTL, and a day's margin for a
-        driver that was down), so no client can still hold it as a fresh ``after``."""
+    def index_keep_s(self) -> int:
+        """How long after its creation a batch stays in its tenant's index: its record has surely expired by then
+        (the longest completion window, then the result TTL, and a day's margin for a driver that was down), so no
+        client can still hold it as a fresh ``after``. An ended batch is charged to its tenant until then."""
         windows = [window_seconds(w) or 0 for w in self.queue.settings.batch_completion_windows]
-        keep_s = max(windows, default=0) + self.queue.settings.result_ttl_s + 86400
-        return int(time.time() * 1000) - keep_s * 1000
+        return max(windows, default=0) + self.queue.settings.result_ttl_s + 86400
+
+    def _horizon_ms(self) -> int:
+        """Creation time (ms) before which a batch whose record is gone is forgotten by the index too
+        (:meth:`index_keep_s`)."""
+        return int(time.time() * 1000) - self.index_keep_s() * 1000
 
     async def _below(self, key: str, position: tuple[float, str] | None, count: int) -> IndexEntries:
         """Up to ``count`` index entries after ``position`` (score, id) in (score, id) descending order."""

@@ -208,6 +208,12 @@ class QuotaExceeded(TooManyRequests):
     the message names it. Not worth retrying soon: ``submit`` does not."""
 
 
+class EngineCoolOff(TooManyRequests):
+    """429 ``engine_cooloff``: the tenant's jobs killed the model server ``INFERQ_ENGINE_STRIKES`` times within the
+    window; its submits to that model are refused for the cool-off (``retry_after_s``: up to an hour). Not worth
+    retrying soon: ``submit`` does not."""
+
+
 class ServerError(InferqError):
     """5xx: the deployment could not answer (any 5xx without a class of its own too)."""
 
@@ -255,6 +261,7 @@ ERRORS: dict[str, type[InferqError]] = {
     "queue_full": QueueFull,
     "rate_limited": RateLimited,
     "quota_exceeded": QuotaExceeded,
+    "engine_cooloff": EngineCoolOff,
     "internal_error": InternalError,
     "unavailable": Unavailable,
     "files_unavailable": FilesUnavailable,

@@ -18,6 +18,7 @@ import httpx
 from inferq.retry import backoff
 
 from .answers import (
+    EngineCoolOff,
     GatewayUnreachable,
     InferqError,
     Job,
@@ -144,8 +145,8 @@ class _Retry:
 
     def next_delay(self, error: InferqError) -> float | None:
         """Seconds to wait before retrying, or None to give up (raise ``error``)."""
-        retryable = isinstance(error, GatewayUnreachable) or (error.status in RETRY_STATUSES
-                                                               and not isinstance(error, QuotaExceeded))
+        retryable = isinstance(error, GatewayUnreachable) or (
+            error.status in RETRY_STATUSES and not isinstance(error, (QuotaExceeded, EngineCoolOff)))
         if not retryable or self.attempt >= self.policy.attempts:
             return None
         delay = self.policy.delay_s(self.attempt, error.retry_after_s)

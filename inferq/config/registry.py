@@ -45,6 +45,30 @@ _SCALE_FIELDS = {"min": "scale_min", "max": "scale_max", "target_per_worker": "s
                  "spot_fallback_s": "scale_spot_fallback_s"}
 _BACKEND_FIELDS = {"kind", "base_url", "served_model", "args"}
 _DEPLOY_FIELDS = {"instance_type": str, "image": str, "gpus": int, "memory_mib": int}
+IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
+"""``deploy.image``: pinned by digest, as the stack's own images are (a tag can be moved under a task)."""
+MODEL_RE = re.compile(r"^[A-Za-z0-9/][A-Za-z0-9._/:-]{0,255}$")
+"""What the engine loads or serves the model as (``backend.args.model``, ``backend.served_model``): a repository id or
+a path in the image; it reaches the GPU instances' user data (a root shell script), so no quote, space or ``$``."""
+RESERVED_ARGS = {
+    "host": "the engine listens on loopback only (the worker beside it is its one client)",
+    "port": "the worker calls the engine on port 8000",
+    "uds": "the engine listens on loopback TCP",
+    "served_model_name": "backend.served_model names it",
+    "api_key": "the engine is reached by the worker alone, over loopback",
+    "enable_log_requests": "prompts never reach the logs",
+    "enable_log_outputs": "outputs never reach the logs",
+    "max_log_len": "prompts never reach the logs",
+    "disable_uvicorn_access_log": "the engine's access log stays off",
+    "log_config_file": "the engine's logging is the deployment's (a config could log prompts)",
+    "allowed_local_media_path": "the engine reads no file a request names",
+    "allowed_media_domains": "the engine fetches no address a request names",
+    "middleware": "imports code into the engine's server",
+    "tool_parser_plugin": "imports code into the engine's server",
+    "ssl_keyfile": "the engine listens on loopback TCP",
+    "ssl_certfile": "the engine listens on loopback TCP",
+}
+"""vLLM arguments a registry may not set: each would undo a guarantee of the deployment (DEPLOY.md)."""
 _SPOT_FIELDS = {"spot", "spot_instance_types", "on_demand_base"}
 """The model's GPU capacity in AWS (scripts/gen_model_stacks.py): ``spot`` (default true: Spot with on-demand
 stand-ins, as the stack's SpotCapacity allows), ``spot_instance_types`` (1-6 types of its GPU class; default its
@@ -210,12 +234,22 @@ def _model(where: _Where, index: int, raw: Any, base: Settings) -> Model:
     args = backend.get("args", {})
     if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
         raise where.error(f"{at} backend.args", "must be a mapping of argument name to value")
+    for key in args:
+        reserved = RESERVED_ARGS.get(key.lstrip("-").replace("-", "_"))
+        if reserved:
+            raise where.error(f"{at} backend.args.{key}", f"may not be set here: {reserved}")
+    given = (("backend.served_model", backend.get("served_model")), ("backend.args.model", args.get("model")))
+    for label, value in given:
+        if value is not None and (not isinstance(value, str) or not MODEL_RE.match(value)):
+            raise where.error(f"{at} {label}", "must be a repository id or a path (letters, digits, . _ / : -)")
     deploy = _mapping(where, f"{at} deploy", entry.get("deploy", {}), set(_DEPLOY_FIELDS) | _SPOT_FIELDS)
     for key, kind in _DEPLOY_FIELDS.items():
         value = deploy.get(key)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)
                                   or (isinstance(value, int) and value < 1)):
             raise where.error(f"{at} deploy.{key}", f"must be {'a positive integer' if kind is int else 'a string'}")
+    if deploy.get("image") is not None and not IMAGE_RE.match(deploy["image"]):
+        raise where.error(f"{at} deploy.image", "must be pinned by digest, REPOSITORY@sha256:<64 hex>")
     _check_spot(where, at, deploy)
     listed = gpu_hour_usd(deploy.get("instance_type", ""))
     if "gpu_hour_usd" not in entry and listed is not None:  # its instance type's on-demand price per GPU-hour

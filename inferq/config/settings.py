@@ -267,8 +267,9 @@ class Settings:
             "parse": _int(0, 60_000),
             "doc": "A worker writes a watched job's output to Redis at most once per this many milliseconds (the "
             "first piece at once): the deltas made meanwhile go in one write, every job's at once. Each write costs "
-            "Valkey about a third of a whole unstreamed job, its readers' wakes as much again (docs/benchmarks.md, "
-            "ST): lower it for smoother streams at that price. 0: every delta at once.",
+            "Valkey about a sixth of a whole unstreamed job, and each reader's wake nearly as much again "
+            "(docs/benchmarks.md, ST): a streamed job at the default costs several unstreamed ones. Lower it for "
+            "smoother streams at that price; raise it for fewer writes. 0: every delta at once.",
         },
     )
     output_flush_tokens: int = field(

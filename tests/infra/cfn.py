@@ -179,9 +179,14 @@ def role_statements(template: Mapping[str, Any]) -> Iterator[tuple[str, dict[str
         policies = resource["Properties"].get("Policies", [])
         if isinstance(policies, dict) and "Fn::If" in policies:
             policies = [p for branch in policies["Fn::If"][1:] if isinstance(branch, list) for p in branch]
-        for policy in policies:
-            for statement in statements(policy["PolicyDocument"]):
-                yield logical_id, statement
+        for entry in policies:
+            # a policy of its own under a condition ({"Fn::If": [cond, policy, NoValue]}): each branch
+            branches = entry["Fn::If"][1:] if isinstance(entry, dict) and "Fn::If" in entry else [entry]
+            for policy in branches:
+                if policy == {"Ref": "AWS::NoValue"}:
+                    continue
+                for statement in statements(policy["PolicyDocument"]):
+                    yield logical_id, statement
 
 
 def as_list(value: Any) -> list[Any]:

@@ -106,7 +106,9 @@ class Stack:
         administrator, unrecorded."""
         import boto3
 
-        saved_env = {k: v for k, v in os.environ.items() if k.startswith(("INFERQ_", "AWS_ACCESS", "AWS_SECRET"))}
+        # the whole environment, given back as it was: a role's variables (POWERTOOLS_SERVICE_NAME among them) left
+        # behind would reach every later test's processes (the gateway's and worker's lines named 'inferq-scaler')
+        saved_env = dict(os.environ)
         saved_session = boto3.DEFAULT_SESSION
         key, secret = self.roles[role].credentials if role else self.admin
         for name in list(os.environ):
@@ -123,9 +125,7 @@ class Stack:
             with self.recorder.acting(role):
                 yield
         finally:
-            for name in list(os.environ):
-                if name.startswith(("INFERQ_", "AWS_ACCESS", "AWS_SECRET")):
-                    del os.environ[name]
+            os.environ.clear()
             os.environ.update(saved_env)
             boto3.DEFAULT_SESSION = saved_session
 

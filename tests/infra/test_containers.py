@@ -80,14 +80,15 @@ def test_every_base_image_is_a_build_argument_with_a_public_default(dockerfile: 
             match = re.fullmatch(r"\$\{(\w+)\}", image)
             assert match or image in stages, f"{dockerfile.name}: {line} names an image, not a build argument"
             if match:
-                assert re.fullmatch(r"[\w./-]+:[\w.-]+", defaults.get(match.group(1), "")), (line, defaults)
+                image = defaults.get(match.group(1), "")  # a tag, pinned by digest (gpu_worker's base)
+                assert re.fullmatch(r"[\w./-]+:[\w.-]+(@sha256:[0-9a-f]{64})?", image), (line, defaults)
 
 
 def test_worker_image_runs_the_worker_as_a_non_root_user_stopped_by_sigterm() -> None:
     lines = instructions(DOCKERFILE)
     final_stage = lines[max(i for i, line in enumerate(lines) if line.startswith("FROM ")) :]
     assert final_stage[0] == "FROM ${PYTHON_IMAGE}"
-    assert any(re.fullmatch(r"ARG PYTHON_IMAGE=python:3\.1[23]-slim", line) for line in lines)
+    assert any(re.fullmatch(r"ARG PYTHON_IMAGE=python:3\.1[23]-slim@sha256:[0-9a-f]{64}", line) for line in lines)
     user = next(line for line in reversed(final_stage) if line.startswith("USER "))
     assert user.split()[1].split(":")[0] not in ("root", "0")
     assert "STOPSIGNAL SIGTERM" in final_stage

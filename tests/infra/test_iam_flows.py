@@ -16,6 +16,7 @@ operators, explicit denies, the bucket policy), from the authorizations tests/in
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ TEST_ENV = {
     "INFERQ_INLINE_MAX_BYTES": "1024",  # small payloads are claim-checked: the S3 paths run without megabytes
     "INFERQ_RETRY_BASE_MS": "0",
     "INFERQ_WEBHOOK_ALLOW_PRIVATE": "true",  # the webhook receiver is on loopback
+    "INFERQ_REDIS_TIMEOUT_S": "10",  # moto answering a loaded machine's KMS calls inside a request's bound
 }
 """What the tests change in every role's environment: sizes, timings and the receiver's address, never which AWS
 calls are made."""
@@ -87,6 +89,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Results]:
     from moto import mock_aws
     from moto.core import enable_iam_authentication
 
+    before = dict(os.environ)
     mp = pytest.MonkeyPatch()
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_ECS", "AWS_PROFILE",
                  "AWS_SESSION_TOKEN", "ECS_AGENT_URI"):
@@ -120,6 +123,10 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Results]:
         valkey.stop()
         mp.undo()
         guarded_http._verifying_context.cache_clear()
+    # the roles' environments stayed in their flows: a variable left behind reaches every later test's processes
+    after = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    before.pop("PYTEST_CURRENT_TEST", None)
+    assert after == before, set(after.items()) ^ set(before.items())
 
 
 def webhook_receiver(directory: Path, mp: pytest.MonkeyPatch) -> HttpsReceiver:

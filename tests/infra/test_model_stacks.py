@@ -43,9 +43,11 @@ models:
   - name: embed.small
     queue: embed
     backend: {kind: mock}
-    deploy: {instance_type: g5.2xlarge, image: 123456789012.dkr.ecr.us-east-1.amazonaws.com/inferq-worker:embed,
-             spot: false}
+    deploy: {instance_type: g5.2xlarge, spot: false,
+             image: "123456789012.dkr.ecr.us-east-1.amazonaws.com/inferq-worker@sha256:\
+e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1"}
 """
+EMBED_DIGEST = "sha256:" + "e1" * 32
 MODELS = {"Chat": ("chat", "chat", "inferq-chat"), "EmbedSmall": ("embed.small", "embed", "inferq-embed")}
 FLEET = ("LaunchTemplate", "AutoScalingGroup", "CapacityProvider", "TaskDefinition", "Service")
 SPOT = ("SpotAutoScalingGroup", "SpotCapacityProvider", "FallbackService")
@@ -235,7 +237,7 @@ def test_the_vllm_sidecar_runs_the_registry_args_and_a_mock_model_gets_no_gpu(gp
     assert chat["worker"]["DependsOn"] == [{"ContainerName": "vllm", "Condition": "START"}]  # beside the server
     embed = containers(gpu, "EmbedSmall")
     assert list(embed) == ["worker"]
-    assert embed["worker"]["Image"] == "123456789012.dkr.ecr.us-east-1.amazonaws.com/inferq-worker:embed"
+    assert embed["worker"]["Image"] == "123456789012.dkr.ecr.us-east-1.amazonaws.com/inferq-worker@" + EMBED_DIGEST
     assert "DependsOn" not in embed["worker"] and "ResourceRequirements" not in embed["worker"]
     assert chat["worker"]["Image"] == gpu["Outputs"]["WorkerImage"]["Value"]  # the stack's default image
 

@@ -19,11 +19,12 @@ import pytest
 from tests.support.ci import missing
 
 from .cfn import FUNCTIONS, LAMBDAS, ROOT, TEMPLATE, Resolver, host_platform, lambda_python, load, make, run, sam_env
+from .test_template import ATTRIBUTES  # the stand-ins for the stack's attributes
 
 pytestmark = pytest.mark.slow
 
 ELF_MACHINE_AARCH64 = 183
-ATTRIBUTES = {"Cache.Outputs.RedisUrl": "rediss://cache.inferq.test:6379/0"}
+
 NOT_SHIPPED = ("boto3", "botocore", "s3transfer")  # the python3.13 runtime has them
 
 

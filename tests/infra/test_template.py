@@ -445,7 +445,9 @@ def test_gpu_task_runs_vllm_and_a_worker_that_waits_for_it(nested: dict[str, dic
     task = nested["gpu"]["Resources"]["TaskDefinition"]["Properties"]
     vllm, worker = task["ContainerDefinitions"]
     assert vllm["Name"] == "vllm"
-    assert vllm["EntryPoint"] + vllm["Command"][:2] == ["vllm", "serve", {"Ref": "ModelId"}]
+    # vllm, started by env without the credentials' address (tests/infra/test_security.py holds the list)
+    assert vllm["EntryPoint"][0] == "/usr/bin/env" and vllm["EntryPoint"][-1] == "vllm"
+    assert vllm["Command"][:2] == ["serve", {"Ref": "ModelId"}]
     assert vllm["Image"] == {"Ref": "VllmImage"}
     assert vllm["ResourceRequirements"] == [{"Type": "GPU", "Value": "1"}]
     assert "8000/health" in " ".join(vllm["HealthCheck"]["Command"])
@@ -480,6 +482,19 @@ def test_alarms_watch_the_scaler_metrics_by_queue(nested: dict[str, dict[str, An
     for metric in ("Dlq", "OldestJobAgeSeconds", "Lag"):
         assert f"MAX({metric}) FROM inferq WHERE queue = '${{QueueName}}'" in expressions
     assert "AWS::CloudWatch::Dashboard" in {r["Type"] for r in resources.values()}
+
+
+def test_a_tenant_past_80_percent_of_a_budget_alarms_with_or_without_a_registry(nested: dict[str, dict[str, Any]]
+                                                                                 ) -> None:
+    """Issue 48: the warning at 80 %, over every tenant's BudgetUsedPercent (the scaler's), whatever the queues."""
+    from inferq.usage.budgets import WARN_AT
+
+    alarm = nested["observability"]["Resources"]["BudgetWarningAlarm"]
+    assert "Condition" not in alarm  # a registry's stack (QueueName "") keeps it: budgets span the models
+    properties = alarm["Properties"]
+    assert properties["Metrics"][0]["Expression"] == "SELECT MAX(BudgetUsedPercent) FROM inferq"
+    assert properties["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert properties["Threshold"] == WARN_AT * 100 and properties["AlarmActions"] == [{"Ref": "AlarmTopic"}]
 
 
 def test_the_cache_memory_alarm_watches_the_stacks_own_cache_in_each_mode(
@@ -587,10 +602,9 @@ def test_only_the_scaler_may_read_the_webhook_secret(
     }
     assert readers == {role_of(translated, "ScalerFunction")}
     gpu = nested["gpu"]
-    read = {"Effect": "Allow", "Action": "secretsmanager:GetSecretValue"}
-    policies = _policies(gpu, "TaskExecutionRole", HuggingFaceTokenSecretArn=HF_ARN)
-    assert [p["PolicyDocument"]["Statement"] for p in policies] == [[{**read, "Resource": HF_ARN}]]
-    assert _policies(gpu, "TaskExecutionRole") is NO_VALUE  # no secret, no policy
+    # the execution role reads the workers' cache secret alone (the Hugging Face token is the instances')
+    assert _policies(gpu, "TaskExecutionRole", HuggingFaceTokenSecretArn=HF_ARN) is NO_VALUE
+    assert HF_ARN not in json.dumps(_policies(gpu, "TaskRole", HuggingFaceTokenSecretArn=HF_ARN))
 
 
 def test_scaler_invocations_never_overlap(translated: dict[str, Any]) -> None:

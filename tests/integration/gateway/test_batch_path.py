@@ -23,6 +23,7 @@ from functions.gateway.api import create_app
 from functions.storage import FileStore
 from inferq.batches.driver import BatchDriver
 from inferq.config.settings import Settings
+from inferq.queue.holds import RECORD_OVERHEAD_BYTES
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Queue
 from tests.support.s3 import in_process_bucket
@@ -226,3 +227,21 @@ async def test_a_batchs_input_file_cannot_be_deleted_until_the_batch_ends(
     assert batch["status"] == "completed"
     deleted = await client.delete(f"/v1/files/{file_id}", headers=A)
     assert deleted.status_code == 200 and deleted.json()["deleted"] is True
+
+
+async def test_a_tenant_at_its_retained_quota_creates_no_batch(
+    s3: Any, make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient]
+) -> None:
+    """G11: an ended job's or batch's record is charged to its tenant; at INFERQ_TENANT_MAX_RETAINED_BYTES a batch
+    create is 429 quota_exceeded with Retry-After, as a submit is (another tenant's is not)."""
+    client = open_client(make_app(files_bucket=BUCKET, tenant_max_retained_bytes=RECORD_OVERHEAD_BYTES))
+    file_id = await upload(client, _dumps(request("c0")), A)
+    other = await upload(client, _dumps(request("c0")), B)
+    submitted = await client.post("/v1/jobs", headers=A, json={"body": request("c0")["body"]})
+    assert (await client.post(f"/v1/jobs/{submitted.json()['id']}/cancel", headers=A)).status_code == 200
+    refused = await client.post("/v1/batches", headers=A, json={
+        "input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+    assert refused.status_code == 429 and refused.json()["error"]["type"] == "quota_exceeded", refused.text
+    assert "INFERQ_TENANT_MAX_RETAINED_BYTES" in refused.json()["error"]["message"]
+    assert 1 <= int(refused.headers["Retry-After"]) <= 3600
+    assert await create_batch(client, other, B)

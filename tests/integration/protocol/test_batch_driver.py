@@ -15,6 +15,7 @@ from inferq.batches.records import Batches, BatchStatus, new_file_id
 from inferq.config.settings import Settings
 from inferq.queue.jobs import JobRequest, JobStatus
 from inferq.queue.protocol import Queue
+from inferq.queue.refusals import RetainedQuotaFull
 from inferq.redis.scripting import Scripts
 from tests.support.s3 import in_process_bucket
 
@@ -145,3 +146,42 @@ async def test_advancing_and_moving_a_batch_are_safe_to_resend(queue: Queue, sto
     assert await queue.scripts("movebatch", keys[:1], [",".join(args), "cancelling"]) == [1, "cancelling"]
     assert await batches.move(batch_id, (BatchStatus.IN_PROGRESS,), BatchStatus.FINALIZING) is False
     assert await queue.scripts("movebatch", [queue.keys.batch("batch_none")], ["a", "b"]) == [-1]
+
+
+async def test_an_ended_batch_is_charged_to_its_tenant_and_a_tenant_at_its_quota_creates_none(
+    queue: Queue, store: FileStore
+) -> None:
+    """G11: what an ended batch leaves behind (its record, its lines, its index entry) is charged to its tenant like
+    an ended job's record, once, until the tenant's index forgets it; at INFERQ_TENANT_MAX_RETAINED_BYTES the tenant
+    creates no batch (429 quota_exceeded at the gateway) -- else creating and cancelling batches at the rate limit
+    would leave a record a batch behind, kept a day, that no bound counts."""
+    file_id = new_file_id()
+    store.put(TENANT, file_id, lines(20), "in.jsonl", "batch")
+    batches = Batches(queue)
+    metadata = {f"k{i}": "v" * 512 for i in range(16)}
+    batch = await batches.create(TENANT, file_id, "/v1/chat/completions", "24h", metadata)
+    driver = BatchDriver(queue, store, queue.settings)
+    await driver.run_once()
+    await driver.run_once()
+    assert await work_off(queue) == 20
+    jobs_charge = int(await queue.redis.hget(queue.keys.bounds, f"{TENANT}|kept") or 0)
+    await driver.run_once()  # -> completed, retired
+    assert (await batches.get(batch.id, TENANT)).status is BatchStatus.COMPLETED  # type: ignore[union-attr]
+    held = int(await queue.redis.hget(queue.keys.batch(batch.id), "held") or 0)
+    kept = int(await queue.redis.hget(queue.keys.bounds, f"{TENANT}|kept") or 0)
+    assert kept - jobs_charge == held > 0
+    costs = [int(await queue.redis.memory_usage(k, samples=0) or 0)
+             for k in (queue.keys.batch(batch.id), queue.keys.batch_lines(batch.id))]
+    assert held >= sum(costs) + 128, (held, costs)  # and the index entry
+    until_hour = (batch.created_at + batches.index_keep_s()) * 1000 // 3_600_000
+    assert int(await queue.redis.hget(queue.keys.bounds, f"{TENANT}|{until_hour}") or 0) >= held
+
+    await driver._retire(batch.id)  # a retire done again (a driver that died after it) charges nothing more
+    assert int(await queue.redis.hget(queue.keys.bounds, f"{TENANT}|kept") or 0) == kept
+
+    queue.settings = queue.settings.replace(tenant_max_retained_bytes=kept)
+    with pytest.raises(RetainedQuotaFull) as refused:
+        await Batches(queue).create(TENANT, file_id, "/v1/chat/completions", "24h", None)
+    assert 0 < refused.value.retry_after_s <= 3600
+    queue.settings = queue.settings.replace(tenant_max_retained_bytes=kept + 1)
+    assert await Batches(queue).create(TENANT, file_id, "/v1/chat/completions", "24h", None)

@@ -14,7 +14,8 @@ The bound, per tenant and queue (model): ``Q + D x R + S``, where
   attempt's run time) and the charge of an ended one (its result inline at its bound, or a dead letter with its
   body and errors; an ended job's output stream is closed);
 - ``S`` is the rest of what a tenant holds: its long-poll slots, its rate-limit bucket, its fields of the bounds
-  hash over every hour its records may be charged in.
+  hash over every hour its records may be charged in, its ``INFERQ_TENANT_MAX_BATCHES`` unfinished batches' records
+  with their metadata at its bound (an ended batch is charged like an ended job: ``retirebatch.lua``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from inferq.batches.records import Batches
 from inferq.config.settings import Settings
 from inferq.queue import output
 from inferq.queue.holds import BUCKET_MS
@@ -44,6 +46,7 @@ TEMPLATE_DEFAULTS = {name: int(p["Default"]) for name, p in load(TEMPLATE)["Para
 DEPTH = TEMPLATE_DEFAULTS["TenantMaxDepth"]
 RETAINED = TEMPLATE_DEFAULTS["TenantMaxRetainedBytes"]
 WAITS = TEMPLATE_DEFAULTS["TenantMaxWaits"]
+BATCHES = TEMPLATE_DEFAULTS["TenantMaxBatches"]
 JOB_TIMEOUT_S = TEMPLATE_DEFAULTS["JobTimeoutSeconds"]
 OUTPUT = TEMPLATE_DEFAULTS["OutputMaxBytes"]
 DEFAULTS = Settings()
@@ -148,6 +151,12 @@ async def test_the_most_one_tenant_can_hold_at_the_deployed_defaults_is_what_the
         rest = sum([int(await q.redis.memory_usage(k, samples=0) or 0)
                     for k in (q.keys.waits("t"), q.keys.rate("t"))]) + int(
             await q.redis.memory_usage(q.keys.bounds, samples=0) or 0)
+        # and its unfinished batches, each with its metadata at its bound (an ended one is charged: retirebatch.lua)
+        batches = Batches(q)
+        before = await held_bytes(q)
+        for n in range(N):
+            await batches.create("t", f"file-{n:024d}", "/v1/chat/completions", "24h", widest_request(n).metadata)
+        rest += BATCHES * (await held_bytes(q) - before) / N
 
         bound = RETAINED + DEPTH * largest + rest
         stated = int(BOUND_RE.search(DOC.read_text()).group(1).replace(",", "")) * MIB  # type: ignore[union-attr]

@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from functions.gateway.request_schemas import JOB_CREATE_EXAMPLE, MAX_TTL_S, NO_SURROGATES, JobCreate, surrogate_free
+from functions.gateway.request_schemas import (
+    JOB_CREATE_EXAMPLE,
+    MAX_TTL_S,
+    NO_SURROGATES,
+    WEBHOOK_PORTS,
+    JobCreate,
+    surrogate_free,
+)
 from inferq.queue.jobs import JobRequest
 
 
@@ -35,7 +42,7 @@ def test_nulls_mean_absent() -> None:
 @pytest.mark.parametrize(("field", "value"), [
     ("timeout_s", 1), ("timeout_s", 3600), ("ttl_s", 1), ("ttl_s", MAX_TTL_S), ("idempotency_key", "k" * 255),
     ("metadata", {f"k{i}": "v" * 512 for i in range(16)}), ("webhook_url", "https://h.example.com"),
-    ("webhook_url", "https://h.example.com:8443/a/b?c=d#e"), ("idempotency_key", "ünïcode key with spaces"),
+    ("webhook_url", "https://h.example.com:443/a/b?c=d#e"), ("idempotency_key", "ünïcode key with spaces"),
 ])
 def test_bounds_are_inclusive(field: str, value: Any) -> None:
     assert getattr(parse({"body": {}, field: value}), field) == value
@@ -49,6 +56,17 @@ def test_bounds_are_inclusive(field: str, value: Any) -> None:
 def test_past_the_bounds_is_invalid(field: str, value: Any) -> None:
     with pytest.raises(ValidationError):
         parse({"body": {}, field: value})
+
+
+def test_a_webhook_port_is_one_the_deployment_allows() -> None:
+    """A path, a query and a fragment pass; the port is 443 unless INFERQ_WEBHOOK_PORTS (the validation context)
+    names others (issue 47, L4: a tenant's URL must not make the scaler knock on any port of any host)."""
+    url = "https://h.example.com:8443/a/b?c=d#e"
+    with pytest.raises(ValidationError, match="allowed ports"):
+        parse({"body": {}, "webhook_url": url})
+    allowed = JobCreate.model_validate_json(json.dumps({"body": {}, "webhook_url": url}),
+                                            context={WEBHOOK_PORTS: (443, 8443)})
+    assert allowed.webhook_url == url
 
 
 def test_lone_surrogates_are_refused_before_they_reach_redis() -> None:
