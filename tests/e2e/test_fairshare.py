@@ -1,5 +1,5 @@
-"""Fair share (G10) through ``inferq up`` with its default settings: a tenant's jobs submitted behind another
-tenant's backlog start after a handful of that backlog, not after all of it."""
+"""Fair share (G10) through ``inferq up``, fair share at its defaults (one worker, the e2e suite's short timings): a
+tenant's jobs submitted behind another tenant's backlog start after a handful of that backlog, not after all of it."""
 
 from __future__ import annotations
 
