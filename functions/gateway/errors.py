@@ -127,7 +127,7 @@ def describe_validation(errors: Iterable[Any], limit: int = 5) -> str:
 async def retained_full(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RetainedQuotaFull)
     return error_response(
-        429, "the records this key's ended jobs and batches left behind hold its quota "
+        429, "the records this key's ended jobs, batches and open uploads hold its quota "
              "(INFERQ_TENANT_MAX_RETAINED_BYTES); they expire with the result TTL: retry later", type_="quota_exceeded",
         headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))})
 

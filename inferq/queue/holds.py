@@ -16,6 +16,9 @@ batch (``retirebatch.lua``) they are charged to its tenant the same way, until i
 it, and a tenant at its quota creates no batch (:func:`retained_full`), so creating and cancelling batches at the rate
 limit leaves no more behind than the quota.
 
+**Open uploads.** An upload's record lives an hour: ``openupload.lua`` charges it (and ``addpart.lua`` each part)
+in the hour it expires in, and refuses a tenant at its quota.
+
 **Engine deaths.** A job dead-lettered because the model server died running it (``engine_died``, ``retry.lua``) is
 a strike against its tenant; ``INFERQ_ENGINE_STRIKES`` of them within ``INFERQ_ENGINE_STRIKE_WINDOW_S`` and the
 tenant's submits to that queue (model) are refused for ``INFERQ_ENGINE_COOLOFF_S`` (429 ``engine_cooloff``): one

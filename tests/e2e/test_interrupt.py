@@ -115,3 +115,29 @@ def test_interrupting_a_worker_that_is_not_there_says_so(spot: Emulator) -> None
     done = interrupt(spot, "worker-999")
     assert done.returncode == 1
     assert "no live worker worker-999 to interrupt" in done.stderr
+
+
+def test_random_interruptions_lose_nothing_spend_no_attempt_and_continue(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """INFERQ_EMULATOR_INTERRUPT_EVERY_S: every worker is interrupted after a random time while jobs stream; waves of
+    jobs go in until one was handed back mid-stream, and every job ends once, whole, on its first attempt."""
+    with running_emulator(tmp_path_factory, INFERQ_EMULATOR_INTERRUPT_EVERY_S="12", INFERQ_SCALE_MAX="2",
+                          INFERQ_CLAIM_IDLE_MS="30000") as emulator:
+        texts: dict[str, str] = {}
+
+        def handed_back() -> bool:
+            for n in range(4):  # a wave: four jobs of 8 words over 4 s each, longer than the 2 s drain
+                text = " ".join(f"w{len(texts)}-{n}-{i}" for i in range(8))
+                texts[emulator.submit(chat(text, latency_ms=4000))["id"]] = text
+            return "handing back" in emulator.logs()
+
+        eventually(handed_back, what="a job handed back mid-stream", timeout=120, interval=3.0)
+        for job_id, text in texts.items():
+            finished = emulator.finish(job_id, timeout=120)
+            assert (finished["status"], finished["attempts"]) == ("succeeded", 1), finished
+            assert finished["result"]["body"]["choices"][0]["message"]["content"] == text
+            assert streamed(emulator, job_id) == (text, True)  # continued after what was kept, never twice
+        logs = emulator.logs()
+        print(f"{len(texts)} jobs, {logs.count('(Spot interruption')} interruptions, "
+              f"{logs.count('handing back')} hand-backs: all succeeded on their first attempt")

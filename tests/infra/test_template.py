@@ -484,6 +484,19 @@ def test_alarms_watch_the_scaler_metrics_by_queue(nested: dict[str, dict[str, An
     assert "AWS::CloudWatch::Dashboard" in {r["Type"] for r in resources.values()}
 
 
+def test_a_tenant_past_80_percent_of_a_budget_alarms_with_or_without_a_registry(nested: dict[str, dict[str, Any]]
+                                                                                 ) -> None:
+    """Issue 48: the warning at 80 %, over every tenant's BudgetUsedPercent (the scaler's), whatever the queues."""
+    from inferq.usage.budgets import WARN_AT
+
+    alarm = nested["observability"]["Resources"]["BudgetWarningAlarm"]
+    assert "Condition" not in alarm  # a registry's stack (QueueName "") keeps it: budgets span the models
+    properties = alarm["Properties"]
+    assert properties["Metrics"][0]["Expression"] == "SELECT MAX(BudgetUsedPercent) FROM inferq"
+    assert properties["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert properties["Threshold"] == WARN_AT * 100 and properties["AlarmActions"] == [{"Ref": "AlarmTopic"}]
+
+
 def test_the_cache_memory_alarm_watches_the_stacks_own_cache_in_each_mode(
     translated: dict[str, Any], nested: dict[str, dict[str, Any]]
 ) -> None:

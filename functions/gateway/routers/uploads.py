@@ -13,6 +13,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from inferq.batches.records import new_file_id, random_id
+from inferq.queue.refusals import RetainedQuotaFull
+from inferq.redis.scripting import Code
 
 from ..dependencies import GatewayDep, Tenant
 from ..errors import ApiError
@@ -107,11 +109,14 @@ async def create_upload(payload: UploadCreate, gw: GatewayDep, tenant: Tenant) -
     record = {"id": random_id("upload_"), "tenant": tenant, "filename": payload.filename,
               "purpose": payload.purpose, "bytes": str(payload.bytes), "created_at": str(int(time.time())),
               "status": "pending"}
-    key = gw.queue.keys.upload(record["id"])
-    pipe = gw.queue.redis.pipeline(transaction=True)  # the record never exists without its TTL
-    pipe.hset(key, mapping=record)
-    pipe.expire(key, UPLOAD_TTL_S)
-    await gw.call(pipe.execute())
+    # the record with its TTL and its charge to the tenant (G11), or 429 quota_exceeded at its quota
+    keys = gw.queue.keys
+    reply = await gw.call(gw.queue.scripts(
+        "openupload", [keys.upload(record["id"]), keys.bounds],
+        [tenant, int(time.time() * 1000), UPLOAD_TTL_S, gw.settings.tenant_max_retained_bytes,
+         *(x for pair in record.items() for x in pair)]))
+    if int(reply[0]) == Code.RETAINED_FULL:
+        raise RetainedQuotaFull(int(reply[1]) / 1000)
     return JSONResponse(_upload_api(record))
 
 
@@ -134,7 +139,7 @@ async def add_part(request: Request, upload_id: str, gw: GatewayDep, tenant: Ten
     store = file_store(gw)
     await in_s3(store.put_part, tenant, upload_id, part_id, data)
     # recorded in one step with the bounds (parts racing each other) and never into an expired record
-    reply = await gw.call(gw.queue.scripts("addpart", [gw.queue.keys.upload(upload_id)],
+    reply = await gw.call(gw.queue.scripts("addpart", [gw.queue.keys.upload(upload_id), gw.queue.keys.bounds],
                                            [f"part:{part_id}", len(data), MAX_PARTS]))
     if int(reply[0]) != 1:
         await in_s3(store.delete_parts, tenant, upload_id, [part_id])

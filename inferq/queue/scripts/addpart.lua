@@ -3,7 +3,11 @@
   same time cannot pass the bounds together, and an upload record that has expired is never written again (it
   would come back without its TTL, and without its tenant).
 
+  Each part recorded is charged to the upload's tenant, PART_BYTES in the hour openupload.lua charged the record in
+  (G11): while the record lives that hour is not over, so the charge goes back with the record's.
+
   KEYS[1] upload record
+  KEYS[2] per-tenant bounds (keys.bounds)
 
   ARGV[1] the part's field (part:<part id>)
   ARGV[2] the part's size in bytes
@@ -17,18 +21,23 @@
     {3, stored}     the part would take the parts past the upload's bytes (what they hold is returned)
 ]]
 local rcall = redis.call
-local uploadKey = KEYS[1]
+local uploadKey, holds = KEYS[1], KEYS[2]
+local PART_BYTES = 96
 local field, size, maxParts = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
 local record = rcall('HGETALL', uploadKey)
 if #record == 0 then
   return {CODE_NOT_FOUND}
 end
-local status, declared, parts, stored, mine = nil, 0, 0, 0, nil
+local status, declared, parts, stored, mine, tenant, hour = nil, 0, 0, 0, nil, nil, nil
 for i = 1, #record, 2 do
   local name, value = record[i], record[i + 1]
   if name == 'status' then
     status = value
+  elseif name == 'tenant' then
+    tenant = value
+  elseif name == 'held_hour' then
+    hour = value
   elseif name == 'bytes' then
     declared = tonumber(value)
   elseif name == field then
@@ -51,4 +60,8 @@ if stored + size > declared then
   return {3, stored}
 end
 rcall('HSET', uploadKey, field, size)
+if tenant and hour then
+  rcall('HINCRBY', holds, tenant .. '|' .. hour, PART_BYTES)
+  rcall('HINCRBY', holds, tenant .. '|kept', PART_BYTES)
+end
 return {1}

@@ -242,7 +242,7 @@ async def test_upload_parts_are_bounded_and_never_write_an_expired_record(
     record = {"id": upload_id, "tenant": "tenant-a", "filename": "x", "purpose": "batch", "bytes": "10",
               "created_at": "1", "status": "pending"}
     # a part request that read the record just before it expired writes into nothing
-    reply = await queue.scripts("addpart", [key], ["part:part_x", 1, 10])
+    reply = await queue.scripts("addpart", [key, queue.keys.bounds], ["part:part_x", 1, 10])
     assert int(reply[0]) == -1 and not await queue.redis.exists(key)
     assert int((await queue.scripts("moveupload", [key], ["pending", "completed", "token"]))[0]) == -1
     assert not await queue.redis.exists(key)
@@ -255,6 +255,37 @@ async def test_upload_parts_are_bounded_and_never_write_an_expired_record(
     assert (await add_part(client, upload_id, b"e")).status_code == 200
     assert 0 < await queue.redis.ttl(key) <= 100
     assert s3.list_objects_v2(Bucket=BUCKET, Prefix="uploads/").get("KeyCount") == 3  # refused parts not kept
+
+
+
+async def test_an_open_upload_and_its_parts_are_charged_to_the_tenant_and_none_opens_at_its_quota(
+    s3: Any, make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient], queue: Queue,
+) -> None:
+    """G11: an upload's record lives an hour in the cache; opened at the rate limit, records with 512-character
+    file names would hold hundreds of MB per tenant. Each is charged to the tenant's retained-records quota
+    (openupload.lua, and each part by addpart.lua) until it expires; at the quota 429 quota_exceeded."""
+    client = open_files(make_app, open_client)
+    upload_id = await open_upload(client, 10)
+    key = queue.keys.upload(upload_id)
+    kept = int(await queue.redis.hget(queue.keys.bounds, "tenant-a|kept") or 0)
+    assert kept >= int(await queue.redis.memory_usage(key, samples=0) or 0) + 1024
+    hour = await queue.redis.hget(key, "held_hour")
+    assert int(await queue.redis.hget(queue.keys.bounds, f"tenant-a|{hour}") or 0) == kept
+    assert (await add_part(client, upload_id, b"a")).status_code == 200
+    parted = int(await queue.redis.hget(queue.keys.bounds, "tenant-a|kept") or 0)
+    assert parted - kept >= 64  # a part field's own cost
+    # resent: the same answer, charged once
+    args = ["tenant-a", 0, 3600, 0, "id", upload_id]
+    assert [int(x) for x in await queue.scripts("openupload", [key, queue.keys.bounds], args)] == [1, kept]
+    assert int(await queue.redis.hget(queue.keys.bounds, "tenant-a|kept") or 0) == parted
+
+    full = open_files(make_app, open_client, tenant_max_retained_bytes=parted)
+    refused = await full.post("/v1/uploads", headers=A, json={
+        "filename": "big.jsonl", "purpose": "batch", "bytes": 10, "mime_type": "application/jsonl"})
+    assert_envelope(refused, 429, "quota_exceeded")
+    assert 1 <= int(refused.headers["Retry-After"]) <= 2 * 3600
+    assert (await full.post("/v1/uploads", headers=B, json={
+        "filename": "big.jsonl", "purpose": "batch", "bytes": 10, "mime_type": "application/jsonl"})).status_code == 200
 
 
 # ---------------------------------------------------------------------- redrive

@@ -4,14 +4,15 @@
   maxKept bytes or more (0: no bound). The charge of the hours that are over is given back first: their records
   have expired. Answers nil, or the refusal {code, ms until it may be lifted}: CODE_COOLING_OFF until the cool-off
   ends; CODE_RETAINED_FULL until the end of the first hour still charged (some of the charge goes then).
+  keepsOnly: the cool-off is not checked (what it refuses is submits; an upload is refused on what it keeps only).
   Deterministic in its arguments: a resent copy finds the sweep done and answers the same.
   HOLDS is the per-tenant bounds hash (keys.bounds), which the script names before its includes.
 ]]
-local function holdsAdmit(tenant, now, maxKept)
+local function holdsAdmit(tenant, now, maxKept, keepsOnly)
   local prefix = tenant .. '|'
   local kept, first, cool = unpack(rcall('HMGET', HOLDS, prefix .. 'kept', prefix .. 'from', prefix .. 'cool'))
   cool = tonumber(cool)
-  if cool then
+  if cool and not keepsOnly then
     if cool > now then
       return {CODE_COOLING_OFF, cool - now}
     end
