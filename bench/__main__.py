@@ -34,6 +34,9 @@ Scenarios (``--only`` takes a comma-separated subset):
 - ST  streaming (bench.streaming): Valkey instructions of a streamed 500-token job (its output followed by a
       reader) beside an unstreamed one (callgrind), and the time to first token through inferq beside vLLM
       streamed directly (the real vLLM on CPU; skipped without the vllm venv)
+- FS  fair share inside a lane (bench.fairshare), beside first come, first served in the same run: one job behind
+      another tenant's backlog of 5,000, a light tenant's p95 queue wait beside a 10x backlog, GPU shares of three
+      tenants weighted 1:2:4, and the Valkey instructions per job with fair share on and off (callgrind)
 
 Every HTTP scenario (and F) reports CPU per job by role and gateway + workers + Valkey as one figure, and
 Valkey's command time per job by command (bench.valkeystats). ``--scale`` adds the scale-out grid (bench.scale).
@@ -55,7 +58,7 @@ from . import scale
 from .runner import Bench
 from .stack import ROOT
 
-ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E", "B", "V", "M", "GL", "R", "T", "ST")
+ALL = ("F", "S1", "S2", "S3", "G", "W", "L", "C", "D", "K", "E", "B", "V", "M", "GL", "R", "T", "ST", "FS")
 
 
 def _env_pair(text: str) -> tuple[str, str]:

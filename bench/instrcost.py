@@ -69,9 +69,10 @@ def available() -> str | None:
     return f"{', '.join(missing)} not installed (Debian: apt install valgrind)" if missing else None
 
 
-async def _counted(server: CallgrindValkey, n: int) -> dict[str, float]:
+def phase_counter(server: CallgrindValkey) -> protocost.Phase:
+    """A :data:`bench.protocost.Phase` that counts the server instructions of a phase: callgrind's counters zeroed
+    before it and dumped after it."""
     pid = server.vgdb_pid()
-    dumps: list[Path] = []
 
     def control(*args: str) -> None:
         subprocess.run(["callgrind_control", *args, str(pid)], capture_output=True, text=True, timeout=120,
@@ -83,9 +84,13 @@ async def _counted(server: CallgrindValkey, n: int) -> dict[str, float]:
         await work()
         await asyncio.to_thread(control, "--dump")
         (dump,) = set(server.data_dir.glob(f"callgrind.{pid}.*")) - before
-        dumps.append(dump)
         return float(total_instructions(dump.read_text()))
 
+    return phase
+
+
+async def _counted(server: CallgrindValkey, n: int) -> dict[str, float]:
+    phase = phase_counter(server)
     q = Queue.connect(Settings(redis_url=server.url, queue="bench-instr", max_queue_depth=0))
     off = Queue.connect(Settings(redis_url=server.url, queue="bench-instr-unmetered", max_queue_depth=0,
                                  usage_retention_days=0))

@@ -116,7 +116,7 @@ async def _contract_once(q: Queue, n: int, phase: Phase = _phase) -> dict[str, f
     Everything inferq adds on top (lease tokens, owner and resend checks, delivery counts, the tenant count, latency
     sums) is left out, so the gap between this and inferq's own figure is what its scripts and guarantees cost."""
     from inferq.queue.jobs import RECORD_FIELDS_BUT_BODY
-    from inferq.queue.producer import record_fields
+    from inferq.queue.records import record_fields
 
     r, keys, settings = q.redis, q.keys, q.settings
     now = int(time.time() * 1000)

@@ -1,6 +1,6 @@
 """The parts of the bench with a ``run`` function of their own (bench.lambda_gateway, bench.worker, bench.core,
-bench.simulate, bench.sim_realloop, bench.sim_boot, bench.efficiency), each run in turn with its output kept, and
-its figures (and its goal's verdict, where it states one) added to the table."""
+bench.simulate, bench.sim_realloop, bench.sim_boot, bench.efficiency, bench.streaming, bench.fairshare), each run in
+turn with its output kept, and its figures (and its goal's verdict, where it states one) added to the table."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ class StandaloneParts(Session):
                                              ("R", "bench.sim_realloop", "realloop"),
                                              ("T", "bench.sim_boot", "boot"),
                                              ("V", "bench.efficiency", "efficiency"),
-                                             ("ST", "bench.streaming", "streaming")]
+                                             ("ST", "bench.streaming", "streaming"),
+                                             ("FS", "bench.fairshare", "fairshare")]
         for key, module_name, section in parts:
             if key not in self.only:
                 continue

@@ -53,6 +53,14 @@ SETTING_DOCS: dict[str, str] = {
     "api_keys_cache_s": "How long the gateway caches what it read from `INFERQ_API_KEYS_SECRET`: a key added or "
     "revoked there takes effect within this time.",
     # jobs and the protocol
+    "fair_share": "Fair share inside each lane (G10, docs/guarantees.md): tenants with jobs waiting are served in "
+    "turn, in proportion to their weights (`INFERQ_TENANT_WEIGHTS`), counted in work (estimated tokens). "
+    "`false`: first come, first served inside a lane (jobs already waiting for their turn are still "
+    "admitted, in it). Set the same in every process (gateway, scaler, workers).",
+    "tenant_weights": "Each tenant's weight in fair share (`tenant:weight,...`): with jobs waiting in a lane, tenants "
+    "get its workers' takes in proportion to their weights, counted in work. Unset, or a tenant not listed: "
+    "1. Read where jobs are accepted (the gateway, and the scaler's batch driver): a job keeps the weight "
+    "it was accepted with.",
     "claim_idle_ms": "A delivered entry idle (lease not renewed) this long is reclaimed by another worker: the time "
     "it takes to notice a dead worker (G4).",
     "max_attempts": "Attempts per job (the first included) before a retryable failure fails it and dead-letters it.",

@@ -100,6 +100,10 @@ class ScaleView(DocModel):
     workers: int = Field(description="Workers with a recent heartbeat")
     desired: int | None = Field(description="The scaler's last desired count (null before its first decision)")
     decision: ScaleDecision
+    waiting: dict[str, dict[str, int]] | None = Field(default=None, description=(
+        "With `?by_tenant=true` only: fair share (G10), each tenant's jobs waiting for their turn in each lane "
+        "(`high`, `normal`, `low`; among the next 10,000 of the lane), counted in `lag` too"),
+        examples=[{"team-a": {"normal": 2}}])
 
 
 class Health(DocModel):

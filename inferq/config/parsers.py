@@ -6,6 +6,7 @@ naming the variable. The first line of a parser's docstring is what docs/configu
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -158,6 +159,29 @@ def _tenant_priorities(name: str, raw: str) -> dict[str, Priority] | None:
             raise SettingsError(name, f"priority of {tenant.strip()!r} must be high, normal or low, "
                                 f"got {lane.strip()!r}") from None
     return priorities or None
+
+
+MAX_WEIGHT = 1000.0
+"""The largest tenant weight (``INFERQ_TENANT_WEIGHTS``): a thousand to one is already more than a share policy needs,
+and it keeps the virtual clock's steps (work over weight) well inside a double's exact range."""
+
+
+def _tenant_weights(name: str, raw: str) -> dict[str, float] | None:
+    """`tenant:weight,tenant:weight` (each weight a number > 0 and <= 1000; empty: unset)."""
+    weights: dict[str, float] = {}
+    for pair in filter(None, (p.strip() for p in raw.split(","))):
+        tenant, sep, value = pair.partition(":")
+        if not sep or not TENANT.match(tenant.strip()):
+            raise SettingsError(name, f"must be 'tenant:weight,...' with tenants of {TENANT_RULE}, got {pair!r}")
+        try:
+            weight = float(value.strip())
+        except ValueError:
+            weight = math.nan
+        if not 0 < weight <= MAX_WEIGHT:  # also refuses nan and inf
+            raise SettingsError(name, f"weight of {tenant.strip()!r} must be a number > 0 and <= {MAX_WEIGHT:g}, "
+                                f"got {value.strip()!r}")
+        weights[tenant.strip()] = weight
+    return weights or None
 
 
 def _priority(name: str, raw: str) -> Priority:

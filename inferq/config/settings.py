@@ -31,6 +31,7 @@ from inferq.config.parsers import (
     _secrets_key,
     _tenant_budgets,
     _tenant_priorities,
+    _tenant_weights,
     _tenants,
     _window,
     _windows,
@@ -76,6 +77,8 @@ class Settings:
             "Unset, or a tenant not listed: `normal`.",
         },
     )
+    fair_share: bool = _setting(True, _bool)  # G10, inferq/queue/fairshare.py
+    tenant_weights: dict[str, float] | None = _setting(None, _tenant_weights)
     max_priority: Priority = field(
         default=Priority.HIGH,
         metadata={
@@ -338,6 +341,10 @@ class Settings:
         lane = (self.tenant_priorities or {}).get(tenant, Priority.NORMAL)
         ceiling = self.max_priority_of(tenant)
         return lane if LANES.index(lane) >= LANES.index(ceiling) else ceiling
+
+    def weight_of(self, tenant: str) -> float:
+        """A tenant's weight in fair share (``INFERQ_TENANT_WEIGHTS``; else 1)."""
+        return (self.tenant_weights or {}).get(tenant, 1.0)
 
     def max_priority_of(self, tenant: str) -> Priority:
         """The highest lane a tenant may ask for (``INFERQ_TENANT_MAX_PRIORITY``; else ``INFERQ_MAX_PRIORITY``)."""

@@ -9,10 +9,8 @@ order with a starvation bound (:mod:`inferq.queue.lanes`); reclaim, renewal and 
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import Enum
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -20,79 +18,12 @@ from redis.exceptions import ResponseError
 from inferq import fastjson
 from inferq.config.settings import Settings
 from inferq.queue.core import QueueCore, chunks, new_token, now_ms
+from inferq.queue.deliveries import Delivery, Lease, Outcome, Skipped, settle_token
+from inferq.queue.fairshare import FAIR_BUFFER
 from inferq.queue.jobs import LANES, Job, JobStatus, Priority
 from inferq.queue.keys import GROUP
 from inferq.redis.scripting import Code, reply_code
 from inferq.usage.spend import NONE, Spend, UsageRows
-
-
-class Outcome(str, Enum):
-    """What a worker's transition did."""
-
-    WRITTEN = "written"  # finish: terminal state recorded
-    RETRY_SCHEDULED = "retry_scheduled"
-    DEAD_LETTERED = "dead_lettered"
-    RELEASED = "released"
-    DUPLICATE = "duplicate"  # the job was already terminal: discarded and counted
-    STALE = "stale"  # the entry was no longer the job's live entry
-    NOT_FOUND = "not_found"
-    ENDED = "ended"  # the job ended some other way here (e.g. cancellation requested)
-
-
-class Lease(int, Enum):
-    """Per-entry answer of a lease renewal."""
-
-    HELD = 0
-    CANCEL_REQUESTED = 1
-    LOST = 2
-    TERMINAL = 3
-    WATCHED = 4  # held, and someone reads the job's output as it is made: write it (gpu_worker/output.py)
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """A job handed to this worker: run it, then finish, retry or release it by its entry and lease token.
-    The lease token is this delivery's own (start.lua records it on the job): once the entry is reclaimed or
-    started again, the token no longer matches and this delivery's writes change nothing."""
-
-    entry_id: str
-    job: Job
-    reclaimed: bool = False
-    lease: str = ""
-    lane: Priority = Priority.NORMAL
-    spent: tuple[str, int, int] = ("", 0, 0)
-    """What the job's usage is counted under and what its earlier attempts spent, as its record said when this
-    delivery began: (model, run ms, GPU ms; fields ``model``, ``run_ms``, ``gpu_ms``). Only this delivery's own
-    retry or release changes them until it ends."""
-
-    @property
-    def attempt(self) -> int:
-        return self.job.attempts
-
-    @property
-    def key(self) -> str:
-        """The entry's identity across lanes: entry ids are per stream, so two lanes can hand out the same one."""
-        return f"{self.lane.value}:{self.entry_id}"
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """An entry that start.lua settled without running the model (terminal, stale, expired, dead-lettered)."""
-
-    entry_id: str
-    job_id: str
-    code: Code
-    status: str | None = None
-
-
-def settle_token(delivery: Delivery, *what: str) -> str:
-    """The call token of a finish, retry or release: derived from the delivery's lease and what is written, so the
-    worker's own retry of the same write after an error it saw (a timeout, ReplicationLag) is recognised as a
-    resend too and answers as the first did; another write by the same delivery is a different call."""
-    if not delivery.lease:
-        return new_token()
-    return hashlib.sha256("\0".join((delivery.lease, *what)).encode()).hexdigest()[:16]
-
 
 Entry = tuple[Priority, str, dict[str, str]]
 """A stream entry read from a lane: (lane, entry id, fields)."""
@@ -101,41 +32,60 @@ Finish = tuple[Delivery, JobStatus, Any, Any] | tuple[Delivery, JobStatus, Any, 
 """One finish: the delivery, its terminal status, result, error and (optionally) what the attempt spent."""
 
 
+def _lane_of(item: tuple[Priority, str, str, str]) -> Priority:
+    return item[0]
+
+
 class Consumer(QueueCore):
     def __init__(self, client: Any, settings: Settings) -> None:
         super().__init__(client, settings)
         self._drained: set[str] = set()
         """The consumers whose last read found every lane drained (see :meth:`read`)."""
+        self._waiting: defaultdict[str, dict[Priority, bool]] = defaultdict(dict)
+        """Per consumer, the lanes whose jobs its last start of each found waiting for admission (see :meth:`read`)."""
 
-    def _start_call(self, consumer: str, now: int, reclaimed: bool, live: Sequence[tuple[Priority, str, str, str]]
-                    ) -> tuple:
-        """The start script call that begins ``live`` (lane, entry id, job id, lease; :data:`SCRIPT_BATCH` at
-        most)."""
+    def _start_call(self, consumer: str, now: int, reclaimed: bool, live: Sequence[tuple[Priority, str, str, str]],
+                    refill: int = 0) -> tuple:
+        """The start script call that begins ``live`` (lane, entry id, job id, lease; :data:`SCRIPT_BATCH` at most,
+        all of one lane) and admits up to ``refill`` of the lane's waiting jobs for those it takes (fair share,
+        G10: the entries that were in the stream before the caller's own admission)."""
         keys_of, settings = self.keys, self.settings
         usage_keys, usage_args = self.meter(now)
         keys = [keys_of.stats, keys_of.events, keys_of.dlq, keys_of.expiry, keys_of.tenants, keys_of.dlq_index,
-                *usage_keys, keys_of.bounds]
+                *usage_keys, keys_of.bounds, *keys_of.fair_lane(live[0][0])]
         args: list[Any] = [consumer, now, settings.max_deliveries, settings.result_ttl_s, settings.events_maxlen,
-                           "1" if reclaimed else "0", *usage_args]
-        for lane, entry_id, job_id, lease in live:
-            keys += [keys_of.stream_of(lane), keys_of.job(job_id), keys_of.done(job_id)]
+                           "1" if reclaimed else "0", *usage_args, refill]
+        for _, entry_id, job_id, lease in live:
+            keys += [keys_of.job(job_id), keys_of.done(job_id)]
             args += [entry_id, lease]
         return ("start", keys, args)
 
     async def _start_entries(
-        self, consumer: str, entries: Sequence[Entry], reclaimed: bool
+        self, consumer: str, entries: Sequence[Entry], reclaimed: bool, refill: Mapping[Priority, int] | None = None
     ) -> tuple[list[Delivery], list[Skipped]]:
+        """Start ``entries``; ``refill``: per lane, how many of them were in the stream before this consumer's own
+        admission (start.lua admits as many waiting jobs in their place). Notes which lanes' jobs still wait for
+        admission (:attr:`_waiting`)."""
         if not entries:
             return [], []
         now = now_ms()
         live = [(lane, entry_id, fields.get("job", ""), new_token()) for lane, entry_id, fields in entries if fields]
-        parts = chunks(live)
+        parts = chunks(live, by=_lane_of)
+        left = dict(refill or {})
+        calls = []
+        for part in parts:
+            lane = part[0][0]
+            share = min(left.get(lane, 0), len(part))
+            left[lane] = left.get(lane, 0) - share
+            calls.append(self._start_call(consumer, now, reclaimed, part, share))
         # each call is followed by the reads of its jobs' records in the same round trip (start.lua answers 0)
         reads: list[Sequence[tuple[Any, ...]]] = [[("HGETALL", self.keys.job(j)) for _, _, j, _ in part]
                                                   for part in parts]
-        calls = [self._start_call(consumer, now, reclaimed, part) for part in parts]
-        answered = [(reply, record) for replies, records in await self.scripts.many_then(calls, reads)
-                    for reply, record in zip(replies, records, strict=True)]
+        answered: list[tuple[Any, Any]] = []
+        for part, (replies, records) in zip(parts, await self.scripts.many_then(calls, reads), strict=True):
+            *replies, waits = replies
+            self._waiting[consumer][part[0][0]] = bool(int(waits))
+            answered += zip(replies, records, strict=True)
         deliveries: list[Delivery] = []
         skipped: list[Skipped] = []
         for (lane, entry_id, job_id, lease), (reply, record) in zip(live, answered, strict=True):
@@ -158,37 +108,68 @@ class Consumer(QueueCore):
         the starvation bound of :attr:`lane_share`, without blocking; only when every lane is empty and
         ``block_ms`` is given, :meth:`read_blocking`.
 
+        Fair share (G10, :mod:`inferq.queue.fairshare`): a lane whose jobs wait for admission holds a few entries in
+        its stream (the start of each admits one in its place), and this consumer's last start told it whether they
+        do; a read of such a lane for more than those first admits the rest, in the same round trip, so the lane
+        reads as full as its waiting jobs make it, before any lower lane.
+
         When this consumer's last read found every lane drained, the blocking read comes first: it answers at once
         whatever came meanwhile, one round trip where the lane-by-lane reads take up to three before it. A worker
         that keeps the queue empty, as under a steady load, reads this way; the entries of several lanes it may find
         are the few that came since its last read."""
         if count <= 0:
             return [], []
-        if block_ms is not None and consumer in self._drained:
+        if block_ms is not None and consumer in self._drained and not any(self._waiting[consumer].values()):
             return await self.read_blocking(consumer, count, block_ms)
-        entries = await self._take(consumer, count)
+        entries, refill = await self._take(consumer, count)
         if not entries and block_ms is not None:
             return await self.read_blocking(consumer, count, block_ms)
-        return await self._start_entries(consumer, entries, reclaimed=False)
+        return await self._start_entries(consumer, entries, reclaimed=False, refill=refill)
 
     async def read_blocking(self, consumer: str, count: int, block_ms: int) -> tuple[list[Delivery], list[Skipped]]:
         """One read that blocks across every lane for up to ``block_ms`` (below the client's socket timeout) and
         starts at most ``count`` entries, higher lanes first: COUNT applies per stream, so what it answers beyond
-        ``count`` is given back unstarted to the end of its lane (``requeue``), spending no attempt."""
+        ``count`` is given back unstarted (``requeue``), spending no attempt. It returns at once whenever jobs wait
+        for admission: their lane's stream holds entries (:mod:`inferq.queue.fairshare`)."""
         entries = await self.read_lanes(consumer, count, block_ms)
         per_lane = [sum(1 for e in entries if e[0] is lane) for lane in LANES]
         self._note_drained(consumer, len(entries) <= count and max(per_lane) < count)
         if len(entries) > count:
             await self._give_back(entries[count:])
             entries = entries[:count]
-        self.lane_share.record({lane: sum(1 for e in entries if e[0] is lane) for lane in LANES}, set())
-        return await self._start_entries(consumer, entries, reclaimed=False)
+        taken = {lane: n for lane, n in zip(LANES, per_lane, strict=True) if n}
+        self.lane_share.record(taken, set())
+        return await self._start_entries(consumer, entries, reclaimed=False, refill=taken)
 
-    async def _take(self, consumer: str, count: int) -> list[Entry]:
-        """Non-blocking reads, lane by lane, as :meth:`LaneShare.plan` orders them, until ``count`` are taken."""
+    async def _admit_and_read(self, consumer: str, lane: Priority, admit: int, count: int
+                              ) -> list[tuple[str, dict[str, str]]]:
+        """Admit up to ``admit`` of ``lane``'s waiting jobs (``admit.lua``), then read up to ``count`` of the lane's
+        new entries, in one round trip; a missing group is created again and answers nothing."""
+        call = ("admit", self.keys.fair_lanes, [admit, new_token(), lane.value])
+        read = ("XREADGROUP", "GROUP", GROUP, consumer, "COUNT", count, "STREAMS", self.keys.stream_of(lane), ">")
+        try:
+            _, reply = await self.scripts.then_command(call, read)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            await self.ensure_groups()
+            return []
+        if not reply:
+            return []
+        # RESP2 answers [[stream, entries], ...], RESP3 {stream: [entries]}
+        pairs = [(s, e) for s, e in reply] if isinstance(reply, list) else [(s, v[0]) for s, v in reply.items()]
+        return [entry for _, got in pairs for entry in got]
+
+    async def _take(self, consumer: str, count: int) -> tuple[list[Entry], dict[Priority, int]]:
+        """Non-blocking reads, lane by lane, as :meth:`LaneShare.plan` orders them, until ``count`` are taken; a
+        lane whose jobs wait for admission admits what the read wants beyond the entries its stream keeps, in the
+        same round trip. Returns the entries, and per lane how many of them its stream held before this consumer's
+        own admission (at most what it keeps)."""
         entries: list[Entry] = []
         taken = dict.fromkeys(LANES, 0)
+        found: dict[Priority, int] = {}
         short: set[Priority] = set()
+        waiting = self._waiting[consumer]
         for lane, wanted in self.lane_share.plan(count):
             free = count - len(entries)
             if free <= 0:
@@ -196,14 +177,21 @@ class Consumer(QueueCore):
             if wanted is None and lane in short:
                 continue  # found empty by its owed read a moment ago
             ask = free if wanted is None else min(wanted, free)
-            got = await self.read_group(self.keys.stream_of(lane), GROUP, consumer, ask)
+            stream = self.keys.stream_of(lane)
+            if waiting.get(lane) and ask > FAIR_BUFFER:
+                got = await self._admit_and_read(consumer, lane, ask - FAIR_BUFFER, ask)
+                found[lane] = found.get(lane, 0) + min(len(got), FAIR_BUFFER)
+                waiting[lane] = len(got) == ask  # short: none waits any more
+            else:
+                got = await self.read_group(stream, GROUP, consumer, ask)
+                found[lane] = found.get(lane, 0) + len(got)
             if len(got) < ask:
                 short.add(lane)
             taken[lane] += len(got)
             entries += [(lane, entry_id, fields) for entry_id, fields in got]
         self.lane_share.record(taken, short)
         self._note_drained(consumer, short == set(LANES))
-        return entries
+        return entries, found
 
     def _note_drained(self, consumer: str, drained: bool) -> None:
         if drained:
@@ -311,13 +299,13 @@ class Consumer(QueueCore):
         usage_keys, usage_args = self.meter(now)
         keys = [self.keys.stream_of(delivery.lane), self.keys.stats, self.keys.events, self.keys.delayed,
                 self.keys.dlq, self.keys.tenants, self.keys.job(job_id), self.keys.done(job_id), self.keys.dlq_index,
-                *usage_keys, self.keys.bounds]
+                *usage_keys, self.keys.bounds, *self.keys.fair_lane(delivery.lane)[1:]]
         error_json = fastjson.dumps(error).decode()
         args = [delivery.entry_id, now, max(0, int(delay_ms)), self.settings.max_attempts,
                 error_json, self.settings.result_ttl_s, self.settings.events_maxlen, delivery.lease,
                 settle_token(delivery, "retry", error_json, dead_letter or "", str(strikes)), dead_letter or "",
                 strikes, *self._spent(delivery, spend), *usage_args, self.settings.engine_strikes,
-                self.settings.engine_strike_window_s * 1000, self.settings.engine_cooloff_s * 1000]
+                self.settings.engine_strike_window_s * 1000, self.settings.engine_cooloff_s * 1000, self.fair_flag]
         # a retry may end the job (dead-lettered, or cancelled): with replicas to wait for, it waits like finish
         [reply] = await self._write([("retry", keys, args)], replicated=True)
         if reply_code(reply) == 2:
@@ -327,8 +315,10 @@ class Consumer(QueueCore):
     async def release(self, delivery: Delivery, *, spend: Spend | None = None) -> Outcome:
         """Give the job back at once without spending an attempt (shutdown). ``spend``: the run and GPU time the
         attempt had, added to the job's."""
-        keys = [self.keys.stream_of(delivery.lane), self.keys.stats, self.keys.job(delivery.job.id)]
-        args = [delivery.entry_id, delivery.lease, settle_token(delivery, "release"), *self._spent(delivery, spend)]
+        keys = [self.keys.stream_of(delivery.lane), self.keys.stats, self.keys.job(delivery.job.id),
+                *self.keys.fair_lane(delivery.lane)[1:]]
+        args = [delivery.entry_id, delivery.lease, settle_token(delivery, "release"), *self._spent(delivery, spend),
+                self.fair_flag]
         reply = await self.scripts("release", keys, args)
         return self._outcome(reply, Outcome.RELEASED)
 
@@ -358,13 +348,20 @@ class Consumer(QueueCore):
         return await self._expire_calls(due, now) if due else 0
 
     async def promote(self, *, now: int | None = None, limit: int = 100) -> int:
-        """Move due retries from the delayed set into the stream of each one's lane."""
+        """Move due retries from the delayed set to where each one's lane takes it from (its stream, or its tenant's
+        turn when jobs wait for admission), and make sure each lane whose jobs wait holds
+        :data:`~inferq.queue.fairshare.FAIR_BUFFER` entries in its stream (``admit.lua``'s sweep: whatever happened
+        to those admitted before, no job waits behind an empty stream for longer than one sweep). The maintenance
+        sweeps of the workers and of the scaler run it. Returns the retries promoted."""
         now = now or now_ms()
         due = await self.redis.zrangebyscore(self.keys.delayed, "-inf", now, start=0, num=limit)
+        sweep: tuple[str, list[str], list[Any]] = ("admit", self.keys.fair_lanes, [0, ""])
         if not due:
+            await self.scripts(*sweep)
             return 0
-        keys = [*self.keys.lane_streams, self.keys.delayed, *(self.keys.job(j) for j in due)]
-        return int(await self.scripts("promote", keys, [now, new_token(), *due]))
+        keys = [*self.keys.fair_lanes, self.keys.delayed, *(self.keys.job(j) for j in due)]
+        promoted, _ = await self.scripts.many([("promote", keys, [now, new_token(), self.fair_flag, *due]), sweep])
+        return int(promoted)
 
     async def heartbeat(self, worker_id: str, in_flight: int, *, now: int | None = None) -> None:
         await self.redis.hset(self.keys.workers, worker_id, f"{now or now_ms()} {in_flight}")

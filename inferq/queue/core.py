@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Self, TypeVar
 
 from redis.exceptions import ResponseError
@@ -27,9 +27,19 @@ serves no one else for no more than about a millisecond (30 µs a job under S3's
 T = TypeVar("T")
 
 
-def chunks(items: Sequence[T], size: int = SCRIPT_BATCH) -> list[Sequence[T]]:
-    """``items`` in consecutive runs of at most ``size``: one script call each."""
-    return [items[first:first + size] for first in range(0, len(items), size)]
+def chunks(items: Sequence[T], size: int = SCRIPT_BATCH, *, by: Callable[[T], Any] | None = None
+           ) -> list[Sequence[T]]:
+    """``items`` in consecutive runs of at most ``size``: one script call each; with ``by``, a run also ends where
+    ``by`` of the next item differs (a script call that takes the items of one lane)."""
+    if by is None:
+        return [items[first:first + size] for first in range(0, len(items), size)]
+    runs: list[Sequence[T]] = []
+    first = 0
+    for i in range(1, len(items) + 1):
+        if i == len(items) or i - first == size or by(items[i]) != by(items[first]):
+            runs.append(items[first:i])
+            first = i
+    return runs
 
 
 def now_ms() -> int:
@@ -76,6 +86,11 @@ class QueueCore:
 
     async def ping(self) -> bool:
         return bool(await self.redis.ping())
+
+    @property
+    def fair_flag(self) -> str:
+        """What every script that queues a job is told about fair share (G10): ``1`` when it is on."""
+        return "1" if self.settings.fair_share else "0"
 
     async def ensure_groups(self) -> None:
         """Create the worker group on every lane's stream and the webhook group on the events stream, at id 0 with
@@ -145,7 +160,7 @@ class QueueCore:
         now = now or now_ms()
         usage_keys, usage_args = self.meter(now)
         calls = [
-            ("expire", [*self.keys.lane_streams, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.expiry,
+            ("expire", [*self.keys.fair_lanes, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.expiry,
                         self.keys.tenants, self.keys.job(j), self.keys.done(j), *usage_keys, self.keys.bounds],
              [j, now, self.settings.result_ttl_s, self.settings.events_maxlen, *usage_args])
             for j in job_ids

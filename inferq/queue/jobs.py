@@ -105,6 +105,10 @@ class JobRequest:
     idempotency_key: str | None = None
     traceparent: str | None = None
     priority: Priority = Priority.NORMAL
+    work: int | None = None
+    """The job's work in fair share when the caller knows it better than its body can tell (a claimed body: the
+    gateway estimates it before the body goes to S3); None: :func:`inferq.queue.fairshare.estimated_work` of the
+    body. Not part of the request: the digest leaves it out."""
     watch: bool = False
     """Its output is read as it is made from the start (the front door's ``stream: true``); not part of the request
     an idempotency key is checked against: a streamed and an unstreamed call are the same job."""

@@ -54,6 +54,30 @@ class Keys:
         """The three lane streams in :data:`LANE_KEYS` order, as scripts that may touch any lane take them."""
         return [self.stream_of(lane) for lane in LANE_KEYS]
 
+    # fair share (G10, inferq/queue/fairshare.py): per lane, the jobs waiting for admission and the tenants' turns
+
+    def fair_jobs(self, lane: str) -> str:
+        """Sorted set: the lane's jobs waiting for admission into its stream, one member ``<tenant>|<attempt>|<job
+        id>`` each, scored by minus the job's virtual start tag (the lowest tag, the highest score, is admitted
+        next)."""
+        return f"{self.prefix}fair:{lane}:jobs"
+
+    def fair_tags(self, lane: str) -> str:
+        """Hash: ``<tenant>`` -> the virtual finish tag of its last job placed, ``<tenant>:n`` -> its jobs waiting
+        (while it has some), ``:clock`` -> the lane's virtual time (the start tag of the last job admitted)."""
+        return f"{self.prefix}fair:{lane}:tags"
+
+    def fair_lane(self, lane: str) -> list[str]:
+        """A lane's stream and its two fair-share keys, in the order the scripts take them (the ``fairLane``
+        include): stream, waiting jobs, tags."""
+        return [self.stream_of(lane), self.fair_jobs(lane), self.fair_tags(lane)]
+
+    @property
+    def fair_lanes(self) -> list[str]:
+        """:meth:`fair_lane` of every lane, in :data:`LANE_KEYS` order (9 keys), for scripts that may touch any
+        lane."""
+        return [key for lane in LANE_KEYS for key in self.fair_lane(lane)]
+
     def job(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}"
 

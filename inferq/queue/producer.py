@@ -10,18 +10,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from inferq import fastjson
 from inferq.queue.core import QueueCore, chunks, new_token, now_ms
+from inferq.queue.fairshare import cost
 from inferq.queue.jobs import (
     RECORD_FIELDS_BUT_BODY,
     Job,
     JobRequest,
     JobStatus,
-    expected_tokens,
     idempotency_digest,
     new_job_id,
     record_of,
 )
+from inferq.queue.records import job_work, record_fields
 from inferq.queue.refusals import (
     EngineCoolOff,
     IdempotencyConflict,
@@ -39,7 +39,7 @@ from inferq.redis.scripting import Code
 
 __all__ = [
     "EngineCoolOff", "IdempotencyConflict", "JobNotFound", "JobTerminal", "NotDeadLettered", "OperatorOnly", "Producer",
-    "QueueError", "QueueFull", "RetainedQuotaFull", "TenantQuotaFull", "record_fields",
+    "QueueError", "QueueFull", "RetainedQuotaFull", "TenantQuotaFull",
 ]
 
 DLQ_PAGE = 200
@@ -48,82 +48,46 @@ RATE_CALL_KEEP_MS = 10_000
 """How long a rate-limit call's answer is kept for a resent copy (beyond any client timeout and its retry)."""
 
 
-MODEL_MAX = 128
-"""Characters of ``body.model`` a single queue's job record keeps (its usage row names it)."""
-
-
-def record_fields(request: JobRequest, count_tokens: bool = False, model: bool = False) -> list[Any]:
-    """The job record's fields that come from the request, as name/value pairs (enqueue.lua writes them). The body
-    and metadata are stored as :func:`inferq.fastjson.dumps` writes them (what is read back is the same value; the
-    request digest has its own canonical form). ``count_tokens`` (sizing by work is on,
-    ``INFERQ_SCALE_TOKENS_PER_S`` > 0): the job's expected tokens too, which the queue's ``backlog_tokens`` counts;
-    off, the record and the scripts do no work for a figure nobody reads. ``model`` (a single queue, no registry,
-    metering on): ``body.model`` as field ``model``, the model its usage is counted under (a registry's queue is one
-    model's, which the reader of usage names). Field ``hold``: the bytes of what the tenant chose that the record
-    keeps after the job ends (its metadata, webhook URL, model), part of what the tenant is charged for it then
-    (:mod:`inferq.queue.holds`)."""
-    fields: list[Any] = []
-    hold = 0
-    if count_tokens:  # first: enqueue.lua adds it to the queue's backlog_tokens from that place
-        fields += ["tokens", expected_tokens(request.body)]
-    fields += ["url", request.url, "body", fastjson.dumps(request.body), "lane", request.priority.value]
-    named = request.body.get("model") if model else None
-    if isinstance(named, str) and named:
-        fields += ["model", named[:MODEL_MAX]]
-        hold += len(named[:MODEL_MAX].encode())
-    if request.metadata:
-        metadata = fastjson.dumps(request.metadata)
-        fields += ["metadata", metadata]
-        hold += len(metadata)
-    if request.timeout_s is not None:
-        fields += ["timeout_s", request.timeout_s]
-    if request.ttl_s is not None:
-        fields += ["ttl_s", request.ttl_s]
-    if request.webhook_url:
-        fields += ["webhook_url", request.webhook_url]
-        hold += len(request.webhook_url.encode())
-    if not request.continuation:  # absent: the default, every attempt continues after the output kept
-        fields += ["continuation", "0"]
-    if request.traceparent:
-        fields += ["trace", request.traceparent]
-    if request.watch:
-        fields += ["watch", "1"]  # its worker writes its output as it is made (inferq.queue.output)
-    if hold:
-        fields += ["hold", hold]
-    return fields
+def _lane(job: tuple[str, JobRequest, str, int]) -> str:
+    return job[1].priority.value
 
 
 class Producer(QueueCore):
     _waiters: SharedWaiters | None = None
 
-    def _enqueue_call(self, jobs: Sequence[tuple[str, JobRequest, str, int]]) -> tuple:
+    def _enqueue_call(self, jobs: Sequence[tuple[str, JobRequest, str, int]], weight: float | None = None) -> tuple:
         """The enqueue script call that accepts ``jobs`` (tenant, request, job id, now; :data:`SCRIPT_BATCH` at
-        most). It answers a list of replies, one per job."""
+        most, all of one lane). It answers a list of replies, one per job. ``weight``: the tenants' weight in fair
+        share, when the caller knows it (else ``INFERQ_TENANT_WEIGHTS``)."""
         keys_of, settings = self.keys, self.settings
-        keys = [keys_of.stats, keys_of.expiry, keys_of.tenants, keys_of.bounds]
+        keys = [keys_of.stats, keys_of.expiry, keys_of.tenants, keys_of.bounds, *keys_of.fair_lane(jobs[0][1].priority)]
         args: list[Any] = [settings.max_queue_depth, settings.tenant_max_depth, settings.result_ttl_s,
-                           settings.tenant_max_retained_bytes]
+                           settings.tenant_max_retained_bytes, self.fair_flag]
         count_tokens = settings.scale_tokens_per_s > 0
         model = not settings.models and settings.usage_retention_days > 0
         for tenant, request, job_id, now in jobs:
             job_key = keys_of.job(job_id)
             idem = request.idempotency_key
             # without an idempotency key the job record stands in its place: the script tells them apart
-            keys += [keys_of.stream_of(request.priority), job_key,
-                     keys_of.idem(tenant, idempotency_digest(idem)) if idem is not None else job_key]
-            fields = record_fields(request, count_tokens, model)
+            keys += [job_key, keys_of.idem(tenant, idempotency_digest(idem)) if idem is not None else job_key]
+            share = weight if weight is not None else settings.weight_of(tenant)
+            work = job_work(request)
+            fields = record_fields(request, count_tokens, model, work=work, weight=share)
             expires_at = now + request.ttl_s * 1000 if request.ttl_s is not None else ""
             # the digest is what a retry with the same idempotency key is checked against: without a key, nothing is
             digest = request.digest() if idem is not None else ""
-            args += [job_id, tenant, digest, now, expires_at, len(fields) // 2, *fields]
+            args += [job_id, tenant, digest, now, expires_at, cost(work, share), len(fields) // 2, *fields]
         return ("enqueue", keys, args)
 
-    async def _accept(self, jobs: Sequence[tuple[str, JobRequest, str, int]]) -> list[Any]:
+    async def _accept(self, jobs: Sequence[tuple[str, JobRequest, str, int]], weight: float | None = None
+                      ) -> list[Any]:
         """Each job's enqueue reply, all in one round trip and one script call per :data:`SCRIPT_BATCH` jobs."""
-        replies = await self._write([self._enqueue_call(part) for part in chunks(jobs)], replicated=True)
+        replies = await self._write([self._enqueue_call(part, weight) for part in chunks(jobs, by=_lane)],
+                                    replicated=True)
         return [reply for call in replies for reply in call]
 
-    async def _enqueued(self, tenant: str, request: JobRequest, job_id: str, now: int, reply: Any) -> tuple[Job, bool]:
+    async def _enqueued(self, tenant: str, request: JobRequest, job_id: str, now: int, reply: Any,
+                        weight: float | None = None) -> tuple[Job, bool]:
         code = int(reply[0])
         if code == 0:
             job = Job(
@@ -148,7 +112,7 @@ class Producer(QueueCore):
             record = await self.redis.hgetall(self.keys.job(reply[1]))
             if not record or "status" not in record:  # its record expired under a live key: it protects nothing
                 await self.redis.delete(self.keys.idem(tenant, idempotency_digest(request.idempotency_key or "")))
-                return await self.enqueue(tenant, request, now=now)
+                return await self.enqueue(tenant, request, now=now, weight=weight)
             if record.get("digest") != request.digest():
                 raise IdempotencyConflict(reply[1])
             return Job.from_hash(record), True
@@ -162,8 +126,10 @@ class Producer(QueueCore):
             raise EngineCoolOff(int(reply[1]) / 1000)
         raise QueueError(f"enqueue returned {reply!r}")
 
-    async def enqueue(self, tenant: str, request: JobRequest, *, now: int | None = None) -> tuple[Job, bool]:
-        """Accept a job in one round trip. Returns the job and whether it is an idempotent replay.
+    async def enqueue(self, tenant: str, request: JobRequest, *, now: int | None = None, weight: float | None = None
+                      ) -> tuple[Job, bool]:
+        """Accept a job in one round trip. Returns the job and whether it is an idempotent replay. ``weight``: the
+        tenant's weight in fair share, when the caller knows it (else ``INFERQ_TENANT_WEIGHTS``).
         Raises QueueFull (TenantQuotaFull for the tenant's quota) and, with replicas to wait for, ReplicationLag.
         One script call per submit: the gateway runs as Lambda, one request at a time per sandbox, where submits
         never meet in one turn of the event loop to be sent together (``enqueue_many`` sends many at once)."""
@@ -174,8 +140,8 @@ class Producer(QueueCore):
         if waiters is not None:
             waiters.expect(job_id, tenant)
         try:
-            [reply] = await self._accept([(tenant, request, job_id, now)])
-            accepted = await self._enqueued(tenant, request, job_id, now, reply)
+            [reply] = await self._accept([(tenant, request, job_id, now)], weight)
+            accepted = await self._enqueued(tenant, request, job_id, now, reply, weight)
         except BaseException:
             if waiters is not None:
                 waiters.forget(job_id)
@@ -184,13 +150,14 @@ class Producer(QueueCore):
             waiters.forget(job_id)
         return accepted
 
-    async def enqueue_many(self, tenant: str, requests: Sequence[JobRequest]) -> list[tuple[Job, bool]]:
+    async def enqueue_many(self, tenant: str, requests: Sequence[JobRequest], *, weight: float | None = None
+                           ) -> list[tuple[Job, bool]]:
         """Accept many jobs in one round trip and one script call per :data:`SCRIPT_BATCH` of them (batch
         clients, benchmarks)."""
         now = now_ms()
         jobs = [(tenant, r, new_job_id() + self.id_suffix, now) for r in requests]
-        replies = await self._accept(jobs) if jobs else []
-        return [await self._enqueued(tenant, r, i, now, reply)
+        replies = await self._accept(jobs, weight) if jobs else []
+        return [await self._enqueued(tenant, r, i, now, reply, weight)
                 for (_, r, i, _), reply in zip(jobs, replies, strict=True)]
 
     async def get(self, job_id: str, tenant: str | None = None, *, with_body: bool = True) -> Job | None:
@@ -323,7 +290,7 @@ class Producer(QueueCore):
         """Cancel (queued) or request cancellation (running). Raises JobNotFound or JobTerminal."""
         now = now or now_ms()
         usage_keys, usage_args = self.meter(now)
-        keys = [*self.keys.lane_streams, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.tenants,
+        keys = [*self.keys.fair_lanes, self.keys.stats, self.keys.events, self.keys.delayed, self.keys.tenants,
                 self.keys.job(job_id), self.keys.done(job_id), *usage_keys, self.keys.bounds]
         args = [tenant, now, self.settings.result_ttl_s, self.settings.events_maxlen, new_token(), *usage_args]
         [reply] = await self._write([("cancel", keys, args)], replicated=True)
@@ -341,10 +308,10 @@ class Producer(QueueCore):
         """Queue a dead-lettered job again. Raises JobNotFound, NotDeadLettered, or QueueFull / TenantQuotaFull
         under the same limits as :meth:`enqueue`. A job that killed the model server (``engine_died``) is an
         operator's to redrive (``operator``), else OperatorOnly; ``any_tenant``: another tenant's job too."""
-        keys = [*self.keys.lane_streams, self.keys.stats, self.keys.dlq, self.keys.tenants, self.keys.job(job_id),
+        keys = [*self.keys.fair_lanes, self.keys.stats, self.keys.dlq, self.keys.tenants, self.keys.job(job_id),
                 self.keys.done(job_id), self.keys.dlq_index]
         args = [tenant, now or now_ms(), new_token(), self.settings.max_queue_depth, self.settings.tenant_max_depth,
-                "1" if operator else "0", "1" if any_tenant else "0"]
+                "1" if operator else "0", "1" if any_tenant else "0", self.fair_flag]
         [reply] = await self._write([("redrive", keys, args)], replicated=True)
         code = int(reply[0])
         if code == Code.NOT_FOUND:

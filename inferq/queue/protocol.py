@@ -11,8 +11,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferq.queue.consumer import Consumer, Delivery, Lease, Outcome, Skipped, settle_token
+from inferq.queue.consumer import Consumer
 from inferq.queue.core import new_token, now_ms
+from inferq.queue.deliveries import Delivery, Lease, Outcome, Skipped, settle_token
 from inferq.queue.jobs import Priority
 from inferq.queue.keys import LANE_KEYS
 from inferq.queue.producer import (
@@ -54,6 +55,17 @@ class Observation:
     reason: str
     decided_at: float | None
     lag_by_lane: dict[Priority, int] = field(default_factory=dict)
+    """Per lane: its never-delivered entries and its jobs waiting for admission (both in ``lag``)."""
+    waiting_by_lane: dict[Priority, int] = field(default_factory=dict)
+    """Per lane: its jobs waiting for admission (fair share, G10)."""
+    waiting_by_tenant: dict[str, dict[Priority, int]] = field(default_factory=dict)
+    """Per tenant with jobs waiting for admission: how many, per lane, among the next 10,000 of the lane (only when
+    asked for: :meth:`Queue.observe`'s ``by_tenant``)."""
+
+    def waiting_json(self) -> dict[str, dict[str, int]]:
+        """:attr:`waiting_by_tenant` as the gateway shows it: tenant -> lane name -> jobs waiting."""
+        return {tenant: {lane.value: n for lane, n in lanes.items()}
+                for tenant, lanes in self.waiting_by_tenant.items()}
 
     @property
     def backlog(self) -> int:
@@ -70,18 +82,29 @@ def _optional_int(value: Any) -> int | None:
 class Queue(Producer, Consumer):
     """One queue on one Redis client: both sides, and what the scaler reads and records."""
 
-    async def observe(self, *, now: int | None = None, heartbeat_stale_ms: int | None = None) -> Observation:
+    async def observe(self, *, now: int | None = None, heartbeat_stale_ms: int | None = None,
+                      by_tenant: bool = False) -> Observation:
+        """One read-only look at the queue (``observe.lua``); ``by_tenant``: each tenant's jobs waiting for admission
+        too (among the next 10,000 of each lane), for operators (``GET /v1/scale``)."""
         now = now or now_ms()
         stale = heartbeat_stale_ms or max(3 * self.settings.claim_idle_ms, 15000)
-        keys = [*self.keys.lane_streams, self.keys.delayed, self.keys.stats, self.keys.workers, self.keys.scale,
+        keys = [*self.keys.fair_lanes, self.keys.delayed, self.keys.stats, self.keys.workers, self.keys.scale,
                 self.keys.dlq]
-        r = await self.scripts("observe", keys, [now, stale])
+        r = await self.scripts("observe", keys, [now, stale, "1" if by_tenant else "0"])
+        lanes = len(LANE_KEYS)
+        waiting: dict[str, dict[Priority, int]] = {}
+        tail = r[14 + 2 * lanes:]
+        for lane, tenant, count in zip(tail[0::3], tail[1::3], tail[2::3], strict=True):
+            waiting.setdefault(tenant, {})[Priority(lane)] = int(count)
         return Observation(
             lag=int(r[0]), pending=int(r[1]), delayed=int(r[2]), delayed_due=int(r[3]), unfinished=int(r[4]),
             workers=int(r[5]), busy_workers=int(r[6]), in_flight=int(r[7]), oldest_entry_ms=int(r[8]),
             group_missing=bool(int(r[9])), dlq=int(r[10]), desired=_optional_int(r[11]), reason=r[12] or "",
             decided_at=float(r[13]) if r[13] else None,
-            lag_by_lane={Priority(lane): int(n) for lane, n in zip(LANE_KEYS, r[14:], strict=True)},
+            lag_by_lane={Priority(lane): int(n) for lane, n in zip(LANE_KEYS, r[14:14 + lanes], strict=True)},
+            waiting_by_lane={Priority(lane): int(n)
+                             for lane, n in zip(LANE_KEYS, r[14 + lanes:14 + 2 * lanes], strict=True)},
+            waiting_by_tenant=waiting,
         )
 
     async def skip_webhookless_events(self, seen: str | None) -> tuple[bool, str]:

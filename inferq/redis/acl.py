@@ -46,10 +46,10 @@ SCRIPTING = ("evalsha", "script|load")
 """Scripts by SHA only, loaded once; never EVAL of arbitrary text, never SCRIPT FLUSH or KILL."""
 
 SCRIPT_COMMANDS = (
-    "del", "expire", "expireat", "get", "hdel", "hget", "hgetall", "hincrby", "hlen", "hmget", "hset", "hsetnx",
-    "hstrlen", "persist", "pexpire", "pexpireat", "rpush", "set", "time", "xack", "xadd", "xclaim", "xdel", "xlen",
-    "xrange", "xrevrange", "xtrim", "zadd", "zcard", "zcount", "zrange", "zrem", "zremrangebylex", "zremrangebyscore",
-    "zscore",
+    "del", "exists", "expire", "expireat", "get", "hdel", "hget", "hgetall", "hincrby", "hlen", "hmget", "hset",
+    "hsetnx", "hstrlen", "persist", "pexpire", "pexpireat", "rpush", "set", "time", "xack", "xadd", "xclaim", "xdel",
+    "xinfo|groups", "xlen", "xpending", "xrange", "xrevrange", "xtrim", "zadd", "zcard", "zcount", "zpopmax", "zrange",
+    "zrem", "zremrangebylex", "zremrangebyscore", "zscore",
 )
 """What inferq/queue/scripts/*.lua call (redis.call): allowed to every role, which all run scripts."""
 

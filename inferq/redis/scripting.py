@@ -22,17 +22,20 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import PipelineCommand, RedisCluster
 from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
+from inferq.queue.fairshare import FAIR_BUFFER
 from inferq.queue.holds import BUCKET_MS, RECORD_OVERHEAD_BYTES
-from inferq.queue.jobs import TERMINAL
+from inferq.queue.jobs import DEFAULT_EXPECTED_TOKENS, TERMINAL
 from inferq.queue.keys import GROUP, LANE_KEYS, USAGE_OTHER, USAGE_ROWS, WEBHOOK_GROUP
 from inferq.redis.connection import pipelined
 
 SCRIPTS_DIR = Path(__file__).parent.parent / "queue" / "scripts"
 _INCLUDE = re.compile(r'^--- @include "([A-Za-z]+)"\s*$', re.MULTILINE)
-_KEY = re.compile(r"^\s*KEYS\[(\d+)(\.\.n)?\][^\n]*?(\(optional\))?\s*$", re.MULTILINE)
+_KEY = re.compile(r"^\s*KEYS\[(\d+)(?:\.\.(n|\d+))?\][^\n]*?(\(optional\))?\s*$", re.MULTILINE)
+"""A key's line in a script's header: ``KEYS[i]``, ``KEYS[i..j]`` (a fixed run), ``KEYS[i..n]`` (any number from i
+up), with ``(optional)`` at the end of the line for a key that may be left out."""
 
 NAMES = ("enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive", "expire", "observe",
-         "requeue", "skipevents", "webhooksecret", "ratelimit", "takewait", "givewait", "appendoutput",
+         "requeue", "skipevents", "webhooksecret", "ratelimit", "takewait", "givewait", "admit", "appendoutput",
          "closeoutput", "watchoutput")
 
 
@@ -104,12 +107,13 @@ _COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
 @cache
 def prelude(source: str | None = None) -> str:
     """The Lua locals every script starts with: ``GROUP``, ``CODE_<NAME>`` per :class:`Code`, ``TERMINAL``,
-    ``WEBHOOK_GROUP``, ``LANE_KEYS`` (the lanes in the order a script that may touch any lane takes their streams) and
+    ``WEBHOOK_GROUP``, ``LANE_KEYS`` (the lanes in the order a script that may touch any lane takes their streams),
     ``USAGE_ROWS`` with ``USAGE_OTHER`` (:data:`inferq.queue.keys.USAGE_ROWS`), ``HOLD_BUCKET_MS`` with
-    ``HOLD_RECORD_BYTES`` (:mod:`inferq.queue.holds`).
-    The two tables are built on every run of a script (garbage for the server to collect afterwards), so with
-    ``source`` (a script's expanded source) each of the last five is defined only when its code, comments left out,
-    uses it."""
+    ``HOLD_RECORD_BYTES`` (:mod:`inferq.queue.holds`), ``DEFAULT_WORK`` (the work of a job whose record has none:
+    :data:`~inferq.queue.jobs.DEFAULT_EXPECTED_TOKENS`) and ``FAIR_BUFFER``
+    (:data:`~inferq.queue.fairshare.FAIR_BUFFER`). The two tables are built on every run of a script (garbage for
+    the server to collect afterwards), so with ``source`` (a script's expanded source) each of the last eight is
+    defined only when its code, comments left out, uses it."""
     used = _COMMENT.sub("", source) if source is not None else None
     codes = "\n".join(f"local CODE_{code.name} = {code.value}" for code in Code)
     out = f"local GROUP = '{GROUP}'\n{codes}\n"
@@ -125,6 +129,10 @@ def prelude(source: str | None = None) -> str:
         out += f"local HOLD_BUCKET_MS, HOLD_RECORD_BYTES = {BUCKET_MS}, {RECORD_OVERHEAD_BYTES}\n"
     if used is None or re.search(r"\bUSAGE_ROWS\b", used):
         out += f"local USAGE_ROWS, USAGE_OTHER = {USAGE_ROWS}, '{USAGE_OTHER}'\n"
+    if used is None or re.search(r"\bDEFAULT_WORK\b", used):
+        out += f"local DEFAULT_WORK = {DEFAULT_EXPECTED_TOKENS}\n"
+    if used is None or re.search(r"\bFAIR_BUFFER\b", used):
+        out += f"local FAIR_BUFFER = {FAIR_BUFFER}\n"
     return out
 
 
@@ -134,13 +142,13 @@ def load(name: str) -> Script:
     header = raw.split("]]", 1)[0]
     required = optional = 0
     variadic = False
-    for index, tail, opt in _KEY.findall(header):
-        if tail:
+    for index, last, opt in _KEY.findall(header):
+        if last == "n":
             variadic = True
         elif opt:
             optional += 1
         else:
-            required = max(required, int(index))
+            required = max(required, int(last or index))
     if not required:
         raise ValueError(f"script {name} declares no KEYS in its header")
     # after a shebang line (``#!lua flags=no-writes``), which must stay the first line
@@ -252,6 +260,23 @@ class Scripts:
                     raise read_reply
             out.append((reply, read_replies))
         return out
+
+    async def then_command(self, call: tuple[str, list[str], list[Any]], command: tuple[Any, ...]) -> tuple[Any, Any]:
+        """Run a script call and then a command (one that changes what it reads, such as ``XREADGROUP``) in one round
+        trip, and answer both replies. Unlike :meth:`many_then`, the command is never run twice: after a
+        ``NOSCRIPT`` the script is loaded and run alone, after the command, whose first answer stands. The
+        command's error is raised."""
+        name, keys, args = call
+        script = load(name)
+        script.check_keys(keys)
+        reply, answer = await pipelined(self.client, [("EVALSHA", script.sha, len(keys), *keys, *args), command])
+        if isinstance(reply, NoScriptError):
+            reply = await self(*call)
+        elif isinstance(reply, Exception):
+            raise reply
+        if isinstance(answer, Exception):
+            raise answer
+        return reply, answer
 
     async def many(self, calls: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
         """Run many script calls in one round trip (a non-transactional pipeline); each stays atomic alone."""

@@ -406,6 +406,8 @@ def test_the_page_stays_responsive_with_ten_thousand_jobs_queued(loaded_stack: E
     lag = int(browser.text("#g-lag").replace(",", ""))
     unfinished = int(browser.text("#g-unfinished").replace(",", ""))
     assert unfinished >= QUEUED_JOBS and lag + int(browser.text("#g-pending").replace(",", "")) > 0
+    # fair share: the loader's backlog waits for its turn, shown by tenant
+    assert browser.js("document.querySelector('#waiting-rows tr td').innerText") == "load"
     show(browser, "dlq")
     dlq_ms = browser.js("(async () => { const t = performance.now(); await refreshDlq(); "
                         "return performance.now() - t; })()")

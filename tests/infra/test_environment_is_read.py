@@ -241,6 +241,7 @@ def test_the_reading_check_tells_a_process_that_reads_a_setting_from_one_that_do
 # --- the other way round: what a process reads, the template sets (or its default is right for production) ---
 
 PRODUCTION_DEFAULTS: dict[str, str] = {
+    "fair_share": "on: G10, fair share inside each lane; off is for comparisons (the bench's first come, first served)",
     "api_keys_cache_s": "5 minutes between reads of the keys secret: a revoked key stops within that",
     "api_keys_max_stale_s": "15 minutes of serving the last keys read while Secrets Manager fails, then fail closed",
     "batch_completion_windows": "24h, the one window OpenAI's Batch API has",
@@ -289,6 +290,7 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("worker", "max_queue_depth"): _PRODUCER,
     ("worker", "tenant_max_depth"): _PRODUCER,
     ("worker", "scale_tokens_per_s"): _PRODUCER + " (the expected tokens are written at submit)",
+    ("worker", "tenant_weights"): _PRODUCER + " (a job's weight is written at submit, and its retries keep it)",
     ("GatewayFunction", "webhook_secret"): "the gateway signs no webhook (the scaler delivers them)",
     **{("worker", name): "INFERQ_WORKER_WEBHOOKS=false: the GPU task has no route to the internet, so its worker "
        "delivers no webhook (the scaler does)" for name in ("webhook_secret", "webhook_secrets_key",

@@ -121,20 +121,38 @@ const fmt = (n) => (n === null || n === undefined ? "–" : Number(n).toLocaleSt
 
 async function refreshScale() {
   try {
-    const scale = await api("GET", "v1/scale");
+    const scale = await api("GET", "v1/scale?by_tenant=true");
     for (const name of ["lag", "pending", "unfinished", "dlq", "workers", "desired"]) {
       $(`g-${name}`).textContent = fmt(scale[name]);
     }
     const decision = scale.decision || {};
     $("g-decision").textContent = decision.reason
       ? `${decision.reason} (${ago(decision.at)})` : "none yet";
+    renderWaiting(scale.waiting || {});
     $("updated").textContent = `Updated ${new Date().toLocaleTimeString()}`;
   } catch (err) {
     if (err.status === 403) {  // not an operator key: queue-wide numbers are not this tenant's to see
       for (const name of ["lag", "pending", "unfinished", "dlq", "workers", "desired"]) $(`g-${name}`).textContent = "–";
       $("g-decision").textContent = "operator keys only";
+      renderWaiting({});
     } else if (err.status !== 401) notice(`Queue view unavailable: ${err.message}`, true);
   }
+}
+
+// Each tenant's jobs waiting for their turn (fair share), most first; tenant names only as text.
+function renderWaiting(waiting) {
+  const total = (lanes) => Object.values(lanes).reduce((a, b) => a + b, 0);
+  const rows = Object.entries(waiting).sort((a, b) => total(b[1]) - total(a[1])).map(([tenant, lanes]) => {
+    const row = document.createElement("tr");
+    for (const text of [tenant, fmt(lanes.high || 0), fmt(lanes.normal || 0), fmt(lanes.low || 0)]) {
+      const cell = document.createElement("td");
+      cell.textContent = text;
+      row.append(cell);
+    }
+    return row;
+  });
+  $("waiting-rows").replaceChildren(...rows);
+  $("waiting-table").hidden = rows.length === 0;
 }
 
 async function refreshHistory() {

@@ -1,7 +1,7 @@
 """What operators and load balancers read: the scaler's view of a queue (operator keys only) and the health
 checks (no key)."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
@@ -28,23 +28,26 @@ async def scale(
     tenant: Tenant,
     model: Annotated[str | None, Query(pattern=ALIAS_RE.pattern, description=(
         "A model's name or alias (a model registry): that model's queue; default: the default model's"))] = None,
+    by_tenant: Annotated[bool, Query(description=(
+        "Also `waiting`: each tenant's jobs waiting for their turn (fair share), per lane"))] = False,
 ) -> JSONResponse:
     gw.require_admin(tenant)  # queue-wide numbers: operators only
     if len(request.query_params.getlist("model")) > 1:  # FastAPI would take the last one silently
         raise ApiError(422, "model: give one model")
     queue = gw.queue if model is None else gw.model_queue(model)  # unknown: 404 model_not_found
-    seen = await gw.call(queue.observe())
-    return JSONResponse(
-        {
-            "lag": seen.lag,
-            "pending": seen.pending,
-            "unfinished": seen.unfinished,
-            "dlq": seen.dlq,
-            "workers": seen.workers,
-            "desired": seen.desired,
-            "decision": {"reason": seen.reason or None, "at": seen.decided_at},
-        }
-    )
+    seen = await gw.call(queue.observe(by_tenant=by_tenant))
+    view: dict[str, Any] = {
+        "lag": seen.lag,
+        "pending": seen.pending,
+        "unfinished": seen.unfinished,
+        "dlq": seen.dlq,
+        "workers": seen.workers,
+        "desired": seen.desired,
+        "decision": {"reason": seen.reason or None, "at": seen.decided_at},
+    }
+    if by_tenant:  # fair share (G10): each tenant's jobs waiting for their turn; the contract's shape without it
+        view["waiting"] = seen.waiting_json()
+    return JSONResponse(view)
 
 
 @router.get("/healthz", summary="Liveness (no auth)", response_model=None,

@@ -3,7 +3,10 @@
   entries than it has free slots (COUNT applies per stream), and it never holds more than its window. The entry
   is acknowledged and a new one added to the end of the same stream (the job's lane) in one step; the job's
   deliveries and attempts are untouched, since start never ran.
-  An entry that is no longer the job's live entry, or whose job ended or is gone, is only acknowledged.
+  An entry that is no longer the job's live entry, or whose job ended or is gone, is only acknowledged. An entry
+  that fair admission added (it carries the job's member of the waiting set, field fair) is the job's live entry
+  while the job still says waiting with that member; the new entry is the job's own (it had its turn: admission
+  put it where the workers take from, and so does this).
   Safe to resend (G9): the answer is recorded against the call token (field requeue_call); a resent copy answers
   the same and adds no second entry.
 
@@ -36,7 +39,8 @@ if again then
   return again
 end
 ackEntry(streamKey, entryId)
-if entry ~= entryId or status ~= 'queued' then
+local live = entry == entryId or (entry and string.byte(entry) == 119)  -- 'w': admitted (includes/fairPlace)
+if not live or status ~= 'queued' then
   return remember(jobKey, 'requeue_call', call, {CODE_STALE, status})
 end
 local newEntry = rcall('XADD', streamKey, '*', 'job', jobId, 'attempt', job[4])

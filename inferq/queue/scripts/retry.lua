@@ -9,6 +9,8 @@
   The client derives the call token from the lease and what is written, so the worker's own retry of the same
   write is a resend too. A copy so late that another delivery has written since is refused (TERMINAL or
   STALE_OWNER) and changes nothing but those counters.
+  The next attempt queued at once goes where its lane takes it from (includes/fairPlace, G10): behind its tenant's
+  jobs waiting for admission when jobs wait, so a retry takes its tenant's turn like any job.
 
   KEYS[1] stream of the delivery's entry: the job's lane, where the next attempt goes too
   KEYS[2] stats
@@ -22,6 +24,7 @@
   KEYS[10] usage of the hour (keys.usage_hour of now; includes/meter): a job this ends is counted there
   KEYS[11] per-tenant bounds (keys.bounds): a job ended here is charged to its tenant (includes/holdRecord); a
            poison job dead-lettered here is an engine death against its tenant (includes/holdStrike)
+  KEYS[12..13] the lane's fair-share keys (keys.fair_lane after its stream): waiting jobs, tags
 
   ARGV[1] entry id
   ARGV[2] now (ms)
@@ -35,18 +38,20 @@
   ARGV[10] (optional) a poison reason (engine_died: the model server died running the job): the attempt adds a
            strike to the job (field strikes); at ARGV[11] strikes it is dead-lettered now whatever its attempts,
            with this reason. Empty or absent: retry as usual
-  ARGV[11] (optional) strikes that make the job poison (1: at once)
+  ARGV[11] strikes that make the job poison (1: at once)
   ARGV[12] run ms of the job's attempts, this one's included (field run_ms: its ending counts them in its usage;
            the client adds this attempt's to the record's as its delivery read it, which only the delivery's own
            writes change); "" to leave the field as it is
   ARGV[13] GPU ms of the job's attempts likewise (the workers' shares of their busy time; field gpu_ms)
   ARGV[14] when the hour's usage expires (unix s; "0": metering off)
-  ARGV[15] (optional) engine deaths that start a tenant's cool-off (INFERQ_ENGINE_STRIKES; 0 or absent: none)
-  ARGV[16] (optional) within how long (ms; INFERQ_ENGINE_STRIKE_WINDOW_S)
-  ARGV[17] (optional) how long the cool-off lasts (ms; INFERQ_ENGINE_COOLOFF_S)
+  ARGV[15] engine deaths that start a tenant's cool-off (INFERQ_ENGINE_STRIKES; 0: none)
+  ARGV[16] within how long (ms; INFERQ_ENGINE_STRIKE_WINDOW_S)
+  ARGV[17] how long the cool-off lasts (ms; INFERQ_ENGINE_COOLOFF_S)
+  ARGV[18] "1": fair share (else the next attempt goes straight into the stream)
 
   Returns
-    {1, attempt, due_ms}   next attempt queued (due_ms 0: in the stream now; else in the delayed set)
+    {1, attempt, due_ms}   next attempt queued (due_ms 0: in the stream or waiting for admission now; else in the
+                           delayed set)
     {2}                    attempts exhausted (or poison): failed and dead-lettered
     -1 NOT_FOUND           entry acknowledged
     -4 TERMINAL            {-4, status}: late failure of a finished job, discarded and counted; acknowledged
@@ -58,10 +63,11 @@ local streamKey, statsKey, eventsKey, delayedKey, dlqKey = KEYS[1], KEYS[2], KEY
 local tenantsKey, jobKey, doneKey, dlqIndexKey = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local entryId, now, delay, maxAttempts = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local errorJson, resultTtl, eventsMaxlen, lease, call = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local poison = ARGV[10] or ''
-local strikesNeeded = tonumber(ARGV[11] or '1')
+local poison = ARGV[10]
+local strikesNeeded = tonumber(ARGV[11])
 local METER = {hour = KEYS[10], hourUntil = ARGV[14]}
 local HOLDS = KEYS[11]
+local fair = ARGV[18] == '1'
 
 
 --- @include "ackEntry"
@@ -70,8 +76,13 @@ local HOLDS = KEYS[11]
 --- @include "deadLetter"
 --- @include "settleGuard"
 --- @include "holdStrike"
+--- @include "fairLane"
+--- @include "undelivered"
+--- @include "fairPlace"
+--- @include "fairCost"
 
-local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 'refused', 'attempts', 'cancel')
+local job = rcall('HMGET', jobKey, 'id', 'status', 'entry', 'lease', 'settled', 'refused', 'attempts', 'cancel',
+  'tenant', 'work', 'weight')
 local refusal = settleGuard(streamKey, statsKey, jobKey, entryId, lease, call, job, true)
 if refusal then
   return refusal
@@ -96,7 +107,7 @@ if poisoned or attempts >= maxAttempts then
     eventsMaxlen,
     poisoned and poison or 'max_attempts', errorJson)
   if poisoned then  -- its tenant's jobs killed the engine once more: past its strikes, a cool-off
-    holdStrike(rcall('HGET', jobKey, 'tenant') or '', now, tonumber(ARGV[15] or '0') or 0,
+    holdStrike(job[9] or '', now, tonumber(ARGV[15] or '0') or 0,
       tonumber(ARGV[16] or '0') or 0, tonumber(ARGV[17] or '0') or 0)
   end
   return remember(jobKey, 'settled', call, {2})
@@ -114,6 +125,7 @@ if delay > 0 then
   rcall('ZADD', delayedKey, due, jobId)
   return remember(jobKey, 'settled', call, {1, attempts, due})
 end
-local newEntry = rcall('XADD', streamKey, '*', 'job', jobId, 'attempt', attempts)
-rcall('HSET', jobKey, 'entry', newEntry)
+local lane = fairLane(streamKey, 12)
+rcall('HSET', jobKey, 'entry', fairPlace(lane, jobId, job[9], attempts, fairCost(job[10], job[11]), false, fair))
+fairFlush(lane)
 return remember(jobKey, 'settled', call, {1, attempts, 0})

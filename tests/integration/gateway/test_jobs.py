@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Queue
+from tests.support.queued import read_all
 from tests.support.waiting import eventually_async
 
 from .conftest import AppFactory
@@ -33,7 +34,7 @@ async def submit(client: httpx.AsyncClient, headers: dict[str, str] = A) -> str:
 async def complete(queue: Queue, job_id: str, delay_s: float = 0.0) -> None:
     """What a worker does: take the entry, then write the terminal state."""
     await asyncio.sleep(delay_s)
-    deliveries, _ = await queue.read("test-worker", 10)
+    deliveries, _ = await read_all(queue, "test-worker", 10)
     [delivery] = [d for d in deliveries if d.job.id == job_id]
     result = {"status_code": 200, "body": {"object": "chat.completion", "choices": []}}
     await queue.finish(delivery, JobStatus.SUCCEEDED, result=result)
@@ -41,7 +42,7 @@ async def complete(queue: Queue, job_id: str, delay_s: float = 0.0) -> None:
 
 async def dead_letter(queue: Queue, *job_ids: str) -> None:
     """Take the jobs and fail them past their last attempt, in the order given."""
-    deliveries, _ = await queue.read("test-worker", 10)
+    deliveries, _ = await read_all(queue, "test-worker", 10)
     by_id = {d.job.id: d for d in deliveries}
     queue.settings = queue.settings.replace(max_attempts=1)
     for job_id in job_ids:

@@ -16,6 +16,7 @@ from functions.gateway.api import create_app
 from inferq.config.settings import Settings, SettingsError
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Queue
+from tests.support.queued import read_all
 
 from .support import KEYS, A, B, FakeWaker
 from .test_jobs import complete, dead_letter
@@ -140,7 +141,7 @@ async def test_the_feed_cursor_round_trips_when_one_model_fills_the_page(gw_clie
     start = (await gw_client.get("/v1/events", headers=A)).json()["cursor"]
     chats = [(await gw_client.post("/v1/jobs", json=chat("chat"), headers=A)).json()["id"] for _ in range(3)]
     embed = (await gw_client.post("/v1/jobs", json=chat("embed"), headers=A)).json()["id"]
-    deliveries, _ = await chat_q.read("test-worker", 10)
+    deliveries, _ = await read_all(chat_q, "test-worker", 10)
     by_id = {d.job.id: d for d in deliveries}
     for job_id in chats:  # they end in this order
         await chat_q.finish(by_id[job_id], JobStatus.SUCCEEDED, result={"status_code": 200, "body": {}})

@@ -11,7 +11,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from inferq.queue.jobs import Priority
 from inferq.queue.protocol import Queue
+from tests.support.queued import queued
 
 from .conftest import AppFactory
 from .support import CHAT, A, B
@@ -25,7 +27,7 @@ def _job(**body: Any) -> dict[str, Any]:
 
 
 async def _queued(queue: Queue) -> int:
-    return sum([await queue.redis.xlen(stream) for stream in queue.keys.lane_streams])
+    return sum([len(await queued(queue, lane)) for lane in Priority])
 
 
 # ---------------------------------------------------------------- the body the engine receives
@@ -185,12 +187,21 @@ async def test_queue_wide_numbers_are_for_operator_tenants_only(
         assert_envelope(await client.get(path, headers=A), 403, "operator_only")
         assert (await client.get(path, headers=B)).status_code == 200
     assert (await client.get("/v1/scale", headers=B)).json()["lag"] == 4
+    # fair share: tenant-b's first job is the stream's one entry; the rest wait for their turn, shown per tenant
+    view = (await client.get("/v1/scale", params={"by_tenant": "true"}, headers=B)).json()
+    assert view["lag"] == 4 and view["waiting"] == {"tenant-b": {"normal": 2}, "tenant-a": {"normal": 1}}
+    assert_envelope(await client.get("/v1/scale", params={"by_tenant": "true"}, headers=A), 403, "operator_only")
 
     tenant_view = (await client.get("/v1/models", headers=A)).json()["data"][0]["inferq"]
     assert tenant_view["unfinished"] == 1  # its own job, nothing of tenant-b's three
     assert tenant_view["lag"] is tenant_view["pending"] is tenant_view["desired"] is tenant_view["running"] is None
     operator_view = (await client.get("/v1/models", headers=B)).json()["data"][0]["inferq"]
     assert operator_view["lag"] == 4 and "unfinished" not in operator_view
+    assert "waiting" not in operator_view  # asked for only
+    by_tenant = (await client.get("/v1/models", params={"by_tenant": "true"}, headers=B)).json()
+    assert by_tenant["data"][0]["inferq"]["waiting"] == {"tenant-b": 2, "tenant-a": 1}
+    mine = (await client.get("/v1/models", params={"by_tenant": "true"}, headers=A)).json()
+    assert "waiting" not in mine["data"][0]["inferq"]  # the others' volume is not a tenant's to see
 
 
 async def test_without_operator_tenants_configured_every_tenant_sees_the_queue(client: httpx.AsyncClient) -> None:

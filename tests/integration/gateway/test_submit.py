@@ -12,6 +12,7 @@ import pytest
 
 from inferq.config.settings import Settings
 from inferq.queue.protocol import Queue
+from tests.support.queued import queued
 
 from .conftest import AppFactory
 from .support import CHAT, A, B
@@ -267,7 +268,7 @@ async def test_full_queue_is_429_with_retry_after(
     response = await client.post("/v1/jobs", json=CHAT, headers=A)
     assert_envelope(response, 429, "queue_full")
     assert int(response.headers["retry-after"]) > 0
-    assert await queue.redis.xlen(queue.keys.stream) == 2
+    assert len(await queued(queue)) == 2
 
 
 async def test_auth_is_checked_before_the_body(client: httpx.AsyncClient) -> None:

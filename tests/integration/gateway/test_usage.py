@@ -23,6 +23,7 @@ from inferq.queue.protocol import Queue
 from inferq.usage.budgets import RECHECK_S
 from inferq.usage.spend import Spend
 from tests.support.clock import FakeClock
+from tests.support.queued import read_all
 from tests.support.s3 import in_process_bucket
 
 from .conftest import AppFactory
@@ -34,7 +35,7 @@ WITH_OPERATOR = {**KEYS, "key-operator-0003": "ops"}
 
 
 async def run_all(queue: Queue, spend: Spend, status: JobStatus = JobStatus.SUCCEEDED) -> None:
-    deliveries, _ = await queue.read("w", 100)
+    deliveries, _ = await read_all(queue, "w", 100)
     for d in deliveries:
         await queue.finish(d, status, result={} if status is JobStatus.SUCCEEDED else None,
                            error=None if status is JobStatus.SUCCEEDED else {"type": "x", "message": "y"},

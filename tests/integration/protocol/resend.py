@@ -106,6 +106,9 @@ class Resending(Scripts):
         return [(await self(*call), [await self.q.redis.execute_command(*read) for read in after])
                 for call, after in zip(calls, reads, strict=True)]
 
+    async def then_command(self, call: tuple[str, list[str], list[Any]], command: tuple[Any, ...]) -> tuple[Any, Any]:
+        return await self(*call), await self.q.redis.execute_command(*command)
+
     async def replicated(
         self, calls: list[tuple[str, list[str], list[Any]]], replicas: int, timeout_ms: int
     ) -> list[Any]:

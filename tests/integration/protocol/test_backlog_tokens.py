@@ -11,6 +11,7 @@ import pytest
 
 from inferq.queue.jobs import DEFAULT_EXPECTED_TOKENS, JobRequest, JobStatus, expected_tokens
 from inferq.queue.protocol import Outcome, Queue
+from tests.support.queued import read_all
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 RESULT = {"status_code": 200, "body": {}}
@@ -54,7 +55,7 @@ async def test_backlog_tokens_follow_the_unfinished_jobs_through_every_ending(q:
     await q.cancel("t", cancelled.id)  # a queued job cancelled
     assert await backlog_tokens(q) == 100 + 40 + 21
 
-    deliveries, _ = await q.read("w1", 10)
+    deliveries, _ = await read_all(q, "w1", 5)
     by_id = {d.job.id: d for d in deliveries}
     assert await q.finish(by_id.pop(done.id), JobStatus.SUCCEEDED, result=RESULT) is Outcome.WRITTEN
     assert await backlog_tokens(q) == 40 + 21

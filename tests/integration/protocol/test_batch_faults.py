@@ -18,6 +18,7 @@ from inferq.config.settings import Settings
 from inferq.queue import claimcheck
 from inferq.queue.jobs import JobRequest, JobStatus
 from inferq.queue.protocol import Queue
+from tests.support.queued import read_all
 from tests.support.s3 import in_process_bucket
 
 BUCKET = "inferq-test-batch-faults"
@@ -266,7 +267,7 @@ async def test_every_result_reaches_the_output_file_though_job_records_expire_fi
     driver = BatchDriver(queue, store, queue.settings)
     await driver.run_once()
     await driver.run_once()
-    deliveries, _ = await queue.read("test-worker", 10)
+    deliveries, _ = await read_all(queue, "test-worker", 10)
     first = [d for d in deliveries if d.job.metadata["custom_id"] != "c0"]  # line 0 runs on: no finalisation yet
     await queue.finish_many([(d, JobStatus.SUCCEEDED, {"status_code": 200, "body": {"n": d.job.metadata["custom_id"]}},
                               None) for d in first])
@@ -330,7 +331,7 @@ async def test_finalisation_killed_at_any_step_ends_the_batch_once_with_one_file
     driver = BatchDriver(queue, store, queue.settings)
     await driver.run_once()
     await driver.run_once()
-    deliveries, _ = await queue.read("test-worker", 10)
+    deliveries, _ = await read_all(queue, "test-worker", 6)
     await queue.finish_many([
         (d, JobStatus.FAILED, None, {"type": "model_error", "message": "refused"}) if d.job.body.get("mock")
         else (d, JobStatus.SUCCEEDED, {"status_code": 200, "body": {"ok": 1}}, None) for d in deliveries])

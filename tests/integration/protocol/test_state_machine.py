@@ -2,11 +2,11 @@
 against a real Valkey.
 
 After every step: each job has exactly one status; ``unfinished`` equals the number of non-terminal jobs, and the
-per-tenant counts agree; a non-terminal job has exactly one live place (stream entry, pending or not, or the
-delayed set) and a terminal one none, so the streams are empty when every job is terminal; every entry of a job is
-in its own lane's stream, and a delivery comes from its job's lane; a terminal status never changes; and a terminal
-job is never handed to the model again. Reads are sometimes blocking ones across the lanes, which give back what
-they take beyond their count.
+per-tenant counts agree; a non-terminal job has exactly one live place (stream entry, pending or not, its lane's jobs
+waiting for admission -- fair share, G10 -- or the delayed set) and a terminal one none, so the streams are empty
+when every job is terminal; every entry of a job is in its own lane's stream, and a delivery comes from its job's
+lane; a terminal status never changes; and a terminal job is never handed to the model again. Reads are sometimes
+blocking ones across the lanes, which give back what they take beyond their count.
 Leases expire at once here (claim-idle 0), so every reclaim steals from a live consumer: the hardest case. The
 consumer that lost an entry keeps its delivery and may still finish, retry or release it (a stale holder, G9):
 each such write must be refused and change nothing. Any script call may be resent (run twice with the same
@@ -52,7 +52,8 @@ class QueueMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         config = Settings(redis_url=self.server.url, queue="sm" + uuid.uuid4().hex[:10], claim_idle_ms=0,
-                          max_attempts=2, max_deliveries=3, max_queue_depth=12, tenant_max_depth=8)
+                          max_attempts=2, max_deliveries=3, max_queue_depth=12, tenant_max_depth=8,
+                          tenant_weights={"t1": 1.0, "t2": 2.5})
         self.q = Queue.connect(config)
         self.resend = Resending(self.q, always=False)
         self.q.scripts = self.resend
@@ -108,9 +109,10 @@ class QueueMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ rules
 
-    @rule(idem=st.sampled_from([None, "a", "b"]), tenant=st.sampled_from(["t1", "t2"]), lane=st.sampled_from(LANES))
-    def enqueue(self, idem: str | None, tenant: str, lane: Priority) -> None:
-        request = JobRequest(body={"p": 1}, idempotency_key=idem, priority=lane)
+    @rule(idem=st.sampled_from([None, "a", "b"]), tenant=st.sampled_from(["t1", "t2"]), lane=st.sampled_from(LANES),
+          work=st.sampled_from([1, 100, 4000]))
+    def enqueue(self, idem: str | None, tenant: str, lane: Priority, work: int) -> None:
+        request = JobRequest(body={"p": 1, "max_tokens": work}, idempotency_key=idem, priority=lane)
         try:
             job, replayed = self.run(self.q.enqueue(tenant, request))
         except (QueueFull, IdempotencyConflict):  # the same key with another lane is another request
@@ -201,12 +203,16 @@ class QueueMachine(RuleBasedStateMachine):
                  for lane in LANES}
         entries = sum(lanes.values(), Counter())
         delayed = set(self.run(self.q.redis.zrange(self.q.keys.delayed, 0, -1)))
+        members = {lane: set(self.run(self.q.redis.zrange(self.q.keys.fair_jobs(lane), 0, -1))) for lane in LANES}
+        waiting = {lane: Counter(m.split("|", 2)[2] for m in members[lane]) for lane in LANES}
         open_jobs = 0
         for job_id, record in zip(self.jobs, records, strict=True):
             status = JobStatus(record["status"])
-            places = entries[job_id] + (job_id in delayed)
             lane = Priority(record["lane"])
+            held = sum(waiting[other][job_id] for other in LANES)
+            places = entries[job_id] + (job_id in delayed) + held
             assert entries[job_id] == lanes[lane][job_id], f"{job_id} of lane {lane} has entries in another lane"
+            assert held == waiting[lane][job_id], f"{job_id} of lane {lane} waits for admission in another lane"
             if status.terminal:
                 assert places == 0, f"terminal {job_id} still has {places} live places"
                 previous = self.final.setdefault(job_id, status.value)
@@ -214,8 +220,12 @@ class QueueMachine(RuleBasedStateMachine):
             else:
                 open_jobs += 1
                 assert places == 1, f"{status.value} {job_id} has {places} live places"
-                if record.get("entry"):
-                    assert entries[job_id] == 1 and job_id not in delayed
+                entry = record.get("entry") or ""
+                if entry.startswith("w:"):  # waiting for admission, or admitted and not started (G10)
+                    assert held or entries[job_id] == 1, f"{job_id} says it waits but is nowhere"
+                    assert not held or entry[2:] in members[lane], f"{job_id} waits under another member"
+                elif entry:
+                    assert entries[job_id] == 1 and job_id not in delayed and not held
         unfinished = int(self.run(self.q.redis.hget(self.q.keys.stats, "unfinished")) or 0)
         assert unfinished == open_jobs
         per_tenant = Counter(r["tenant"] for r in records if not JobStatus(r["status"]).terminal)
@@ -223,6 +233,21 @@ class QueueMachine(RuleBasedStateMachine):
         if open_jobs == 0:
             for stream in self.q.keys.lane_streams:
                 assert self.run(self.q.redis.xlen(stream)) == 0
+
+    @invariant()
+    def waiting_jobs_are_the_records_that_say_so_each_at_or_after_its_lanes_virtual_time(self) -> None:
+        """Fair share (G10): a member of a lane's waiting set is a queued job of that lane whose field entry names
+        that member, at its current attempt; no waiting job starts before the lane's virtual time (admission takes
+        the lowest start tag first)."""
+        for lane in LANES:
+            waiting = self.run(self.q.redis.zrange(self.q.keys.fair_jobs(lane), 0, -1, withscores=True))
+            clock = float(self.run(self.q.redis.hget(self.q.keys.fair_tags(lane), ":clock")) or 0)
+            for member, score in waiting:
+                tenant, attempt, job_id = member.split("|", 2)
+                record = self.run(self.q.redis.hgetall(self.q.keys.job(job_id)))
+                assert record["status"] == "queued" and record["entry"] == f"w:{member}", (member, record)
+                assert (record["tenant"], record["attempts"], record["lane"]) == (tenant, attempt, lane.value)
+                assert -score >= clock, f"{member} starts at {-score}, before the lane's virtual time {clock}"
 
     async def _records(self) -> list[dict[str, str]]:
         pipe = self.q.redis.pipeline(transaction=False)

@@ -33,6 +33,7 @@ from inferq.queue.jobs import JobRequest, JobStatus, Priority
 from inferq.queue.protocol import Outcome, Queue
 from inferq.queue.waitslots import WaitSlots
 from tests.infra.cfn import TEMPLATE, load
+from tests.support.queued import read_all
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "operations.md"
 BOUND_RE = re.compile(r"at most \*\*([\d,]+) MiB\*\* per tenant and model")
@@ -116,7 +117,7 @@ async def test_the_most_one_tenant_can_hold_at_the_deployed_defaults_is_what_the
         # ended with a result inline at its bound
         before, kept = await held_bytes(q), await charged(q, "t")
         result = {"status_code": 200, "body": body_of(INLINE)}
-        deliveries, _ = await q.read("w", N)
+        deliveries, _ = await read_all(q, "w", N)
         assert len(deliveries) == N and all(d.job.tenant == "t" for d in deliveries)
         for delivery in deliveries[: N // 2]:
             assert await q.finish(delivery, JobStatus.SUCCEEDED, result=result) is Outcome.WRITTEN
@@ -128,7 +129,7 @@ async def test_the_most_one_tenant_can_hold_at_the_deployed_defaults_is_what_the
         error = {"type": "server_error", "message": "\U0001f600" * 2000}
         for delivery in deliveries[N // 2:]:
             assert await q.retry(delivery, delay_ms=0, error=error) is Outcome.RETRY_SCHEDULED
-        again, _ = await q.read("w", N)
+        again, _ = await read_all(q, "w", N)
         for delivery in again:
             assert await q.retry(delivery, delay_ms=0, error=error) is Outcome.DEAD_LETTERED
         dead = (await held_bytes(q) - before) / (N - N // 2) + queued

@@ -16,6 +16,7 @@ from inferq.queue.protocol import Outcome, Queue, now_ms
 from inferq.usage.periods import DAY_S, HOUR_S, hour_label, hour_start
 from inferq.usage.report import Row, Source, usage
 from inferq.usage.spend import Spend
+from tests.support.queued import read_all
 
 ERROR = {"type": "server_error", "message": "503"}
 
@@ -39,12 +40,12 @@ async def test_each_ending_counts_the_job_once_with_all_its_attempts(q: Queue) -
     ok, _ = await q.enqueue("t", req())
     retried, _ = await q.enqueue("t", req())
     dead, _ = await q.enqueue("t", req(priority=Priority.HIGH))
-    deliveries, _ = await q.read("w1", 3)
+    deliveries, _ = await read_all(q, "w1", 3)
     by_id = {d.job.id: d for d in deliveries}
     assert await q.finish(by_id[ok.id], JobStatus.SUCCEEDED, result={}, spend=Spend(100, 40, 7, 9)) is Outcome.WRITTEN
     assert await q.retry(by_id[retried.id], delay_ms=0, error=ERROR, spend=Spend(30, 10)) is Outcome.RETRY_SCHEDULED
     assert await q.retry(by_id[dead.id], delay_ms=0, error=ERROR, spend=Spend(5, 5)) is Outcome.RETRY_SCHEDULED
-    again, _ = await q.read("w1", 3)
+    again, _ = await read_all(q, "w1", 2)
     by_id = {d.job.id: d for d in again}
     # the second attempt's finish counts the first attempt's time too; the dead letter counts both of its attempts
     assert await q.finish(by_id[retried.id], JobStatus.FAILED, error=ERROR, spend=Spend(20, 20)) is Outcome.WRITTEN
@@ -91,7 +92,7 @@ async def test_a_batch_of_finishes_is_counted_per_row_and_a_refused_one_taken_ba
     for tenant in ("a", "a", "b"):
         await q.enqueue(tenant, req())
     await q.enqueue("a", req("other-model"))
-    deliveries, _ = await q.read("w1", 4)
+    deliveries, _ = await read_all(q, "w1", 4)
     first = deliveries[0]
     assert await q.finish(first, JobStatus.SUCCEEDED, result={}, spend=Spend(1, 1, 1, 1)) is Outcome.WRITTEN
     # the first again, as a late result (another write than the one it made: its resend would replay), and the others
@@ -136,7 +137,7 @@ async def test_a_tenant_naming_ever_new_models_fills_at_most_its_rows_of_an_hour
     for i in range(USAGE_ROWS + 3):
         await q.enqueue("greedy", req(f"model-{i}"))
     await q.enqueue("quiet", req("m"))
-    deliveries, _ = await q.read("w1", USAGE_ROWS + 4)
+    deliveries, _ = await read_all(q, "w1", USAGE_ROWS + 4)
     for d in deliveries:
         await q.finish(d, JobStatus.SUCCEEDED, result={}, spend=Spend(1, 1, 1, 1))
     rows = await rows_of(q)

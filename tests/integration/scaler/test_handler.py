@@ -29,6 +29,7 @@ from inferq.queue.jobs import JobRequest, Priority
 from inferq.queue.protocol import Queue
 from tests.conftest import load_event
 from tests.support.ecs import CLUSTER, SERVICE, desired_count
+from tests.support.queued import read_all
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 QUEUE_METRICS = {"Lag", "Pending", "Delayed", "Desired", "Running", "OldestJobAgeSeconds", "Dlq"}
@@ -156,7 +157,7 @@ async def test_a_backlog_in_one_lane_alone_wakes_the_fleet(
 async def test_the_backlog_counts_every_lane(queue: Queue, ecs: Any, updates: list[int]) -> None:
     for lane in Priority:
         await enqueue(queue, 6, priority=lane)  # 18 jobs / 8 per worker -> 3 workers
-    await queue.read("w1", 4)  # taken ones count as pending
+    await read_all(queue, "w1", 4)  # taken ones count as pending
     answer = app.handler(scheduled(), LambdaContext())
     assert answer["desired"] == 3 and updates == [3]
     seen = await queue.observe()
@@ -282,7 +283,7 @@ async def test_each_tick_prints_its_metrics_as_emf(
 ) -> None:
     set_desired(ecs, 1)  # moto runs what is desired at once: one task running
     await enqueue(queue, 12)
-    deliveries, _ = await queue.read("w1", 4)
+    deliveries, _ = await read_all(queue, "w1", 4)
     assert len(deliveries) == 4
     capsys.readouterr()
     app.handler(scheduled(), LambdaContext())

@@ -18,6 +18,7 @@ from gpu_worker.window import StaticWindow
 from inferq.config.settings import Settings
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Delivery, Queue
+from tests.support.queued import read_all
 from tests.support.waiting import eventually_async
 
 from .support import chat, counting_faults, settler_for, submit
@@ -82,7 +83,7 @@ async def test_the_puller_reads_only_what_the_window_has_room_for(settings: Sett
 async def test_reclaim_takes_over_one_suspect_at_a_time(settings: Settings, queue: Queue) -> None:
     assert settings.claim_idle_ms == 1000
     jobs = [await submit(queue, chat(f"orphan {i}")) for i in range(2)]
-    await queue.read("dead-worker", 2)  # a worker that took both and died
+    await read_all(queue, "dead-worker", 2)  # a worker that took both and died
     harness = Harness(settings, queue, window=4)
     async with harness.running():
         await eventually_async(lambda: harness.count(1), what="the first entry reclaimed")

@@ -17,6 +17,7 @@ from gpu_worker.window import StaticWindow
 from inferq.config.settings import Settings
 from inferq.queue.jobs import Job, JobStatus
 from inferq.queue.protocol import Delivery, Queue
+from tests.support.queued import read_all
 from tests.support.waiting import eventually_async
 
 from .support import chat, mock_calls, settler_for, submit
@@ -42,7 +43,7 @@ class Harness:
 async def delivered(queue: Queue, *bodies: dict[str, Any]) -> list[Delivery]:
     for body in bodies:
         await submit(queue, body)
-    got, _ = await queue.read("w", len(bodies))
+    got, _ = await read_all(queue, "w", len(bodies))
     assert len(got) == len(bodies)
     return got
 

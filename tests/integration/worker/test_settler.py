@@ -20,6 +20,7 @@ from inferq.config.settings import Settings
 from inferq.queue.jobs import JobStatus
 from inferq.queue.protocol import Delivery, Outcome, Queue
 from inferq.redis.faults import Fault
+from tests.support.queued import read_all
 from tests.support.waiting import eventually_async
 
 from .support import chat, settler_for, submit
@@ -29,7 +30,7 @@ async def taken(queue: Queue, count: int = 1) -> list[Delivery]:
     """``count`` jobs submitted and read by a worker ``w``: what a settler is handed."""
     for i in range(count):
         await submit(queue, chat(f"q{i}"))
-    got, _ = await queue.read("w", count)
+    got, _ = await read_all(queue, "w", count)
     assert len(got) == count
     return got
 
