@@ -121,6 +121,9 @@ def env_vars(endpoints: dict[str, Any], container_host: str, api_key: str | None
             **common,
             "INFERQ_ECS_CLUSTER": endpoints["ecs_cluster"],
             "INFERQ_ECS_SERVICE": endpoints["ecs_service"],
+            # no Spot here, so no on-demand fallback service beside the emulator's (as under `inferq up`); the
+            # stack's SpotFallbackSeconds would have the scaler size one that does not exist
+            "INFERQ_SCALE_SPOT_FALLBACK_S": "0",
         },
         # the HTTP API's authorizer runs before the gateway on every non-public route, with the same keys
         "AuthorizerFunction": {**log_levels, "INFERQ_API_KEYS_SECRET": "", "INFERQ_API_KEYS": api_keys},

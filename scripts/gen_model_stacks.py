@@ -236,8 +236,10 @@ def gpu_template(registry: Registry, document: dict[str, Any]) -> dict[str, Any]
         user_data = template_data["UserData"]["Fn::Base64"]
         text = user_data["Fn::Sub"].replace(f"--auto-scaling-group-name {GROUP_NAME} ",
                                             f"--auto-scaling-group-name {group_name} ")
-        if model.sidecar:  # the warm pool pre-downloads what this model's engine loads
-            text = text.replace("${ModelId}", str((model.backend.get("args") or {}).get("model", model.served_model)))
+        # each boot downloads what this model's engine loads (a registry id: inferq/config/registry.py MODEL_RE);
+        # a model with no engine on the instance (mock, or a server elsewhere) downloads nothing
+        loads = str((model.backend.get("args") or {}).get("model", model.served_model)) if model.sidecar else ""
+        text = text.replace("${ModelId}", loads)
         user_data["Fn::Sub"] = text
         scaling = copies[names["CapacityProvider"]]["Properties"]["AutoScalingGroupProvider"]["ManagedScaling"]
         scaling["MaximumScalingStepSize"] = maximum if model.scale_max is None else max(1, model.scale_max)

@@ -470,3 +470,17 @@ def test_sam_local_env_names_the_bucket_and_only_variables_the_gateway_declares(
     assert local["INFERQ_FILES_BUCKET"] == ""  # no S3 under sam local: files and claim checks off, never real AWS
     declared = set(translated["Resources"]["GatewayFunction"]["Properties"]["Environment"]["Variables"])
     assert set(local) - declared == set()
+
+
+def test_each_fleet_downloads_what_its_engine_loads_and_a_fleet_without_one_nothing(generated: Path) -> None:
+    """Issue 47, M2: the engine has no route to download weights, so each boot of an instance downloads its model's
+    (the user data, single-quoted); a fleet whose model runs no engine there (mock) downloads nothing."""
+    gpu = load(generated / "infra" / "models.generated.yaml")
+
+    def user_data(suffix: str) -> str:
+        data = gpu["Resources"]["LaunchTemplate" + suffix]["Properties"]["LaunchTemplateData"]["UserData"]
+        return str(data["Fn::Base64"]["Fn::Sub"])
+
+    assert "download 'Qwen/Qwen2.5-1.5B-Instruct'" in user_data("Chat")
+    embed = user_data("EmbedSmall")
+    assert "download ''" in embed and "[ -n '' ] || break" in embed and "${ModelId}" not in embed

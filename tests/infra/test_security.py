@@ -330,7 +330,14 @@ def test_the_tasks_have_no_route_to_the_internet(nested: dict[str, dict[str, Any
              if r["Type"] == "AWS::EC2::SubnetRouteTableAssociation"
              and r["Properties"]["RouteTableId"] == {"Ref": "TaskRouteTable"}}
     assert tasks == {"TaskSubnetA", "TaskSubnetB"}
-    assert {"Ref": "TaskRouteTable"} in resources["S3Endpoint"]["Properties"]["RouteTableIds"]
+    # S3 through an endpoint of the tasks' own, which reaches this account's buckets only (no anonymous write to
+    # someone else's); the instances' endpoint stays open (ECR's layers and the OS packages are AWS's buckets)
+    endpoint = resources["TaskS3Endpoint"]["Properties"]
+    assert endpoint["RouteTableIds"] == [{"Ref": "TaskRouteTable"}] and endpoint["VpcEndpointType"] == "Gateway"
+    assert resources["S3Endpoint"]["Properties"]["RouteTableIds"] == [{"Ref": "PrivateRouteTable"}]
+    (statement,) = endpoint["PolicyDocument"]["Statement"]
+    assert statement["Effect"] == "Allow" and statement["Condition"] == {
+        "StringEquals": {"aws:ResourceAccount": {"Ref": "AWS::AccountId"}}}
     for egress in ("nat", "endpoints", "nat-and-endpoints"):
         assert Resolver(network, overrides={"Egress": egress}).value(
             network["Outputs"]["TaskSubnetIds"]["Value"]) == "TaskSubnetA,TaskSubnetB"

@@ -59,6 +59,8 @@ def test_the_env_vars_point_every_function_at_the_address_the_containers_reach(t
     # the tenants' webhook secrets sealed by one KMS key in moto, which `inferq up` behind them uses too
     assert files["GatewayFunction"]["INFERQ_WEBHOOK_SECRETS_KEY"] == SECRETS_KEY == "alias/inferq-webhook-secrets"
     assert files["ScalerFunction"]["INFERQ_WEBHOOK_SECRETS_KEY"] == SECRETS_KEY
+    # the emulator's ECS has one service per fleet: no Spot, no on-demand stand-in to size
+    assert files["ScalerFunction"]["INFERQ_SCALE_SPOT_FALLBACK_S"] == "0"
     # every variable given is one the local template declares, or sam local would drop it silently
     path = built_template(tmp_path)
     patch_built_template(path, "x86_64")
