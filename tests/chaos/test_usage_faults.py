@@ -100,7 +100,8 @@ class UsageMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         config = Settings(redis_url=self.pair.endpoint.url, queue="uf" + uuid.uuid4().hex[:10], claim_idle_ms=0,
-                          max_attempts=2, max_deliveries=3, max_queue_depth=0, redis_timeout_s=2.0)
+                          max_attempts=2, max_deliveries=3, max_queue_depth=0, redis_timeout_s=2.0,
+                          engine_strikes=0)  # the cool-off (G11) would refuse a poisoning tenant: tested in test_holds
         self.q = Queue.connect(config)
         self.resend = Resending(self.q, always=False)
         self.q.scripts = self.resend
