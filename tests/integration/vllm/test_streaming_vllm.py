@@ -21,7 +21,7 @@ from gpu_worker.worker import Worker
 from inferq.config.settings import Settings
 from inferq.queue.jobs import Job, JobRequest, JobStatus
 from inferq.queue.output import Cursor, OutputReader, first_choice_text
-from inferq.queue.protocol import Queue
+from inferq.queue.protocol import JobTerminal, Queue
 from tests.e2e.conftest import FAST, Emulator
 from tests.integration.worker.support import terminal
 from tests.integration.worker.test_backend_streams import Written
@@ -110,29 +110,38 @@ async def test_a_cancel_aborts_the_request_in_vllm(settings: Settings, vllm_serv
     worker = Worker(settings, queue, backend, webhooks=False)
     running = asyncio.create_task(worker.run())
     try:
-        _, made_before = await asyncio.to_thread(engine, vllm_server.base_url)
-        # as long as the model allows: the cancel (one flush, 500 ms, plus a loaded machine's delays) must reach
-        # vLLM long before the request could end by itself, or "it was cut short" proves nothing
         tokens = vllm_server.max_model_len - 16
-        job, _ = await queue.enqueue("t", JobRequest(body={"model": vllm_server.model, "prompt": "Once",
-                                                           "max_tokens": tokens, "ignore_eos": True},
-                                                     url="/v1/completions", watch=True))
-        # the event: the job's first output is in its stream (vLLM is generating); cancel at once
-        first = await OutputReader(queue, job.id, "t").read(Cursor(), wait_s=60)
-        assert first.deltas, "no output within 60 s"
-        cancelled_at = time.monotonic()
-        await queue.cancel("t", job.id)
+        # as long as the model allows; still, the tiny model on a quiet machine can end it between its first output
+        # and the cancel (the cancel then answers JobTerminal): another try, up to five, and the test fails if no
+        # cancel ever found the request running
+        for _ in range(5):
+            _, made_before = await asyncio.to_thread(engine, vllm_server.base_url)
+            job, _ = await queue.enqueue("t", JobRequest(body={"model": vllm_server.model, "prompt": "Once",
+                                                               "max_tokens": tokens, "ignore_eos": True},
+                                                         url="/v1/completions", watch=True))
+            # the event: the job's first output is in its stream (vLLM is generating); cancel at once
+            first = await OutputReader(queue, job.id, "t").read(Cursor(), wait_s=60)
+            assert first.deltas, "no output within 60 s"
+            cancelled_at = time.monotonic()
+            try:
+                await queue.cancel("t", job.id)
+            except JobTerminal:
+                continue  # it ended before the cancel: try again
 
-        async def idle() -> bool:
-            return (await asyncio.to_thread(engine, vllm_server.base_url))[0] == 0
+            async def idle() -> bool:
+                return (await asyncio.to_thread(engine, vllm_server.base_url))[0] == 0
 
-        await eventually_async(idle, what="vLLM's running requests to drop", timeout=30, interval=0.05)
-        dropped_s = time.monotonic() - cancelled_at
-        ended = await terminal(queue, job.id, timeout=30)
-        assert ended.status is JobStatus.CANCELLED
-        _, made_after = await asyncio.to_thread(engine, vllm_server.base_url)
-        made = made_after - made_before
-        assert 0 < made < tokens, f"{made:.0f} of {tokens} tokens made: the request was not aborted"
+            await eventually_async(idle, what="vLLM's running requests to drop", timeout=30, interval=0.05)
+            dropped_s = time.monotonic() - cancelled_at
+            ended = await terminal(queue, job.id, timeout=30)
+            assert ended.status is JobStatus.CANCELLED
+            _, made_after = await asyncio.to_thread(engine, vllm_server.base_url)
+            made = made_after - made_before
+            assert made > 0
+            if made < tokens:
+                break  # aborted: vLLM made fewer tokens than asked
+        else:
+            raise AssertionError("in five tries vLLM always made every token asked: no cancel aborted its request")
         # how soon is measured, not asserted (docs/benchmarks.md quotes it): the worker learns of the cancel with its
         # next append (INFERQ_OUTPUT_FLUSH_MS) or lease renewal (1 s) and closes the request; on a loaded machine
         # that takes what the machine gives it
@@ -171,20 +180,28 @@ def test_the_official_client_streams_from_vllm_through_the_queue(up_on_vllm: Emu
         # output while the job runs: each of the first two pieces arrives while the job's record still says running
         # (read after the piece came: events, not timestamps). The job is as long as the model allows, so that it
         # cannot end before its first pieces cross a loaded machine; then it is cancelled, not waited for.
-        raw = client.chat.completions.with_raw_response.create(**ask, max_tokens=vllm_server.max_model_len - prompt)
-        job_id = raw.headers["inferq-job-id"]
-        stream = raw.parse()
-        pieces = 0
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
-                pieces += 1
-                assert up_on_vllm.job(job_id)["status"] == "running", f"piece {pieces} came after the job ended"
-                if pieces == 2:
-                    break
-        stream.close()
-        assert pieces == 2
-        assert up_on_vllm.client.post(f"/v1/jobs/{job_id}/cancel").status_code < 300
-        assert up_on_vllm.finish(job_id)["status"] == "cancelled"
+        # The tiny model on a quiet machine can end even this before a piece crosses the gateway: another try, up to
+        # five, and the test fails if no try saw two pieces while its job ran.
+        for _ in range(5):
+            raw = client.chat.completions.with_raw_response.create(**ask, max_tokens=vllm_server.max_model_len - prompt)
+            job_id = raw.headers["inferq-job-id"]
+            stream = raw.parse()
+            pieces = 0
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    if up_on_vllm.job(job_id)["status"] != "running":
+                        break  # this piece came after the job ended
+                    pieces += 1
+                    if pieces == 2:
+                        break
+            stream.close()
+            if pieces == 2:
+                break
+        else:
+            raise AssertionError("in five tries no job's first two pieces came while it ran")
+        cancel = up_on_vllm.client.post(f"/v1/jobs/{job_id}/cancel").status_code
+        assert cancel < 300 or up_on_vllm.job(job_id)["status"] == "succeeded", cancel  # it may end meanwhile
+        assert up_on_vllm.finish(job_id)["status"] in ("cancelled", "succeeded")
         # the pieces of a job that runs to its end spell its final text
         raw = client.chat.completions.with_raw_response.create(**ask, max_tokens=200)
         job_id = raw.headers["inferq-job-id"]
