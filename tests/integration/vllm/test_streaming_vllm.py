@@ -134,6 +134,8 @@ async def test_a_cancel_aborts_the_request_in_vllm(settings: Settings, vllm_serv
             await eventually_async(idle, what="vLLM's running requests to drop", timeout=30, interval=0.05)
             dropped_s = time.monotonic() - cancelled_at
             ended = await terminal(queue, job.id, timeout=30)
+            if ended.status is JobStatus.SUCCEEDED:
+                continue  # its finish was written before the cancel reached the worker: try again
             assert ended.status is JobStatus.CANCELLED
             _, made_after = await asyncio.to_thread(engine, vllm_server.base_url)
             made = made_after - made_before
