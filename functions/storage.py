@@ -48,16 +48,6 @@ class FileInfo:
         }
 
 
-@dataclass(frozen=True)
-class Usage:
-    """What one tenant stores (the file quotas)."""
-
-    files: int
-    bytes: int
-    parts: dict[str, int]
-    """Upload id -> bytes its parts hold (open, or left behind by one that ended: the caller tells them apart)."""
-
-
 def _tenant(tenant: str) -> str:
     return quote(tenant, safe="")
 
@@ -147,34 +137,24 @@ class FileStore(Bucket):
             if not page.get("IsTruncated"):
                 return found, False
 
-    def count_files(self, tenant: str, up_to: int) -> int:
-        """How many files the tenant stores, counted up to ``up_to`` (a quota check needs no more): keys only,
-        one LIST per 1,000, no HEAD."""
+    def file_sizes(self, tenant: str) -> dict[str, int]:
+        """The tenant's files and their bytes, from keys and sizes alone (one LIST per 1,000 files, no HEAD): what
+        the scaler recounts the tenant's file quotas from (:mod:`inferq.queue.storage`), never a request."""
         prefix = f"files/{_tenant(tenant)}/"
-        counted, token = 0, None
-        while counted < up_to:
+        return {item["Key"][len(prefix):]: int(item["Size"]) for item in self._objects(prefix)}
+
+    def file_tenants(self) -> list[str]:
+        """Every tenant with files stored (one LIST per 1,000 tenants)."""
+        found: list[str] = []
+        token = None
+        while True:
             kwargs: dict[str, str] = {"ContinuationToken": token} if token else {}
-            page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=prefix,
-                                               MaxKeys=min(1000, up_to - counted), **kwargs)
-            counted += int(page.get("KeyCount", len(page.get("Contents") or [])))
+            page = self.client.list_objects_v2(Bucket=self.bucket, Prefix="files/", Delimiter="/", MaxKeys=1000,
+                                               **kwargs)
+            found += [unquote(p["Prefix"][len("files/"):-1]) for p in page.get("CommonPrefixes") or []]
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
-                break
-        return min(counted, up_to)
-
-    def usage(self, tenant: str) -> Usage:
-        """What the tenant stores: its files (count and bytes) and the bytes of each upload's parts, from keys and
-        sizes alone (one LIST per 1,000 objects, no HEAD)."""
-        files = stored = 0
-        for item in self._objects(f"files/{_tenant(tenant)}/"):
-            files += 1
-            stored += int(item["Size"])
-        parts: dict[str, int] = {}
-        prefix = f"uploads/{_tenant(tenant)}/"
-        for item in self._objects(prefix):
-            upload_id = item["Key"][len(prefix):].split("/", 1)[0]
-            parts[upload_id] = parts.get(upload_id, 0) + int(item["Size"])
-        return Usage(files, stored, parts)
+                return found
 
     def _objects(self, prefix: str) -> Iterator[dict[str, Any]]:
         token = None

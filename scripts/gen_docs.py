@@ -121,13 +121,17 @@ SETTING_DOCS: dict[str, str] = {
     "batch_max_lines": "Most requests in one batch input file (more: the batch fails validation).",
     "tenant_max_files": "Files one tenant may keep stored (uploads, and the output and error files of its batches); "
     "at the bound `POST /v1/files`, `POST /v1/uploads` and `POST /v1/uploads/{id}/complete` answer 429 "
-    "`quota_exceeded` until it deletes some. Checked before a file is written and again once it is (a file that "
-    "took the tenant past the bound is removed and refused), so uploads racing each other cannot pass it together. "
-    "0: no limit.",
+    "`quota_exceeded` until it deletes some. Checked from per-tenant counts in the cache (no S3 LIST), before a "
+    "file is written and again, in one step with its count, once it is (a file that took the tenant past the bound "
+    "is removed and refused), so uploads racing each other cannot pass it together. 0: no limit.",
     "tenant_max_file_bytes": "Bytes one tenant may keep stored: its files plus the parts of its open uploads (a "
     "part counts from the moment it is added). A file, a part, an upload opened or completed past the bound is "
-    "429 `quota_exceeded`, checked before and after the write as for `INFERQ_TENANT_MAX_FILES`. Each check lists "
-    "the tenant's objects (one S3 LIST per 1,000). 0: no limit.",
+    "429 `quota_exceeded`, checked before and with the write as for `INFERQ_TENANT_MAX_FILES` (a part's bytes count "
+    "until its upload is completed, cancelled or expires). 0: no limit.",
+    "file_recount_s": "The scaler recounts each tenant's files from a LIST of the bucket at most this often (seconds), "
+    "off the request path, correcting the counts the file quotas read for what no request saw: files the bucket's "
+    "lifecycle rule expired (`FileRetentionDays`), a process that died between S3's write or delete and the count, "
+    "counts lost with the cache. Also how often it looks for tenants with files and no counts.",
     "tenant_max_batches": "Batches of one tenant not yet ended (validating, in progress, finalizing, cancelling); at "
     "the bound `POST /v1/batches` answers 429 `quota_exceeded` with `Retry-After`. Checked before each create, so "
     "creates racing each other can pass it together. 0: no limit.",

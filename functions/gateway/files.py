@@ -1,11 +1,12 @@
 """What the Files, Uploads and Batches routes share (docs/api.md, "Files, Uploads, Batches"): the gateway's S3 file
 store (``functions/storage.py``) made on first use, S3 calls as 503s when it fails, the tenant quotas
-(``INFERQ_TENANT_MAX_FILES``, ``INFERQ_TENANT_MAX_FILE_BYTES``) checked before and after each write, file ids, and
-reading a multipart body. The routes are :mod:`.routers.files`, :mod:`.routers.uploads` and
-:mod:`.routers.batches`.
+(``INFERQ_TENANT_MAX_FILES``, ``INFERQ_TENANT_MAX_FILE_BYTES``) checked from the counts in the cache before each
+write and with it (:mod:`inferq.queue.storage`; no S3 LIST), file ids, and reading a multipart body. The routes are
+:mod:`.routers.files`, :mod:`.routers.uploads` and :mod:`.routers.batches`.
 """
 
 import asyncio
+import logging
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -13,14 +14,16 @@ from typing import Any, TypeVar
 from fastapi import Request
 from starlette.datastructures import UploadFile
 
+from inferq.queue.storage import Storage
+
 from .errors import ApiError
+
+log = logging.getLogger(__name__)
 
 FILE_ID_RE = re.compile(r"^file-[a-z2-7]{26}$")
 PURPOSES = ("batch",)
 T = TypeVar("T")
 QUOTA_EXCEEDED = "quota_exceeded"
-OPEN = ("pending", "completing")
-"""Statuses of an upload whose parts are still stored (``completing``: a complete is assembling them)."""
 
 
 def file_store(gw: Any) -> Any:
@@ -47,53 +50,61 @@ async def in_s3(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
                        type_="files_unavailable", headers={"Retry-After": "2"}) from None
 
 
-async def check_file_quota(gw: Any, tenant: str, *, new_files: int = 1, new_bytes: int = 0, written: bool = False,
-                           completing: str | None = None) -> None:
-    """429 when adding ``new_files`` files of ``new_bytes`` bytes would take the tenant past
-    ``INFERQ_TENANT_MAX_FILES`` or ``INFERQ_TENANT_MAX_FILE_BYTES``. ``written``: the check after the write (what is
-    stored already includes it, and may only be at the bound, not past it), so writes racing each other cannot
-    pass the bound together (each sees the other's, and the one past it is removed by its caller). The parts of open
-    uploads count as bytes, but for ``completing``'s, whose bytes are its new file's. No ``Retry-After``: time frees
-    nothing, deleting files does."""
+def storage(gw: Any) -> Storage:
+    """The tenants' storage counts (:mod:`inferq.queue.storage`), in the primary queue's slot."""
+    return Storage(gw.queue)
+
+
+def past_quota(gw: Any, files: int, stored: int, new_files: int, new_bytes: int) -> ApiError | None:
+    """429 ``quota_exceeded`` when ``new_files`` files of ``new_bytes`` bytes would take a tenant that stores
+    ``files`` files and ``stored`` bytes past a bound. No ``Retry-After``: time frees nothing, deleting files does."""
     max_files, max_bytes = gw.settings.tenant_max_files, gw.settings.tenant_max_file_bytes
-    if not max_files and not max_bytes:
+    if max_bytes and stored + new_bytes > max_bytes:
+        return ApiError(429, f"this key would store {stored + new_bytes} bytes, past its quota of {max_bytes} "
+                             "(INFERQ_TENANT_MAX_FILE_BYTES); delete files or cancel uploads first",
+                        type_=QUOTA_EXCEEDED)
+    if max_files and files + new_files > max_files:
+        return ApiError(429, f"this key stores {files} files, its quota (INFERQ_TENANT_MAX_FILES) is {max_files}; "
+                             "delete some first", type_=QUOTA_EXCEEDED)
+    return None
+
+
+async def check_file_quota(gw: Any, tenant: str, *, new_files: int = 1, new_bytes: int = 0) -> None:
+    """429 when adding ``new_files`` files of ``new_bytes`` bytes would take the tenant past
+    ``INFERQ_TENANT_MAX_FILES`` or ``INFERQ_TENANT_MAX_FILE_BYTES`` (its files and its open uploads' parts), from the
+    counts (one round trip to the cache, no S3 call): the check before a write, so nothing is written in vain. The
+    write's own count (``addfile.lua``, ``addpart.lua``, ``completeupload.lua``) checks again in one step with it,
+    so writes racing each other cannot pass a bound together."""
+    if not gw.settings.tenant_max_files and not gw.settings.tenant_max_file_bytes:
         return
-    store = file_store(gw)
-    adding_files, adding_bytes = (0, 0) if written else (new_files, new_bytes)
-    if max_bytes:
-        usage = await in_s3(store.usage, tenant)
-        files = usage.files
-        stored = usage.bytes + await _open_parts_bytes(gw, usage.parts, completing)
-        if stored + adding_bytes > max_bytes:
-            raise ApiError(429, f"this key would store {stored + adding_bytes} bytes, past its quota of {max_bytes} "
-                                "(INFERQ_TENANT_MAX_FILE_BYTES); delete files or cancel uploads first",
-                           type_=QUOTA_EXCEEDED)
-    else:
-        files = await in_s3(store.count_files, tenant, max_files + 1)
-    if max_files and files + adding_files > max_files:
-        raise ApiError(429, f"this key stores {files} files, its quota (INFERQ_TENANT_MAX_FILES) is {max_files}; "
-                            "delete some first", type_=QUOTA_EXCEEDED)
+    stored = await gw.call(storage(gw).stored(tenant))
+    refusal = past_quota(gw, stored.files, stored.bytes + stored.parts, new_files, new_bytes)
+    if refusal is not None:
+        raise refusal
 
 
-async def _open_parts_bytes(gw: Any, parts: dict[str, int], completing: str | None) -> int:
-    """Bytes of the parts of uploads still open (parts an ended upload left behind are the lifecycle rule's)."""
-    ids = [upload_id for upload_id in parts if upload_id != completing]
-    if not ids:
-        return 0
-    pipe = gw.queue.redis.pipeline(transaction=False)
-    for upload_id in ids:
-        pipe.hget(gw.queue.keys.upload(upload_id), "status")
-    statuses = await gw.call(pipe.execute())
-    return sum(parts[i] for i, status in zip(ids, statuses, strict=True) if status in OPEN)
-
-
-async def kept_within_quota(gw: Any, tenant: str, file_id: str, completing: str | None = None) -> None:
-    """The check after a write: a file that took the tenant past a quota is removed again, and refused."""
+async def count_file(gw: Any, tenant: str, file_id: str, size: int) -> None:
+    """Count a file just written (``addfile.lua``); one that takes the tenant past a bound is removed again and
+    refused, and so is one whose count could not be written (the cache unreachable: 503), best effort."""
+    settings = gw.settings
     try:
-        await check_file_quota(gw, tenant, written=True, completing=completing)
-    except ApiError:
-        await in_s3(file_store(gw).delete, tenant, file_id)
+        counted, before = await gw.call(storage(gw).add_file(
+            tenant, file_id, size, settings.tenant_max_files, settings.tenant_max_file_bytes))
+    except BaseException:
+        await remove_quietly(gw, tenant, file_id)
         raise
+    if not counted:
+        await in_s3(file_store(gw).delete, tenant, file_id)
+        raise past_quota(gw, before.files, before.bytes, 1, size) or ApiError(
+            429, "this key is at its file quota; delete files first", type_=QUOTA_EXCEEDED)
+
+
+async def remove_quietly(gw: Any, tenant: str, file_id: str) -> None:
+    """Remove a file nothing counts (a recount would count it, and the client was told it failed)."""
+    try:
+        await in_s3(file_store(gw).delete, tenant, file_id)
+    except Exception:  # S3 failing too: the file stays, and the next recount counts it
+        log.warning("a file whose count failed could not be removed; the next recount counts it")
 
 
 def check_file_id(file_id: str) -> str:

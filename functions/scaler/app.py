@@ -173,10 +173,12 @@ async def invoke(settings: Settings, *, once: bool, deadline: float) -> list[tup
                 stand_ins=stand_ins(service, fleet),
             )))
         budget_s = max(0.0, deadline - time.monotonic())  # what the clients' setup left
-        runs, _, _ = await asyncio.gather(  # batches advance at every size of fleet, zero included
+        primary = scalers[0][1].queue
+        runs, *_ = await asyncio.gather(  # batches advance at every size of fleet, zero included
             asyncio.gather(*(s.run(budget_s=budget_s, span_s=SCHEDULE_PERIOD_S, once=once) for _, s in scalers)),
-            drive_batches(scalers[0][1].queue.settings, scalers[0][1].queue, budget_s),
+            drive_batches(primary.settings, primary, budget_s),
             usage_pass(settings, fleets() or [(None, settings)], client, logger),  # the export, usage metrics
+            recount_files(primary.settings, primary, budget_s),
         )
         return [(model, ticks) for (model, _), ticks in zip(scalers, runs, strict=True)]
     finally:
@@ -204,6 +206,21 @@ async def drive_batches(settings: Settings, queue: Queue, budget_s: float) -> No
         await driver.run(budget_s=max(0.0, budget_s - 5.0))
     except Exception:  # a batch that cannot move now must not stop the scaling; the next tick tries again
         logger.exception("batch driver pass failed")
+
+
+async def recount_files(settings: Settings, queue: Queue, budget_s: float) -> None:
+    """The file quotas' counts recounted from S3 where due (``inferq.queue.storage``), when a files bucket is
+    configured: at most once per ``INFERQ_FILE_RECOUNT_S`` a tenant, off the request path."""
+    if not settings.files_bucket:
+        return
+    from functions.storage import FileStore
+    from inferq.queue.storage import Storage
+
+    try:
+        await Storage(queue).recount_due(FileStore(settings.files_bucket), settings.file_recount_s,
+                                         max(0.0, budget_s - 5.0))
+    except Exception:  # S3 or the cache failing now: the counts stay as they are; the next tick tries again
+        logger.exception("file recount pass failed")
 
 
 _webhooks_missing_logged = False

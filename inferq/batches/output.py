@@ -25,6 +25,7 @@ from inferq.config.settings import Settings
 from inferq.queue import claimcheck
 from inferq.queue.jobs import Job
 from inferq.queue.protocol import Queue
+from inferq.queue.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class BatchOutput:
         self.keys = queue.keys
         self.lines = lines
         self.store = store
+        self.storage = Storage(queue)
         self.settings = settings
         self._step = step
         self._renew = renew
@@ -75,6 +77,7 @@ class BatchOutput:
                 try:
                     await asyncio.to_thread(self.store.discard_uploads, batch.tenant, file_id)
                     await asyncio.to_thread(self.store.delete, batch.tenant, file_id)
+                    await self.storage.drop_file(batch.tenant, file_id)
                 except Exception as exc:  # S3 is what failed the batch, most likely
                     log.warning("batch %s: removing what its finalising tries wrote under %s failed (%s); the "
                                 "bucket's lifecycle rule removes it", batch.id, file_id, type(exc).__name__)
@@ -124,12 +127,15 @@ class BatchOutput:
 
     async def _close(self, writer: Writer, lines: int, tenant: str, file_id: str) -> None:
         """Complete a file that has lines; an empty one is not kept (OpenAI leaves its id null), nor what an
-        earlier try may have completed under its id."""
+        earlier try may have completed under its id. A file kept counts against its tenant's file quotas
+        (:mod:`inferq.queue.storage`; never refused: the batch's results must be kept)."""
         if lines:
-            await asyncio.to_thread(writer.close)
+            size = await asyncio.to_thread(writer.close)
+            await self.storage.add_file(tenant, file_id, size)
             return
         await asyncio.to_thread(writer.abort)
         await asyncio.to_thread(self.store.delete, tenant, file_id)
+        await self.storage.drop_file(tenant, file_id)
 
     async def _write_files(self, batch: Batch, end: BatchStatus, output: Writer, errors: Writer) -> tuple[int, int]:
         completed = failed = 0

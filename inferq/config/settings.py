@@ -236,6 +236,7 @@ class Settings:
     tenant_max_files: int = _setting(0, _int(0))
     tenant_max_file_bytes: int = _setting(0, _int(0))
     tenant_max_batches: int = _setting(0, _int(0))
+    file_recount_s: int = _setting(3600, _int(60, 7 * 24 * 3600))
     worker_id: str | None = _setting(None, _optional_str)
     models: str | None = field(
         default=None,

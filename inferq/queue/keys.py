@@ -221,6 +221,25 @@ class Keys:
         """Hash: an open Uploads API upload (expires with it)."""
         return f"{self.prefix}upload:{upload_id}"
 
+    def storage(self, tenant: str) -> str:
+        """Hash: what a tenant stores, counted (the file quotas, :mod:`inferq.queue.storage`): each file's bytes by
+        file id, each open upload's parts' bytes by upload id, and the totals. The primary queue's only."""
+        return f"{self.prefix}storage:{tenant}"
+
+    def storage_open(self, tenant: str) -> str:
+        """Sorted set: a tenant's uploads with parts charged, by when their record expires (ms)."""
+        return f"{self.prefix}storage-open:{tenant}"
+
+    @property
+    def storage_due(self) -> str:
+        """Sorted set: the tenants whose files are counted, by when they were last recounted from S3 (ms)."""
+        return self.prefix + "storage-due"
+
+    @property
+    def storage_scan(self) -> str:
+        """String, ``SET NX PX``: the last look for tenants whose files S3 holds and no count does."""
+        return self.prefix + "storage-scan"
+
 
 def tenant_webhook_secret(tenant: str) -> str:
     """Hash: a tenant's webhook signing secret (and the one it replaced, while that stays valid). Not a queue's key:

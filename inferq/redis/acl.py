@@ -46,10 +46,10 @@ SCRIPTING = ("evalsha", "script|load")
 """Scripts by SHA only, loaded once; never EVAL of arbitrary text, never SCRIPT FLUSH or KILL."""
 
 SCRIPT_COMMANDS = (
-    "del", "exists", "expire", "expireat", "get", "hdel", "hget", "hgetall", "hincrby", "hlen", "hmget", "hset",
-    "hsetnx", "hstrlen", "persist", "pexpire", "pexpireat", "rpush", "set", "time", "xack", "xadd", "xclaim", "xdel",
-    "xinfo|groups", "xlen", "xpending", "xrange", "xrevrange", "xtrim", "zadd", "zcard", "zcount", "zpopmax", "zrange",
-    "zrem", "zremrangebylex", "zremrangebyscore", "zscore",
+    "del", "exists", "expire", "expireat", "get", "hdel", "hexists", "hget", "hgetall", "hincrby", "hlen", "hmget",
+    "hset", "hsetnx", "hstrlen", "persist", "pexpire", "pexpireat", "pttl", "rpush", "set", "time", "xack", "xadd",
+    "xclaim", "xdel", "xinfo|groups", "xlen", "xpending", "xrange", "xrevrange", "xtrim", "zadd", "zcard", "zcount",
+    "zpopmax", "zrange", "zrangebyscore", "zrem", "zremrangebylex", "zremrangebyscore", "zscore",
 )
 """What inferq/queue/scripts/*.lua call (redis.call): allowed to every role, which all run scripts."""
 
@@ -63,13 +63,14 @@ _WEBHOOKS = ("hincrby", "xack", "xclaim", "xgroup|create", "xgroup|delconsumer",
 
 DIRECT_COMMANDS: dict[str, tuple[str, ...]] = {
     # Accepts, reads, waits for and cancels jobs; idempotency, events feed, DLQ view (its per-tenant index: ZRANGEBYLEX
-    # and ZREM of stale members), wake guard (SET NX EX),
-    # files and batches records, the stats history it shows. Never takes a job off a stream.
+    # and ZREM of stale members), wake guard (SET NX EX), files and batches records, the file quotas' counts
+    # (ZRANGEBYSCORE: expired uploads), the stats history it shows. Never takes a job off a stream.
     "gateway": (
         *_BATCHES, "blmove", "del", "expire", "get", "hget", "hmget", "lindex", "lrange", "pexpire", "set",
-        "xrange", "xread", "xrevrange", "zrangebylex",
+        "xrange", "xread", "xrevrange", "zrangebylex", "zrangebyscore",
     ),
-    # Observes the queue, records decisions and history, delivers webhooks, drives batches.
+    # Observes the queue, records decisions and history, delivers webhooks, drives batches, recounts the file quotas'
+    # counts (HGETALL, SET NX PX, ZADD NX, ZRANGEBYSCORE).
     "scaler": (
         *_BATCHES, *_WEBHOOKS, "del", "expire", "get", "hget", "hmget", "lindex", "lpush", "lrange", "ltrim",
         "pexpire", "set", "zrange", "zrangebyscore",

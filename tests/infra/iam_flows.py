@@ -458,6 +458,36 @@ async def scaler_batch_driver(stack: Stack) -> None:
         assert output.status_code == 200 and len(output.content.splitlines()) == 2, output.text[:300]
 
 
+@flow("scaler", "recounts the file quotas' counts from S3")
+async def scaler_recounts_files(stack: Stack) -> None:
+    """The scaler's recount (inferq/queue/storage.py): the tenants with files found by one LIST of ``files/``, each
+    tenant's files listed; a file the lifecycle rule expired stops counting."""
+    from functions.scaler.app import recount_files
+    from inferq.config.settings import Settings
+    from inferq.queue.protocol import Queue
+    from inferq.queue.storage import Storage
+
+    async with gateway(stack) as client:
+        with stack.acting("gateway"):
+            await upload_file(client, jsonl([batch_line("kept", "hi")]))
+            expired = await upload_file(client, jsonl([batch_line("expired", "hi")]))
+    with stack.acting(None):
+        [key] = [k for k in keys_under(stack, "files/") if k.endswith(expired)]
+        admin_s3(stack).delete_object(Bucket=BUCKET, Key=key)  # the lifecycle rule's delete
+    with stack.acting("scaler"):
+        settings = Settings.from_env()
+        queue = Queue.connect(settings)
+        try:
+            await queue.redis.delete(queue.keys.storage_scan)  # a fresh interval: the tenants are looked for
+            await queue.redis.zadd(queue.keys.storage_due, {TENANT: 0})  # due
+            before = await Storage(queue).stored(TENANT)
+            await recount_files(settings, queue, budget_s=30)
+            after = await Storage(queue).stored(TENANT)
+        finally:
+            await queue.close()
+    assert after.files == before.files - 1, (before, after)
+
+
 @flow("scaler", "usage export")
 async def scaler_usage_export(stack: Stack) -> None:
     """The scaler's usage pass (functions/scaler/usage.py): each day's usage put under ``usage/``, nothing else."""

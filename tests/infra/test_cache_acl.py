@@ -423,7 +423,8 @@ async def test_files_batches_webhooks_long_polls_and_reclaims_run_as_each_roles_
     from inferq.webhooks.sender import WebhookSender, deliver_webhooks
 
     boto3.client("s3").create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
-    extra = {"files_bucket": BUCKET, "webhook_allow_private": True, "webhook_secret": WEBHOOK_SECRET}
+    extra = {"files_bucket": BUCKET, "tenant_max_files": 100, "tenant_max_file_bytes": 10**9,  # quota checks too
+             "webhook_allow_private": True, "webhook_secret": WEBHOOK_SECRET}
     as_gateway = role_settings(role_valkey, "gateway", queue_name, serverless=serverless).replace(**extra)
     as_scaler = role_settings(role_valkey, "scaler", queue_name, serverless=serverless).replace(**extra)
     as_worker = role_settings(role_valkey, "worker", queue_name, serverless=serverless).replace(

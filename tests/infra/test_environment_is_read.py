@@ -247,6 +247,8 @@ PRODUCTION_DEFAULTS: dict[str, str] = {
     "batch_completion_windows": "24h, the one window OpenAI's Batch API has",
     "batch_max_lines": "50,000 lines, OpenAI's bound on a batch",
     "claim_idle_ms": "30 s without a lease renewal (renewed every few seconds) before another worker reclaims",
+    "file_recount_s": "an hour between recounts of a tenant's files from S3: the lifecycle rule deletes by the day, "
+    "and a recount is one LIST per 1,000 files",
     "events_maxlen": "100,000 terminal events kept per queue, a day of a busy queue within the result TTL",
     "inline_max_bytes": "64 KiB inline in a job record; larger bodies and results go to the files bucket",
     "log_payloads": "prompts and outputs are not logged",

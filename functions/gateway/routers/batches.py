@@ -14,7 +14,7 @@ from inferq.queue.jobs import ENDPOINTS
 
 from ..dependencies import GatewayDep, Tenant
 from ..errors import ApiError
-from ..files import QUOTA_EXCEEDED, check_file_id, file_store, in_s3
+from ..files import QUOTA_EXCEEDED, check_file_id, check_file_quota, file_store, in_s3
 from ..metering import check_budget
 from ..openapi import documented
 from ..request_schemas import Metadata
@@ -57,6 +57,8 @@ async def create_batch(payload: BatchCreate, background: BackgroundTasks, gw: Ga
         raise ApiError(429, f"this key has {bound} batches not yet ended, its quota (INFERQ_TENANT_MAX_BATCHES); "
                             "retry when one ends", type_=QUOTA_EXCEEDED,
                        headers={"Retry-After": str(RETRY_AFTER_BATCH_QUOTA_S)})
+    # a batch's output files are never refused: a tenant they took past its file quotas makes no more
+    await check_file_quota(gw, tenant, new_files=0)
     await check_budget(gw, tenant)  # a batch's lines are submits: none past the tenant's monthly budget
     batch = await gw.call(Batches(gw.queue).create(
         tenant, payload.input_file_id, payload.endpoint, payload.completion_window, payload.metadata))

@@ -16,10 +16,11 @@ from ..files import (
     PURPOSES,
     check_file_id,
     check_file_quota,
+    count_file,
     file_store,
     form_file,
     in_s3,
-    kept_within_quota,
+    storage,
 )
 from ..openapi import documented
 
@@ -38,7 +39,7 @@ async def create_file(request: Request, gw: GatewayDep, tenant: Tenant) -> JSONR
     info = await in_s3(
         store.put, tenant, new_file_id(), upload.file, upload.filename or "upload.jsonl", purpose
     )
-    await kept_within_quota(gw, tenant, info.id)
+    await count_file(gw, tenant, info.id, info.bytes)
     return JSONResponse(info.to_api())
 
 
@@ -89,6 +90,9 @@ async def delete_file(file_id: str, gw: GatewayDep, tenant: Tenant) -> JSONRespo
     if user is not None:
         raise ApiError(409, f"the file is the input of batch {user}, which has not ended; delete it once the "
                             "batch ends (or cancel the batch)", type_="file_in_use")
-    if not await in_s3(file_store(gw).delete, tenant, file_id):
+    found = await in_s3(file_store(gw).delete, tenant, file_id)
+    # counted or not: a delete resent after a failed count leaves the counts right
+    await gw.call(storage(gw).drop_file(tenant, file_id))
+    if not found:
         raise ApiError(404, "no such file")
     return JSONResponse({"id": file_id, "object": "file", "deleted": True})

@@ -18,7 +18,17 @@ from inferq.redis.scripting import Code
 
 from ..dependencies import GatewayDep, Tenant
 from ..errors import ApiError
-from ..files import PURPOSES, check_file_quota, file_store, form_file, in_s3, kept_within_quota
+from ..files import (
+    PURPOSES,
+    QUOTA_EXCEEDED,
+    check_file_quota,
+    file_store,
+    form_file,
+    in_s3,
+    past_quota,
+    remove_quietly,
+    storage,
+)
 from ..gateway import Gateway
 from ..openapi import documented
 
@@ -76,17 +86,19 @@ async def pending_record(gw: Gateway, tenant: str, upload_id: str) -> dict[str, 
     return record
 
 
-async def move_upload(gw: Gateway, upload_id: str, from_: str, to: str, token: str) -> None:
+async def move_upload(gw: Gateway, tenant: str, upload_id: str, from_: str, to: str, token: str) -> None:
     """Move the upload's status (moveupload.lua) for the request holding ``token``: 404 when it has expired, 409
-    when it is not ``from_`` (another request moved it)."""
-    reply = await gw.call(gw.queue.scripts("moveupload", [gw.queue.keys.upload(upload_id)], [from_, to, token]))
+    when it is not ``from_`` (another request moved it). A move to ``cancelled`` gives back its parts' charge."""
+    keys = gw.queue.keys
+    reply = await gw.call(gw.queue.scripts(
+        "moveupload", [keys.upload(upload_id), keys.storage(tenant), keys.storage_open(tenant)], [from_, to, token]))
     if int(reply[0]) == -1:
         raise ApiError(404, "no such upload")
     if int(reply[0]) != 1:
         raise ApiError(409, f"the upload is {reply[1]}", type_="upload_not_pending")
 
 
-def _refused_part(reply: Any, record: dict[str, str]) -> None:
+def _refused_part(gw: Gateway, reply: Any, record: dict[str, str], size: int) -> None:
     """The answer to a part addpart.lua refused (raises)."""
     code = int(reply[0])
     if code == -1:
@@ -95,6 +107,8 @@ def _refused_part(reply: Any, record: dict[str, str]) -> None:
         raise ApiError(409, f"the upload is {reply[1]}", type_="upload_not_pending")
     if code == 2:
         raise ApiError(422, f"the upload holds {MAX_PARTS} parts, the most one may")
+    if code == 4:
+        raise past_quota(gw, 0, int(reply[1]), 0, size) or ApiError(429, "past the file quota", type_=QUOTA_EXCEEDED)
     raise ApiError(422, f"the parts would hold more than the {record['bytes']} bytes the upload was opened with")
 
 
@@ -138,12 +152,15 @@ async def add_part(request: Request, upload_id: str, gw: GatewayDep, tenant: Ten
     part_id = random_id("part_")
     store = file_store(gw)
     await in_s3(store.put_part, tenant, upload_id, part_id, data)
-    # recorded in one step with the bounds (parts racing each other) and never into an expired record
-    reply = await gw.call(gw.queue.scripts("addpart", [gw.queue.keys.upload(upload_id), gw.queue.keys.bounds],
-                                           [f"part:{part_id}", len(data), MAX_PARTS]))
+    # recorded in one step with the bounds and the tenant's bytes quota (parts racing each other), never into an
+    # expired record
+    keys = gw.queue.keys
+    reply = await gw.call(gw.queue.scripts(
+        "addpart", [keys.upload(upload_id), keys.bounds, keys.storage(tenant), keys.storage_open(tenant)],
+        [f"part:{part_id}", len(data), MAX_PARTS, int(time.time() * 1000), gw.settings.tenant_max_file_bytes]))
     if int(reply[0]) != 1:
         await in_s3(store.delete_parts, tenant, upload_id, [part_id])
-        _refused_part(reply, record)
+        _refused_part(gw, reply, record, len(data))
     return JSONResponse({"id": part_id, "object": "upload.part", "created_at": int(time.time()),
                          "upload_id": upload_id})
 
@@ -182,22 +199,42 @@ async def complete_upload(upload_id: str, payload: UploadComplete, gw: GatewayDe
     _check_parts(record, payload.part_ids)
     await check_file_quota(gw, tenant, new_files=1)  # its parts count already: they are its bytes
     token = secrets.token_hex(8)
-    await move_upload(gw, upload_id, "pending", "completing", token)  # one complete at a time, no part added meanwhile
+    await move_upload(gw, tenant, upload_id, "pending", "completing", token)  # one at a time, no part added meanwhile
     record = await upload_record(gw, tenant, upload_id)  # with every part recorded before the move, to delete them
     store = file_store(gw)
     file_id = new_file_id()
     try:
         info = await in_s3(_assemble, store, tenant, upload_id, file_id, record, payload.part_ids)
-        await kept_within_quota(gw, tenant, file_id, completing=upload_id)
+        await _complete(gw, tenant, upload_id, info, token)
     except BaseException:
         # the upload stays open: the client may delete files and complete again, or cancel
         await gw.call(gw.queue.scripts("moveupload", [gw.queue.keys.upload(upload_id)],
                                        ["completing", "pending", token]))
         raise
-    await move_upload(gw, upload_id, "completing", "completed", token)
     await in_s3(store.delete_parts, tenant, upload_id, [k[5:] for k in record if k.startswith("part:")])
     record["status"] = "completed"
     return JSONResponse(_upload_api(record, info.to_api()))
+
+
+async def _complete(gw: Gateway, tenant: str, upload_id: str, info: Any, token: str) -> None:
+    """The file counted in place of the parts and the upload completed, in one step (completeupload.lua); a file
+    refused (a bound, the upload expired or moved, the count unwritten) is removed again."""
+    try:
+        code, rest = await gw.call(storage(gw).complete_upload(
+            tenant, gw.queue.keys.upload(upload_id), info.id, info.bytes, token,
+            gw.settings.tenant_max_files, gw.settings.tenant_max_file_bytes))
+    except BaseException:
+        await remove_quietly(gw, tenant, info.id)
+        raise
+    if code == 1:
+        return
+    await in_s3(file_store(gw).delete, tenant, info.id)
+    if code == 0:
+        raise past_quota(gw, int(rest[0]), int(rest[1]), 1, info.bytes) or ApiError(
+            429, "past the file quota", type_=QUOTA_EXCEEDED)
+    if code == -1:
+        raise ApiError(404, "no such upload")
+    raise ApiError(409, f"the upload is {rest[0]}", type_="upload_not_pending")
 
 
 @router.post("/v1/uploads/{upload_id}/cancel", summary="Cancel an upload", response_model=None,
@@ -205,7 +242,7 @@ async def complete_upload(upload_id: str, payload: UploadComplete, gw: GatewayDe
 async def cancel_upload(upload_id: str, gw: GatewayDep, tenant: Tenant) -> JSONResponse:
     await pending_record(gw, tenant, upload_id)
     # first: no part is added after the parts are read
-    await move_upload(gw, upload_id, "pending", "cancelled", secrets.token_hex(8))
+    await move_upload(gw, tenant, upload_id, "pending", "cancelled", secrets.token_hex(8))
     record = await upload_record(gw, tenant, upload_id)
     parts = [k[5:] for k in record if k.startswith("part:")]
     await in_s3(file_store(gw).delete_parts, tenant, upload_id, parts)

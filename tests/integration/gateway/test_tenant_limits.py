@@ -242,7 +242,8 @@ async def test_upload_parts_are_bounded_and_never_write_an_expired_record(
     record = {"id": upload_id, "tenant": "tenant-a", "filename": "x", "purpose": "batch", "bytes": "10",
               "created_at": "1", "status": "pending"}
     # a part request that read the record just before it expired writes into nothing
-    reply = await queue.scripts("addpart", [key, queue.keys.bounds], ["part:part_x", 1, 10])
+    storage = [queue.keys.storage("tenant-a"), queue.keys.storage_open("tenant-a")]
+    reply = await queue.scripts("addpart", [key, queue.keys.bounds, *storage], ["part:part_x", 1, 10, 0, 0])
     assert int(reply[0]) == -1 and not await queue.redis.exists(key)
     assert int((await queue.scripts("moveupload", [key], ["pending", "completed", "token"]))[0]) == -1
     assert not await queue.redis.exists(key)
