@@ -145,6 +145,11 @@ def _commands(kind: str, key: str) -> list[tuple[Any, ...]]:
     return [("HMGET", key, *RECORD_FIELDS_BUT_BODY)]  # the gateway's job read
 
 
+SLOW_TIMEOUT_S = 60.0
+"""The timeouts of the round trips run under callgrind (some 50x slower, more on a loaded machine: the default
+2 s once timed out connecting). Their length costs no instructions; only that there is one is measured."""
+
+
 async def _round_trips(kind: str, url: str, calls: int) -> None:
     """``calls`` round trips of one client, untimed: what :func:`instructions` runs under callgrind. ``kind``:
     ``inferq``, ``inferq_cluster`` or ``floor`` (the job read), ``inferq_pipeline`` or ``floor_pipeline`` (a script
@@ -157,14 +162,14 @@ async def _round_trips(kind: str, url: str, calls: int) -> None:
         parser = hiredis.Reader(encoding="utf-8")
         packed = b"".join(hiredis.pack_command(command) for command in commands)  # type: ignore[arg-type]
         for _ in range(calls):
-            async with asyncio.timeout(5):
+            async with asyncio.timeout(SLOW_TIMEOUT_S):
                 writer.write(packed)
                 for _ in commands:
                     while parser.gets() is False:
                         parser.feed(await reader.read(65536))
         writer.close()
         return
-    client = connect(Settings(redis_url=url))
+    client = connect(Settings(redis_url=url, redis_timeout_s=SLOW_TIMEOUT_S))
     await client.hset(key, mapping=RECORD)
     if kind == "inferq_pipeline":
         await client.script_load(_SCRIPT)

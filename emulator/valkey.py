@@ -101,6 +101,10 @@ class ValkeyProcess:
             "--daemonize", "no",
             "--loglevel", "warning",
             "--stream-node-max-entries", str(STREAM_NODE_MAX_ENTRIES),
+            # a replica's first sync starts at once, not after the default 5 s that waits for more replicas to
+            # share one transfer (each primary here has one replica at most: the wait only slowed every failover
+            # test, and pushed a loaded machine past the tests' 10 s for the catch-up)
+            "--repl-diskless-sync-delay", "0",
         ]
         if self.appendfsync:
             args += ["--appendonly", "yes", "--appendfsync", self.appendfsync]

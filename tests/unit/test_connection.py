@@ -203,7 +203,12 @@ async def test_a_rotated_acl_password_is_picked_up_by_a_cluster_client_without_a
             secrets.put_secret_value(SecretId="acl", SecretString=json.dumps({"username": "inferq", "token": "second"}))
             admin.acl_setuser("inferq", enabled=True, reset_passwords=True, passwords=["+second"], keys=["*"],
                               channels=["*"], commands=["+@all"])
+            # the connections open go, the client's side too (as the standalone test's pool does): what is tested
+            # is that new ones authenticate with the rotated password. (Killed on the server's side alone, a loaded
+            # machine once had the client's topology refresh meet a killed connection and give up: CI, 2026-12-06.)
             _kill_other_clients(admin)
+            for node in client.get_nodes():
+                await node.disconnect()
 
             assert await client.get("{q}:k") == "v"
             assert provider_for("acl").reads == 2
