@@ -125,8 +125,10 @@ def env_vars(endpoints: dict[str, Any], container_host: str, api_key: str | None
             # stack's SpotFallbackSeconds would have the scaler size one that does not exist
             "INFERQ_SCALE_SPOT_FALLBACK_S": "0",
         },
-        # the HTTP API's authorizer runs before the gateway on every non-public route, with the same keys
-        "AuthorizerFunction": {**log_levels, "INFERQ_API_KEYS_SECRET": "", "INFERQ_API_KEYS": api_keys},
+        # the HTTP API's authorizer runs before the gateway on every non-public route, with the same keys; no edge
+        # here (no CloudFront in front of sam local): no origin header to require
+        "AuthorizerFunction": {**log_levels, "INFERQ_API_KEYS_SECRET": "", "INFERQ_API_KEYS": api_keys,
+                               "INFERQ_EDGE_ORIGIN_SECRET": ""},
     }
 
 

@@ -128,6 +128,11 @@ SETTING_DOCS: dict[str, str] = {
     "part counts from the moment it is added). A file, a part, an upload opened or completed past the bound is "
     "429 `quota_exceeded`, checked before and with the write as for `INFERQ_TENANT_MAX_FILES` (a part's bytes count "
     "until its upload is completed, cancelled or expires). 0: no limit.",
+    "edge_origin_secret": "The authorizer's: Secrets Manager id of the origin secret a stack with an edge "
+    "(`EdgeProtection: waf`) generates (JSON `{\"current\"}`, `\"previous\"` too during a rotation). When set, a "
+    "request without the `X-Inferq-Origin-Verify` header CloudFront adds, holding one of those values, is refused "
+    "(403) before its key is looked at: the API's own `execute-api` address answers nobody who skipped the web ACL. "
+    "Unset: no origin check.",
     "file_recount_s": "The scaler recounts each tenant's files from a LIST of the bucket at most this often (seconds), "
     "off the request path, correcting the counts the file quotas read for what no request saw: files the bucket's "
     "lifecycle rule expired (`FileRetentionDays`), a process that died between S3's write or delete and the count, "

@@ -14,7 +14,12 @@ key again itself (defence in depth; ``inferq up`` has no authorizer).
 
 The authorizer has no identity sources, so API Gateway cannot cache its answers: an identity source must be present
 for API Gateway to call the authorizer at all, and a client may send its key in either of two headers. The cache is
-this module's: the key store lives as long as the sandbox.
+this module's: the key store lives as long as the sandbox. Every request runs the whole check, so no answer is ever
+reused for a request that lacks what the first one carried (the edge's origin header included).
+
+With an edge (``INFERQ_EDGE_ORIGIN_SECRET``, set by the stack with ``EdgeProtection: waf``) a request without the
+secret header CloudFront adds is refused before its key is looked at (:mod:`.edge`): the API's ``execute-api``
+address answers 403 to anyone who skipped the edge's web ACL.
 
 Settings are read at import, so a bad variable (or no API keys at all) fails the init naming it. The import is
 small on purpose: the standard library, ``inferq``'s settings and the key check; boto3 only at the first Secrets
@@ -29,9 +34,11 @@ from functions.gateway.auth import key_store
 from inferq.config.settings import Settings
 
 from .check import Authorizer
+from .edge import OriginCheck
 
 __all__ = ["handler"]
 
 settings = Settings.from_env()
 logging.getLogger("inferq").setLevel(settings.log_level)
-handler = Authorizer(key_store(settings))
+handler = Authorizer(key_store(settings),
+                     OriginCheck.of(settings.edge_origin_secret) if settings.edge_origin_secret else None)

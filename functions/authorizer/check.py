@@ -10,6 +10,8 @@ from typing import Any
 
 from functions.gateway.auth import KeyStore, KeysUnavailable
 
+from .edge import OriginCheck
+
 log = logging.getLogger("inferq.authorizer")
 
 DENY: dict[str, Any] = {"isAuthorized": False}
@@ -33,13 +35,17 @@ def presented_key(headers: Mapping[str, str] | None) -> str | None:
 
 class Authorizer:
     """The key check of one sandbox: one key store, and one event loop to run its coroutine on (the store's
-    refresh runs in the loop's default executor, which lives as long as the loop)."""
+    refresh runs in the loop's default executor, which lives as long as the loop). With ``origin`` (a stack with an
+    edge), a request that did not come through the edge is refused first, whatever its key."""
 
-    def __init__(self, keys: KeyStore) -> None:
+    def __init__(self, keys: KeyStore, origin: OriginCheck | None = None) -> None:
         self.keys = keys
+        self.origin = origin
         self._loop = asyncio.new_event_loop()
 
     def __call__(self, event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
+        if self.origin is not None and not self.origin.allows(event.get("headers")):
+            return DENY  # the execute-api address called directly: the edge's web ACL skipped
         key = presented_key(event.get("headers"))
         if not key:
             method = ((event.get("requestContext") or {}).get("http") or {}).get("method")

@@ -237,6 +237,7 @@ class Settings:
     tenant_max_file_bytes: int = _setting(0, _int(0))
     tenant_max_batches: int = _setting(0, _int(0))
     file_recount_s: int = _setting(3600, _int(60, 7 * 24 * 3600))
+    edge_origin_secret: str | None = _setting(None, _optional_str)
     worker_id: str | None = _setting(None, _optional_str)
     models: str | None = field(
         default=None,

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from .iam_calls import ACCOUNT, REGION
-from .iam_stack import API_KEY, BUCKET, CLUSTER, TASK_ID, TENANT, Stack
+from .iam_stack import API_KEY, BUCKET, CLUSTER, EDGE_ORIGIN, TASK_ID, TENANT, Stack
 
 A = {"Authorization": f"Bearer {API_KEY}"}
 FlowFunction = Callable[[Stack], Coroutine[Any, Any, None]]
@@ -180,18 +180,23 @@ async def upload_file(client: httpx.AsyncClient, data: bytes) -> str:
 @flow("authorizer", "checks a key against the API keys secret")
 async def authorizer_checks_a_key(stack: Stack) -> None:
     from functions.authorizer.check import Authorizer
+    from functions.authorizer.edge import HEADER, OriginCheck
     from functions.gateway.auth import key_store
     from inferq.config.settings import Settings
 
     with stack.acting("authorizer"):
-        authorizer = Authorizer(key_store(Settings.from_env()))
-        event = {"headers": {"authorization": f"Bearer {API_KEY}"}, "rawPath": "/v1/jobs",
+        settings = Settings.from_env()
+        assert settings.edge_origin_secret  # the stack's edge is on: the origin header is checked too
+        authorizer = Authorizer(key_store(settings), OriginCheck.of(settings.edge_origin_secret))
+        event = {"headers": {"authorization": f"Bearer {API_KEY}", HEADER: EDGE_ORIGIN}, "rawPath": "/v1/jobs",
                  "requestContext": {"http": {"method": "POST"}}}
+        direct = {**event, "headers": {"authorization": f"Bearer {API_KEY}"}}
         try:
             answer = await asyncio.to_thread(authorizer, event)
+            refused = await asyncio.to_thread(authorizer, direct)
         finally:
             authorizer.close()
-    assert answer["isAuthorized"] is True, answer
+    assert answer["isAuthorized"] is True and refused == {"isAuthorized": False}, (answer, refused)
 
 
 # ---------------------------------------------------------------------- gateway

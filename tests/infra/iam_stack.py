@@ -49,6 +49,8 @@ SPOT_TASK = f"arn:aws:ecs:us-east-1:123456789012:task/{CLUSTER}/spot-waiting"
 SCALER_FUNCTION = "inferq-ScalerFunction-IAMTEST"
 API_KEY, TENANT = "key-tenant-a-0001", "tenant-a"
 WEBHOOK_KEY = "whsec_dGVzdCBzaWduaW5nIGtleQ=="
+EDGE_ORIGIN = "edge-origin-value-0123456789abcdef"
+"""The stack is built with its edge on (EdgeProtection waf): the authorizer reads the origin secret too."""
 TASK_ID = "0123456789abcdef0123456789abcdef"
 
 ROLES = {
@@ -167,6 +169,7 @@ def resolve_values(valkey: ValkeyProcess) -> tuple[dict[str, str], Names]:
         "FilesBucket.Arn": f"arn:aws:s3:::{BUCKET}",
         "ApiKeysSecret": _secret(secrets, "inferq-api-keys", json.dumps({digest: TENANT})),
         "WebhookSecret": _secret(secrets, "inferq-webhook", WEBHOOK_KEY),
+        "EdgeOriginSecret": _secret(secrets, "inferq-edge-origin", json.dumps({"current": EDGE_ORIGIN})),
         "ScalerFunction": SCALER_FUNCTION,
         "ScalerFunction.Arn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{SCALER_FUNCTION}",
         "AuthorizerFunction.Arn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:inferq-AuthorizerFunction-IAMTEST",
@@ -224,7 +227,8 @@ def build(valkey: ValkeyProcess, recorder: Recorder, *, overrides: Mapping[str, 
     root = load(TEMPLATE)
     gpu = load(NESTED["gpu"])
     vllm = "vllm/vllm-openai@sha256:" + "ab" * 32
-    resolver = Resolver(root, overrides={"VllmImage": vllm, **(overrides or {})}, attributes=values)
+    resolver = Resolver(root, overrides={"VllmImage": vllm, "EdgeProtection": "waf", **(overrides or {})},
+                        attributes=values)
     nested = {k: ",".join(v) if isinstance(v, list) else str(v)
               for k, v in resolver.value(root["Resources"]["Gpu"]["Properties"]["Parameters"]).items()}
     gpu_resolver = Resolver(gpu, overrides=nested, attributes=values)

@@ -115,9 +115,11 @@ def test_the_authorizer_reads_the_gateway_s_key_secret_and_nothing_else(translat
     assert not {name for name in env if name.startswith("INFERQ_REDIS")}  # no cache URL, no cache token
     role = role_of(translated, "AuthorizerFunction")
     statements = [s for owner, s in role_statements(translated) if owner == role]
-    assert [(as_list(s["Action"]), s["Resource"]) for s in statements] == [
-        (["secretsmanager:GetSecretValue"], {"Ref": "ApiKeysSecret"})
+    # and, with an edge (EdgeProtection waf), the origin secret CloudFront's header carries (test_security.py)
+    assert [(as_list(s["Action"]), Resolver(translated).value(s["Resource"])) for s in statements] == [
+        (["secretsmanager:GetSecretValue"], "ApiKeysSecret")
     ]
+    assert Resolver(translated).value(env["INFERQ_EDGE_ORIGIN_SECRET"]) == ""
     managed = translated["Resources"][role]["Properties"]["ManagedPolicyArns"]
     assert not [arn for arn in managed if "VPCAccess" in str(arn)]
 

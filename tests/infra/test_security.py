@@ -389,7 +389,7 @@ def test_the_worker_base_image_is_pinned_by_digest() -> None:
 
 # --- issue 47, M4: an optional edge (CloudFront and AWS WAF) in front of the HTTP API ---
 
-EDGE = ("EdgeWebAcl", "EdgeDistribution")
+EDGE = ("EdgeWebAcl", "EdgeDistribution", "EdgeOriginSecret")
 CACHING_DISABLED = "4135ea2d-6df8-44a3-9df3-4b5a84be39ad"  # AWS's managed cache policy CachingDisabled
 ALL_VIEWER_EXCEPT_HOST = "b689b0a8-53d0-40ab-baf2-68738e2966ac"  # its origin request policy for API Gateway
 
@@ -461,3 +461,50 @@ def test_the_distribution_caches_nothing_and_forwards_the_key_to_the_api_over_tl
     assert "CacheBehaviors" not in config  # one behaviour: nothing is cached anywhere
     output = resolver.value(translated["Outputs"]["EdgeUrl"]["Value"])
     assert output == "https://EdgeDistribution.DomainName/"
+
+
+def test_the_edge_sends_a_generated_secret_the_authorizer_requires_so_the_api_answers_no_direct_caller(
+    translated: dict[str, Any]
+) -> None:
+    """The execute-api address stays reachable (CloudFront's origin): with the edge, CloudFront adds a header whose
+    value the stack generates in Secrets Manager (read through a dynamic reference, in no template or parameter),
+    and the authorizer, told the secret's id, refuses a request without it; no answer is cached, so none is reused
+    for a request without it. Without the edge: no secret, no check, no grant."""
+    from functions.authorizer.edge import HEADER
+
+    resources = translated["Resources"]
+    off, waf = Resolver(translated), Resolver(translated, overrides={"EdgeProtection": "waf"})
+    secret = waf.value(resources["EdgeOriginSecret"]["Properties"])
+    generated = secret["GenerateSecretString"]
+    assert "SecretString" not in secret and generated["GenerateStringKey"] == "current"
+    assert generated["PasswordLength"] >= 32 and json.loads(generated["SecretStringTemplate"]) == {}
+    config = waf.value(resources["EdgeDistribution"]["Properties"]["DistributionConfig"])
+    (origin,) = config["Origins"]
+    (header,) = origin["OriginCustomHeaders"]
+    assert header["HeaderName"].lower() == HEADER
+    assert header["HeaderValue"] == "{{resolve:secretsmanager:EdgeOriginSecret:SecretString:current}}"
+    # a new rotation number changes the distribution: CloudFormation reads the secret again then
+    rotated = Resolver(translated, overrides={"EdgeProtection": "waf", "EdgeOriginSecretRotation": "7"})
+    assert rotated.value(resources["EdgeDistribution"]["Properties"]["DistributionConfig"])["Comment"] != config[
+        "Comment"]
+
+    def authorizer(resolver: Resolver) -> tuple[str, list[Any]]:
+        env = resolver.value(environment(translated, "AuthorizerFunction"))
+        role = role_of(translated, "AuthorizerFunction")
+        statements = [resolver.value(s) for owner, s in role_statements(translated) if owner == role]
+        return env["INFERQ_EDGE_ORIGIN_SECRET"], statements
+
+    name, statements = authorizer(waf)
+    assert name == "EdgeOriginSecret"
+    assert Settings.from_env({"INFERQ_API_KEYS": "t:key-0000000001", "INFERQ_EDGE_ORIGIN_SECRET": name}
+                             ).edge_origin_secret == name
+    assert [(s["Action"], sorted(as_list(s["Resource"]))) for s in statements] == [
+        ("secretsmanager:GetSecretValue", ["ApiKeysSecret", "EdgeOriginSecret"])]
+    name, statements = authorizer(off)
+    assert name == "" and [as_list(s["Resource"]) for s in statements] == [["ApiKeysSecret"]]
+    # every request runs the authorizer: API Gateway caches no answer (no identity source, no TTL)
+    scheme = translated["Resources"]["HttpApi"]["Properties"]["Body"]["components"]["securitySchemes"]
+    authorizer_config = scheme["ApiKeyAuthorizer"]["x-amazon-apigateway-authorizer"]
+    assert authorizer_config["identitySource"] == [] and not authorizer_config.get("authorizerResultTtlInSeconds")
+    output = waf.value(translated["Outputs"]["EdgeOriginSecretArn"])
+    assert output["Value"] == "EdgeOriginSecret" and not off.condition(output["Condition"])

@@ -279,3 +279,87 @@ def test_the_authorizer_lets_through_exactly_what_the_gateway_accepts(
         status = client.get("/v1/dlq", headers=headers).status_code
     assert status in (401, 503)
     assert let_through is (status != 401)
+
+
+# ---------------------------------------------------------------------- the edge's origin header (issue 47, M4)
+
+EDGE_SECRET = "inferq/edge-origin"
+ORIGIN = "origin-value-of-the-edge-0123456789abcdef"
+NEXT_ORIGIN = "origin-value-after-rotation-fedcba987654"
+
+
+def through_edge(value: str = ORIGIN, **headers: str) -> dict[str, Any]:
+    """The event of a request CloudFront forwarded: its origin header added."""
+    return event(x_inferq_origin_verify=value, **headers)
+
+
+@pytest.fixture
+def edge(secrets: Any) -> Any:
+    secrets.create_secret(Name=EDGE_SECRET, SecretString=json.dumps({"current": ORIGIN}))
+    return secrets
+
+
+def test_with_an_edge_only_a_request_through_it_is_let_through(
+    edge: Any, load_authorizer: Callable[..., ModuleType]
+) -> None:
+    """The API's execute-api address called directly (no header, or a wrong one) is refused whatever the key:
+    ``isAuthorized: false``, which API Gateway answers 403; through the edge the key decides as before."""
+    handler = load_authorizer(INFERQ_API_KEYS_SECRET=SECRET, INFERQ_EDGE_ORIGIN_SECRET=EDGE_SECRET).handler
+    assert handler(through_edge(x_api_key=KEY_S), None) == {"isAuthorized": True, "context": {"tenant": "tenant-s"}}
+    assert handler(through_edge(x_api_key="unknown-key"), None) == {"isAuthorized": False}
+    for wrong in ("", ORIGIN[:-1], ORIGIN.upper(), f"{ORIGIN},{ORIGIN}", ORIGIN + " ", json.dumps({"current": ORIGIN})):
+        assert handler(through_edge(wrong, x_api_key=KEY_S), None) == {"isAuthorized": False}, wrong
+    assert handler(event(x_api_key=KEY_S), None) == {"isAuthorized": False}
+    assert handler(event(authorization=f"Bearer {KEY_T}"), None) == {"isAuthorized": False}
+    # the keyless console page too: nothing answers a direct caller but the public routes (no authorizer at all)
+    direct = event()
+    direct["rawPath"] = direct["requestContext"]["http"]["path"] = "/console/"
+    direct["requestContext"]["http"]["method"] = "GET"
+    assert handler(direct, None) == {"isAuthorized": False}
+    direct["headers"]["x-inferq-origin-verify"] = ORIGIN
+    assert handler(direct, None) == {"isAuthorized": True}
+
+
+def test_a_direct_caller_costs_no_secret_read(edge: Any, load_authorizer: Callable[..., ModuleType]) -> None:
+    """A flood of direct requests without the header reads nothing: it is refused before the secret is looked at."""
+    handler = load_authorizer(INFERQ_API_KEYS_SECRET=SECRET, INFERQ_EDGE_ORIGIN_SECRET=EDGE_SECRET).handler
+    for _ in range(5):
+        assert handler(event(x_api_key=KEY_S), None) == {"isAuthorized": False}
+    assert handler.origin.secret.reads == 0 and handler.keys.secret.reads == 0
+
+
+def test_during_a_rotation_both_values_pass_and_after_it_the_old_one_stops(
+    edge: Any, load_authorizer: Callable[..., ModuleType]
+) -> None:
+    """DEPLOY.md, "Rotating the origin secret": the new value is put beside the old (``previous``), CloudFront is
+    moved to it, then ``previous`` goes; each step reaches the authorizer when its copy expires (five minutes)."""
+    handler = load_authorizer(INFERQ_API_KEYS_SECRET=SECRET, INFERQ_EDGE_ORIGIN_SECRET=EDGE_SECRET).handler
+    clock = FakeClock()
+    handler.origin.secret.clock = clock
+    assert handler(through_edge(x_api_key=KEY_S), None)["isAuthorized"] is True
+    edge.put_secret_value(SecretId=EDGE_SECRET, SecretString=json.dumps({"current": NEXT_ORIGIN, "previous": ORIGIN}))
+    assert handler(through_edge(NEXT_ORIGIN, x_api_key=KEY_S), None)["isAuthorized"] is False  # the copy in hand
+    clock.advance(300)
+    for value in (ORIGIN, NEXT_ORIGIN):
+        assert handler(through_edge(value, x_api_key=KEY_S), None)["isAuthorized"] is True, value
+    edge.put_secret_value(SecretId=EDGE_SECRET, SecretString=json.dumps({"current": NEXT_ORIGIN}))
+    clock.advance(300)
+    assert handler(through_edge(ORIGIN, x_api_key=KEY_S), None) == {"isAuthorized": False}
+    assert handler(through_edge(NEXT_ORIGIN, x_api_key=KEY_S), None)["isAuthorized"] is True
+
+
+@pytest.mark.parametrize("stored", [None, "not json", json.dumps({"current": ""}), json.dumps(["x"])],
+                         ids=["no secret", "not json", "empty", "not an object"])
+def test_an_origin_secret_that_cannot_be_read_fails_the_invocation(
+    secrets: Any, load_authorizer: Callable[..., ModuleType], stored: str | None
+) -> None:
+    """Fail closed: no request with a header is let through on a secret the authorizer cannot read (API Gateway
+    answers 500), and one without the header is still refused."""
+    from inferq.aws import SecretUnavailable
+
+    if stored is not None:
+        secrets.create_secret(Name=EDGE_SECRET, SecretString=stored)
+    handler = load_authorizer(INFERQ_API_KEYS_SECRET=SECRET, INFERQ_EDGE_ORIGIN_SECRET=EDGE_SECRET).handler
+    with pytest.raises(SecretUnavailable):
+        handler(through_edge(x_api_key=KEY_S), None)
+    assert handler(event(x_api_key=KEY_S), None) == {"isAuthorized": False}
