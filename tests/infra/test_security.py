@@ -508,3 +508,96 @@ def test_the_edge_sends_a_generated_secret_the_authorizer_requires_so_the_api_an
     assert authorizer_config["identitySource"] == [] and not authorizer_config.get("authorizerResultTtlInSeconds")
     output = waf.value(translated["Outputs"]["EdgeOriginSecretArn"])
     assert output["Value"] == "EdgeOriginSecret" and not off.condition(output["Condition"])
+
+
+# --- issue 47, M2: DNS egress (an optional Route 53 Resolver DNS Firewall on the stack's VPC) ---
+
+REGION = "us-east-1"
+ENDPOINTS = {
+    # each AWS service a role of the stack is granted, with the names its calls resolve (AWS's endpoint names)
+    "s3": ["s3.us-east-1.amazonaws.com", "inferq-files-123.s3.us-east-1.amazonaws.com", "s3.amazonaws.com",
+           "inferq-files-123.s3.amazonaws.com", "prod-us-east-1-starport-layer-bucket.s3.us-east-1.amazonaws.com"],
+    "ecr": ["api.ecr.us-east-1.amazonaws.com", "123456789012.dkr.ecr.us-east-1.amazonaws.com"],
+    "ecs": ["ecs.us-east-1.amazonaws.com", "ecs-a-1.us-east-1.amazonaws.com", "ecs-t-1.us-east-1.amazonaws.com"],
+    "logs": ["logs.us-east-1.amazonaws.com"],
+    "cloudwatch": ["monitoring.us-east-1.amazonaws.com"],
+    "secretsmanager": ["secretsmanager.us-east-1.amazonaws.com"],
+    "kms": ["kms.us-east-1.amazonaws.com"],
+    "lambda": ["lambda.us-east-1.amazonaws.com"],
+    "sts": ["sts.us-east-1.amazonaws.com", "sts.amazonaws.com"],
+    "ec2": ["ec2.us-east-1.amazonaws.com"],
+    "autoscaling": ["autoscaling.us-east-1.amazonaws.com"],
+    "xray": ["xray.us-east-1.amazonaws.com"],
+    "sns": ["sns.us-east-1.amazonaws.com"],
+}
+MANAGED_SERVICES = {"logs", "ec2", "xray", "ecs", "ecr"}
+"""What the AWS managed policies the roles carry grant (test_template.py's MANAGED_POLICIES)."""
+BEYOND_IAM = [
+    "inferq-x1y2z3.serverless.use1.cache.amazonaws.com",  # the cache (ElastiCache Serverless, node-based alike)
+    "master.inferq.abc123.use1.cache.amazonaws.com",
+    "clustercfg.inferq.abc123.memorydb.us-east-1.amazonaws.com",
+    "vpce-0a1b2c3d-4e5f.secretsmanager.us-east-1.vpce.amazonaws.com",  # an interface endpoint's own name
+    "ip-10-42-0-5.ec2.internal", "ip-10-42-0-5.us-west-2.compute.internal",  # an instance's own name
+]
+
+
+def firewall_allows(domains: list[str], name: str) -> bool:
+    """DNS Firewall's matching: an exact name, ``*.zone`` for any name under the zone, ``*`` for every name."""
+    return any(d == "*" or d == name or (d.startswith("*.") and name.endswith(d[1:])) for d in domains)
+
+
+def test_the_dns_firewall_resolves_what_the_roles_call_and_the_operators_list_and_nothing_else(
+    translated: dict[str, Any], nested: dict[str, dict[str, Any]]
+) -> None:
+    network = nested["network"]
+    resources = network["Resources"]
+    firewall = ("AwsDomains", "EveryDomain", "DnsFirewallRules", "DnsFirewallAssociation")
+    off = Resolver(network)
+    on = Resolver(network, overrides={"DnsFirewall": "on", "DnsFirewallAllowedDomains": ""})
+    listed = Resolver(network, overrides={"DnsFirewall": "on", "DnsFirewallAllowedDomains": "hooks.example.com"})
+    for name in (*firewall, "OperatorDomains"):
+        assert not off.condition(resources[name]["Condition"]), name  # off by default: nothing made
+    assert all(on.condition(resources[name]["Condition"]) for name in firewall)
+    assert not on.condition(resources["OperatorDomains"]["Condition"])  # an empty list makes none
+    assert listed.condition(resources["OperatorDomains"]["Condition"])
+    assert listed.value(resources["OperatorDomains"]["Properties"]["Domains"]) == ["hooks.example.com"]
+
+    # the rules, in order: the AWS endpoints, the operator's list, then every other name answered NXDOMAIN
+    rules = sorted(listed.value(resources["DnsFirewallRules"]["Properties"]["FirewallRules"]),
+                   key=lambda r: r["Priority"])
+    assert [(r["Action"], r["FirewallDomainListId"]) for r in rules] == [
+        ("ALLOW", "AwsDomains.Id"), ("ALLOW", "OperatorDomains.Id"), ("BLOCK", "EveryDomain.Id")]
+    assert rules[-1]["BlockResponse"] == "NXDOMAIN"
+    assert on.value(resources["EveryDomain"]["Properties"]["Domains"]) == ["*"]
+    assert [r["Action"] for r in on.value(resources["DnsFirewallRules"]["Properties"]["FirewallRules"])] == [
+        "ALLOW", "BLOCK"]
+    # on the VPC in use, made or existing
+    association = resources["DnsFirewallAssociation"]["Properties"]
+    assert on.value(association["VpcId"]) == "Vpc"
+    assert Resolver(network, overrides={"DnsFirewall": "on", "ExistingVpcId": "vpc-1"}).value(
+        association["VpcId"]) == "vpc-1"
+    assert 100 < on.value(association["Priority"]) < 9900
+
+    # every service any role is granted, and the cache, resolve; a name of the attacker's does not
+    aws = [d.replace("${AWS::Region}", REGION) for d in on.value(resources["AwsDomains"]["Properties"]["Domains"])]
+    granted = {action.split(":")[0] for template in (translated, *nested.values())
+               for _, statement in role_statements(template) if statement.get("Effect") == "Allow"
+               for action in as_list(statement.get("Action", [])) if isinstance(action, str)}
+    services = granted | MANAGED_SERVICES
+    assert services <= set(ENDPOINTS), f"name the endpoints of {sorted(services - set(ENDPOINTS))}"
+    for name in [n for s in services for n in ENDPOINTS[s]] + BEYOND_IAM:
+        assert firewall_allows(aws, name), name
+    for name in ("x7f3a9.tunnel.attacker.example", "amazonaws.com.attacker.example", "example.com",
+                 "huggingface.co", "s3.amazonaws.com.evil.example"):
+        assert not firewall_allows(aws, name), name
+
+    # the root stack passes its two settings down; its default list is the registries the instances pull from
+    root = translated["Resources"]["Network"]["Properties"]["Parameters"]
+    assert root["DnsFirewall"] == {"Ref": "DnsFirewall"}
+    assert translated["Parameters"]["DnsFirewall"]["Default"] == "off"
+    defaults = translated["Parameters"]["DnsFirewallAllowedDomains"]["Default"].split(",")
+    assert all(firewall_allows(defaults, n) for n in ("huggingface.co", "cdn-lfs.huggingface.co",
+                                                       "cas-bridge.xethub.hf.co", "registry-1.docker.io",
+                                                       "production.cloudflare.docker.com"))
+    assert Resolver(translated, overrides={"DnsFirewallAllowedDomains": "a.example,b.example"}).value(
+        root["DnsFirewallAllowedDomains"]) == "a.example,b.example"
