@@ -88,14 +88,14 @@ async def count_file(gw: Any, tenant: str, file_id: str, size: int) -> None:
     refused, and so is one whose count could not be written (the cache unreachable: 503), best effort."""
     settings = gw.settings
     try:
-        counted, before = await gw.call(storage(gw).add_file(
+        refused = await gw.call(storage(gw).add_file(
             tenant, file_id, size, settings.tenant_max_files, settings.tenant_max_file_bytes))
     except BaseException:
         await remove_quietly(gw, tenant, file_id)
         raise
-    if not counted:
+    if refused is not None:
         await in_s3(file_store(gw).delete, tenant, file_id)
-        raise past_quota(gw, before.files, before.bytes, 1, size) or ApiError(
+        raise past_quota(gw, refused.files, refused.bytes, 1, size) or ApiError(
             429, "this key is at its file quota; delete files first", type_=QUOTA_EXCEEDED)
 
 

@@ -4,9 +4,10 @@ the cache whatever the tenant stores (docs/api.md, "Files, Uploads, Batches").
 
 Kept in the primary queue's slot, per tenant (:meth:`~inferq.queue.keys.Keys.storage`): each file's bytes by its id
 and each open upload's parts' bytes by its id, with the totals ``#files``, ``#bytes`` (files), ``#parts`` (parts of
-open uploads) and ``#v`` (the version of the file entries). Every transition that adds or removes what a tenant
-stores updates them in the same script, within the quotas there (racing writers cannot pass a bound together),
-safe to resend (G9): a file is counted under its id once.
+open uploads) and ``#v`` (the version of the file entries: the token of the last call that counted or dropped a
+file). Every transition that adds or removes what a tenant stores updates them in the same script, within the quotas
+there (racing writers cannot pass a bound together), safe to resend (G9): a file is counted under its id once, and a
+resent copy writes the version its first copy wrote.
 
 - ``addfile.lua``: a file written (``POST /v1/files``, checked; a batch's output and error files, never refused);
 - ``dropfile.lua``: a file deleted (after S3's delete);
@@ -35,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from inferq.queue.core import now_ms
+from inferq.queue.core import new_token, now_ms
 from inferq.queue.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -87,21 +88,21 @@ class Storage:
         return Stored(int(files or 0), int(stored or 0), parts)
 
     async def add_file(self, tenant: str, file_id: str, size: int, max_files: int = 0,
-                       max_bytes: int = 0) -> tuple[bool, Stored]:
-        """Count a file just written, unless it takes the tenant past a bound (0: none); whether it was counted,
-        and what the tenant stored before (``parts`` is folded into ``bytes``)."""
+                       max_bytes: int = 0) -> Stored | None:
+        """Count a file just written, unless it takes the tenant past a bound (0: none): None when counted, else
+        what the tenant stores (``parts`` folded into ``bytes``)."""
         reply = await self.scripts("addfile", self._keys(tenant),
-                                   [tenant, file_id, size, now_ms(), max_files, max_bytes])
-        return int(reply[0]) == 1, Stored(int(reply[1]), int(reply[2]), 0)
+                                   [tenant, file_id, size, now_ms(), max_files, max_bytes, new_token()])
+        return None if int(reply[0]) == 1 else Stored(int(reply[1]), int(reply[2]), 0)
 
     async def drop_file(self, tenant: str, file_id: str) -> None:
         """Stop counting a file once S3 has deleted it."""
-        await self.scripts("dropfile", [self.keys.storage(tenant)], [file_id])
+        await self.scripts("dropfile", [self.keys.storage(tenant)], [file_id, new_token()])
 
     async def complete_upload(self, tenant: str, upload_key: str, file_id: str, size: int, token: str,
                               max_files: int = 0, max_bytes: int = 0) -> tuple[int, Any]:
-        """``completeupload.lua``: its code (1 completed, 0 refused at a bound, 2 not ``completing`` for
-        ``token``, -1 expired) and the rest of its reply."""
+        """``completeupload.lua``: its code (1 completed, 0 refused at a bound: the files and bytes stored follow,
+        2 not ``completing`` for ``token``: its status follows, -1 expired) and the rest of its reply."""
         reply = await self.scripts("completeupload", [upload_key, *self._keys(tenant)],
                                    [tenant, file_id, size, now_ms(), max_files, max_bytes, token])
         return int(reply[0]), reply[1:]
@@ -110,7 +111,7 @@ class Storage:
         """Recount the tenant's files from a LIST: True when the counts changed, False when they were right, None
         when a file was counted or dropped during the LIST (left for a later pass)."""
         storage = self.keys.storage(tenant)
-        version, counted = await self._entries(storage)
+        version, counted, totals = await self._entries(storage)
         listed = await asyncio.to_thread(listing.file_sizes, tenant)
         gone = [f for f in counted if f not in listed]
         added = [(f, size) for f, size in listed.items() if counted.get(f) != size]
@@ -119,18 +120,18 @@ class Storage:
         reply = await self.scripts("recountfiles", self._keys(tenant), args)
         if int(reply[0]) != 1:
             return None
-        changed = bool(gone or added) or (int(reply[1]), int(reply[2])) != (len(listed), sum(listed.values()))
+        changed = bool(gone or added) or totals != (len(listed), sum(listed.values()))
         if changed:
             log.info("file counts recounted", extra={"tenant": tenant, "files": len(listed),
-                                                     "counted_files": int(reply[1]), "bytes": sum(listed.values()),
-                                                     "counted_bytes": int(reply[2])})
+                                                     "counted_files": totals[0], "bytes": sum(listed.values()),
+                                                     "counted_bytes": totals[1]})
         return changed
 
-    async def _entries(self, storage: str) -> tuple[str, dict[str, int]]:
-        """The index's version and its file entries (``file-…`` fields), read together."""
+    async def _entries(self, storage: str) -> tuple[str, dict[str, int], tuple[int, int]]:
+        """The index's version, its file entries (``file-…`` fields) and its file totals, read together."""
         fields = await self.redis.hgetall(storage)
         counted = {k: int(v) for k, v in fields.items() if k.startswith("file-")}
-        return str(fields.get("#v", "")), counted
+        return str(fields.get("#v", "")), counted, (int(fields.get("#files", 0)), int(fields.get("#bytes", 0)))
 
     async def recount_due(self, listing: Listing, interval_s: float, budget_s: float) -> int:
         """One pass: first (at most once per interval, by whichever scaler gets there first) the tenants whose files

@@ -16,27 +16,27 @@
   ARGV[4] now (ms)
   ARGV[5] most files the tenant may store (0: no bound)
   ARGV[6] most bytes the tenant may store, its open uploads' parts included (0: no bound)
+  ARGV[7] call token (random, one per call: the index's new version)
 
   Returns
-    {1, files, stored}  counted (or counted already); what the tenant stored before it
+    {1}                 counted (or counted already)
     {0, files, stored}  refused at a bound: nothing written; what the tenant stores
 ]]
 local rcall = redis.call
 local STORAGE, OPEN, DUE = KEYS[1], KEYS[2], KEYS[3]
 local tenant, fileId, bytes, now = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local maxFiles, maxBytes = tonumber(ARGV[5]), tonumber(ARGV[6])
+local maxFiles, maxBytes, token = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 
 --- @include "storageSweep"
 --- @include "storageAdmit"
 --- @include "storageCount"
 
 if rcall('HEXISTS', STORAGE, fileId) == 1 then
-  local files, stored = unpack(rcall('HMGET', STORAGE, '#files', '#bytes'))
-  return {1, tonumber(files) or 0, tonumber(stored) or 0}
+  return {1}
 end
 local ok, files, stored = storageAdmit(now, 1, bytes, maxFiles, maxBytes, nil)
 if not ok then
   return {0, files, stored}
 end
-storageCount(tenant, fileId, bytes, now)
-return {1, files, stored}
+storageCount(tenant, fileId, bytes, now, token)
+return {1}

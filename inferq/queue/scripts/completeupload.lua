@@ -17,10 +17,10 @@
   ARGV[4] now (ms)
   ARGV[5] most files the tenant may store (0: no bound)
   ARGV[6] most bytes the tenant may store (0: no bound)
-  ARGV[7] the token the upload was moved to `completing` with
+  ARGV[7] the token the upload was moved to `completing` with (one per request: also the index's new version)
 
   Returns
-    {1, files, stored}  completed (or completed already by this call); what the tenant stored before
+    {1}                 completed (or completed already by this call)
     {0, files, stored}  refused at a bound; nothing changed
     {2, status}         the upload is not `completing` for this token; nothing changed
     {-1}                NOT_FOUND: no such upload (it expired)
@@ -36,8 +36,7 @@ local maxFiles, maxBytes, token = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 --- @include "storageRelease"
 
 if rcall('HEXISTS', STORAGE, fileId) == 1 then
-  local files, stored = unpack(rcall('HMGET', STORAGE, '#files', '#bytes'))
-  return {1, tonumber(files) or 0, tonumber(stored) or 0}
+  return {1}
 end
 local status, movedBy, uploadId = unpack(rcall('HMGET', uploadKey, 'status', 'moved_by', 'id'))
 if not status then
@@ -51,6 +50,6 @@ if not ok then
   return {0, files, stored}
 end
 storageRelease(uploadId)
-storageCount(tenant, fileId, bytes, now)
+storageCount(tenant, fileId, bytes, now, token)
 rcall('HSET', uploadKey, 'status', 'completed')
-return {1, files, stored}
+return {1}

@@ -4,8 +4,9 @@
   path. Applied only to the index's version read before the LIST: a file counted or dropped since (the LIST may
   have missed it) leaves everything as it is, and a later pass tries again. A tenant left with nothing stored and
   no upload open is forgotten (its counts and its place in the schedule).
-  Safe to resend (G9): the first copy leaves the index as the LIST saw it; a second applies the same diff to it
-  (no-op) or, the version having moved, nothing.
+  Safe to resend (G9): the first copy leaves the index as the LIST saw it (writing no version), so a second finds
+  the same version and applies the same diff to it, a no-op; one that forgot the tenant leaves nothing counted and
+  nothing listed, which a second finds and answers the same.
 
   KEYS[1] the tenant's storage counts (keys.storage)
   KEYS[2] the tenant's open uploads (keys.storage_open)
@@ -21,8 +22,8 @@
   ARGV[7+n..] id, bytes of each file the LIST found that is not counted (or counted with other bytes)
 
   Returns
-    {1, files, bytes}  applied; the counts it replaced
-    {0}                the index changed since the version read; nothing changed
+    {1}  applied
+    {0}  the index changed since the version read; nothing changed
 ]]
 local rcall = redis.call
 local STORAGE, OPEN, DUE = KEYS[1], KEYS[2], KEYS[3]
@@ -31,8 +32,12 @@ local files, bytes, gone = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6
 
 --- @include "storageSweep"
 
-local version, before, beforeBytes = unpack(rcall('HMGET', STORAGE, '#v', '#files', '#bytes'))
-if (version or '') ~= seen then
+if rcall('EXISTS', STORAGE) == 0 and files == 0 and #ARGV == 6 + gone then
+  -- nothing counted and nothing listed: what this recount leaves (or, resent, left) behind
+  rcall('ZREM', DUE, tenant)
+  return {1}
+end
+if (rcall('HGET', STORAGE, '#v') or '') ~= seen then
   return {0}
 end
 for i = 7, 6 + gone, 500 do  -- HDEL in slices: a long list of ids is not one huge command
@@ -49,4 +54,4 @@ else
   rcall('HSET', STORAGE, '#files', files, '#bytes', bytes)
   rcall('ZADD', DUE, now, tenant)
 end
-return {1, tonumber(before) or 0, tonumber(beforeBytes) or 0}
+return {1}

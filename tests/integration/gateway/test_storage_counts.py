@@ -129,8 +129,8 @@ async def test_files_written_at_once_cannot_pass_the_bound_together(
 
 async def test_a_resent_script_counts_once(queue: Queue) -> None:
     storage, keys = Storage(queue), queue.keys
-    assert (await storage.add_file(TENANT, "file-a", 7, 10, 100))[0]
-    assert (await storage.add_file(TENANT, "file-a", 7, 10, 100))[0]  # resent: counted already, same answer
+    assert await storage.add_file(TENANT, "file-a", 7, 10, 100) is None
+    assert await storage.add_file(TENANT, "file-a", 7, 10, 100) is None  # again: counted already, same answer
     assert await storage.stored(TENANT) == Stored(1, 7, 0)
 
     upload = keys.upload("upload_r")
@@ -151,6 +151,37 @@ async def test_a_resent_script_counts_once(queue: Queue) -> None:
     for _ in range(2):
         await storage.drop_file(TENANT, "file-a")
     assert await storage.stored(TENANT) == Stored(1, 9, 0)
+
+
+async def test_every_storage_script_answers_the_same_and_changes_nothing_when_resent(
+    s3: Any, make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient], queue: Queue
+) -> None:
+    """G9 with the protocol tests' harness: each script call run twice, the second answering what the first did and
+    leaving every key of the queue as the first left it; through the gateway's own routes, refusals included, and
+    the scaler's recount (one that corrects, one that forgets a tenant, one a write raced)."""
+    from tests.integration.protocol.resend import Resending
+
+    resending = Resending(queue)
+    queue.scripts = resending
+    client, _ = open_app(make_app, open_client, queue=queue, tenant_max_files=2, tenant_max_file_bytes=100)
+    kept = (await post_file(client, b"x" * 10)).json()                                  # addfile
+    opened, racing, cancelled = [await open_upload(client, size) for size in (20, 75, 5)]  # openupload
+    part = (await add_part(client, opened, b"y" * 20)).json()["id"]                     # addpart
+    assert (await add_part(client, cancelled, b"v" * 5)).status_code == 200
+    assert_envelope(await add_part(client, racing, b"z" * 66), 429)                     # addpart: past the bytes
+    assert (await client.post(f"/v1/uploads/{opened}/complete", headers=A,
+                              json={"part_ids": [part]})).status_code == 200            # moveupload, completeupload
+    assert_envelope(await post_file(client, b"w"), 429)                                 # addfile: past the files
+    assert (await client.post(f"/v1/uploads/{cancelled}/cancel", headers=A)).status_code == 200  # moveupload: cancel
+    assert (await client.delete(f"/v1/files/{kept['id']}", headers=A)).status_code == 200       # dropfile
+    storage = Storage(queue)
+    store = FileStore(BUCKET, client=s3)
+    s3.delete_object(Bucket=BUCKET, Key=store.file_key(TENANT, next(iter(listed(s3)))))  # the lifecycle rule's
+    assert await storage.recount(TENANT, store) is True                                 # recountfiles: corrects
+    assert await storage.recount(TENANT, store) is False
+    assert not await queue.redis.exists(queue.keys.storage(TENANT))  # nothing left: forgotten
+    for name in ("addfile", "addpart", "completeupload", "moveupload", "dropfile", "recountfiles"):
+        assert resending.checked.get(name), name
 
 
 async def test_a_cancel_resent_gives_the_parts_back_once(queue: Queue) -> None:
@@ -182,7 +213,7 @@ async def test_an_uploads_parts_are_given_back_when_its_record_expires(queue: Qu
     assert await storage.stored(TENANT, now=expires + 1000) == Stored(0, 0, 0)  # read: the expired left out
     # a write after the expiry gives the charge back for good, and is admitted within it
     reply = await queue.scripts("addfile", [*storage_keys, keys.storage_due],
-                                [TENANT, "file-e", 60, expires + 1000, 0, 60])
+                                [TENANT, "file-e", 60, expires + 1000, 0, 60, "token"])
     assert int(reply[0]) == 1
     assert await storage.stored(TENANT, now=expires + 1000) == Stored(1, 60, 0)
     assert await queue.redis.zcard(keys.storage_open(TENANT)) == 0
