@@ -133,6 +133,10 @@ SETTING_DOCS: dict[str, str] = {
     "request without the `X-Inferq-Origin-Verify` header CloudFront adds, holding one of those values, is refused "
     "(403) before its key is looked at: the API's own `execute-api` address answers nobody who skipped the web ACL. "
     "Unset: no origin check.",
+    "webhook_hosts": "Comma-separated hosts webhook URLs may name: exact names (`hooks.example.com`) or `*.zone` "
+    "(any name under the zone). A URL to another host is 422 at submit (`webhook_host`) and refused at send. The "
+    "stack sets its `WebhookHosts`, which its DNS Firewall (`DnsFirewall on`) also lets the VPC resolve. Holds "
+    "with `INFERQ_WEBHOOK_ALLOW_PRIVATE` too. Empty: any public host.",
     "file_recount_s": "The scaler recounts each tenant's files from a LIST of the bucket at most this often (seconds), "
     "off the request path, correcting the counts the file quotas read for what no request saw: files the bucket's "
     "lifecycle rule expired (`FileRetentionDays`), a process that died between S3's write or delete and the count, "

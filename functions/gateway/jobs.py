@@ -23,6 +23,7 @@ from .request_schemas import (
     ALLOW_PRIVATE,
     NO_SURROGATES,
     WEBHOOK_BLOCKED,
+    WEBHOOK_HOSTS,
     WEBHOOK_PORTS,
     JobCreate,
     surrogate_free,
@@ -143,7 +144,7 @@ def _parse_job_request(raw: bytes, settings: Settings) -> JobCreate:
     try:
         return JobCreate.model_validate_json(raw or b"null", context={
             ALLOW_PRIVATE: settings.webhook_allow_private, NO_SURROGATES: surrogate_free(raw),
-            WEBHOOK_PORTS: settings.webhook_ports,
+            WEBHOOK_PORTS: settings.webhook_ports, WEBHOOK_HOSTS: settings.webhook_hosts,
             WEBHOOK_BLOCKED: _blocked_networks(settings.webhook_blocked_networks)})
     except ValidationError as exc:
         raise RequestValidationError(

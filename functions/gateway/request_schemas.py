@@ -24,7 +24,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from inferq.queue.jobs import ENDPOINTS
-from inferq.webhooks.netguard import check_webhook_host, port_refusal
+from inferq.webhooks.netguard import check_webhook_host, host_refusal, port_refusal
 
 IDEMPOTENCY_KEY_MAX = 255
 MAX_WAIT_S = 20.0
@@ -44,6 +44,8 @@ ALLOW_PRIVATE = "webhook_allow_private"
 """The validation context key (``INFERQ_WEBHOOK_ALLOW_PRIVATE``): when true, internal webhook hosts are accepted."""
 WEBHOOK_PORTS = "webhook_ports"
 """The validation context key (``INFERQ_WEBHOOK_PORTS``): the ports a webhook URL may name (absent: 443)."""
+WEBHOOK_HOSTS = "webhook_hosts"
+"""The validation context key (``INFERQ_WEBHOOK_HOSTS``): the hosts a webhook URL may name (absent or empty: any)."""
 WEBHOOK_BLOCKED = "webhook_blocked_networks"
 """The validation context key (``INFERQ_WEBHOOK_BLOCKED_NETWORKS``, parsed): the deployment's own networks."""
 NO_SURROGATES = "no_surrogates"
@@ -218,13 +220,19 @@ class JobCreate(BaseModel):
     @classmethod
     def _public_webhook_host(cls, value: str | None, info: ValidationInfo) -> str | None:
         # the address guard's literal half (inferq.webhooks.netguard): the sender checks again, after resolving the name
-        if value is None or (info.context or {}).get(ALLOW_PRIVATE):
+        if value is None:
             return value
         try:
             host = urlsplit(value).hostname
         except ValueError:  # e.g. an unclosed "[" around an IPv6 host
             raise PydanticCustomError("webhook_host", "the host is not a valid address") from None
         context = info.context or {}
+        listed = host_refusal(host or "", context.get(WEBHOOK_HOSTS, ()))
+        if listed:
+            raise PydanticCustomError("webhook_host", "webhooks go to the allowed hosts only: {problem}",
+                                      {"problem": listed})
+        if context.get(ALLOW_PRIVATE):
+            return value
         problem = check_webhook_host(host, context.get(WEBHOOK_BLOCKED, ())) if host else "the URL has no host"
         if problem:
             # a custom error: its message reaches the client as it is, without pydantic's "Value error, "

@@ -88,6 +88,20 @@ def _ports(name: str, raw: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ports))
 
 
+_HOST_RE = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+def _hosts(name: str, raw: str) -> tuple[str, ...]:
+    """Comma-separated DNS names, each exact or ``*.zone`` (any name under the zone); empty: none (no bound)."""
+    hosts = []
+    for part in (p.strip().lower().rstrip(".") for p in raw.split(",") if p.strip()):
+        if len(part) > 253 or not _HOST_RE.match(part):
+            raise SettingsError(name, f"must be comma-separated host names (hooks.example.com, *.example.org), got "
+                                      f"{part!r}")
+        hosts.append(part)
+    return tuple(dict.fromkeys(hosts))
+
+
 def _networks(name: str, raw: str) -> tuple[str, ...]:
     """Comma-separated CIDR blocks (IPv4 or IPv6); empty: none."""
     import ipaddress

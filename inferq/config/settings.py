@@ -19,6 +19,7 @@ from inferq.config.parsers import (
     _backend,
     _bool,
     _float,
+    _hosts,
     _http_url,
     _int,
     _log_level,
@@ -215,6 +216,7 @@ class Settings:
     webhook_max_age_s: int = _setting(3600, _int(1))
     webhook_allow_private: bool = _setting(False, _bool)
     webhook_ports: tuple[int, ...] = _setting((443,), _ports)
+    webhook_hosts: tuple[str, ...] = _setting((), _hosts)
     webhook_blocked_networks: tuple[str, ...] = _setting((), _networks)
     webhook_secrets_key: str | None = _setting(None, _secrets_key)
     worker_webhooks: bool = _setting(True, _bool)

@@ -15,8 +15,11 @@ operator lists more: a tenant's URL must not make the sender talk to any service
 ``INFERQ_WEBHOOK_BLOCKED_NETWORKS`` (the stack sets its VPC's CIDR, which may lie outside the private ranges, say
 in 100.64/10 or a public block used privately). Cloud metadata endpoints are in the table: 169.254.169.254 and
 169.254.170.2 (link-local), AWS's IPv6 ``fd00:ec2::254`` (unique-local), 100.100.100.200 (carrier-grade NAT).
+And, when the operator lists them, only to ``INFERQ_WEBHOOK_HOSTS`` (:func:`host_refusal`): the hosts a stack's DNS
+Firewall lets the VPC resolve, so a URL no webhook could reach is a 422 at submit, not a delivery that never lands.
 
-``INFERQ_WEBHOOK_ALLOW_PRIVATE=true`` turns all of this off for local development (``inferq up`` sets it).
+``INFERQ_WEBHOOK_ALLOW_PRIVATE=true`` turns the address and port rules off for local development (``inferq up``
+sets it); a host list still holds.
 
 Standard library only: the gateway imports it, and its Lambda artifact carries no HTTP client.
 """
@@ -169,6 +172,17 @@ def normalize_host(host: str) -> str:
     """The host as a resolver sees it: percent-decoded, NFKC (full-width digits become digits, as IDNA maps them),
     lower case."""
     return unicodedata.normalize("NFKC", unquote(host)).lower()
+
+
+def host_refusal(host: str, allowed: Sequence[str]) -> str | None:
+    """Why a webhook may not go to ``host`` under ``INFERQ_WEBHOOK_HOSTS`` (a sentence), or None: with a list, the
+    host is one of its names, or under one of its ``*.zone`` entries (as the stack's DNS Firewall matches them)."""
+    if not allowed:
+        return None
+    name = normalize_host(host).rstrip(".")
+    if any(name == entry or (entry.startswith("*.") and name.endswith(entry[1:])) for entry in allowed):
+        return None
+    return f"{name} is not a host webhooks may reach (INFERQ_WEBHOOK_HOSTS)"
 
 
 def check_webhook_host(host: str, extra: Sequence[Network] = ()) -> str | None:

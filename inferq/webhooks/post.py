@@ -71,8 +71,9 @@ class WebhookPost:
         if target.scheme != "https" and not (target.scheme == "http" and self.settings.webhook_allow_private):
             log.warning("webhook refused: %s is not https", target.scheme, extra=where)
             return Outcome.REFUSED
-        refusal = None if self.settings.webhook_allow_private else netguard.port_refusal(
-            443 if target.port is None else target.port, self.settings.webhook_ports)
+        refusal = netguard.host_refusal(target.host, self.settings.webhook_hosts) or (
+            None if self.settings.webhook_allow_private else netguard.port_refusal(
+                443 if target.port is None else target.port, self.settings.webhook_ports))
         if refusal:
             log.warning("webhook refused: %s", refusal, extra=where)
             return Outcome.REFUSED

@@ -296,7 +296,8 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("GatewayFunction", "webhook_secret"): "the gateway signs no webhook (the scaler delivers them)",
     **{("worker", name): "INFERQ_WORKER_WEBHOOKS=false: the GPU task has no route to the internet, so its worker "
        "delivers no webhook (the scaler does)" for name in ("webhook_secret", "webhook_secrets_key",
-                                                             "webhook_blocked_networks", "webhook_ports")},
+                                                             "webhook_blocked_networks", "webhook_ports",
+                                                             "webhook_hosts")},
     ("GatewayFunction", "output_max_bytes"): "the gateway reads a job's output, never appends to it (the worker does)",
     **{(process, name): "only a worker's retry of a job the engine died under counts engine deaths"
        for process in ("GatewayFunction", "ScalerFunction")

@@ -562,11 +562,16 @@ def test_the_dns_firewall_resolves_what_the_roles_call_and_the_operators_list_an
     assert listed.condition(resources["OperatorDomains"]["Condition"])
     assert listed.value(resources["OperatorDomains"]["Properties"]["Domains"]) == ["hooks.example.com"]
 
-    # the rules, in order: the AWS endpoints, the operator's list, then every other name answered NXDOMAIN
-    rules = sorted(listed.value(resources["DnsFirewallRules"]["Properties"]["FirewallRules"]),
+    # the rules, in order: the AWS endpoints, the operator's lists, then every other name answered NXDOMAIN
+    hooks = Resolver(network, overrides={"DnsFirewall": "on", "DnsFirewallAllowedDomains": "hooks.example.com",
+                                         "WebhookHosts": "a.example,*.b.example"})
+    assert not listed.condition(resources["WebhookDomains"]["Condition"])
+    assert hooks.value(resources["WebhookDomains"]["Properties"]["Domains"]) == ["a.example", "*.b.example"]
+    rules = sorted(hooks.value(resources["DnsFirewallRules"]["Properties"]["FirewallRules"]),
                    key=lambda r: r["Priority"])
     assert [(r["Action"], r["FirewallDomainListId"]) for r in rules] == [
-        ("ALLOW", "AwsDomains.Id"), ("ALLOW", "OperatorDomains.Id"), ("BLOCK", "EveryDomain.Id")]
+        ("ALLOW", "AwsDomains.Id"), ("ALLOW", "OperatorDomains.Id"), ("ALLOW", "WebhookDomains.Id"),
+        ("BLOCK", "EveryDomain.Id")]
     assert rules[-1]["BlockResponse"] == "NXDOMAIN"
     assert on.value(resources["EveryDomain"]["Properties"]["Domains"]) == ["*"]
     assert [r["Action"] for r in on.value(resources["DnsFirewallRules"]["Properties"]["FirewallRules"])] == [
@@ -601,3 +606,11 @@ def test_the_dns_firewall_resolves_what_the_roles_call_and_the_operators_list_an
                                                        "production.cloudflare.docker.com"))
     assert Resolver(translated, overrides={"DnsFirewallAllowedDomains": "a.example,b.example"}).value(
         root["DnsFirewallAllowedDomains"]) == "a.example,b.example"
+    # the tenants' webhook hosts: resolvable in the VPC, and the only hosts the gateway and the sender accept
+    given = Resolver(translated, overrides={"WebhookHosts": "hooks.example.com,*.tenant.example"})
+    assert given.value(root["WebhookHosts"]) == "hooks.example.com,*.tenant.example"
+    for logical_id in ("GatewayFunction", "ScalerFunction"):
+        value = given.value(environment(translated, logical_id)["INFERQ_WEBHOOK_HOSTS"])
+        assert Settings.from_env({"INFERQ_WEBHOOK_HOSTS": value}).webhook_hosts == (
+            "hooks.example.com", "*.tenant.example"), logical_id
+        assert Resolver(translated).value(environment(translated, logical_id)["INFERQ_WEBHOOK_HOSTS"]) == ""

@@ -136,3 +136,35 @@ async def test_a_webhook_to_a_port_not_allowed_is_refused_without_a_connection()
             assert await post.post("m", "job_x", url, b"{}", ["whsec_MTIzNDU2Nzg5MDEyMzQ1Ng=="]) is Outcome.REFUSED
     finally:
         await post.aclose()
+
+
+def test_with_a_host_list_only_its_hosts_take_webhooks() -> None:
+    """INFERQ_WEBHOOK_HOSTS (the stack's WebhookHosts, which its DNS Firewall lets the VPC resolve): exact names,
+    and ``*.zone`` for any name under the zone but not the zone itself, as DNS Firewall matches them."""
+    from inferq.config.settings import Settings
+
+    allowed = Settings.from_env({"INFERQ_WEBHOOK_HOSTS": " Hooks.Example.com., *.tenant.example "}).webhook_hosts
+    assert allowed == ("hooks.example.com", "*.tenant.example")
+    for host in ("hooks.example.com", "HOOKS.example.com.", "a.tenant.example", "a.b.tenant.example"):
+        assert netguard.host_refusal(host, allowed) is None, host
+    for host in ("example.com", "x.hooks.example.com", "tenant.example", "atenant.example", "hooks.example.com.evil"):
+        assert "INFERQ_WEBHOOK_HOSTS" in (netguard.host_refusal(host, allowed) or ""), host
+    assert netguard.host_refusal("anything.example", ()) is None  # no list: any host (the other rules hold)
+
+
+async def test_a_webhook_to_a_host_not_listed_is_refused_at_send_without_a_connection() -> None:
+    import httpx
+
+    from inferq.config.settings import Settings
+    from inferq.webhooks.post import Outcome, WebhookPost
+
+    def never(request: object) -> None:
+        raise AssertionError("no request may be made")
+
+    settings = Settings(webhook_hosts=("hooks.example.com",), webhook_allow_private=True)  # the list holds anyway
+    post = WebhookPost(settings, client=httpx.AsyncClient(transport=httpx.MockTransport(never)))
+    try:
+        for url in ("https://other.example/x", "http://127.0.0.1:8080/hook"):
+            assert await post.post("m", "job_x", url, b"{}", ["whsec_MTIzNDU2Nzg5MDEyMzQ1Ng=="]) is Outcome.REFUSED
+    finally:
+        await post.aclose()

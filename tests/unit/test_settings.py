@@ -70,6 +70,11 @@ def test_every_variable_is_read_with_its_prefix() -> None:
         ("INFERQ_SCALER_INTERVAL_S", "nan"),
         ("INFERQ_LOG_PAYLOADS", "maybe"),
         ("INFERQ_SCALE_MIN", "9"),
+        ("INFERQ_WEBHOOK_HOSTS", "hooks.example.com,https://x.example"),
+        ("INFERQ_WEBHOOK_HOSTS", "*"),
+        ("INFERQ_WEBHOOK_HOSTS", "a.*.example"),
+        ("INFERQ_WEBHOOK_HOSTS", "10.0.0.1"),
+        ("INFERQ_FILE_RECOUNT_S", "5"),
     ],
 )
 def test_a_bad_value_names_its_variable(name: str, value: str) -> None:

@@ -76,3 +76,20 @@ async def test_the_allowed_ports_and_the_deployments_own_network_come_from_the_s
     assert "INFERQ_WEBHOOK_BLOCKED_NETWORKS" in assert_envelope(refused, 422)["error"]["message"]
     assert (await client.post("/v1/jobs", json={**CHAT, "webhook_url": "https://11.43.0.9/hook"},
                               headers=A)).status_code == 202
+
+
+async def test_with_a_host_list_a_webhook_to_another_host_is_422_naming_it(
+    make_app: AppFactory, open_client: Callable[[FastAPI], httpx.AsyncClient], queue: Queue
+) -> None:
+    """INFERQ_WEBHOOK_HOSTS (the stack's WebhookHosts, the names its DNS Firewall lets the VPC resolve): a URL no
+    webhook could reach is refused at submit, not accepted and then never delivered; it holds in development too."""
+    for private in (False, True):
+        client = open_client(make_app(webhook_hosts=("hooks.example.com", "*.tenant.example"),
+                                      webhook_allow_private=private))
+        for url in ("https://hooks.example.com/x", "https://a.tenant.example/y?token=1"):
+            assert (await client.post("/v1/jobs", json={**CHAT, "webhook_url": url}, headers=A)).status_code == 202
+        for url in ("https://other.example/x", "https://tenant.example/", "https://hooks.example.com.evil/"):
+            refused = await client.post("/v1/jobs", json={**CHAT, "webhook_url": url}, headers=A)
+            message = assert_envelope(refused, 422, "invalid_request")["error"]["message"]
+            assert message.startswith("body.webhook_url: ") and "INFERQ_WEBHOOK_HOSTS" in message, message
+    assert int(await queue.redis.hget(queue.keys.stats, "enqueued") or 0) == 4  # the refused ones made no job
