@@ -32,6 +32,7 @@ import asyncio
 import atexit
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import shlex
@@ -139,6 +140,19 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
     PR_SET_PDEATHSIG = 1
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
+ENGINE_NICENESS = 10
+"""The test server stands for a GPU, whose compute takes no CPU from the queue's processes; on these 2 shared cores
+vLLM's engine takes both whenever it runs (a 1,000-token job starved Valkey past the worker's 2 s connect timeout),
+so it runs at a lower priority: Valkey, the worker and the gateway are served first, the engine gets the rest."""
+
+
+def _server_child(die_with_parent: bool) -> None:  # pragma: no cover - runs in the child
+    """preexec_fn of the server: lower priority (:data:`ENGINE_NICENESS`), and death with its parent if asked."""
+    os.nice(ENGINE_NICENESS)
+    if die_with_parent:
+        _die_with_parent()
 
 
 def _run_logged(cmd: Sequence[str | Path], log: Path, env: dict | None = None) -> None:
@@ -382,7 +396,7 @@ def start_vllm_server(
                 env=server_env(env),
                 start_new_session=True,
                 cwd=tempfile.gettempdir(),
-                preexec_fn=_die_with_parent if die_with_parent else None,
+                preexec_fn=functools.partial(_server_child, die_with_parent),
             )
         _LIVE[proc.pid] = proc
         try:
