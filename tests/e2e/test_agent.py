@@ -263,3 +263,34 @@ async def test_random_interruptions_keep_the_service_whole() -> None:
     finally:
         await agent.shutdown()
         ecs.stop()
+
+
+async def test_shutdown_ends_when_a_kick_lands_with_it() -> None:
+    """The reconcile loop's wait for a kick ends with the kick: a shutdown that follows it in the same turn of the
+    event loop (here deterministically; under Spot interruptions every 0.3 s, by chance) still ends the loop at once.
+    (A cancel there was swallowed by Python 3.11's asyncio.wait_for, and the shutdown waited until cancelled.)"""
+    ecs = MotoEcs(Names("agent-kick", "agent-kick-workers"), stop_timeout_s=1)
+    await asyncio.to_thread(ecs.start)
+    published: list[tuple[int, int]] = []
+    publish = ecs.set_counts
+
+    def counted(running: int, pending: int, service: str | None = None) -> None:
+        published.append((running, pending))
+        publish(running, pending, service)
+
+    ecs.set_counts = counted  # type: ignore[method-assign]
+    agent = await EcsAgent(ecs, LogSink(io.StringIO()), {}, stop_timeout_s=1.0,
+                           worker_argv=[sys.executable, "-c", TASK]).start()
+    shutdown: asyncio.Task[None] | None = None
+    try:
+        # the first reconcile published its counts: the loop now waits for a kick
+        await eventually_async(lambda: published, what="the agent's first reconcile")
+        agent.kick()
+        await asyncio.sleep(0)  # the kick's wait completes; the loop's own wake is still to come
+        shutdown = asyncio.create_task(agent.shutdown())
+        done, _ = await asyncio.wait([shutdown], timeout=30)  # a bound, not a figure: it ends in a turn or two
+        assert done, "the agent's shutdown never ended"
+    finally:
+        if shutdown is not None and not shutdown.done():
+            shutdown.cancel()
+        ecs.stop()
