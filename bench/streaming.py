@@ -31,6 +31,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ import httpx
 from inferq.config.settings import Settings
 from inferq.queue import output
 from inferq.queue.jobs import JobRequest, JobStatus
-from inferq.queue.output import Cursor, OutputReader
+from inferq.queue.output import PAGE_ENTRIES, Cursor, OutputReader
 from inferq.queue.protocol import Queue
 
 from . import instrcost, protocost
@@ -123,6 +124,47 @@ async def _streamed_once(q: Queue, n: int, appends: int, phase: Phase) -> dict[s
     return out
 
 
+FLOOR_ROUNDS = 8
+"""Writes per stream in each floor run."""
+
+
+async def _floor_once(q: Queue, phase: Phase) -> dict[str, float]:
+    """The floor of a write of output, per stream: Valkey's own commands, no protocol. :data:`CONCURRENT` streams
+    written once per round, each write a plain ``XADD`` (all of a round in one pipeline, as a worker's tick sends
+    its jobs' writes together): with no reader (``write``), with one reader per stream blocked in ``XREAD`` and
+    woken by it, then blocking again (``write_woken``: how readers follow their jobs today), and with one reader
+    blocked on all the streams at once (``write_shared``: a reader shared by a gateway process's streams). Each
+    reader reads from the last entry it saw, so a write that comes before its read is read at once, never missed
+    (that read costs less than a wake: the floor errs low)."""
+    keys = [f"{q.keys.out('floor')}-{i}" for i in range(CONCURRENT)]
+    piece = "x" * (TEXT_BYTES // 32)
+
+    async def rounds(readers: str) -> None:
+        await q.redis.delete(*keys)
+        last = {k: "0-0" for k in keys}
+        for r in range(FLOOR_ROUNDS):
+            if readers == "each":
+                reads = [asyncio.ensure_future(q.redis.xread({k: last[k]}, count=PAGE_ENTRIES, block=60_000))
+                         for k in keys]
+            elif readers == "shared":
+                reads = [asyncio.ensure_future(q.redis.xread(dict(last), count=PAGE_ENTRIES, block=60_000))]
+            else:
+                reads = []
+            await asyncio.sleep(0.05)  # the readers block first (mostly: see above)
+            async with q.redis.pipeline(transaction=False) as pipe:
+                for k in keys:
+                    pipe.xadd(k, {"p": r * len(piece), "t": piece, "k": r + 1}, id=f"{r + 1}-1")
+                await pipe.execute()
+            await asyncio.gather(*reads)
+            last = {k: f"{r + 1}-1" for k in keys}
+
+    writes = CONCURRENT * FLOOR_ROUNDS
+    out = {name: await phase(q, partial(rounds, readers), frozenset()) / writes
+           for name, readers in (("write", "none"), ("write_woken", "each"), ("write_shared", "shared"))}
+    await q.redis.delete(*keys)
+    return out
+
+
 def _phase_counter(server: instrcost.CallgrindValkey) -> Phase:
     pid = server.vgdb_pid()
 
@@ -151,9 +193,10 @@ async def _costs(server: instrcost.CallgrindValkey, n: int) -> dict[str, Any]:
         await _streamed_once(q, min(n, CONCURRENT), 2, protocost._phase)
         plain = await protocost._inferq_once(q, n, phase)
         streamed = {a: await _streamed_once(q, n, a, phase) for a in MEASURED_APPENDS}
+        floor = await _floor_once(q, phase)
     finally:
         await q.close()
-    return {"unstreamed": plain, "streamed": streamed}
+    return {"unstreamed": plain, "streamed": streamed, "floor": floor}
 
 
 def valkey_cost(n: int, flush_ms: int) -> dict[str, Any]:
@@ -171,12 +214,19 @@ def valkey_cost(n: int, flush_ms: int) -> dict[str, Any]:
     per_append = (counted["streamed"][high]["total"] - counted["streamed"][low]["total"]) / (high - low)
     fixed = counted["streamed"][low]["total"] - low * per_append
     plain = counted["unstreamed"]["total"]
+    floor = counted["floor"]
     by_rate = {}
     for rate in RATES:
         appends = appends_per_job(rate, flush_ms)
         total = fixed + appends * per_append
-        by_rate[str(rate)] = {"appends": appends, "kinstructions": round(total / 1000, 1),
-                              "ratio_to_unstreamed": round(total / plain, 2)}
+        by_rate[str(rate)] = {
+            "appends": appends, "kinstructions": round(total / 1000, 1),
+            "ratio_to_unstreamed": round(total / plain, 2),
+            # the unstreamed job plus only its writes at the floor: no watch, no first look, no close, no owner
+            # check, no resend safety; what no protocol on these commands goes below
+            "floor_ratio_to_unstreamed": round((plain + appends * floor["write_woken"]) / plain, 2),
+            "floor_ratio_shared_reader": round((plain + appends * floor["write_shared"]) / plain, 2),
+        }
     kilo = {name: {k: round(v / 1000, 1) for k, v in phases.items()} for name, phases in
             (("unstreamed", counted["unstreamed"]), *((f"streamed_{a}_appends", counted["streamed"][a])
                                                       for a in MEASURED_APPENDS))}
@@ -186,6 +236,10 @@ def valkey_cost(n: int, flush_ms: int) -> dict[str, Any]:
                   f"XREAD woken per append); the cost a line in the appends; INFERQ_OUTPUT_FLUSH_MS={flush_ms}",
         "kinstructions_per_job": kilo,
         "kinstructions_per_append": round(per_append / 1000, 2),
+        "floor_kinstructions_per_write": {k: round(v / 1000, 1) for k, v in floor.items()},
+        # writes a job can make within 2x an unstreamed one at the floor (no fixed part at all)
+        "floor_writes_within_2x": {"reader_per_stream": int(plain // floor["write_woken"]),
+                                   "shared_reader": int(plain // floor["write_shared"])},
         "kinstructions_fixed": round(fixed / 1000, 1),
         "unstreamed_kinstructions": round(plain / 1000, 1),
         "by_decode_rate": by_rate,
@@ -289,6 +343,16 @@ def render(part: dict[str, Any]) -> str:
                      f"{cost['unstreamed_kinstructions']:.1f} k; streamed {cost['kinstructions_fixed']:.1f} k + "
                      f"{cost['kinstructions_per_append']:.2f} k per append (with its reader's wake); {rates} "
                      f"[INFERQ_OUTPUT_FLUSH_MS={part.get('flush_ms')}]")
+        floor = cost.get("floor_kinstructions_per_write")
+        if floor:
+            goal = cost["by_decode_rate"].get(str(GOAL_RATE), {})
+            within = cost["floor_writes_within_2x"]
+            lines.append(f"  floor per write (plain XADD, same run): {floor['write']:.1f} k alone, "
+                         f"{floor['write_woken']:.1f} k with a reader per stream woken, {floor['write_shared']:.1f} k "
+                         f"with one reader shared by {CONCURRENT} streams; at {GOAL_RATE} tok/s "
+                         f"({goal.get('appends')} writes) the floor alone is {goal.get('floor_ratio_to_unstreamed')}x "
+                         f"({goal.get('floor_ratio_shared_reader')}x shared); within 2x at the floor: "
+                         f"{within['reader_per_stream']} writes ({within['shared_reader']} shared)")
     ttft = part.get("ttft") or {}
     if "skipped" in ttft:
         lines.append(f"TTFT: not measured ({ttft['skipped']})")
