@@ -1,12 +1,14 @@
 """emulator/compose.yaml and gpu_worker/Dockerfile, built and run: the worker image is small and unprivileged, the
-stack serves jobs over HTTP, a worker container killed mid-job loses nothing (its job is reclaimed), `compose stop`
-drains the workers (SIGTERM: release, exit 0), every accepted job ends exactly once, and `down -v` leaves nothing.
+stack serves jobs over HTTP, the gateway container streams a job's Server-Sent Events as it runs (not at its end), a
+worker container killed mid-job loses nothing (its job is reclaimed), `compose stop` drains the workers (SIGTERM:
+release, exit 0), every accepted job ends exactly once, and `down -v` leaves nothing.
 
 The tests run in file order against one stack (tests/docker/conftest.py); each builds on the state the one before
 left, as a person trying the compose path would."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 from inferq.queue.keys import Keys
 from tests.support.waiting import NeverHappened, eventually
 
-from .conftest import WORKERS, Stack
+from .conftest import MEASURED, WORKERS, Stack
 from .engine import Engine
 
 # Building a Debian base, three images and starting the stack takes minutes on a fresh two-core machine.
@@ -89,6 +91,54 @@ def test_the_stack_serves_jobs_over_http(stack: Stack) -> None:
     with stack.http() as client:
         scale = client.get("/v1/scale")
     assert scale.status_code == 200, scale.text  # the scaler container has written its decision
+
+
+def test_the_gateway_container_streams_events_as_the_job_runs(stack: Stack) -> None:
+    """The way to stream on AWS is this container behind an ALB (docs/api.md): its events must leave as the output
+    is made. Buffered, the first content would come only once the job had ended, and the job would not be running."""
+    words = " ".join(f"word{i}" for i in range(30))
+    body = {
+        "model": "mock",
+        "messages": [{"role": "user", "content": words}],
+        "stream": True,
+        "mock": {"latency_ms": 3000},  # 30 pieces over 3 s; the worker writes what it has every 500 ms
+    }
+    pieces: list[str] = []
+    status_at_first_piece: str | None = None
+    done = False
+    started = time.monotonic()
+    first = last = 0.0
+    with stack.http() as client, client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200, response.read().decode()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        job_id = response.headers["inferq-job-id"]
+        ACCEPTED.append(job_id)
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue  # the blank line between events, a keep-alive comment
+            data = line.removeprefix("data: ")
+            if data == "[DONE]":
+                done = True
+                break
+            chunk = json.loads(data)
+            assert "error" not in chunk, chunk
+            content = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
+            if not content:
+                continue
+            last = time.monotonic() - started
+            pieces.append(content)
+            if status_at_first_piece is None:
+                first = last
+                status_at_first_piece = job(stack, job_id)["status"]  # read after the text came: an event, no clock
+    assert done, f"the stream ended without [DONE]: {pieces}"
+    assert status_at_first_piece == "running", "the first text came when the job had ended, not as it ran"
+    final = wait_terminal(stack, [job_id])[job_id]
+    assert final["status"] == "succeeded", final
+    assert "".join(pieces) == final["result"]["body"]["choices"][0]["message"]["content"] == words
+    assert len(pieces) > 1, pieces
+    MEASURED["SSE through the gateway container"] = (
+        f"first chunk {first:.2f} s, last {last:.2f} s, {len(pieces)} chunks (a 3 s job)"
+    )
 
 
 def test_a_worker_killed_mid_job_loses_nothing(engine: Engine, stack: Stack) -> None:
