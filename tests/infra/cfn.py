@@ -134,6 +134,9 @@ class Resolver:
             return all(self.value(a) for a in args)
         if function == "Fn::Or":
             return any(self.value(a) for a in args)
+        if function == "Fn::Contains":  # Rules only
+            items, item = args
+            return str(self.value(item)) in [str(v) for v in self.value(items)]
         if function == "Fn::Join":
             separator, items = args
             return separator.join(str(v) for v in self.value(items))
