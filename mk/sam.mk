@@ -116,7 +116,8 @@ print-lambda-python:
 
 # The lock files, with every package's hashes: functions/*/requirements.lock from each requirements.txt (the
 # Lambda's Python), gpu_worker/requirements.lock from pyproject.toml's worker extra (every Python the image may
-# have, 3.11 on). Run after changing a requirement; nothing installs without them.
+# have, 3.11 on), functions/gateway/container.lock for the gateway's image (StreamingGateway, 3.11 on; the Lambda lock's
+# versions, plus boto3 and uvicorn). Run after changing a requirement; nothing installs without them.
 UV_VERSION ?= 0.13.9
 LOCK_VENV ?= .tools/lock
 LOCK_UV := $(LOCK_VENV)/bin/uv
@@ -136,6 +137,8 @@ lock: $(LOCK_UV)
 	  -o functions/authorizer/requirements.lock
 	$(_sam_uv_compile) --python-version 3.11 --extra worker --no-emit-package inferq pyproject.toml \
 	  -o gpu_worker/requirements.lock
+	$(_sam_uv_compile) --python-version 3.11 functions/gateway/container-requirements.txt \
+	  --constraints functions/gateway/requirements.lock -o functions/gateway/container.lock
 
 $(SAM_TOOLS_STAMP):
 	test -x $(SAM_VENV)/bin/python || $(SAM_HOST_PYTHON) -m venv $(SAM_VENV)

@@ -210,8 +210,26 @@ def test_the_vpc_in_use_has_flow_logs(nested: dict[str, dict[str, Any]]) -> None
     assert writes == [{"Fn::GetAtt": ["FlowLogGroup", "Arn"]}]
 
 
-LOCKS = {"gateway": "functions/gateway", "scaler": "functions/scaler", "authorizer": "functions/authorizer",
-         "worker": "gpu_worker"}
+LOCKS = {
+    "gateway": ("functions/gateway/requirements.txt", "functions/gateway/requirements.lock"),
+    "scaler": ("functions/scaler/requirements.txt", "functions/scaler/requirements.lock"),
+    "authorizer": ("functions/authorizer/requirements.txt", "functions/authorizer/requirements.lock"),
+    "worker": ("pyproject.toml", "gpu_worker/requirements.lock"),
+    "gateway container": ("functions/gateway/container-requirements.txt", "functions/gateway/container.lock"),
+}
+"""owner -> (what it requires, its lock)."""
+
+
+def requirements(path: Any) -> list[str]:
+    """A requirements file's requirements, with those of the files it includes (``-r``)."""
+    wanted = []
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line.startswith("-r "):
+            wanted += requirements(path.parent / line[3:].strip())
+        elif line:
+            wanted.append(line)
+    return wanted
 
 
 def locked(path: Any) -> dict[str, tuple[str, list[str]]]:
@@ -232,7 +250,8 @@ def test_every_locked_package_is_pinned_with_hashes_and_satisfies_the_requiremen
 
     from .cfn import ROOT
 
-    lock = locked(ROOT / LOCKS[owner] / "requirements.lock")
+    required, lock_file = LOCKS[owner]
+    lock = locked(ROOT / lock_file)
     assert lock and all(hashes for _, hashes in lock.values()), owner
     if owner == "worker":
         import tomllib
@@ -245,8 +264,7 @@ def test_every_locked_package_is_pinned_with_hashes_and_satisfies_the_requiremen
                 wanted.remove(line)
                 wanted += [dep for extra in sorted(Requirement(line).extras) for dep in extras[extra]]
     else:
-        lines = (ROOT / LOCKS[owner] / "requirements.txt").read_text().splitlines()
-        wanted = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+        wanted = requirements(ROOT / required)
     for spec in map(Requirement, wanted):
         name = re.sub(r"[-_.]+", "-", spec.name).lower()
         assert name in lock, (owner, name)
@@ -260,6 +278,18 @@ def test_builds_install_from_the_locks_and_check_the_hashes() -> None:
     assert "--require-hashes --no-deps -r functions/$(1)/requirements.lock" in make
     dockerfile = re.sub(r"\s+", " ", (ROOT / "gpu_worker" / "Dockerfile").read_text().replace("\\\n", " "))
     assert "--require-hashes --no-deps -r gpu_worker/requirements.lock" in dockerfile
+    assert "--require-hashes --no-deps -r functions/gateway/container.lock" in dockerfile
+
+
+def test_the_gateway_runs_the_same_packages_in_its_container_as_in_lambda() -> None:
+    from .cfn import ROOT
+
+    function = locked(ROOT / "functions/gateway/requirements.lock")
+    container = locked(ROOT / "functions/gateway/container.lock")
+    assert {name: version for name, (version, _) in container.items() if name in function} == {
+        name: version for name, (version, _) in function.items()}
+    # what the python3.13 runtime gives the function, and the server, are all the container adds
+    assert {"boto3", "botocore", "uvicorn"} <= set(container) - set(function)
 
 
 # --- issue 47, M2: the engine reaches neither credentials nor the internet ---
