@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import pytest
 
 from inferq.queue.keys import Keys
+from tests.infra.cfn import TEMPLATE, Resolver, load
 from tests.support.waiting import NeverHappened, eventually
 
-from .conftest import MEASURED, WORKERS, Stack
+from .conftest import MEASURED, ROOT, WORKERS, Stack, free_ports
 from .engine import Engine
 
 # Building a Debian base, three images and starting the stack takes minutes on a fresh two-core machine.
@@ -93,10 +96,20 @@ def test_the_stack_serves_jobs_over_http(stack: Stack) -> None:
     assert scale.status_code == 200, scale.text  # the scaler container has written its decision
 
 
-def test_the_gateway_container_streams_events_as_the_job_runs(stack: Stack) -> None:
-    """The way to stream on AWS is this container behind an ALB (docs/api.md): its events must leave as the output
-    is made. Buffered, the first content would come only once the job had ended, and the job would not be running."""
-    words = " ".join(f"word{i}" for i in range(30))
+@dataclass
+class Streamed:
+    """A streamed chat completion as a client read it: its job, its text pieces, the job's status when the first
+    arrived, and when the first and last came (seconds from the request; printed, never asserted)."""
+
+    job_id: str
+    pieces: list[str]
+    status_at_first_piece: str | None
+    first: float
+    last: float
+
+
+def stream_chat(stack: Stack, client: httpx.Client, words: str) -> Streamed:
+    """POST /v1/chat/completions with ``stream: true`` through ``client``, read as its events arrive."""
     body = {
         "model": "mock",
         "messages": [{"role": "user", "content": words}],
@@ -108,7 +121,7 @@ def test_the_gateway_container_streams_events_as_the_job_runs(stack: Stack) -> N
     done = False
     started = time.monotonic()
     first = last = 0.0
-    with stack.http() as client, client.stream("POST", "/v1/chat/completions", json=body) as response:
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200, response.read().decode()
         assert response.headers["content-type"].startswith("text/event-stream")
         job_id = response.headers["inferq-job-id"]
@@ -131,14 +144,82 @@ def test_the_gateway_container_streams_events_as_the_job_runs(stack: Stack) -> N
                 first = last
                 status_at_first_piece = job(stack, job_id)["status"]  # read after the text came: an event, no clock
     assert done, f"the stream ended without [DONE]: {pieces}"
-    assert status_at_first_piece == "running", "the first text came when the job had ended, not as it ran"
-    final = wait_terminal(stack, [job_id])[job_id]
+    return Streamed(job_id, pieces, status_at_first_piece, first, last)
+
+
+def assert_streamed_as_it_ran(stack: Stack, streamed: Streamed, words: str) -> None:
+    assert streamed.status_at_first_piece == "running", "the first text came when the job had ended, not as it ran"
+    final = wait_terminal(stack, [streamed.job_id])[streamed.job_id]
     assert final["status"] == "succeeded", final
-    assert "".join(pieces) == final["result"]["body"]["choices"][0]["message"]["content"] == words
-    assert len(pieces) > 1, pieces
+    assert "".join(streamed.pieces) == final["result"]["body"]["choices"][0]["message"]["content"] == words
+    assert len(streamed.pieces) > 1, streamed.pieces
+
+
+def test_the_gateway_container_streams_events_as_the_job_runs(stack: Stack) -> None:
+    """The way to stream on AWS is this container behind an ALB (docs/api.md): its events must leave as the output
+    is made. Buffered, the first content would come only once the job had ended, and the job would not be running."""
+    words = " ".join(f"word{i}" for i in range(30))
+    with stack.http() as client:
+        streamed = stream_chat(stack, client, words)
+    assert_streamed_as_it_ran(stack, streamed, words)
     MEASURED["SSE through the gateway container"] = (
-        f"first chunk {first:.2f} s, last {last:.2f} s, {len(pieces)} chunks (a 3 s job)"
+        f"first chunk {streamed.first:.2f} s, last {streamed.last:.2f} s, {len(streamed.pieces)} chunks (a 3 s job)"
     )
+
+
+def test_the_streaming_gateway_image_streams_as_the_task_definition_starts_it(
+    engine: Engine, base_images: dict[str, str], stack: Stack
+) -> None:
+    """template.yaml's StreamingGateway, short of AWS: the gateway image built from its lock
+    (functions/gateway/container.lock, hashes checked) and started as the task definition starts it (its command,
+    read-only root with /tmp writable, no capability), on this stack's Valkey and moto, streams a job as it runs."""
+    tag = f"{stack.project}-gateway:local"
+    started = time.monotonic()
+    engine.run(["build", "--network", "host", "--file", str(ROOT / "gpu_worker" / "Dockerfile"),
+                "--build-arg", f"PYTHON_IMAGE={base_images['PYTHON_IMAGE']}", "--build-arg", "INFERQ_EXTRAS=gateway",
+                "--build-arg", "EXTRA_SOURCES=functions", "--tag", tag, str(ROOT)], timeout=900)
+    size = int(engine.inspect("image", tag)["Size"])  # type: ignore[call-overload]
+    MEASURED["streaming gateway image (built from its lock; size)"] = (
+        f"{time.monotonic() - started:.0f} s; {size / 1e6:.0f} MB")
+    (port,) = free_ports(1)
+    template = load(TEMPLATE)
+    task = Resolver(template, overrides={"StreamingGateway": "enabled"}).value(
+        template["Resources"]["StreamingGatewayTaskDefinition"]["Properties"])
+    (definition,) = task["ContainerDefinitions"]
+    command = [str(a) for a in definition["Command"]]
+    assert definition["ReadonlyRootFilesystem"] and definition["MountPoints"] == [
+        {"SourceVolume": "tmp", "ContainerPath": "/tmp"}]
+    command[command.index("--host") + 1], command[command.index("--port") + 1] = "127.0.0.1", str(port)
+    env = {"INFERQ_REDIS_URL": stack.redis_url, "INFERQ_API_KEYS": f"test:{stack.api_key}",
+           "INFERQ_FILES_BUCKET": "inferq-files", "INFERQ_WEBHOOK_SECRETS_KEY": "alias/inferq-webhook-secrets",
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{stack.env['MOTO_PORT']}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}
+    run = ["run", "--detach", "--network", "host", "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL"]
+    for name, value in env.items():
+        run += ["--env", f"{name}={value}"]
+    container = engine.run([*run, tag, *command]).stdout.strip()
+    try:
+        base = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            try:
+                return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        try:
+            eventually(ready, what="the streaming gateway container ready", timeout=120, interval=0.5)
+        except NeverHappened as failure:
+            raise NeverHappened(f"{failure}\n{engine.run(['logs', container], check=False).stderr[-4000:]}") from None
+        words = " ".join(f"piece{i}" for i in range(30))
+        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {stack.api_key}"}, timeout=30) as client:
+            streamed = stream_chat(stack, client, words)
+        assert_streamed_as_it_ran(stack, streamed, words)
+        MEASURED["SSE through the streaming gateway image"] = (
+            f"first chunk {streamed.first:.2f} s, last {streamed.last:.2f} s, {len(streamed.pieces)} chunks")
+    finally:
+        engine.run(["rm", "--force", container], check=False)
+        engine.run(["image", "rm", "--force", tag], check=False)
 
 
 def test_a_worker_killed_mid_job_loses_nothing(engine: Engine, stack: Stack) -> None:
