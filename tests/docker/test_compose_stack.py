@@ -172,7 +172,8 @@ def test_the_streaming_gateway_image_streams_as_the_task_definition_starts_it(
 ) -> None:
     """template.yaml's StreamingGateway, short of AWS: the gateway image built from its lock
     (functions/gateway/container.lock, hashes checked) and started as the task definition starts it (its command,
-    read-only root with /tmp writable, no capability), on this stack's Valkey and moto, streams a job as it runs."""
+    an init process, no capability), on this stack's Valkey and moto, streams a job as it runs and takes a file
+    past the 1 MiB that Starlette spools to /tmp."""
     tag = f"{stack.project}-gateway:local"
     started = time.monotonic()
     engine.run(["build", "--network", "host", "--file", str(ROOT / "gpu_worker" / "Dockerfile"),
@@ -187,14 +188,13 @@ def test_the_streaming_gateway_image_streams_as_the_task_definition_starts_it(
         template["Resources"]["StreamingGatewayTaskDefinition"]["Properties"])
     (definition,) = task["ContainerDefinitions"]
     command = [str(a) for a in definition["Command"]]
-    assert definition["ReadonlyRootFilesystem"] and definition["MountPoints"] == [
-        {"SourceVolume": "tmp", "ContainerPath": "/tmp"}]
+    assert definition["LinuxParameters"] == {"InitProcessEnabled": True, "Capabilities": {"Drop": ["ALL"]}}
     command[command.index("--host") + 1], command[command.index("--port") + 1] = "127.0.0.1", str(port)
     env = {"INFERQ_REDIS_URL": stack.redis_url, "INFERQ_API_KEYS": f"test:{stack.api_key}",
            "INFERQ_FILES_BUCKET": "inferq-files", "INFERQ_WEBHOOK_SECRETS_KEY": "alias/inferq-webhook-secrets",
            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{stack.env['MOTO_PORT']}", "AWS_ACCESS_KEY_ID": "testing",
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}
-    run = ["run", "--detach", "--network", "host", "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL"]
+    run = ["run", "--detach", "--network", "host", "--init", "--cap-drop", "ALL"]
     for name, value in env.items():
         run += ["--env", f"{name}={value}"]
     container = engine.run([*run, tag, *command]).stdout.strip()
@@ -215,6 +215,13 @@ def test_the_streaming_gateway_image_streams_as_the_task_definition_starts_it(
         with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {stack.api_key}"}, timeout=30) as client:
             streamed = stream_chat(stack, client, words)
         assert_streamed_as_it_ran(stack, streamed, words)
+        line = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {
+            "model": "mock", "messages": [{"role": "user", "content": "x" * 1000}]}}).encode() + b"\n"
+        big = line * (1536 * 1024 // len(line))  # 1.5 MiB: past Starlette's in-memory spool
+        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {stack.api_key}"}, timeout=60) as client:
+            created = client.post("/v1/files", files={"file": ("big.jsonl", big)}, data={"purpose": "batch"})
+            assert created.status_code == 200, created.text
+            assert client.get(f"/v1/files/{created.json()['id']}/content").content == big
         MEASURED["SSE through the streaming gateway image"] = (
             f"first chunk {streamed.first:.2f} s, last {streamed.last:.2f} s, {len(streamed.pieces)} chunks")
     finally:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from functions.gateway.request_schemas import MAX_WAIT_S
-from functions.gateway.routers.completions import KEEPALIVE_S
+from functions.gateway.routers.completions import KEEPALIVE_S, STREAM_SLOT_S
 
 from .cfn import Resolver
 
@@ -95,14 +95,15 @@ def test_the_task_role_may_do_what_the_gateway_function_may_and_nothing_else(
     assert [a.rsplit("/", 1)[1] for a in execution["ManagedPolicyArns"]] == ["AmazonECSTaskExecutionRolePolicy"]
 
 
-def test_the_container_runs_the_gateway_app_read_only_by_digest(source: dict[str, Any]) -> None:
+def test_the_container_runs_the_gateway_app_by_digest_without_capabilities(source: dict[str, Any]) -> None:
     r = resolver(source)
     gateway = container(source, r)
     assert gateway["Command"][:2] == ["uvicorn", "functions.gateway.app:app"]
     assert gateway["Image"] == ENABLED["StreamingGatewayImage"]
     pattern = source["Parameters"]["StreamingGatewayImage"]["AllowedPattern"]
     assert not re.fullmatch(pattern, "inferq-gateway:latest")
-    assert gateway["ReadonlyRootFilesystem"] is True
+    # its root stays writable: a multipart upload past 1 MiB is spooled to /tmp (the Docker test uploads one)
+    assert "ReadonlyRootFilesystem" not in gateway
     assert gateway["LinuxParameters"]["Capabilities"]["Drop"] == ["ALL"]
     task = r.value(resource(source, "StreamingGatewayTaskDefinition")["Properties"])
     assert task["RequiresCompatibilities"] == ["FARGATE"] and task["NetworkMode"] == "awsvpc"
@@ -153,7 +154,8 @@ def test_no_timeout_on_the_way_ends_a_wait_or_a_quiet_stream(source: dict[str, A
     assert attributes["idle_timeout.timeout_seconds"] > max(longest_wait, KEEPALIVE_S)
     group = r.value(resource(source, "StreamingGatewayTargetGroup")["Properties"])
     delay = {a["Key"]: int(a["Value"]) for a in group["TargetGroupAttributes"]}["deregistration_delay.timeout_seconds"]
-    assert delay > longest_wait  # a draining task finishes its waits before ECS stops it
+    # a task leaving (a deployment, a scale-in) finishes its waits and its streams before ECS stops it
+    assert delay >= STREAM_SLOT_S > longest_wait
     assert group["HealthCheckPath"] == "/healthz" and group["TargetType"] == "ip"
     gateway = container(source, r)
     graceful = int(gateway["Command"][gateway["Command"].index("--timeout-graceful-shutdown") + 1])
@@ -164,7 +166,8 @@ def test_it_scales_between_its_bounds(source: dict[str, Any]) -> None:
     r = resolver(source, StreamingGatewayTasks="3", StreamingGatewayMaxTasks="12")
     target = r.value(resource(source, "StreamingGatewayScalableTarget")["Properties"])
     assert (target["MinCapacity"], target["MaxCapacity"]) == ("3", "12")
-    assert r.value(resource(source, "StreamingGatewayService")["Properties"])["DesiredCount"] == "3"
+    # no count of its own: a stack update (a new image) would reset what scaling reached
+    assert "DesiredCount" not in r.value(resource(source, "StreamingGatewayService")["Properties"])
 
 
 def test_a_web_acl_is_put_on_the_load_balancer_when_given(source: dict[str, Any]) -> None:
