@@ -189,3 +189,30 @@ def test_the_rules_refuse_a_streaming_gateway_that_could_not_stand_up(source: di
     assert refusals(source, **existing) == []
     assert len(refusals(source, **ENABLED, **existing)) == 1
     assert refusals(source, **ENABLED, **existing, ExistingPublicSubnetIds="subnet-3,subnet-4") == []
+
+
+def test_the_alarms_watch_its_load_balancer_only_when_there_is_one(
+    source: dict[str, Any], nested: dict[str, dict[str, Any]]
+) -> None:
+    observability = nested["observability"]
+    given = resource(source, "Observability")["Properties"]["Parameters"]
+    names = ("StreamingGatewayLoadBalancer", "StreamingGatewayTargetGroup")
+    watched = {k: resolver(source).value(given[k]) for k in names}
+    assert watched == {"StreamingGatewayLoadBalancer": "StreamingGatewayLoadBalancer.LoadBalancerFullName",
+                       "StreamingGatewayTargetGroup": "StreamingGatewayTargetGroup.TargetGroupFullName"}
+    off = {k: Resolver(source).value(given[k]) for k in names}
+    assert off == dict.fromkeys(names, "none")
+    assert not Resolver(observability, overrides=off).condition("WatchesStreamingGateway")
+    assert Resolver(observability, overrides={"StreamingGatewayLoadBalancer": "app/x/1"}).condition(
+        "WatchesStreamingGateway")
+    alarms = {k: v["Properties"] for k, v in observability["Resources"].items()
+              if v.get("Condition") == "WatchesStreamingGateway"}
+    assert {a["MetricName"] for a in alarms.values()} == {"HealthyHostCount", "HTTPCode_ELB_5XX_Count"}
+    for alarm in alarms.values():
+        assert alarm["Namespace"] == "AWS/ApplicationELB"
+        assert {"Name": "LoadBalancer", "Value": {"Ref": "StreamingGatewayLoadBalancer"}} in alarm["Dimensions"]
+        assert alarm["AlarmActions"] == [{"Ref": "AlarmTopic"}]
+    healthy = next(a for a in alarms.values() if a["MetricName"] == "HealthyHostCount")
+    # no task reporting is no task healthy
+    assert (healthy["ComparisonOperator"], healthy["Threshold"], healthy["TreatMissingData"]) == (
+        "LessThanThreshold", 1, "breaching")

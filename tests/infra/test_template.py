@@ -507,7 +507,7 @@ def test_the_cache_memory_alarm_watches_the_stacks_own_cache_in_each_mode(
     observability = nested["observability"]
     alarms = {r["Condition"]: r["Properties"] for r in observability["Resources"].values()
               if r["Type"] == "AWS::CloudWatch::Alarm" and r.get("Condition", "").startswith("Watches")
-              and r["Condition"] not in ("WatchesQueue", "WatchesNoQueue")}
+              and r["Condition"] not in ("WatchesQueue", "WatchesNoQueue", "WatchesStreamingGateway")}
     assert set(alarms) == {"WatchesReplicationGroup", "WatchesServerless", "WatchesMemoryDb"}
     for alarm in alarms.values():
         assert alarm["Threshold"] == {"Ref": "CacheMemoryThresholdPercent"}
