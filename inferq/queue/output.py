@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferq.queue.jobs import RECORD_FIELDS_BUT_BODY, Job, JobStatus, record_of
+from inferq.queue.output_feed import entry_key
 from inferq.redis.connection import pipelined
 from inferq.redis.scripting import Code
 
@@ -274,30 +275,70 @@ class OutputReader:
 
     async def follow(self, cursor: Cursor, wait_s: float | None = None) -> Any:
         """Pages as the output arrives, until the job ends (the last page is ``done``) or ``wait_s`` passes (None:
-        no limit); one blocking read per page, the job read only when the stream says it ended or stays quiet a
-        slice. The first page may have no deltas (the job as it is)."""
+        no limit). The deltas come through this process's :class:`~inferq.queue.output_feed.OutputFeed`, as the
+        writer publishes them; the stream is read again only when one was missed, when the feed's connection was
+        lost, or when a slice passes with nothing (then the job is read too). The first page may have no deltas
+        (the job as it is)."""
         deadline = None if wait_s is None else time.monotonic() + wait_s
-        page = await self.read(cursor)
-        yield page
-        if page.job is None or page.done:
-            return
-        while deadline is None or time.monotonic() < deadline:
-            remaining = self.slice_s if deadline is None else min(self.slice_s, deadline - time.monotonic())
-            if remaining <= 0.005:
+        feed = self.queue.output_feed
+        followed = await feed.follow(self._out)  # before the first read: nothing published after it is missed
+        try:
+            page = await self.read(cursor)
+            if page.job is None or page.done:
+                await feed.leave(followed)  # the last page: nothing more to follow, whenever the caller closes
+            yield page
+            if page.job is None or page.done:
                 return
-            page = Page(page.job, page.cursor)
-            got = await self._block(page.cursor, remaining)
-            ended = self._apply(page, got)
-            if ended or not got:
-                page.job = await self._read_job()
-                if page.job is None:
-                    yield page
+            while deadline is None or time.monotonic() < deadline:
+                remaining = self.slice_s if deadline is None else min(self.slice_s, deadline - time.monotonic())
+                if remaining <= 0.005:
                     return
-            page = await self._finish(page)
-            if page.deltas or page.done:
-                yield page
-            if page.done:
-                return
+                page = Page(page.job, page.cursor)
+                got = await followed.take(remaining)
+                entries = self._published(page.cursor, got[0]) if got is not None and not got[1] else None
+                if entries is None:  # a slice with nothing, a lost connection, or a message missed: the stream
+                    entries = await self._range(page.cursor)
+                ended = self._apply(page, entries)
+                if ended or got is None:
+                    page.job = await self._read_job()
+                    if page.job is None:
+                        await feed.leave(followed)
+                        yield page
+                        return
+                page = await self._finish(page)
+                if page.done:
+                    await feed.leave(followed)
+                if page.deltas or page.done:
+                    yield page
+                if page.done:
+                    return
+        finally:
+            await feed.leave(followed)
+
+    @staticmethod
+    def _published(cursor: Cursor, entries: list[tuple[str, dict[str, str]]]
+                   ) -> list[tuple[str, dict[str, str]]] | None:
+        """The published ``entries`` after ``cursor``, in order; None when one was missed (a delta that starts past
+        what the cursor has read, before any that covers it): the stream has it."""
+        after = entry_key(cursor.entry)
+        offset = cursor.offset
+        fresh = []
+        for entry_id, fields in sorted(entries, key=lambda e: entry_key(e[0])):
+            if entry_key(entry_id) <= after:
+                continue  # read already (the first look, or a read of the stream since)
+            delta = _delta(fields)
+            if delta is not None:
+                at, said, _ = delta
+                if at > offset:
+                    return None
+                offset = max(offset, at + len(said.encode()))
+            fresh.append((entry_id, fields))
+        return fresh
+
+    async def _range(self, cursor: Cursor) -> list[tuple[str, dict[str, str]]]:
+        entries = await self.queue.redis.xrange(self._out, f"({cursor.entry}" if cursor.entry != "0-0" else "-", "+",
+                                               count=PAGE_ENTRIES)
+        return _pairs(entries)
 
     # ------------------------------------------------------------------ parts
 

@@ -21,6 +21,7 @@ from inferq.queue.jobs import (
     new_job_id,
     record_of,
 )
+from inferq.queue.output_feed import OutputFeed
 from inferq.queue.records import job_work, record_fields
 from inferq.queue.refusals import (
     EngineCoolOff,
@@ -54,6 +55,7 @@ def _lane(job: tuple[str, JobRequest, str, int]) -> str:
 
 class Producer(QueueCore):
     _waiters: SharedWaiters | None = None
+    _feed: OutputFeed | None = None
 
     def _enqueue_call(self, jobs: Sequence[tuple[str, JobRequest, str, int]], weight: float | None = None) -> tuple:
         """The enqueue script call that accepts ``jobs`` (tenant, request, job id, now; :data:`SCRIPT_BATCH` at
@@ -213,14 +215,25 @@ class Producer(QueueCore):
                                           block_s=max(0.1, self.settings.redis_timeout_s * 0.5))
         return self._waiters
 
+    @property
+    def output_feed(self) -> OutputFeed:
+        """This process's subscriptions to its followed jobs' output (inferq/queue/output_feed.py)."""
+        if self._feed is None:
+            self._feed = OutputFeed(self.redis)
+        return self._feed
+
     async def close(self) -> None:
         await self.close_waiters()
         await super().close()
 
     async def close_waiters(self) -> None:
-        """Stop this process's reader of terminal events (it also stops by itself when no one waits)."""
+        """Stop this process's reader of terminal events (it also stops by itself when no one waits) and its
+        followers' output feed."""
         if self._waiters is not None:
             await self._waiters.aclose()
+        if self._feed is not None:
+            await self._feed.aclose()
+            self._feed = None
 
     async def _wait_shared(self, job_id: str, tenant: str | None, timeout_s: float, with_body: bool) -> Job | None:
         deadline = time.monotonic() + timeout_s

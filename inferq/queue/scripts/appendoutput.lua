@@ -12,6 +12,11 @@
   the first run did. A delta that does not start where the kept output ends adds nothing either: the answer
   carries the kept length, from which the writer sends again what it has (its reply was lost, or a failover lost
   the last appends).
+  Each delta written is also published (sharded pub/sub, SPUBLISH) on the channel named as the stream's key, as
+  `<entry id>\n<p>\n<k>\n<t>`: a process that follows jobs' output (OutputFeed) takes it from there, one delivery to
+  its one subscribed connection, instead of a blocked XREAD woken per delta and sent again. Only what was written is
+  published (a resend, a stale owner, a misplaced delta publish nothing), so what a follower is handed is exactly
+  what the stream holds.
   Also answers whether cancellation was requested, so a streaming worker learns it with its next append instead
   of its next lease renewal.
 
@@ -62,7 +67,8 @@ for i = 0, #KEYS / 2 - 1 do
     elseif kept + size > maxBytes then
       reply = {CODE_OUTPUT_FULL, kept, cancel}
     else
-      rcall('XADD', outKey, '*', 'p', position, 't', text, 'k', ARGV[a + 4])
+      local id = rcall('XADD', outKey, '*', 'p', position, 't', text, 'k', ARGV[a + 4])
+      rcall('SPUBLISH', outKey, id .. '\n' .. ARGV[a + 2] .. '\n' .. ARGV[a + 4] .. '\n' .. text)
       rcall('HSET', jobKey, 'out', kept + size)
       if ttl ~= '' then
         rcall('EXPIRE', outKey, ttl)

@@ -5,6 +5,8 @@
   ended (its attempt was retried or given back) keeps its output: the next attempt continues from it.
   The record's `out` (the bytes kept) goes with the text (a redriven job starts its output again).
   Trimmed, not deleted: the stream keeps its last id, so the end entry's id is above every id a reader was given.
+  The end entry is also published on the stream's channel (`<entry id>\nend\n<status>`, see appendoutput.lua), which
+  wakes the followers of the job.
   Safe to resend (G9): a stream that already ends with its end entry is left as it is; the answer is the same.
 
   KEYS[1] job record
@@ -31,6 +33,7 @@ if last[2][1] == 'end' then
   return 1
 end
 rcall('XTRIM', outKey, 'MAXLEN', 0)
-rcall('XADD', outKey, '*', 'end', status)
+local id = rcall('XADD', outKey, '*', 'end', status)
+rcall('SPUBLISH', outKey, id .. '\nend\n' .. status)
 rcall('PEXPIRE', outKey, ARGV[1])
 return 1

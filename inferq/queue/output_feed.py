@@ -1,0 +1,199 @@
+"""The followers of jobs' output in one process and event loop: one sharded pub/sub connection for all of them.
+
+``appendoutput.lua`` publishes each delta it writes, and ``closeoutput.lua`` the end entry, on a channel named as the
+job's output stream key (``SPUBLISH``: the channel hashes to the queue's slot, like its keys, so a cluster keeps it
+on the queue's shard). A follower of a job (``OutputReader.follow``: the OpenAI front door's ``stream: true`` on a
+host that streams) takes the deltas from its :class:`Followed`, instead of a blocked ``XREAD`` of its own that Valkey
+wakes for each delta and that is then sent again: in server instructions, a delivery on a connection already
+subscribed costs about a tenth of that wake (``make bench ARGS="--only ST"``, floor per write).
+
+Pub/sub is not durable: a message sent while the connection is down (redis-py reconnects and subscribes again) is
+lost. The stream stays the truth: every message names its entry, a follower that sees a delta start past what it has
+read (a message it missed) reads the stream from its cursor, and so do the followers of a channel subscribed again
+(the server confirms each subscription, so a second confirmation means a new connection), those told that a read
+failed, and one that heard nothing for a while (the reader's slice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from redis.asyncio import RedisCluster
+from redis.exceptions import RedisError
+
+log = logging.getLogger(__name__)
+
+SUBSCRIBED_WAIT_S = 2.0
+"""How long a new follower waits for the server to confirm its subscription before it reads the stream (past it, it
+reads anyway: a delta published in between is a gap it reads again from the stream)."""
+
+
+def entry_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as a sortable pair."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def parse(data: str) -> tuple[str, dict[str, str]] | None:
+    """A published message as a stream entry ``(id, fields)``: ``<id>\\n<p>\\n<k>\\n<t>`` for a delta,
+    ``<id>\\nend\\n<status>`` for the end; None for anything else."""
+    parts = data.split("\n", 3)
+    if len(parts) == 3 and parts[1] == "end":
+        return parts[0], {"end": parts[2]}
+    if len(parts) == 4 and parts[1].isdigit():
+        return parts[0], {"p": parts[1], "k": parts[2], "t": parts[3]}
+    return None
+
+
+class Followed:
+    """One follower's subscription to one job's output: the entries published since its last :meth:`take`."""
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self._entries: list[tuple[str, dict[str, str]]] = []
+        self._lost = False
+        self._ready = asyncio.Event()
+
+    def _put(self, entry: tuple[str, dict[str, str]]) -> None:
+        self._entries.append(entry)
+        self._ready.set()
+
+    def _lose(self) -> None:
+        self._lost = True
+        self._ready.set()
+
+    async def take(self, seconds: float) -> tuple[list[tuple[str, dict[str, str]]], bool] | None:
+        """The entries published since the last take, and whether some may have been missed (the connection was
+        lost: read the stream); waits up to ``seconds`` for the first. None when nothing came."""
+        if not self._ready.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), max(0.0, seconds))
+        if not self._ready.is_set():
+            return None
+        entries, lost = self._entries, self._lost
+        self._entries, self._lost = [], False
+        self._ready.clear()
+        return entries, lost
+
+
+class OutputFeed:
+    """The sharded pub/sub subscriptions of one process and event loop to jobs' output channels, on one connection
+    (:meth:`follow`, :meth:`leave`); one task reads it while anyone follows."""
+
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+        self._cluster = isinstance(redis, RedisCluster)
+        self._pubsub: Any = None
+        self._followers: dict[str, set[Followed]] = {}
+        self._confirmed: dict[str, asyncio.Future[None]] = {}
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self.messages = 0
+        """Messages handed to followers (tests and metrics)."""
+
+    async def follow(self, channel: str) -> Followed:
+        """Subscribe to ``channel`` (if this process does not already) and return the follower's subscription, once
+        the server has confirmed it: anything published after this returns reaches it."""
+        followed = Followed(channel)
+        async with self._lock:
+            if self._pubsub is None:
+                self._pubsub = self._redis.pubsub()
+            others = self._followers.setdefault(channel, set())
+            others.add(followed)
+            confirmed = self._confirmed.get(channel)
+            if confirmed is None:
+                confirmed = self._confirmed[channel] = asyncio.get_running_loop().create_future()
+                try:
+                    await self._pubsub.ssubscribe(channel)
+                except BaseException:
+                    others.discard(followed)
+                    if not others:
+                        del self._followers[channel]
+                    del self._confirmed[channel]
+                    raise
+            if self._task is None or self._task.done():
+                self._task = asyncio.create_task(self._run(), name="inferq-output-feed")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(confirmed), SUBSCRIBED_WAIT_S)
+        return followed
+
+    async def leave(self, followed: Followed) -> None:
+        """End ``followed``; the channel is unsubscribed when its last follower leaves."""
+        async with self._lock:
+            others = self._followers.get(followed.channel)
+            if others is None or followed not in others:
+                return
+            others.discard(followed)
+            if others:
+                return
+            del self._followers[followed.channel]
+            self._confirmed.pop(followed.channel, None)
+            if self._pubsub is not None:
+                with contextlib.suppress(RedisError, OSError):
+                    await self._pubsub.sunsubscribe(followed.channel)
+
+    def following(self) -> int:
+        """Channels subscribed now."""
+        return len(self._followers)
+
+    async def aclose(self) -> None:
+        """Stop reading and close the connection; followers still waiting hear that they may have missed output."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RedisError, OSError):
+                await task
+        for others in self._followers.values():
+            for followed in others:
+                followed._lose()
+        self._followers.clear()
+        self._confirmed.clear()
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await pubsub.aclose()
+
+    async def _next(self) -> dict[str, Any] | None:
+        if self._cluster:
+            return await self._pubsub.get_sharded_message(timeout=1.0)  # type: ignore[no-any-return]
+        return await self._pubsub.get_message(timeout=1.0)  # type: ignore[no-any-return]
+
+    async def _run(self) -> None:
+        while self._followers:
+            try:
+                message = await self._next()
+            except (RedisError, OSError) as exc:
+                # redis-py connects again and subscribes again on the next read; what was sent meanwhile is lost
+                log.warning("output feed: connection lost (%s); followers read their streams", type(exc).__name__)
+                for others in self._followers.values():
+                    for followed in others:
+                        followed._lose()
+                await asyncio.sleep(0.1)
+                continue
+            if message is not None:
+                self._dispatch(message)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind, channel = message.get("type"), message.get("channel")
+        if isinstance(channel, bytes):
+            channel = channel.decode()
+        if kind == "ssubscribe":
+            confirmed = self._confirmed.get(channel)
+            if confirmed is not None and not confirmed.done():
+                confirmed.set_result(None)
+            elif confirmed is not None:  # subscribed again: redis-py connected anew, and what came meanwhile is lost
+                for followed in self._followers.get(channel, ()):
+                    followed._lose()
+            return
+        if kind != "smessage":
+            return
+        data = message.get("data")
+        entry = parse(data.decode() if isinstance(data, bytes) else str(data))
+        if entry is None:
+            return
+        for followed in self._followers.get(channel, ()):
+            followed._put(entry)
+            self.messages += 1
