@@ -5,8 +5,9 @@ Two figures, each beside its floor in the same run:
 - **Valkey cost of a streamed job**, in server instructions counted by callgrind (as :mod:`bench.instrcost`: the
   same binary and commands execute the same instructions whatever the machine's load). The unstreamed job is K's
   phases (enqueue, start, finish, the gateway's read of the finished job). The streamed job is the same job
-  watched (``stream: true``) with a reader following its output as the front door does (a first read, then one
-  blocking ``XREAD`` woken per append, the job read when its stream ends) and the worker appending its 500 tokens'
+  watched (``stream: true``) with a reader following its output as the front door does (``OutputReader.follow``: a
+  first read, then each append handed over by the process's sharded pub/sub feed, the job read when its stream ends)
+  and the worker appending its 500 tokens'
   text (2,000 bytes) in ``a`` appends, then closing the stream. Measured at two append counts, the cost is a line
   (a job's fixed part, and each append with the reader's wake); reported at the appends a 500-token job makes with
   the default ``INFERQ_OUTPUT_FLUSH_MS`` at several decode rates (the first piece at once, then one append per
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from redis.asyncio import RedisCluster
 
 from inferq.config.settings import Settings
 from inferq.queue import output
@@ -135,7 +137,9 @@ async def _floor_once(q: Queue, phase: Phase) -> dict[str, float]:
     woken by it, then blocking again (``write_woken``: how readers follow their jobs today), and with one reader
     blocked on all the streams at once (``write_shared``: a reader shared by a gateway process's streams). Each
     reader reads from the last entry it saw, so a write that comes before its read is read at once, never missed
-    (that read costs less than a wake: the floor errs low). The 50 ms pause before each round's writes is counted
+    (that read costs less than a wake: the floor errs low), and each write a plain ``XADD`` and a ``SPUBLISH`` of the
+    same entry to one connection subscribed to all the streams' channels (``write_published``: how the front door's
+    followers take it since the output feed). The 50 ms pause before each round's writes is counted
     too: the idle server's own ticks, about 0.2 k per write (errs high, by less than 1% of a woken write)."""
     keys = [f"{q.keys.out('floor')}-{i}" for i in range(CONCURRENT)]
     piece = "x" * (TEXT_BYTES // 32)
@@ -155,13 +159,30 @@ async def _floor_once(q: Queue, phase: Phase) -> dict[str, float]:
             async with q.redis.pipeline(transaction=False) as pipe:
                 for k in keys:
                     pipe.xadd(k, {"p": r * len(piece), "t": piece, "k": r + 1}, id=f"{r + 1}-1")
+                    if readers == "published":
+                        pipe.execute_command("SPUBLISH", k, f"{r + 1}-1\n{r * len(piece)}\n{r + 1}\n{piece}")
                 await pipe.execute()
             await asyncio.gather(*reads)
+            if readers == "published":
+                got, deadline = 0, time.monotonic() + 30.0
+                while got < len(keys):  # None: nothing yet, or a subscription's confirmation (ignored)
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("a published write never reached its subscriber")
+                    message = await (pubsub.get_sharded_message(timeout=1.0) if cluster
+                                     else pubsub.get_message(timeout=1.0))
+                    got += message is not None and message["type"] == "smessage"
             last = {k: f"{r + 1}-1" for k in keys}
 
+    cluster = isinstance(q.redis, RedisCluster)
+    pubsub = q.redis.pubsub(ignore_subscribe_messages=True)
+    await pubsub.ssubscribe(*keys)
     writes = CONCURRENT * FLOOR_ROUNDS
-    out = {name: await phase(q, partial(rounds, readers), frozenset()) / writes
-           for name, readers in (("write", "none"), ("write_woken", "each"), ("write_shared", "shared"))}
+    try:
+        out = {name: await phase(q, partial(rounds, readers), frozenset()) / writes
+               for name, readers in (("write", "none"), ("write_woken", "each"), ("write_shared", "shared"),
+                                     ("write_published", "published"))}
+    finally:
+        await pubsub.aclose()
     await q.redis.delete(*keys)
     return out
 
@@ -227,6 +248,7 @@ def valkey_cost(n: int, flush_ms: int) -> dict[str, Any]:
             # check, no resend safety; what no protocol on these commands goes below
             "floor_ratio_to_unstreamed": round((plain + appends * floor["write_woken"]) / plain, 2),
             "floor_ratio_shared_reader": round((plain + appends * floor["write_shared"]) / plain, 2),
+            "floor_ratio_published": round((plain + appends * floor["write_published"]) / plain, 2),
         }
     kilo = {name: {k: round(v / 1000, 1) for k, v in phases.items()} for name, phases in
             (("unstreamed", counted["unstreamed"]), *((f"streamed_{a}_appends", counted["streamed"][a])
@@ -240,7 +262,8 @@ def valkey_cost(n: int, flush_ms: int) -> dict[str, Any]:
         "floor_kinstructions_per_write": {k: round(v / 1000, 1) for k, v in floor.items()},
         # writes a job can make within 2x an unstreamed one at the floor (no fixed part at all)
         "floor_writes_within_2x": {"reader_per_stream": int(plain // floor["write_woken"]),
-                                   "shared_reader": int(plain // floor["write_shared"])},
+                                   "shared_reader": int(plain // floor["write_shared"]),
+                                   "published": int(plain // floor["write_published"])},
         "kinstructions_fixed": round(fixed / 1000, 1),
         "unstreamed_kinstructions": round(plain / 1000, 1),
         "by_decode_rate": by_rate,
@@ -350,10 +373,12 @@ def render(part: dict[str, Any]) -> str:
             within = cost["floor_writes_within_2x"]
             lines.append(f"  floor per write (plain XADD, same run): {floor['write']:.1f} k alone, "
                          f"{floor['write_woken']:.1f} k with a reader per stream woken, {floor['write_shared']:.1f} k "
-                         f"with one reader shared by {CONCURRENT} streams; at {GOAL_RATE} tok/s "
-                         f"({goal.get('appends')} writes) the floor alone is {goal.get('floor_ratio_to_unstreamed')}x "
-                         f"({goal.get('floor_ratio_shared_reader')}x shared); within 2x at the floor: "
-                         f"{within['reader_per_stream']} writes ({within['shared_reader']} shared)")
+                         f"with one reader shared by {CONCURRENT} streams, {floor['write_published']:.1f} k published "
+                         f"to one subscriber (the feed's way); at {GOAL_RATE} tok/s ({goal.get('appends')} writes) the "
+                         f"floor alone is {goal.get('floor_ratio_to_unstreamed')}x "
+                         f"({goal.get('floor_ratio_shared_reader')}x shared, {goal.get('floor_ratio_published')}x "
+                         f"published); within 2x at the floor: {within['reader_per_stream']} writes "
+                         f"({within['shared_reader']} shared, {within['published']} published)")
     ttft = part.get("ttft") or {}
     if "skipped" in ttft:
         lines.append(f"TTFT: not measured ({ttft['skipped']})")
