@@ -4,11 +4,16 @@ The one place these rules are written. infra/cache.yaml carries them as the acce
 MemoryDB users (``python scripts/gen_cache_acl.py`` writes them there; tests/infra/test_cache_acl.py checks that
 the template says what this module says, and runs each role's work on a real Valkey as a user with these rules).
 
-Every role is confined to the queue's keys (``inferq:*``; no channels) and starts from ``-@all``: only the
-commands listed are allowed. None of them is an administrative or dangerous one (no FLUSH*, CONFIG, KEYS, DEBUG,
-MODULE, SCRIPT FLUSH/KILL, MONITOR, SHUTDOWN, ACL, CLIENT KILL, FUNCTION, EVAL of arbitrary text). A command a
-Lua script sends is checked against the caller's rules too, so every role that runs the scripts may send the
-commands they call (:data:`SCRIPT_COMMANDS`, which the test compares with inferq/queue/scripts/).
+Every role is confined to the queue's keys (``inferq:*``) and to pub/sub channels named like them (``&inferq:*``,
+after ``resetchannels`` so that it is the only channel rule). Pub/sub has one use: sharded pub/sub of a job's
+output, whose channel is exactly its output stream's key name (``inferq:{Q}:out:<id>``, which hashes to the queue's
+slot like the keys): inferq/queue/scripts/appendoutput.lua and closeoutput.lua SPUBLISH on it, and the gateway
+SSUBSCRIBEs to it (and SUNSUBSCRIBEs) on a pub/sub connection of its own to follow the stream. Every role starts
+from ``-@all``: only the commands listed are allowed. None of them is an administrative or dangerous one (no FLUSH*,
+CONFIG, KEYS, DEBUG, MODULE, SCRIPT FLUSH/KILL, MONITOR, SHUTDOWN, ACL, CLIENT KILL, FUNCTION, EVAL of arbitrary
+text, PUBLISH, SUBSCRIBE, PSUBSCRIBE). A command a Lua script sends is checked against the caller's rules too (its
+channel as well as its keys), so every role that runs the scripts may send the commands they call
+(:data:`SCRIPT_COMMANDS`, which the test compares with inferq/queue/scripts/).
 
 What ElastiCache and MemoryDB accept (checked against their documentation; infra/cache.yaml cites it too):
 
@@ -28,13 +33,20 @@ What ElastiCache and MemoryDB accept (checked against their documentation; infra
   https://docs.aws.amazon.com/AmazonElastiCache/latest/dg/SupportedCommands.html): the serverless users' rules
   (:func:`access_string` with ``serverless=True``) leave out :data:`NOT_SERVERLESS`. Neither is needed there:
   INFERQ_REDIS_WAIT_REPLICAS must stay 0 with a serverless cache (the template refuses anything else), and
-  redis-py ignores a refused CLIENT SETINFO on connect.
+  redis-py ignores a refused CLIENT SETINFO on connect. Sharded pub/sub (SPUBLISH, SSUBSCRIBE, SUNSUBSCRIBE; Valkey
+  and Redis OSS 7.0+) is the pub/sub ElastiCache recommends in cluster mode, and its serverless caches run even the
+  classic pub/sub commands as sharded ones internally ("Overall best practices", "Use sharded pub/sub",
+  https://docs.aws.amazon.com/AmazonElastiCache/latest/dg/WorkingWithRedis.html).
 """
 
 from __future__ import annotations
 
 KEY_PATTERN = "inferq:*"
 """Every key of every queue (``inferq:{Q}:...``); nothing else in the cache is any role's."""
+
+CHANNEL_PATTERN = "inferq:*"
+"""The only pub/sub channels any role may use: named like the queue's keys (a job's output is published on
+``inferq:{Q}:out:<id>``, its output stream's key name)."""
 
 ROLES = ("gateway", "scaler", "worker")
 
@@ -48,10 +60,11 @@ SCRIPTING = ("evalsha", "script|load")
 SCRIPT_COMMANDS = (
     "del", "exists", "expire", "expireat", "get", "hdel", "hexists", "hget", "hgetall", "hincrby", "hlen", "hmget",
     "hset", "hsetnx", "hstrlen", "persist", "pexpire", "pexpireat", "pttl", "rpush", "set", "time", "xack", "xadd",
-    "xclaim", "xdel", "xinfo|groups", "xlen", "xpending", "xrange", "xrevrange", "xtrim", "zadd", "zcard", "zcount",
-    "zpopmax", "zrange", "zrangebyscore", "zrem", "zremrangebylex", "zremrangebyscore", "zscore",
+    "spublish", "xclaim", "xdel", "xinfo|groups", "xlen", "xpending", "xrange", "xrevrange", "xtrim", "zadd", "zcard",
+    "zcount", "zpopmax", "zrange", "zrangebyscore", "zrem", "zremrangebylex", "zremrangebyscore", "zscore",
 )
-"""What inferq/queue/scripts/*.lua call (redis.call): allowed to every role, which all run scripts."""
+"""What inferq/queue/scripts/*.lua call (redis.call): allowed to every role, which all run scripts (SPUBLISH: a job's
+output, on its channel in :data:`CHANNEL_PATTERN`)."""
 
 _BATCHES = ("expireat", "hdel", "hgetall", "hset", "hsetnx", "zadd", "zcard", "zinter", "zintercard", "zrem",
             "zrevrangebyscore", "zscore")
@@ -64,10 +77,11 @@ _WEBHOOKS = ("hincrby", "xack", "xclaim", "xgroup|create", "xgroup|delconsumer",
 DIRECT_COMMANDS: dict[str, tuple[str, ...]] = {
     # Accepts, reads, waits for and cancels jobs; idempotency, events feed, DLQ view (its per-tenant index: ZRANGEBYLEX
     # and ZREM of stale members), wake guard (SET NX EX), files and batches records, the file quotas' counts
-    # (ZRANGEBYSCORE: expired uploads), the stats history it shows. Never takes a job off a stream.
+    # (ZRANGEBYSCORE: expired uploads), the stats history it shows; follows jobs' output on a pub/sub connection of
+    # its own (SSUBSCRIBE/SUNSUBSCRIBE of their channels, PING). Never takes a job off a stream.
     "gateway": (
         *_BATCHES, "blmove", "del", "expire", "get", "hget", "hmget", "lindex", "lrange", "pexpire", "set",
-        "xrange", "xread", "xrevrange", "zrangebylex", "zrangebyscore",
+        "ssubscribe", "sunsubscribe", "xrange", "xread", "xrevrange", "zrangebylex", "zrangebyscore",
     ),
     # Observes the queue, records decisions and history, delivers webhooks, drives batches, recounts the file quotas'
     # counts (HGETALL, SET NX PX, ZADD NX, ZRANGEBYSCORE).
@@ -99,5 +113,5 @@ def commands(role: str, *, serverless: bool = False) -> tuple[str, ...]:
 def access_string(role: str, *, serverless: bool = False) -> str:
     """The ACL rules of ``role`` as ElastiCache, MemoryDB and ``ACL SETUSER`` take them (no password: the cache's
     user resource holds that, and ``reset`` is refused by ElastiCache)."""
-    return " ".join(["on", f"~{KEY_PATTERN}", "resetchannels", "-@all",
+    return " ".join(["on", f"~{KEY_PATTERN}", "resetchannels", f"&{CHANNEL_PATTERN}", "-@all",
                      *(f"+{c}" for c in commands(role, serverless=serverless))])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -169,9 +170,10 @@ def test_every_rule_is_one_elasticache_and_memorydb_accept() -> None:
     for role in acl.ROLES:
         for serverless in (False, True):
             rules = acl.access_string(role, serverless=serverless).split()
-            assert rules[:4] == ["on", f"~{acl.KEY_PATTERN}", "resetchannels", "-@all"], rules[:4]
-            allowed = [r[1:] for r in rules[4:]]
-            assert all(r.startswith("+") and re.fullmatch(r"[a-z_]+(\|[a-z-]+)?", r[1:]) for r in rules[4:])
+            head = ["on", f"~{acl.KEY_PATTERN}", "resetchannels", f"&{acl.CHANNEL_PATTERN}", "-@all"]
+            assert rules[:5] == head, rules[:5]
+            allowed = [r[1:] for r in rules[5:]]
+            assert all(r.startswith("+") and re.fullmatch(r"[a-z_]+(\|[a-z-]+)?", r[1:]) for r in rules[5:])
             assert not any(r.startswith((">", "<", "#", "!")) or r in ("reset", "nopass") for r in rules)
             banned = restricted_serverless if serverless else restricted
             for command in allowed:
@@ -209,6 +211,10 @@ SERVERLESS_SUPPORTED = {
     "append", "decr", "decrby", "get", "getdel", "getex", "getrange", "getset", "incr", "incrby", "incrbyfloat",
     "lcs", "mget", "mset", "msetnx", "psetex", "set", "setex", "setnx", "setrange", "strlen", "substr",
     "discard", "exec", "multi",
+    # sharded pub/sub (a job's output): "Overall best practices", "Use sharded pub/sub" recommends it and says that
+    # serverless caches run even the classic pub/sub commands as sharded ones internally:
+    # https://docs.aws.amazon.com/AmazonElastiCache/latest/dg/WorkingWithRedis.html
+    "spublish", "ssubscribe", "sunsubscribe",
 }
 
 
@@ -216,9 +222,15 @@ def test_no_role_may_send_an_administrative_or_dangerous_command() -> None:
     for role in acl.ROLES:
         allowed = set(acl.commands(role))
         for banned in ("flushall", "flushdb", "keys", "config", "debug", "module", "script|flush", "script|kill",
-                       "monitor", "shutdown", "acl", "client|kill", "eval", "function", "scan", "rename"):
+                       "monitor", "shutdown", "acl", "client|kill", "eval", "function", "scan", "rename",
+                       "publish", "subscribe", "psubscribe", "pubsub"):
             assert banned not in allowed, (role, banned)
-        assert acl.access_string(role).startswith(f"on ~{acl.KEY_PATTERN} resetchannels -@all +")
+        assert acl.access_string(role).startswith(
+            f"on ~{acl.KEY_PATTERN} resetchannels &{acl.CHANNEL_PATTERN} -@all +")
+        # sharded pub/sub of jobs' output: the scripts publish (every role runs them), only the gateway subscribes
+        assert "spublish" in allowed
+        subscribing = {"ssubscribe", "sunsubscribe"} & allowed
+        assert subscribing == ({"ssubscribe", "sunsubscribe"} if role == "gateway" else set()), role
 
 
 def test_every_command_a_script_sends_is_allowed_to_every_role() -> None:
@@ -358,6 +370,84 @@ def test_a_role_cannot_do_another_roles_work(admin: redis.Redis, role: str, comm
     """The gateway never takes or reclaims a job, the scaler never reclaims one, a worker never waits on a job's
     result list nor writes the scaler's history."""
     assert "no permissions" in dry_run(admin, role, *command)
+
+
+# --- a job's output followed over sharded pub/sub: the scripts publish on its stream's key name, the gateway listens
+
+
+PUBLISH_OUTPUT = "return redis.call('SPUBLISH', KEYS[1], ARGV[1])"
+"""What appendoutput.lua and closeoutput.lua do with a job's output (the channel is its stream's key, declared)."""
+PUBLISH_ANYWHERE = "return redis.call('SPUBLISH', ARGV[1], ARGV[2])"
+"""The same with an undeclared channel: whether a script's SPUBLISH is held to the caller's channel rule too."""
+
+
+def role_client(role_valkey: tuple[ValkeyProcess, dict[str, str]], role: str, *, serverless: bool) -> redis.Redis:
+    server, secrets = role_valkey
+    user = f"{role}-serverless" if serverless else role
+    return redis.Redis(host=server.host, port=server.port, username=user, password=secrets[role],
+                       decode_responses=True)
+
+
+def next_sharded(pubsub: Any, kind: str) -> dict[str, Any]:
+    """The next message of ``kind`` the subscription gets, waiting on the connection for it (at most 10 s)."""
+    until = time.monotonic() + 10
+    while (left := until - time.monotonic()) > 0:
+        message = pubsub.get_sharded_message(ignore_subscribe_messages=False, timeout=left)
+        if message is not None and message["type"] == kind:
+            return dict(message)
+    raise AssertionError(f"no {kind} within 10 s")
+
+
+@pytest.mark.parametrize("serverless", [False, True], ids=["node-based", "serverless-rules"])
+def test_the_gateway_follows_a_jobs_output_that_a_workers_script_publishes_and_no_other_channel(
+    role_valkey: tuple[ValkeyProcess, dict[str, str]], admin: redis.Redis, serverless: bool
+) -> None:
+    """A gateway user SSUBSCRIBEs to a job's output channel (its stream's key name) and gets what a worker user's
+    script SPUBLISHes there; SUNSUBSCRIBE and PING on that connection are allowed. Outside ``inferq:*`` the gateway
+    may neither subscribe nor publish (SPUBLISH, a script command, is every role's directly too, on ``inferq:*``
+    only), no script may publish there for a worker, and no role may use classic pub/sub; only the gateway
+    subscribes."""
+    channel = "inferq:{q}:out:job_x"
+    publish = admin.script_load(PUBLISH_OUTPUT)
+    anywhere = admin.script_load(PUBLISH_ANYWHERE)
+    gateway = role_client(role_valkey, "gateway", serverless=serverless)
+    worker = role_client(role_valkey, "worker", serverless=serverless)
+    pubsub = gateway.pubsub()
+    try:
+        pubsub.ssubscribe(channel)
+        assert next_sharded(pubsub, "ssubscribe")["channel"] == channel
+        assert worker.evalsha(publish, 1, channel, "chunk-1") == 1  # one subscriber got it
+        got = next_sharded(pubsub, "smessage")
+        assert (got["channel"], got["data"]) == (channel, "chunk-1")
+        pubsub.ping()
+        assert next_sharded(pubsub, "pong") is not None
+        pubsub.sunsubscribe(channel)
+        assert next_sharded(pubsub, "sunsubscribe")["channel"] == channel
+
+        # outside the queue's channels: refused to the gateway's subscription, its SPUBLISH and a worker's script
+        elsewhere = "tenant-data:{q}:out:job_x"
+        with pytest.raises(redis.exceptions.NoPermissionError, match="access a channel"):
+            gateway.execute_command("SSUBSCRIBE", elsewhere)
+        with pytest.raises(redis.exceptions.NoPermissionError, match="access a channel"):
+            gateway.spublish(elsewhere, "x")
+        assert gateway.spublish(channel, "x") == 0  # nobody listening now; allowed on the queue's channels
+        with pytest.raises(redis.exceptions.ResponseError, match=r"ACL failure in script: .* access a channel"):
+            worker.evalsha(anywhere, 0, elsewhere, "x")
+        assert worker.evalsha(anywhere, 0, channel, "x") == 0
+    finally:
+        pubsub.close()
+        gateway.close()
+        worker.close()
+    for role in acl.ROLES:
+        for command in (("PUBLISH", channel, "x"), ("SUBSCRIBE", channel), ("PSUBSCRIBE", "inferq:*")):
+            assert "no permissions" in dry_run(admin, role, *command), (role, command)
+        if role != "gateway":
+            assert "no permissions" in dry_run(admin, role, "SSUBSCRIBE", channel), role
+    # the server refused exactly those (and, with the serverless rules, redis-py's CLIENT SETINFO on connect)
+    suffix = "-serverless" if serverless else ""
+    refused = set(refusals(admin))
+    assert refused == {(f"gateway{suffix}", elsewhere), (f"worker{suffix}", elsewhere),
+                       *((f"{role}{suffix}", "client|setinfo") for role in ("gateway", "worker") if serverless)}
 
 
 # --- every other flow of each role, as its own user (issue 40 leftovers, point 1) ---
