@@ -29,8 +29,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from inferq.queue.jobs import RECORD_FIELDS_BUT_BODY, Job, JobStatus, record_of
-from inferq.queue.output_feed import entry_key
+from inferq.queue.output_feed import Followed, entry_key
 from inferq.redis.connection import pipelined
 from inferq.redis.scripting import Code
 
@@ -281,10 +283,14 @@ class OutputReader:
         (the job as it is)."""
         deadline = None if wait_s is None else time.monotonic() + wait_s
         feed = self.queue.output_feed
-        followed = await feed.follow(self._out)  # before the first read: nothing published after it is missed
+        followed: Followed | None = None
+        try:
+            followed = await feed.follow(self._out)  # before the first read: nothing published after it is missed
+        except ResponseError:
+            pass  # the cache refuses sharded pub/sub (logged once by the feed): a blocked XREAD per page, as before
         try:
             page = await self.read(cursor)
-            if page.job is None or page.done:
+            if followed is not None and (page.job is None or page.done):
                 await feed.leave(followed)  # the last page: nothing more to follow, whenever the caller closes
             yield page
             if page.job is None or page.done:
@@ -294,26 +300,35 @@ class OutputReader:
                 if remaining <= 0.005:
                     return
                 page = Page(page.job, page.cursor)
-                got = await followed.take(remaining)
-                entries = self._published(page.cursor, got[0]) if got is not None and not got[1] else None
-                if entries is None:  # a slice with nothing, a lost connection, or a message missed: the stream
-                    entries = await self._range(page.cursor)
+                entries, quiet = await self._next_entries(followed, page.cursor, remaining)
                 ended = self._apply(page, entries)
-                if ended or got is None:
+                if ended or quiet:
                     page.job = await self._read_job()
-                    if page.job is None:
-                        await feed.leave(followed)
-                        yield page
-                        return
-                page = await self._finish(page)
-                if page.done:
+                page = await self._finish(page) if page.job is not None else page
+                last = page.job is None or page.done
+                if last and followed is not None:
                     await feed.leave(followed)
-                if page.deltas or page.done:
+                if page.deltas or last:
                     yield page
-                if page.done:
+                if last:
                     return
         finally:
-            await feed.leave(followed)
+            if followed is not None:
+                await feed.leave(followed)
+
+    async def _next_entries(self, followed: Followed | None, cursor: Cursor, seconds: float
+                            ) -> tuple[list[tuple[str, dict[str, str]]], bool]:
+        """The entries after ``cursor`` as they come (up to ``seconds``), and whether none came (a quiet slice: the
+        job is worth reading). From the feed; from the stream when a message may have been missed or none came (a
+        slice with nothing, a lost connection); without a feed, by a blocked ``XREAD``."""
+        if followed is None:
+            entries = await self._block(cursor, seconds)
+            return entries, not entries
+        got = await followed.take(seconds)
+        entries = self._published(cursor, got[0]) if got is not None and not got[1] else None
+        if entries is None:
+            entries = await self._range(cursor)
+        return entries, got is None
 
     @staticmethod
     def _published(cursor: Cursor, entries: list[tuple[str, dict[str, str]]]

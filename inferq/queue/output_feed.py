@@ -22,7 +22,7 @@ import logging
 from typing import Any
 
 from redis.asyncio import RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +91,16 @@ class OutputFeed:
         self._confirmed: dict[str, asyncio.Future[None]] = {}
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self.refused: ResponseError | None = None
+        """Why the server refused a subscription (its ACL, or no sharded pub/sub): followers read the stream then."""
         self.messages = 0
         """Messages handed to followers (tests and metrics)."""
 
     async def follow(self, channel: str) -> Followed:
         """Subscribe to ``channel`` (if this process does not already) and return the follower's subscription, once
         the server has confirmed it: anything published after this returns reaches it."""
+        if self.refused is not None:
+            raise self.refused
         followed = Followed(channel)
         async with self._lock:
             if self._pubsub is None:
@@ -116,8 +120,13 @@ class OutputFeed:
                     raise
             if self._task is None or self._task.done():
                 self._task = asyncio.create_task(self._run(), name="inferq-output-feed")
-        with contextlib.suppress(TimeoutError):
+        try:
             await asyncio.wait_for(asyncio.shield(confirmed), SUBSCRIBED_WAIT_S)
+        except TimeoutError:
+            pass
+        except ResponseError:
+            await self.leave(followed)
+            raise
         return followed
 
     async def leave(self, followed: Followed) -> None:
@@ -165,6 +174,9 @@ class OutputFeed:
         while self._followers:
             try:
                 message = await self._next()
+            except ResponseError as exc:  # a subscription refused: no follower is served here from now on
+                self._refuse(exc)
+                return
             except (RedisError, OSError) as exc:
                 # redis-py connects again and subscribes again on the next read; what was sent meanwhile is lost
                 log.warning("output feed: connection lost (%s); followers read their streams", type(exc).__name__)
@@ -175,6 +187,16 @@ class OutputFeed:
                 continue
             if message is not None:
                 self._dispatch(message)
+
+    def _refuse(self, exc: ResponseError) -> None:
+        log.warning("output feed: the server refused a subscription (%s); followers read their streams", exc)
+        self.refused = exc
+        for confirmed in self._confirmed.values():
+            if not confirmed.done():
+                confirmed.set_exception(exc)
+        for others in self._followers.values():
+            for followed in others:
+                followed._lose()
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind, channel = message.get("type"), message.get("channel")

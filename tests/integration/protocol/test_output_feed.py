@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import pytest
 from redis.asyncio import Redis
 
+from inferq.config.settings import Settings
 from inferq.queue import output
 from inferq.queue.jobs import JobRequest, JobStatus
 from inferq.queue.output import Cursor, OutputReader
@@ -161,3 +162,39 @@ def test_a_message_names_its_entry_and_anything_else_is_ignored() -> None:
     assert parse("7-0\nend\nsucceeded") == ("7-0", {"end": "succeeded"})
     assert parse("garbage") is None
     assert parse("5-1\nx\n2\ntext") is None
+
+
+async def test_a_cache_that_refuses_sharded_pub_sub_is_followed_by_blocked_reads(valkey: Any, queue_name: str) -> None:
+    # a cache whose ACL (or engine) refuses SSUBSCRIBE: followers fall back to a blocked XREAD per page, as before
+    writer = Queue.connect(Settings(redis_url=valkey.url, queue=queue_name))
+    await writer.ensure_groups()
+    admin = Redis(host=valkey.host, port=valkey.port, decode_responses=True)
+    user = f"nofeed{queue_name}"
+    await admin.execute_command("ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-ssubscribe")
+    url = urlsplit(valkey.url)
+    reader_queue = Queue.connect(Settings(redis_url=f"redis://{user}:pw@{url.hostname}:{url.port}", queue=queue_name))
+    try:
+        d = await running(writer)
+        pages = OutputReader(reader_queue, d.job.id, "t", slice_s=30.0).follow(Cursor())
+        assert (await pages.__anext__()).deltas == []
+        assert reader_queue.output_feed.refused is not None
+        nxt = asyncio.create_task(pages.__anext__())
+        await eventually_async(lambda: _blocked_reader(admin, user), what="the follower blocked in XREAD")
+        await put(writer, d, 0, "hi")
+        assert (await asyncio.wait_for(nxt, 10.0)).deltas == [{"index": 0, "delta": "hi"}]
+        nxt = asyncio.create_task(pages.__anext__())
+        await writer.finish(d, JobStatus.SUCCEEDED, result=result("hi!"))
+        await output.close(writer, [d.job.id])
+        last = await asyncio.wait_for(nxt, 10.0)
+        assert last.done and last.deltas == [{"index": 1, "delta": "!"}]
+        await pages.aclose()
+    finally:
+        await reader_queue.close()
+        await writer.close()
+        await admin.execute_command("ACL", "DELUSER", user)
+        await admin.aclose()
+
+
+async def _blocked_reader(admin: Redis, user: str) -> bool:
+    clients = await admin.client_list()
+    return any(c.get("user") == user and c.get("cmd") == "xread" and "b" in c.get("flags", "") for c in clients)
