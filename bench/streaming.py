@@ -5,8 +5,9 @@ Two figures, each beside its floor in the same run:
 - **Valkey cost of a streamed job**, in server instructions counted by callgrind (as :mod:`bench.instrcost`: the
   same binary and commands execute the same instructions whatever the machine's load). The unstreamed job is K's
   phases (enqueue, start, finish, the gateway's read of the finished job). The streamed job is the same job
-  watched (``stream: true``) with a reader following its output as the front door does (``OutputReader.follow``: a
-  first read, then each append handed over by the process's sharded pub/sub feed, the job read when its stream ends)
+  watched (``stream: true``) with a reader following its output as the front door does (``OutputReader.follow`` of
+  the job it has just queued: subscribed on the process's sharded pub/sub feed, each append handed over by it, the
+  job read when its stream ends)
   and the worker appending its 500 tokens'
   text (2,000 bytes) in ``a`` appends, then closing the stream. Measured at two append counts, the cost is a line
   (a job's fixed part, and each append with the reader's wake); reported at the appends a 500-token job makes with
@@ -91,7 +92,8 @@ async def _streamed_once(q: Queue, n: int, appends: int, phase: Phase) -> dict[s
             deliveries.extend(got)
 
     def follow(d: Any) -> None:
-        readers[d.job.id] = OutputReader(q, d.job.id, "bench", slice_s=60.0).follow(Cursor())
+        # as the front door follows a job it has just queued: subscribed, the job as queued, no first read
+        readers[d.job.id] = OutputReader(q, d.job.id, "bench", slice_s=60.0).follow(Cursor(), fresh=d.job)
         pages[d.job.id] = asyncio.ensure_future(readers[d.job.id].__anext__())
 
     async def stream(batch: list[Any]) -> None:

@@ -275,12 +275,14 @@ class OutputReader:
             await watch(self.queue, self.job_id, self.tenant)  # its worker writes its output from now on
         return page, self._apply(page, _pairs(entries)), len(entries) >= PAGE_ENTRIES
 
-    async def follow(self, cursor: Cursor, wait_s: float | None = None) -> Any:
+    async def follow(self, cursor: Cursor, wait_s: float | None = None, *, fresh: Job | None = None) -> Any:
         """Pages as the output arrives, until the job ends (the last page is ``done``) or ``wait_s`` passes (None:
         no limit). The deltas come through this process's :class:`~inferq.queue.output_feed.OutputFeed`, as the
         writer publishes them; the stream is read again only when one was missed, when the feed's connection was
         lost, or when a slice passes with nothing (then the job is read too). The first page may have no deltas
-        (the job as it is)."""
+        (the job as it is). ``fresh``: the job as this process just queued it (no output yet, and watched if it
+        is to be): the first page is that job, with no read (a delta written before the subscription is read from
+        the stream when the next one shows it missed)."""
         deadline = None if wait_s is None else time.monotonic() + wait_s
         feed = self.queue.output_feed
         followed: Followed | None = None
@@ -289,7 +291,7 @@ class OutputReader:
         except ResponseError:
             pass  # the cache refuses sharded pub/sub (logged once by the feed): a blocked XREAD per page, as before
         try:
-            page = await self.read(cursor)
+            page = Page(fresh, cursor) if fresh is not None else await self.read(cursor)
             if followed is not None and (page.job is None or page.done):
                 await feed.leave(followed)  # the last page: nothing more to follow, whenever the caller closes
             yield page
@@ -325,10 +327,8 @@ class OutputReader:
             entries = await self._block(cursor, seconds)
             return entries, not entries
         got = await followed.take(seconds)
-        entries = self._published(cursor, got[0]) if got is not None and not got[1] else None
-        if entries is None:
-            entries = await self._range(cursor)
-        return entries, got is None
+        published = self._published(cursor, got[0]) if got is not None and not got[1] else None
+        return (await self._range(cursor) if published is None else published), got is None
 
     @staticmethod
     def _published(cursor: Cursor, entries: list[tuple[str, dict[str, str]]]

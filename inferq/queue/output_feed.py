@@ -167,8 +167,8 @@ class OutputFeed:
 
     async def _next(self) -> dict[str, Any] | None:
         if self._cluster:
-            return await self._pubsub.get_sharded_message(timeout=1.0)  # type: ignore[no-any-return]
-        return await self._pubsub.get_message(timeout=1.0)  # type: ignore[no-any-return]
+            return await self._pubsub.get_sharded_message(timeout=1.0)
+        return await self._pubsub.get_message(timeout=1.0)
 
     async def _run(self) -> None:
         while self._followers:
@@ -199,9 +199,8 @@ class OutputFeed:
                 followed._lose()
 
     def _dispatch(self, message: dict[str, Any]) -> None:
-        kind, channel = message.get("type"), message.get("channel")
-        if isinstance(channel, bytes):
-            channel = channel.decode()
+        kind, raw = message.get("type"), message.get("channel")
+        channel = raw.decode() if isinstance(raw, bytes) else str(raw)
         if kind == "ssubscribe":
             confirmed = self._confirmed.get(channel)
             if confirmed is not None and not confirmed.done():

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -225,10 +225,17 @@ async def _answer(request: Request, gw: Gateway, url: str, tenant: str) -> Respo
         job = await _enqueue(request, call, tenant)
         if streams:
             fresh = None if call.replayed else job  # just queued here: no output yet, nothing to look at first
-            first = await gw.call(reader(gw, job.id, tenant).read(Cursor(), wait, fresh=fresh), extra_s=wait)
+            # followed from the start (the output feed): the first output, or the end, within the wait
+            pages = reader(gw, job.id, tenant).follow(Cursor(), fresh=fresh)
+            try:
+                first = await gw.call(_first_output(pages, wait), extra_s=wait)
+            except BaseException:
+                await pages.aclose()
+                raise
             if first.job is not None and (first.deltas or (first.done and first.job.status is JobStatus.SUCCEEDED)):
                 handed = True
-                return _streamed(call, tenant, first, slot)
+                return _streamed(call, first, pages, slot)
+            await pages.aclose()
             ended = first.job
         else:
             ended = await gw.call(call.queue.wait(job.id, tenant, wait, shared=gw.shared_waits, with_body=False),
@@ -250,7 +257,24 @@ async def _answer(request: Request, gw: Gateway, url: str, tenant: str) -> Respo
     return Response(events, 200, media_type="text/event-stream", headers=_headers(ended))
 
 
-def _streamed(call: Call, tenant: str, first: Page, slot: AbstractAsyncContextManager[None]) -> Response:
+async def _first_output(pages: AsyncGenerator[Page, None], wait_s: float) -> Page:
+    """The first page of ``pages`` with output, or with the job ended or gone, within ``wait_s``; else the last page
+    seen (the job goes on)."""
+    deadline = time.monotonic() + wait_s
+    page = await pages.__anext__()  # the job as it is (at once for a job just queued here)
+    while page.job is not None and not page.deltas and not page.done:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        try:
+            page = await asyncio.wait_for(pages.__anext__(), remaining)
+        except TimeoutError:
+            break  # the generator was cancelled with the wait: the caller closes it
+    return page
+
+
+def _streamed(call: Call, first: Page, pages: AsyncGenerator[Page, None], slot: AbstractAsyncContextManager[None]
+              ) -> Response:
     """The events from the first output on, as the output arrives, until the job ends (a host that streams; the
     first page came within ``INFERQ_SYNC_WAIT_S``). The stream holds the tenant's wait ``slot`` (taken) while it
     runs, and gives it back when it ends."""
@@ -261,7 +285,6 @@ def _streamed(call: Call, tenant: str, first: Page, slot: AbstractAsyncContextMa
     async def events() -> AsyncIterator[bytes]:
         async with contextlib.AsyncExitStack() as held:
             held.push_async_exit(slot)
-            pages = reader(gw, job.id, tenant).follow(first.cursor)
             try:
                 yield chunks.start()
                 page = first
