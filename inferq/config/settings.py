@@ -270,8 +270,8 @@ class Settings:
         metadata={
             "parse": _int(0, 60_000),
             "doc": "A worker writes a watched job's output to Redis at most once per this many milliseconds (the "
-            "first piece at once): the deltas made meanwhile go in one write, every job's at once. Each write costs "
-            "Valkey about a sixth of a whole unstreamed job, and each reader's wake nearly as much again "
+            "first piece at once): the deltas made meanwhile go in one write, every job's at once. Each write, with "
+            "its delivery to a following gateway, costs Valkey about a sixth of a whole unstreamed job "
             "(docs/benchmarks.md, ST): a streamed job at the default costs several unstreamed ones. Lower it for "
             "smoother streams at that price; raise it for fewer writes. 0: every delta at once.",
         },
