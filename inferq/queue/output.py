@@ -32,7 +32,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from inferq.queue.jobs import RECORD_FIELDS_BUT_BODY, Job, JobStatus, record_of
-from inferq.queue.output_feed import Followed, entry_key
+from inferq.queue.output_feed import Followed, unread
 from inferq.redis.connection import pipelined
 from inferq.redis.scripting import Code
 
@@ -327,28 +327,8 @@ class OutputReader:
             entries = await self._block(cursor, seconds)
             return entries, not entries
         got = await followed.take(seconds)
-        published = self._published(cursor, got[0]) if got is not None and not got[1] else None
+        published = unread(cursor.entry, cursor.offset, got[0]) if got is not None and not got[1] else None
         return (await self._range(cursor) if published is None else published), got is None
-
-    @staticmethod
-    def _published(cursor: Cursor, entries: list[tuple[str, dict[str, str]]]
-                   ) -> list[tuple[str, dict[str, str]]] | None:
-        """The published ``entries`` after ``cursor``, in order; None when one was missed (a delta that starts past
-        what the cursor has read, before any that covers it): the stream has it."""
-        after = entry_key(cursor.entry)
-        offset = cursor.offset
-        fresh = []
-        for entry_id, fields in sorted(entries, key=lambda e: entry_key(e[0])):
-            if entry_key(entry_id) <= after:
-                continue  # read already (the first look, or a read of the stream since)
-            delta = _delta(fields)
-            if delta is not None:
-                at, said, _ = delta
-                if at > offset:
-                    return None
-                offset = max(offset, at + len(said.encode()))
-            fresh.append((entry_id, fields))
-        return fresh
 
     async def _range(self, cursor: Cursor) -> list[tuple[str, dict[str, str]]]:
         entries = await self.queue.redis.xrange(self._out, f"({cursor.entry}" if cursor.entry != "0-0" else "-", "+",

@@ -48,6 +48,25 @@ def parse(data: str) -> tuple[str, dict[str, str]] | None:
     return None
 
 
+def unread(entry: str, offset: int, entries: list[tuple[str, dict[str, str]]]
+           ) -> list[tuple[str, dict[str, str]]] | None:
+    """The published ``entries`` after stream entry ``entry``, in order, for a reader that has read ``offset`` bytes;
+    None when one was missed (a delta that starts past what has been read, before any that covers it): the stream
+    has it."""
+    after = entry_key(entry)
+    fresh = []
+    for entry_id, fields in sorted(entries, key=lambda e: entry_key(e[0])):
+        if entry_key(entry_id) <= after:
+            continue  # read already (the first look, or a read of the stream since)
+        at, said = fields.get("p"), fields.get("t")
+        if at is not None and said is not None:
+            if int(at) > offset:
+                return None
+            offset = max(offset, int(at) + len(said.encode()))
+        fresh.append((entry_id, fields))
+    return fresh
+
+
 class Followed:
     """One follower's subscription to one job's output: the entries published since its last :meth:`take`."""
 
@@ -171,6 +190,7 @@ class OutputFeed:
         return await self._pubsub.get_message(timeout=1.0)
 
     async def _run(self) -> None:
+        pause = 0.0
         while self._followers:
             try:
                 message = await self._next()
@@ -179,12 +199,16 @@ class OutputFeed:
                 return
             except (RedisError, OSError) as exc:
                 # redis-py connects again and subscribes again on the next read; what was sent meanwhile is lost
-                log.warning("output feed: connection lost (%s); followers read their streams", type(exc).__name__)
+                if not pause:
+                    log.warning("output feed: connection lost (%s); followers read their streams",
+                                type(exc).__name__)
                 for others in self._followers.values():
                     for followed in others:
                         followed._lose()
-                await asyncio.sleep(0.1)
+                pause = min(1.0, max(0.05, pause * 2))  # while the server is away: 50 ms, doubling, at most 1 s
+                await asyncio.sleep(pause)
                 continue
+            pause = 0.0
             if message is not None:
                 self._dispatch(message)
 

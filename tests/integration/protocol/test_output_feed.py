@@ -15,7 +15,7 @@ from inferq.config.settings import Settings
 from inferq.queue import output
 from inferq.queue.jobs import JobRequest, JobStatus
 from inferq.queue.output import Cursor, OutputReader
-from inferq.queue.output_feed import parse
+from inferq.queue.output_feed import parse, unread
 from inferq.queue.protocol import Delivery, Queue
 from tests.support.waiting import eventually_async
 
@@ -150,10 +150,10 @@ async def test_a_missed_delta_is_read_from_the_stream_and_one_read_already_is_pa
     entries = await q.redis.xrange(q.keys.out(d.job.id))
     read_id = entries[-1][0]
     # a message for what the first read already had, then one that starts past it (its predecessor missed)
-    assert reader._published(first.cursor, [(read_id, {"p": "0", "t": "abc", "k": "1"})]) == []
+    assert unread(first.cursor.entry, first.cursor.offset, [(read_id, {"p": "0", "t": "abc", "k": "1"})]) == []
     later = f"{int(read_id.split('-')[0]) + 1}-0"
-    assert reader._published(first.cursor, [(later, {"p": "5", "t": "fg", "k": "3"})]) is None
-    assert reader._published(first.cursor, [(later, {"p": "3", "t": "de", "k": "2"})]) == [
+    assert unread(first.cursor.entry, first.cursor.offset, [(later, {"p": "5", "t": "fg", "k": "3"})]) is None
+    assert unread(first.cursor.entry, first.cursor.offset, [(later, {"p": "3", "t": "de", "k": "2"})]) == [
         (later, {"p": "3", "t": "de", "k": "2"})]
 
 
