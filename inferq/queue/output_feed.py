@@ -22,7 +22,7 @@ import logging
 from typing import Any
 
 from redis.asyncio import RedisCluster
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,14 @@ def unread(entry: str, offset: int, entries: list[tuple[str, dict[str, str]]]
             offset = max(offset, int(at) + len(said.encode()))
         fresh.append((entry_id, fields))
     return fresh
+
+
+CLUSTER_POLL_S = 0.02
+"""How long one read of a cluster client's sharded pub/sub waits: redis-py's ``ClusterPubSub`` holds the node's lock
+while it reads, so a new subscription waits up to this long (its reads send nothing to the server)."""
+
+REFUSALS = ("NOPERM", "unknown command", "ERR unknown")
+"""Answers that mean the server will never let this process subscribe (its ACL, or no sharded pub/sub)."""
 
 
 class Followed:
@@ -110,6 +118,8 @@ class OutputFeed:
         self._confirmed: dict[str, asyncio.Future[None]] = {}
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self._leaving: set[asyncio.Task[None]] = set()
+        """Unsubscriptions under way (a task each, so that the follower who left need not wait)."""
         self.refused: ResponseError | None = None
         """Why the server refused a subscription (its ACL, or no sharded pub/sub): followers read the stream then."""
         self.messages = 0
@@ -117,51 +127,65 @@ class OutputFeed:
 
     async def follow(self, channel: str) -> Followed:
         """Subscribe to ``channel`` (if this process does not already) and return the follower's subscription, once
-        the server has confirmed it: anything published after this returns reaches it."""
+        the server has confirmed it: anything published after this returns reaches it. Raises ``ResponseError``
+        when the server refuses sharded pub/sub (the caller reads the stream instead)."""
         if self.refused is not None:
-            raise self.refused
+            raise ResponseError(str(self.refused))  # a new one each time: a kept traceback would keep its frames
         followed = Followed(channel)
-        async with self._lock:
-            if self._pubsub is None:
-                self._pubsub = self._redis.pubsub()
-            others = self._followers.setdefault(channel, set())
-            others.add(followed)
-            confirmed = self._confirmed.get(channel)
-            if confirmed is None:
-                confirmed = self._confirmed[channel] = asyncio.get_running_loop().create_future()
-                try:
-                    await self._pubsub.ssubscribe(channel)
-                except BaseException:
-                    others.discard(followed)
-                    if not others:
-                        del self._followers[channel]
-                    del self._confirmed[channel]
-                    raise
-            if self._task is None or self._task.done():
-                self._task = asyncio.create_task(self._run(), name="inferq-output-feed")
+        self._followers.setdefault(channel, set()).add(followed)  # at once: a cancelled follow is dropped below
         try:
-            await asyncio.wait_for(asyncio.shield(confirmed), SUBSCRIBED_WAIT_S)
-        except TimeoutError:
-            pass
-        except ResponseError:
-            await self.leave(followed)
+            confirmed = await asyncio.shield(self._subscribed(channel))
+            try:
+                await asyncio.wait_for(asyncio.shield(confirmed), SUBSCRIBED_WAIT_S)
+            except TimeoutError:
+                pass
+        except BaseException:
+            self._drop(followed)
             raise
         return followed
 
     async def leave(self, followed: Followed) -> None:
-        """End ``followed``; the channel is unsubscribed when its last follower leaves."""
+        """End ``followed``; the channel is unsubscribed when its last follower leaves. Never waits on the server, so
+        a follower cancelled again while it leaves (a client gone mid-stream) still leaves."""
+        self._drop(followed)
+
+    async def _subscribed(self, channel: str) -> asyncio.Future[None]:
+        """The confirmation of this process's subscription to ``channel``, subscribing first if it is not."""
         async with self._lock:
-            others = self._followers.get(followed.channel)
-            if others is None or followed not in others:
-                return
-            others.discard(followed)
-            if others:
-                return
-            del self._followers[followed.channel]
-            self._confirmed.pop(followed.channel, None)
-            if self._pubsub is not None:
-                with contextlib.suppress(RedisError, OSError):
-                    await self._pubsub.sunsubscribe(followed.channel)
+            confirmed = self._confirmed.get(channel)
+            if confirmed is not None:
+                return confirmed
+            if self._pubsub is None:
+                self._pubsub = self._redis.pubsub()
+            confirmed = self._confirmed[channel] = asyncio.get_running_loop().create_future()
+            try:
+                await self._pubsub.ssubscribe(channel)
+            except BaseException:
+                del self._confirmed[channel]
+                raise
+            if self._task is None or self._task.done():
+                self._task = asyncio.create_task(self._run(), name="inferq-output-feed")
+            return confirmed
+
+    def _drop(self, followed: Followed) -> None:
+        others = self._followers.get(followed.channel)
+        if others is None or followed not in others:
+            return
+        others.discard(followed)
+        if others:
+            return
+        del self._followers[followed.channel]
+        self._confirmed.pop(followed.channel, None)
+        task = asyncio.get_running_loop().create_task(self._unsubscribe(followed.channel))
+        self._leaving.add(task)
+        task.add_done_callback(self._leaving.discard)
+
+    async def _unsubscribe(self, channel: str) -> None:
+        async with self._lock:
+            if channel in self._followers or self._pubsub is None:
+                return  # followed again meanwhile: it stays
+            with contextlib.suppress(RedisError, OSError):
+                await self._pubsub.sunsubscribe(channel)
 
     def following(self) -> int:
         """Channels subscribed now."""
@@ -185,23 +209,29 @@ class OutputFeed:
                 await pubsub.aclose()
 
     async def _next(self) -> dict[str, Any] | None:
-        if self._cluster:
-            return await self._pubsub.get_sharded_message(timeout=1.0)
+        if self._cluster:  # redis-py holds the node's lock while it reads, and a new subscription waits for it
+            return await self._pubsub.get_sharded_message(timeout=CLUSTER_POLL_S)
         return await self._pubsub.get_message(timeout=1.0)
 
     async def _run(self) -> None:
         pause = 0.0
         while self._followers:
+            failed: Exception | None = None
+            message = None
             try:
                 message = await self._next()
-            except ResponseError as exc:  # a subscription refused: no follower is served here from now on
-                self._refuse(exc)
-                return
+            except ResponseError as exc:
+                if isinstance(exc, NoPermissionError) or any(r in str(exc) for r in REFUSALS):
+                    self._refuse(exc)  # refused for good: no follower is served here from now on
+                    return
+                failed = exc  # a cluster that is down or moving a slot: waited out as a lost connection
             except (RedisError, OSError) as exc:
+                failed = exc
+            if failed is not None:
                 # redis-py connects again and subscribes again on the next read; what was sent meanwhile is lost
                 if not pause:
                     log.warning("output feed: connection lost (%s); followers read their streams",
-                                type(exc).__name__)
+                                type(failed).__name__)
                 for others in self._followers.values():
                     for followed in others:
                         followed._lose()

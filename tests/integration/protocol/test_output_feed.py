@@ -5,11 +5,13 @@ stream is read again only when something may have been missed, and a channel goe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError, TryAgainError
 
 from inferq.config.settings import Settings
 from inferq.queue import output
@@ -178,6 +180,12 @@ async def test_a_cache_that_refuses_sharded_pub_sub_is_followed_by_blocked_reads
         pages = OutputReader(reader_queue, d.job.id, "t", slice_s=30.0).follow(Cursor())
         assert (await pages.__anext__()).deltas == []
         assert reader_queue.output_feed.refused is not None
+        with pytest.raises(ResponseError) as one:
+            await reader_queue.output_feed.follow(reader_queue.keys.out("job_a"))
+        with pytest.raises(ResponseError) as two:
+            await reader_queue.output_feed.follow(reader_queue.keys.out("job_b"))
+        assert one.value is not two.value  # a new one each time: a raised one keeps the frames it went through
+        assert reader_queue.output_feed.following() == 0
         nxt = asyncio.create_task(pages.__anext__())
         await eventually_async(lambda: _blocked_reader(admin, user), what="the follower blocked in XREAD")
         await put(writer, d, 0, "hi")
@@ -198,3 +206,54 @@ async def test_a_cache_that_refuses_sharded_pub_sub_is_followed_by_blocked_reads
 async def _blocked_reader(admin: Redis, user: str) -> bool:
     clients = await admin.client_list()
     return any(c.get("user") == user and c.get("cmd") == "xread" and "b" in c.get("flags", "") for c in clients)
+
+
+async def test_a_follower_cancelled_again_while_it_leaves_still_leaves(q: Queue) -> None:
+    # a client gone mid-stream: Starlette cancels the response's task, and anyio again at each pause after that
+    one, two = await running(q), await running(q)
+    staying = OutputReader(q, one.job.id, "t", slice_s=30.0).follow(Cursor())
+    leaving = OutputReader(q, two.job.id, "t", slice_s=30.0).follow(Cursor())
+    await staying.__anext__()
+    await leaving.__anext__()
+    assert q.output_feed.following() == 2
+    waiting = asyncio.create_task(leaving.__anext__())
+    await asyncio.sleep(0)  # a yield: the task starts waiting for output
+    for _ in range(3):
+        waiting.cancel()
+        await asyncio.sleep(0)
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+    assert q.output_feed.following() == 1
+    await eventually_async(lambda: _none_subscribed(q, q.keys.out(two.job.id)), what="the channel unsubscribed")
+    nxt = asyncio.create_task(staying.__anext__())
+    await put(q, one, 0, "still here")
+    assert (await asyncio.wait_for(nxt, 10.0)).deltas == [{"index": 0, "delta": "still here"}]
+    await staying.aclose()
+
+
+async def test_a_cluster_busy_for_a_moment_does_not_turn_the_feed_off(
+        q: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = await running(q)
+    feed = q.output_feed
+    pages = OutputReader(q, d.job.id, "t", slice_s=30.0).follow(Cursor())
+    await pages.__anext__()
+    real = feed._next
+    failures = [TryAgainError("TRYAGAIN Multiple keys request during rehashing of slot")]
+
+    async def once() -> Any:
+        if failures:
+            raise failures.pop()
+        return await real()
+
+    monkeypatch.setattr(feed, "_next", once)
+    nxt = asyncio.create_task(pages.__anext__())
+    await eventually_async(lambda: not failures, what="the feed's read failed once")
+    await put(q, d, 0, "a")
+    assert (await asyncio.wait_for(nxt, 10.0)).deltas == [{"index": 0, "delta": "a"}]
+    assert feed.refused is None
+    before = feed.messages
+    nxt = asyncio.create_task(pages.__anext__())
+    await put(q, d, 1, "b")
+    assert (await asyncio.wait_for(nxt, 10.0)).deltas == [{"index": 1, "delta": "b"}]
+    assert feed.messages == before + 1  # handed over by the feed again
+    await pages.aclose()
