@@ -40,6 +40,8 @@ CLOSED_LINGER_MS = 60_000
 """How long a closed stream (its end entry only) stays, for the readers blocked on it to wake."""
 PAGE_ENTRIES = 1000
 """Entries one read answers at most."""
+CATCH_UP_AFTER_S = 0.005
+"""A follower of a job it has just queued reads the stream once when subscribing took longer than this."""
 
 _CURSOR_RE = re.compile(r"^(\d{1,20}-\d{1,20})\.(\d{1,12})\.(\d{1,12})$")
 
@@ -281,15 +283,19 @@ class OutputReader:
         writer publishes them; the stream is read again only when one was missed, when the feed's connection was
         lost, or when a slice passes with nothing (then the job is read too). The first page may have no deltas
         (the job as it is). ``fresh``: the job as this process just queued it (no output yet, and watched if it
-        is to be): the first page is that job, with no read (a delta written before the subscription is read from
-        the stream when the next one shows it missed)."""
+        is to be): the first page is that job, with no read, unless subscribing took longer than
+        :data:`CATCH_UP_AFTER_S` (a cluster client waits for its reader's poll): then the job may have written
+        already, and the stream is read at once."""
         deadline = None if wait_s is None else time.monotonic() + wait_s
         feed = self.queue.output_feed
         followed: Followed | None = None
+        subscribing = time.monotonic()
         try:
             followed = await feed.follow(self._out)  # before the first read: nothing published after it is missed
         except ResponseError:
             pass  # the cache refuses sharded pub/sub (logged once by the feed): a blocked XREAD per page, as before
+        if followed is not None and time.monotonic() - subscribing > CATCH_UP_AFTER_S:
+            fresh = None
         try:
             page = Page(fresh, cursor) if fresh is not None else await self.read(cursor)
             if followed is not None and (page.job is None or page.done):

@@ -257,3 +257,18 @@ async def test_a_cluster_busy_for_a_moment_does_not_turn_the_feed_off(
     assert (await asyncio.wait_for(nxt, 10.0)).deltas == [{"index": 1, "delta": "b"}]
     assert feed.messages == before + 1  # handed over by the feed again
     await pages.aclose()
+
+
+async def test_a_follower_slow_to_subscribe_reads_what_its_fresh_job_wrote_meanwhile(
+        q: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a cluster client waits for the feed's poll before it subscribes: the job may have written already
+    d = await running(q)
+    await put(q, d, 0, "early")
+    monkeypatch.setattr(output, "CATCH_UP_AFTER_S", 0.0)  # every subscription "slow"
+    pages = OutputReader(q, d.job.id, "t", slice_s=30.0).follow(Cursor(), fresh=d.job)
+    first = await asyncio.wait_for(pages.__anext__(), 10.0)
+    assert first.deltas == [{"index": 0, "delta": "early"}]
+    nxt = asyncio.create_task(pages.__anext__())
+    await put(q, d, 5, " on")
+    assert (await asyncio.wait_for(nxt, 10.0)).deltas == [{"index": 1, "delta": " on"}]
+    await pages.aclose()
