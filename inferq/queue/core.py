@@ -42,6 +42,12 @@ def chunks(items: Sequence[T], size: int = SCRIPT_BATCH, *, by: Callable[[T], An
     return runs
 
 
+def entry_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id (``<ms>-<seq>``) as a pair that sorts as the stream does."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 

@@ -27,6 +27,7 @@ import time
 import weakref
 from dataclasses import dataclass
 
+from inferq.queue.core import entry_key
 from inferq.queue.jobs import Job
 from inferq.queue.protocol import Queue
 
@@ -48,9 +49,7 @@ class Page:
 
 def _later(a: str, b: str) -> str:
     """The later of two stream ids."""
-    ma, sa = (int(x) for x in a.split("-"))
-    mb, sb = (int(x) for x in b.split("-"))
-    return a if (ma, sa) >= (mb, sb) else b
+    return a if entry_key(a) >= entry_key(b) else b
 
 
 async def read(queue: Queue, tenant: str, after: str | None, limit: int, wait_s: float = 0.0) -> Page:
@@ -129,7 +128,7 @@ def seal(key: bytes, tenant: str, positions: dict[str, str | None]) -> str:
     payload = b""
     for queue, position in positions.items():
         name = queue.encode()
-        ms, seq = (int(x) for x in position.split("-")) if position else (0, 0)
+        ms, seq = entry_key(position) if position else (0, 0)
         payload += struct.pack(">H", len(name)) + name + struct.pack(">QQ", ms % _U64, seq % _U64)
     nonce = secrets.token_bytes(_NONCE_BYTES)
     sealed = bytes(a ^ b for a, b in zip(payload, _keystream(key, nonce, len(payload)), strict=True))

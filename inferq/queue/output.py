@@ -58,6 +58,11 @@ class Cursor:
     def __str__(self) -> str:
         return f"{self.entry}.{self.offset}.{self.index}"
 
+    @property
+    def after(self) -> str:
+        """The ``XRANGE`` start of what comes after the cursor's entry."""
+        return f"({self.entry}" if self.entry != "0-0" else "-"
+
     @classmethod
     def parse(cls, text: str | None) -> Cursor | None:
         """The cursor ``text`` names; a fresh one for None; None when ``text`` is no cursor."""
@@ -264,7 +269,7 @@ class OutputReader:
     async def _first(self, cursor: Cursor) -> tuple[Page, bool, bool]:
         """The first look: the entries after the cursor and the job, in one round trip; marks a job watched."""
         entries, values = await pipelined(self.queue.redis, [
-            ("XRANGE", self._out, f"({cursor.entry}" if cursor.entry != "0-0" else "-", "+", "COUNT", PAGE_ENTRIES),
+            ("XRANGE", self._out, cursor.after, "+", "COUNT", PAGE_ENTRIES),
             ("HMGET", self._job_key, *RECORD_FIELDS_BUT_BODY),
         ])
         for reply in (entries, values):
@@ -337,8 +342,7 @@ class OutputReader:
         return (await self._range(cursor) if published is None else published), got is None
 
     async def _range(self, cursor: Cursor) -> list[tuple[str, dict[str, str]]]:
-        entries = await self.queue.redis.xrange(self._out, f"({cursor.entry}" if cursor.entry != "0-0" else "-", "+",
-                                               count=PAGE_ENTRIES)
+        entries = await self.queue.redis.xrange(self._out, cursor.after, "+", count=PAGE_ENTRIES)
         return _pairs(entries)
 
     # ------------------------------------------------------------------ parts

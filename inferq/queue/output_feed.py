@@ -24,17 +24,13 @@ from typing import Any
 from redis.asyncio import RedisCluster
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
+from inferq.queue.core import entry_key
+
 log = logging.getLogger(__name__)
 
 SUBSCRIBED_WAIT_S = 2.0
 """How long a new follower waits for the server to confirm its subscription before it reads the stream (past it, it
 reads anyway: a delta published in between is a gap it reads again from the stream)."""
-
-
-def entry_key(entry_id: str) -> tuple[int, int]:
-    """A stream entry id as a sortable pair."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 def parse(data: str) -> tuple[str, dict[str, str]] | None:
@@ -158,6 +154,8 @@ class OutputFeed:
             if self._pubsub is None:
                 self._pubsub = self._redis.pubsub()
             confirmed = self._confirmed[channel] = asyncio.get_running_loop().create_future()
+            # a refusal may land after every follower stopped waiting: read here, it is never "unretrieved"
+            confirmed.add_done_callback(lambda f: None if f.cancelled() else f.exception())
             try:
                 await self._pubsub.ssubscribe(channel)
             except BaseException:
