@@ -100,12 +100,17 @@ async def _streamed_once(q: Queue, n: int, appends: int, phase: Phase) -> dict[s
         for d in batch:
             follow(d)
         await asyncio.gather(*(pages[d.job.id] for d in batch))  # the first read of each
+        fences: dict[str, str | None] = {}
         for i in range(appends):
             for d in batch:
                 pages[d.job.id] = asyncio.ensure_future(readers[d.job.id].__anext__())
             await asyncio.sleep(0)  # the readers block on their streams first
-            await output.append_many(q, [output.Delta(d.job.id, d.entry_id, d.lease, i * len(piece), piece, i + 1,
-                                                      600, i == 0) for d in batch])
+            # as the worker writes: the first owner-checked, each later one fenced by the id of the one before
+            answers = await output.append_many(q, [
+                output.Delta(d.job.id, d.entry_id, d.lease, i * len(piece), piece, i + 1, 600, i == 0,
+                             fences.get(d.job.id)) for d in batch])
+            assert all(a.code == 0 for a in answers), answers
+            fences = {d.job.id: a.fence for d, a in zip(batch, answers, strict=True)}
             await asyncio.gather(*(pages[d.job.id] for d in batch))  # each woken, its page read
 
     async def finish(batch: list[Any]) -> None:

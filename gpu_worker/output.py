@@ -2,7 +2,10 @@
 
 The backend writes the first choice's text as it is made (:class:`OutputWriter` is its
 :class:`~gpu_worker.backends.base.Output`); the writer sends it to Redis in batches, as the holder of the delivery
-(``appendoutput.lua``, each batch placed by its byte position, so a resend adds nothing):
+(``appendoutput.lua``: its first batch owner-checked and placed by its byte position, so a resend adds nothing;
+each later one fenced, asking for the stream id after its last, which costs Valkey half as much; a fenced batch
+refused is sent again owner-checked, which says what holds). An attempt that continues after kept output fences
+the stream before it writes (``fenceoutput.lua``), reading the kept output in the same step:
 
 - only while someone watches the job (its record's ``watch``: the front door's ``stream: true``, or a reader of
   ``GET /v1/jobs/{id}/stream``, which the worker learns at the start or from a lease renewal: :meth:`go_live`). A job
@@ -47,14 +50,23 @@ SETTLE_WRITES = 3
 
 
 class Appends:
-    """A worker's appends of output: those of its jobs that are due in the same turn of the event loop go in one
-    round trip and one script call (:class:`~inferq.redis.coalescing.Coalescer`)."""
+    """A worker's appends of output, and its closes: those of its jobs that are due in the same turn of the event
+    loop go in one round trip and one script call (:class:`~inferq.redis.coalescing.Coalescer`)."""
 
     def __init__(self, queue: Any) -> None:
         self._coalescer: Coalescer[output.Delta, output.Appended] = Coalescer(partial(output.append_many, queue))
+        self._closes: Coalescer[str, None] = Coalescer(partial(_close_many, queue))
 
     async def __call__(self, delta: output.Delta) -> output.Appended:
         return await self._coalescer.submit(delta)
+
+    async def close(self, job_id: str) -> None:
+        await self._closes.submit(job_id)
+
+
+async def _close_many(queue: Any, job_ids: list[str]) -> list[None]:
+    await output.close(queue, job_ids)
+    return [None] * len(job_ids)
 
 
 async def output_for(queue: Any, settings: Settings, delivery: Delivery, body: dict[str, Any], timeout_s: float,
@@ -67,17 +79,22 @@ async def output_for(queue: Any, settings: Settings, delivery: Delivery, body: d
     job = delivery.job
     if not continuable(job.url, body) or not job.continuation:  # opted out: every attempt starts over, whole
         return None
-    kept = await output.kept(queue, job.id) if job.has_output else Kept()
+    ttl_s = int(timeout_s) + settings.result_ttl_s
+    kept, fence = Kept(), None
+    if job.has_output:  # fenced first: a writer of an earlier delivery adds nothing after what is read here
+        fenced = await output.fence(queue, job.id, delivery.entry_id, delivery.lease, ttl_s)
+        kept, fence = fenced.kept, fenced.fence
     return OutputWriter(queue, delivery, kept, live=job.watched, flush_ms=settings.output_flush_ms,
-                        flush_tokens=settings.output_flush_tokens, ttl_s=int(timeout_s) + settings.result_ttl_s,
-                        on_cancel=on_cancel, appends=appends)
+                        flush_tokens=settings.output_flush_tokens, ttl_s=ttl_s, on_cancel=on_cancel,
+                        appends=appends, fence=fence)
 
 
 class OutputWriter:
     """The output of one attempt of one job."""
 
     def __init__(self, queue: Any, delivery: Delivery, kept: Kept, *, live: bool, flush_ms: int, flush_tokens: int,
-                 ttl_s: int, on_cancel: Callable[[], object] | None = None, appends: Appends | None = None) -> None:
+                 ttl_s: int, on_cancel: Callable[[], object] | None = None, appends: Appends | None = None,
+                 fence: str | None = None) -> None:
         self.queue = queue
         self.appends = appends or Appends(queue)
         self.delivery = delivery
@@ -97,6 +114,8 @@ class OutputWriter:
         self._unsent: list[str] = []
         self._unsent_tokens = 0
         self._first = True
+        self._fence = fence
+        """The stream id this attempt's next batch asks for (None: its next batch is owner-checked)."""
         self._last_flush: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
@@ -162,7 +181,7 @@ class OutputWriter:
         output for the next attempt)."""
         if self.wrote:
             try:
-                await output.close(self.queue, [self.delivery.job.id])
+                await self.appends.close(self.delivery.job.id)
             except Exception as exc:  # the stream expires by itself; readers learn the end from the record
                 log.warning("could not close the output stream: %s", type(exc).__name__)
 
@@ -212,7 +231,7 @@ class OutputWriter:
         d = self.delivery
         try:
             appended = await self.appends(output.Delta(d.job.id, d.entry_id, d.lease, self._sent, text, tokens,
-                                                       self.ttl_s, self._first))
+                                                       self.ttl_s, self._first, self._fence))
         except Exception as exc:
             if classify(exc) is Fault.BUG:
                 log.exception("writing the output failed; the job goes on without streaming")
@@ -226,9 +245,14 @@ class OutputWriter:
         if appended.cancel and self.on_cancel is not None:
             on_cancel, self.on_cancel = self.on_cancel, None
             on_cancel()
+        self._fence = appended.fence
         if appended.code == 0:
             self._sent = appended.kept
             self.wrote = True
+        elif appended.code == Code.FENCED:  # the stream is not as this writer left it: owner-checked, at once
+            self._unsent.insert(0, text)
+            self._unsent_tokens += batch_tokens
+            self._last_flush = None
         elif appended.code == Code.MISPLACED and appended.kept <= self._size:
             # the stream ends elsewhere (a lost answer, a failover): send again from where it ends
             self._sent = appended.kept

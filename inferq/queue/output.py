@@ -4,28 +4,30 @@ and its reads.
 The stream holds the text of the job's first choice (``message.content`` of a chat completion, ``text`` of a
 completion) in deltas, one entry each: ``p`` (UTF-8 bytes of output before it), ``t`` (its text), ``k`` (tokens of
 the output up to and including it). The deltas in order always spell the final text, across attempts: a later
-attempt finds the output kept by the earlier ones (:func:`kept`) and continues after it, so the kept output is a
-prefix of the final text.
+attempt fences the stream and reads the output kept by the earlier ones (:func:`fence`) and continues after it,
+so the kept output is a prefix of the final text.
 
-- The worker that holds the job appends (``appendoutput.lua``: owner-checked, each delta placed by its position so a
-  resent append adds nothing) and, once the job has ended, closes the stream (``closeoutput.lua``): the text
-  entries go (the result has the whole text), an end entry wakes the readers, the stream lingers briefly.
+- The worker that holds the job appends (:mod:`inferq.queue.output_writes`, ``appendoutput.lua``: its first delta
+  owner-checked and placed by its position so a resent append adds nothing, each later one fenced by the id of the
+  one before) and, once the job has ended, closes the stream (``closeoutput.lua``): the text entries go (the result
+  has the whole text), an end entry wakes the readers, the stream lingers briefly.
 - A reader (:class:`OutputReader`) follows the stream from a :class:`Cursor` and, once the job has ended, takes
   what it has not read from the final result: a reader never needs the stream to learn that a job ended, and the
   deltas it hands out always spell the final text, whatever was flushed, lost in a failover or trimmed.
 
-The job record's ``out`` field holds the bytes the stream keeps (each append sets it, closing removes it): a worker
-starting an attempt reads the kept output only when it is there. Its ``watch`` field says that someone reads the
-output while the job runs (set at enqueue by the front door's ``stream: true``, or by a reader's first read:
-``watchoutput.lua``): only then does the worker write the output as it is made. A job nobody watches writes none while
-it runs (its result has the whole text), only what an attempt that did not succeed made, for the next to continue.
+The job record's ``out`` field says the stream holds output (an owner-checked append sets it to the bytes kept
+then, closing removes it): a worker starting an attempt fences and reads the kept output only when it is there. Its
+``watch`` field says that someone reads the output while the job runs (set at enqueue by the front door's
+``stream: true``, or by a reader's first read: ``watchoutput.lua``): only then does the worker write the output as
+it is made. A job nobody watches writes none while it runs (its result has the whole text), only what an attempt
+that did not succeed made, for the next to continue.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,11 +35,25 @@ from redis.exceptions import ResponseError
 
 from inferq.queue.jobs import RECORD_FIELDS_BUT_BODY, Job, JobStatus, record_of
 from inferq.queue.output_feed import Followed, unread
+from inferq.queue.output_writes import (  # noqa: F401 (the writes, named here as the stream's one module)
+    CLOSED_LINGER_MS,
+    Appended,
+    Delta,
+    Fenced,
+    Kept,
+    append,
+    append_call,
+    append_many,
+    close,
+    close_call,
+    entry_delta,
+    fence,
+    is_refusal,
+    kept,
+    watch,
+)
 from inferq.redis.connection import pipelined
-from inferq.redis.scripting import Code
 
-CLOSED_LINGER_MS = 60_000
-"""How long a closed stream (its end entry only) stays, for the readers blocked on it to wake."""
 PAGE_ENTRIES = 1000
 """Entries one read answers at most."""
 CATCH_UP_AFTER_S = 0.005
@@ -74,109 +90,6 @@ class Cursor:
         return cls(match.group(1), int(match.group(2)), int(match.group(3)))
 
 
-@dataclass(frozen=True)
-class Appended:
-    """What an append answered: its code (0 or a :class:`~inferq.redis.scripting.Code`), the bytes the stream
-    keeps, and whether cancellation was requested."""
-
-    code: int
-    kept: int
-    cancel: bool
-
-
-@dataclass(frozen=True)
-class Delta:
-    """One delta to append: whose (the job, and the delivery's entry and lease), where, what, and whether it is the
-    attempt's first append (which gives the stream its expiry, ``ttl_s``)."""
-
-    job_id: str
-    entry_id: str
-    lease: str
-    position: int
-    text: str
-    tokens: int
-    ttl_s: int
-    first: bool
-
-
-@dataclass(frozen=True)
-class Kept:
-    """The output earlier attempts kept: its text, its bytes, and its tokens as the backends counted them."""
-
-    text: str = ""
-    tokens: int = 0
-
-    @property
-    def size(self) -> int:
-        return len(self.text.encode())
-
-
-# ---------------------------------------------------------------------- writing (the worker)
-
-
-def append_call(queue: Any, items: Sequence[Delta]) -> tuple[str, list[str], list[Any]]:
-    """The ``appendoutput`` script call of the deltas ``items`` (:data:`~inferq.queue.core.SCRIPT_BATCH` at
-    most)."""
-    keys: list[str] = []
-    args: list[Any] = [queue.settings.output_max_bytes]
-    for d in items:
-        keys += [queue.keys.job(d.job_id), queue.keys.out(d.job_id)]
-        args += [d.entry_id, d.lease, d.position, d.text, d.tokens, d.ttl_s if d.first else ""]
-    return ("appendoutput", keys, args)
-
-
-async def append_many(queue: Any, items: Sequence[Delta]) -> list[Appended]:
-    """Append the deltas ``items`` in one round trip, one script call per
-    :data:`~inferq.queue.core.SCRIPT_BATCH` of them; one answer each, in order (see ``appendoutput.lua``)."""
-    from inferq.queue.core import chunks
-
-    replies = await queue.scripts.many([append_call(queue, part) for part in chunks(items)])
-    return [Appended(int(r[0]), int(r[1]), bool(int(r[2]))) for reply in replies for r in reply]
-
-
-async def append(queue: Any, job_id: str, entry_id: str, lease: str, position: int, text: str, tokens: int, *,
-                 ttl_s: int, first: bool) -> Appended:
-    """Append ``text`` at byte ``position`` of the job's output, as the holder of delivery ``entry_id`` with
-    ``lease``; see ``appendoutput.lua``."""
-    [appended] = await append_many(queue, [Delta(job_id, entry_id, lease, position, text, tokens, ttl_s, first)])
-    return appended
-
-
-def close_call(queue: Any, job_id: str) -> tuple[str, list[str], list[Any]]:
-    return ("closeoutput", [queue.keys.job(job_id), queue.keys.out(job_id)], [CLOSED_LINGER_MS])
-
-
-async def close(queue: Any, job_ids: Sequence[str]) -> None:
-    """Close the output streams of jobs that have ended (one round trip); a job that goes on keeps its output."""
-    if job_ids:
-        await queue.scripts.many([close_call(queue, job_id) for job_id in job_ids])
-
-
-async def watch(queue: Any, job_id: str, tenant: str) -> bool:
-    """Mark a running or queued job of ``tenant`` as watched (``watchoutput.lua``): its worker writes its output as it
-    is made from now on. False when the job is unknown, another tenant's or has ended."""
-    return bool(await queue.scripts("watchoutput", [queue.keys.job(job_id)], [tenant]))
-
-
-async def kept(queue: Any, job_id: str) -> Kept:
-    """The output kept for ``job_id`` by its earlier attempts: the stream's text from its start, as far as it is
-    contiguous."""
-    entries = await queue.redis.xrange(queue.keys.out(job_id), "-", "+")
-    text, tokens, offset = [], 0, 0
-    for _, fields in entries:
-        delta = _delta(fields)
-        if delta is None:
-            continue
-        at, said, counted = delta
-        raw = said.encode()
-        if at > offset or at + len(raw) <= offset:
-            continue  # a gap (nothing to continue after it) or bytes already had
-        text.append(raw[offset - at:].decode())
-        offset = at + len(raw)
-        tokens = counted
-    return Kept("".join(text), tokens)
-
-
 # ---------------------------------------------------------------------- reading (the gateway)
 
 
@@ -191,14 +104,6 @@ def first_choice_text(body: Any) -> str | None:
     message = first.get("message")
     text = message.get("content") if isinstance(message, dict) else first.get("text")
     return text if isinstance(text, str) else None
-
-
-def _delta(fields: dict[str, str]) -> tuple[int, str, int] | None:
-    """An entry's (position, text, tokens); None for the end entry (or anything else)."""
-    at, said = fields.get("p"), fields.get("t")
-    if at is None or said is None:
-        return None
-    return int(at), said, int(fields.get("k") or 0)
 
 
 @dataclass
@@ -374,7 +279,7 @@ class OutputReader:
         ended = False
         for entry_id, fields in entries:
             entry = entry_id
-            delta = _delta(fields)
+            delta = entry_delta(fields)
             if delta is None:
                 ended = ended or "end" in fields
                 continue
@@ -413,8 +318,3 @@ def _pairs(entries: Any) -> list[tuple[str, dict[str, str]]]:
             fields = dict(zip(fields[::2], fields[1::2], strict=True))
         out.append((entry_id, fields))
     return out
-
-
-def is_refusal(code: int) -> bool:
-    """An append the writer should stop after (the job is not its to write any more, or the stream is full)."""
-    return code in (Code.NOT_FOUND, Code.TERMINAL, Code.STALE_OWNER, Code.OUTPUT_FULL)

@@ -36,7 +36,7 @@ up), with ``(optional)`` at the end of the line for a key that may be left out."
 
 NAMES = ("enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive", "expire", "observe",
          "requeue", "skipevents", "webhooksecret", "ratelimit", "takewait", "givewait", "admit", "appendoutput",
-         "closeoutput", "watchoutput")
+         "closeoutput", "watchoutput", "fenceoutput")
 
 
 class Code(IntEnum):
@@ -55,6 +55,7 @@ class Code(IntEnum):
     RETAINED_FULL = -12  # enqueue past INFERQ_TENANT_MAX_RETAINED_BYTES
     COOLING_OFF = -13  # enqueue while the tenant's jobs killed the engine too often (INFERQ_ENGINE_STRIKES)
     OPERATOR_ONLY = -14  # redrive of an engine_died dead letter by a tenant that is not an operator
+    FENCED = -15  # appendoutput, fenced: the stream's last entry is not the writer's; write it owner-checked
 
 
 def reply_code(reply: Any) -> int:

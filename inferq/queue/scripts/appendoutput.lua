@@ -4,33 +4,47 @@
   text to continue from (the output kept across attempts: the deltas in order always spell the final text). One call
   takes the deltas of several jobs (a worker's flush, all its streaming jobs at once), each as by a call of its own.
   Every entry says where it goes: p (UTF-8 bytes of the job's output before it), t (its text), k (the tokens of the
-  output up to and including it, as the backend counted them). The job record's `out` holds the bytes kept (the first
-  append sets it: a worker starting a later attempt reads the kept output only when it is there).
-  Owner check: only the holder of the delivery of a running job (the job's live entry and its lease token, set by
-  start) may append; a worker whose lease was reclaimed, or whose job was started again, writes nothing.
-  Safe to resend (G9): a delta whose bytes the stream already holds (p + #t <= kept) adds nothing and answers as
-  the first run did. A delta that does not start where the kept output ends adds nothing either: the answer
-  carries the kept length, from which the writer sends again what it has (its reply was lost, or a failover lost
-  the last appends).
+  output up to and including it, as the backend counted them).
+
+  Two ways to write, per delta:
+  - Owner-checked (an attempt's first write, or the next after a fenced write was refused): only the holder of the
+    delivery of a running job (the job's live entry and its lease token, set by start) may append; the delta is
+    placed by byte position against what the stream holds (its last text entry), so a resend adds nothing and
+    answers as the first run did, and a delta that does not start where the kept output ends adds nothing either:
+    the answer carries the kept length, from which the writer sends again what it has (its reply was lost, or a
+    failover lost the last appends). The entry's id is answered: the writer's fence for its next write. The job
+    record's `out` is set (the bytes kept as of this write): a worker starting a later attempt fences and reads the
+    kept output only when it is there. Also answers whether cancellation was requested.
+  - Fenced (the id this write must get, `<ms>-<seq>`, the one after the writer's last entry): one XADD with id
+    `<ms>-*`, no read of the record. Valkey numbers it after the stream's last entry, so it gets exactly the id
+    asked for only when the writer's last entry is still the stream's last: nothing was lost (a failover), nothing
+    came between (a later delivery's fence, fenceoutput.lua; the end entry, closeoutput.lua; a copy of this very
+    write, resent), and the stream is still there (NOMKSTREAM). Anything else adds nothing (an entry numbered
+    otherwise is deleted again at once) and answers FENCED: the writer sends the same delta owner-checked, which
+    says what holds. A later delivery always fences before it writes, so a writer whose lease went can never add
+    past it. The writer checks the most bytes itself (it sends the setting) and learns of a cancellation from its
+    lease renewal (at least once a second): a fenced write reads nothing but its stream. It costs Valkey about half
+    an owner-checked one (make bench ARGS="--only ST").
   Each delta written is also published (sharded pub/sub, SPUBLISH) on the channel named as the stream's key, as
   `<entry id>\n<p>\n<k>\n<t>`: a process that follows jobs' output (OutputFeed) takes it from there, one delivery to
   its one subscribed connection, instead of a blocked XREAD woken per delta and sent again. Only what was written is
-  published (a resend, a stale owner, a misplaced delta publish nothing), so what a follower is handed is exactly
-  what the stream holds.
-  Also answers whether cancellation was requested, so a streaming worker learns it with its next append instead
-  of its next lease renewal.
+  published, so what a follower is handed is exactly what the stream holds.
 
-  KEYS[1] the first delta's job record
-  KEYS[2] the first delta's output stream
-  KEYS[3..n] two per further delta, the same
+  KEYS[1] the first delta's output stream when it is fenced, else its job record
+  KEYS[2..n] the rest, per delta in order: owner-checked, its job record and its output stream; fenced, its output
+            stream
 
   ARGV[1] most bytes a stream may keep (INFERQ_OUTPUT_MAX_BYTES)
-  ARGV[2..] six per delta, in the order of the keys: entry id of the delivery, its lease token (from start), the
-            position (bytes of output before this delta), the text, the tokens of the output up to and including
-            it, and the expiry (s) to give the stream with an attempt's first append ('' for the others): the
-            attempt's timeout plus the result TTL, so a stream nobody closes still goes
+  ARGV[2..] per delta, in the order of the keys, its way then its values:
+            'c' (owner-checked), the entry id of the delivery, its lease token (from start), the position (bytes of
+            output before this delta), the text, the tokens of the output up to and including it, and the expiry
+            (s) to give the stream with an attempt's first append ('' for the others: the attempt's timeout plus
+            the result TTL, so a stream nobody closes still goes);
+            'f' (fenced), the id to add with (`<ms>-*`), the id it must get, the position, the text, the tokens
 
-  Returns, per delta, {code, kept bytes after the call, cancel requested (1) or not (0)}
+  Returns 0 when every delta was fenced and written (the cheapest answer), else one reply per delta, in order:
+  a fenced one 0 (written) or -15 FENCED (nothing written; send it owner-checked); an owner-checked one
+  {code, kept bytes after the call, cancel requested (1) or not (0), id of the entry written ('' when none)}:
     0                appended, or already there (a resend)
     -1 NOT_FOUND     no such job
     -4 TERMINAL      the job has ended: nothing written
@@ -42,40 +56,98 @@
 local rcall = redis.call
 local maxBytes = tonumber(ARGV[1])
 
-local replies = {}
-for i = 0, #KEYS / 2 - 1 do
-  local jobKey, outKey = KEYS[1 + 2 * i], KEYS[2 + 2 * i]
-  local a = 2 + 6 * i
-  local entryId, lease, position, text, ttl = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], ARGV[a + 5]
-  local job = rcall('HMGET', jobKey, 'status', 'entry', 'lease', 'cancel', 'out')
-  local status = job[1]
-  local reply
-  if not status then
-    reply = {CODE_NOT_FOUND, 0, 0}
-  elseif TERMINAL[status] then
-    reply = {CODE_TERMINAL, 0, 0}
-  else
-    local cancel = (job[4] == '1') and 1 or 0
-    local kept = tonumber(job[5]) or 0
-    local size = #text
-    if status ~= 'running' or job[2] ~= entryId or job[3] ~= lease or lease == '' then
-      reply = {CODE_STALE_OWNER, 0, cancel}
-    elseif position + size <= kept then
-      reply = {0, kept, cancel}
-    elseif position ~= kept then
-      reply = {CODE_MISPLACED, kept, cancel}
-    elseif kept + size > maxBytes then
-      reply = {CODE_OUTPUT_FULL, kept, cancel}
-    else
-      local id = rcall('XADD', outKey, '*', 'p', position, 't', text, 'k', ARGV[a + 4])
-      rcall('SPUBLISH', outKey, id .. '\n' .. ARGV[a + 2] .. '\n' .. ARGV[a + 4] .. '\n' .. text)
-      rcall('HSET', jobKey, 'out', kept + size)
-      if ttl ~= '' then
-        rcall('EXPIRE', outKey, ttl)
-      end
-      reply = {0, kept + size, cancel}
+-- the bytes the stream keeps (where its last text entry ends: fences and an end entry hold no text), and that
+-- entry's id
+local function keptIn(outKey)
+  for _, entry in ipairs(rcall('XREVRANGE', outKey, '+', '-', 'COUNT', 8)) do
+    local fields = entry[2]
+    if fields[1] == 'p' then
+      return tonumber(fields[2]) + #fields[4], entry[1]
     end
   end
-  replies[i + 1] = reply
+  local kept, last = 0, ''
+  for _, entry in ipairs(rcall('XRANGE', outKey, '-', '+')) do  -- more than a few fences: rare
+    local fields = entry[2]
+    if fields[1] == 'p' then
+      kept, last = tonumber(fields[2]) + #fields[4], entry[1]
+    end
+  end
+  return kept, last
+end
+
+local function publish(outKey, id, position, tokens, text)
+  rcall('SPUBLISH', outKey, id .. '\n' .. position .. '\n' .. tokens .. '\n' .. text)
+end
+
+local function fenced(outKey, addId, fence, position, text, tokens)
+  local written, id = pcall(rcall, 'XADD', outKey, 'NOMKSTREAM', addId, 'p', position, 't', text, 'k', tokens)
+  if not written or id == fence then
+    if written then
+      publish(outKey, id, position, tokens, text)
+      return 0
+    end
+    return CODE_FENCED
+  end
+  if type(id) == 'string' then
+    rcall('XDEL', outKey, id)
+    local mine = rcall('XRANGE', outKey, fence, fence)[1]
+    if mine and mine[2][2] == position and mine[2][4] == text then
+      return 0  -- a copy of a write that was made (resent): already there
+    end
+  end
+  return CODE_FENCED
+end
+
+local function checked(jobKey, outKey, entryId, lease, position, text, tokens, ttl)
+  local job = rcall('HMGET', jobKey, 'status', 'entry', 'lease', 'cancel', 'out')
+  local status = job[1]
+  if not status then
+    return {CODE_NOT_FOUND, 0, 0, ''}
+  elseif TERMINAL[status] then
+    return {CODE_TERMINAL, 0, 0, ''}
+  end
+  local cancel = (job[4] == '1') and 1 or 0
+  if status ~= 'running' or job[2] ~= entryId or job[3] ~= lease or lease == '' then
+    return {CODE_STALE_OWNER, 0, cancel, ''}
+  end
+  local kept, last = 0, ''
+  if job[5] then
+    kept, last = keptIn(outKey)
+  end
+  local size = #text
+  position = tonumber(position)
+  if position + size <= kept then
+    return {0, kept, cancel, (position + size == kept) and last or ''}  -- a resend answers as the first run
+  elseif position ~= kept then
+    return {CODE_MISPLACED, kept, cancel, ''}
+  elseif kept + size > maxBytes then
+    return {CODE_OUTPUT_FULL, kept, cancel, ''}
+  end
+  local id = rcall('XADD', outKey, '*', 'p', position, 't', text, 'k', tokens)
+  publish(outKey, id, position, tokens, text)
+  rcall('HSET', jobKey, 'out', kept + size)
+  if ttl ~= '' then
+    rcall('EXPIRE', outKey, ttl)
+  end
+  return {0, kept + size, cancel, id}
+end
+
+local replies, all = {}, true
+local k, a = 1, 2
+while a <= #ARGV do
+  local reply
+  if ARGV[a] == 'f' then
+    reply = fenced(KEYS[k], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5])
+    k, a = k + 1, a + 6
+  else
+    reply = checked(KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
+                    ARGV[a + 6])
+    k, a = k + 2, a + 7
+  end
+  all = all and reply == 0
+  replies[#replies + 1] = reply
+end
+if all then
+  return 0
 end
 return replies

@@ -60,6 +60,14 @@ async def test_every_script_on_each_of_its_paths_answers_the_same_and_changes_no
     assert said.code == 0                                                           # appendoutput
     said = await output.append(q, first.job.id, first.entry_id, first.lease, 9, "x", 2, ttl_s=60, first=False)
     assert said.code == Code.MISPLACED                                              # appendoutput: misplaced
+    fenced = await output.fence(q, first.job.id, first.entry_id, first.lease, 60)
+    assert fenced.kept.text == "Hel"                                                # fenceoutput
+    said = await output.append(q, first.job.id, first.entry_id, first.lease, 3, "lo", 2, ttl_s=60, first=False,
+                               fence=fenced.fence)
+    assert said.code == 0                                                           # appendoutput: fenced
+    said = await output.append(q, first.job.id, first.entry_id, first.lease, 5, "!", 3, ttl_s=60, first=False,
+                               fence=fenced.fence)
+    assert said.code == Code.FENCED                                                 # appendoutput: fenced, refused
     assert await q.finish(first, JobStatus.SUCCEEDED, result=RESULT) is Outcome.WRITTEN    # finish
     await output.close(q, [first.job.id])                                           # closeoutput
     assert await q.finish(first, JobStatus.FAILED, error=ERROR) is Outcome.DUPLICATE       # finish: duplicate

@@ -51,7 +51,7 @@ def test_every_script_declares_its_keys_and_loads() -> None:
     names = {s.name for s in all_scripts()}
     assert names == {"enqueue", "start", "finish", "retry", "release", "renew", "cancel", "promote", "redrive",
                      "expire", "observe", "requeue", "skipevents", "webhooksecret", "ratelimit", "takewait",
-                     "givewait", "admit", "appendoutput", "closeoutput", "watchoutput"}
+                     "givewait", "admit", "appendoutput", "closeoutput", "watchoutput", "fenceoutput"}
     assert load("enqueue").min_keys == 7 and load("enqueue").max_keys is None
     assert load("renew").max_keys is None
 
