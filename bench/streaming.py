@@ -100,7 +100,7 @@ async def _streamed_once(q: Queue, n: int, appends: int, phase: Phase) -> dict[s
         for d in batch:
             follow(d)
         await asyncio.gather(*(pages[d.job.id] for d in batch))  # the first read of each
-        fences: dict[str, str | None] = {}
+        fences: dict[str, output.Fence | None] = {}
         for i in range(appends):
             for d in batch:
                 pages[d.job.id] = asyncio.ensure_future(readers[d.job.id].__anext__())

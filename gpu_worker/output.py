@@ -94,7 +94,7 @@ class OutputWriter:
 
     def __init__(self, queue: Any, delivery: Delivery, kept: Kept, *, live: bool, flush_ms: int, flush_tokens: int,
                  ttl_s: int, on_cancel: Callable[[], object] | None = None, appends: Appends | None = None,
-                 fence: str | None = None) -> None:
+                 fence: output.Fence | None = None) -> None:
         self.queue = queue
         self.appends = appends or Appends(queue)
         self.delivery = delivery
@@ -115,7 +115,7 @@ class OutputWriter:
         self._unsent_tokens = 0
         self._first = True
         self._fence = fence
-        """The stream id this attempt's next batch asks for (None: its next batch is owner-checked)."""
+        """What this attempt's next batch asks for (None: its next batch is owner-checked)."""
         self._last_flush: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None

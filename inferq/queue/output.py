@@ -39,6 +39,7 @@ from inferq.queue.output_writes import (  # noqa: F401 (the writes, named here a
     CLOSED_LINGER_MS,
     Appended,
     Delta,
+    Fence,
     Fenced,
     Kept,
     append,

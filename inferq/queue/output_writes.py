@@ -22,20 +22,36 @@ CLOSED_LINGER_MS = 60_000
 
 
 @dataclass(frozen=True)
+class Fence:
+    """What a writer's next fenced delta asks for: the stream id right after its last entry, and the stream's
+    length once the delta is added (nothing before it lost)."""
+
+    id: str
+    length: int
+
+    @classmethod
+    def after(cls, entry_id: str, length: int) -> Fence:
+        """The fence of the write after entry ``entry_id``, the stream then ``length`` entries long."""
+        ms, seq = entry_id.split("-")
+        return cls(f"{ms}-{int(seq) + 1}", length + 1)
+
+
+@dataclass(frozen=True)
 class Appended:
     """What an append answered: its code (0 or a :class:`~inferq.redis.scripting.Code`), the bytes the stream
-    keeps, whether cancellation was requested, and the id of the entry written ('' when none: the writer's next
-    delta is then owner-checked)."""
+    keeps, whether cancellation was requested, and the entry written with the stream's length then ('' when none:
+    the writer's next delta is then owner-checked)."""
 
     code: int
     kept: int
     cancel: bool
     entry: str = field(default="", compare=False)
+    length: int = field(default=0, compare=False)
 
     @property
-    def fence(self) -> str | None:
-        """The id the writer's next delta asks for: the one after the entry written."""
-        return next_id(self.entry) if self.entry else None
+    def fence(self) -> Fence | None:
+        """What the writer's next delta asks for: the id after the entry written."""
+        return Fence.after(self.entry, self.length) if self.entry else None
 
 
 @dataclass(frozen=True)
@@ -52,7 +68,7 @@ class Delta:
     tokens: int
     ttl_s: int
     first: bool
-    fence: str | None = None
+    fence: Fence | None = None
 
 
 @dataclass(frozen=True)
@@ -69,19 +85,13 @@ class Kept:
 
 @dataclass(frozen=True)
 class Fenced:
-    """What :func:`fence` answered: its code, the output kept before the fence, the id the delivery's first delta
-    asks for (None when refused), and whether cancellation was requested."""
+    """What :func:`fence` answered: its code, the output kept before the fence, what the delivery's first delta asks
+    for (None when refused), and whether cancellation was requested."""
 
     code: int
     kept: Kept
-    fence: str | None
+    fence: Fence | None
     cancel: bool = False
-
-
-def next_id(entry_id: str) -> str:
-    """The stream id right after ``entry_id`` (same milliseconds, next sequence)."""
-    ms, seq = entry_id.split("-")
-    return f"{ms}-{int(seq) + 1}"
 
 
 def append_call(queue: Any, items: Sequence[Delta]) -> tuple[str, list[str], list[Any]]:
@@ -92,7 +102,7 @@ def append_call(queue: Any, items: Sequence[Delta]) -> tuple[str, list[str], lis
     for d in items:
         if d.fence is not None:
             keys.append(queue.keys.out(d.job_id))
-            args += ["f", f"{d.fence.split('-')[0]}-*", d.fence, d.position, d.text, d.tokens]
+            args += ["f", d.fence.id, d.fence.length, d.position, d.text, d.tokens]
         else:
             keys += [queue.keys.job(d.job_id), queue.keys.out(d.job_id)]
             args += ["c", d.entry_id, d.lease, d.position, d.text, d.tokens, d.ttl_s if d.first else ""]
@@ -119,14 +129,15 @@ async def append_many(queue: Any, items: Sequence[Delta]) -> list[Appended]:
 
 def _answer(d: Delta, reply: Any) -> Appended:
     if isinstance(reply, list):  # owner-checked
-        return Appended(int(reply[0]), int(reply[1]), bool(int(reply[2])), _text(reply[3]))
-    if int(reply) == 0:  # fenced, written: the id it asked for
-        return Appended(0, d.position + len(d.text.encode()), False, d.fence or "")
+        entry = _text(reply[3])
+        return Appended(int(reply[0]), int(reply[1]), bool(int(reply[2])), entry, int(reply[4]) if entry else 0)
+    if int(reply) == 0 and d.fence is not None:  # fenced, written: the id it asked for
+        return Appended(0, d.position + len(d.text.encode()), False, d.fence.id, d.fence.length)
     return Appended(int(reply), 0, False)
 
 
 async def append(queue: Any, job_id: str, entry_id: str, lease: str, position: int, text: str, tokens: int, *,
-                 ttl_s: int, first: bool, fence: str | None = None) -> Appended:
+                 ttl_s: int, first: bool, fence: Fence | None = None) -> Appended:
     """Append ``text`` at byte ``position`` of the job's output, as the holder of delivery ``entry_id`` with
     ``lease`` (``fence``: the id it asks for instead); see ``appendoutput.lua``."""
     [appended] = await append_many(queue, [Delta(job_id, entry_id, lease, position, text, tokens, ttl_s, first,
@@ -143,7 +154,7 @@ async def fence(queue: Any, job_id: str, entry_id: str, lease: str, ttl_s: int) 
     if code != 0:
         return Fenced(code, Kept(), None)
     entries = [(_text(entry_id), _fields(fields)) for entry_id, fields in reply[3]]
-    return Fenced(0, kept_of(entries), next_id(_text(reply[1])), bool(int(reply[2])))
+    return Fenced(0, kept_of(entries), Fence.after(_text(reply[1]), len(entries) + 1), bool(int(reply[2])))
 
 
 def close_call(queue: Any, job_ids: Sequence[str]) -> tuple[str, list[str], list[Any]]:

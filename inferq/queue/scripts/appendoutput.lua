@@ -15,16 +15,17 @@
     failover lost the last appends). The entry's id is answered: the writer's fence for its next write. The job
     record's `out` is set (the bytes kept as of this write): a worker starting a later attempt fences and reads the
     kept output only when it is there. Also answers whether cancellation was requested.
-  - Fenced (the id this write must get, `<ms>-<seq>`, the one after the writer's last entry): one XADD with id
-    `<ms>-*`, no read of the record. Valkey numbers it after the stream's last entry, so it gets exactly the id
-    asked for only when the writer's last entry is still the stream's last: nothing was lost (a failover), nothing
-    came between (a later delivery's fence, fenceoutput.lua; the end entry, closeoutput.lua; a copy of this very
-    write, resent), and the stream is still there (NOMKSTREAM). Anything else adds nothing (an entry numbered
-    otherwise is deleted again at once) and answers FENCED: the writer sends the same delta owner-checked, which
-    says what holds. A later delivery always fences before it writes, so a writer whose lease went can never add
-    past it. The writer checks the most bytes itself (it sends the setting) and learns of a cancellation from its
-    lease renewal (at least once a second): a fenced write reads nothing but its stream. It costs Valkey about half
-    an owner-checked one (make bench ARGS="--only ST").
+  - Fenced (the writer's fence: the id after its last entry, and the stream's length once this is written): one
+    XADD with that id, which Valkey takes only when it is above the stream's last (a later delivery's fence,
+    fenceoutput.lua, and the end entry, closeoutput.lua, are above every id an earlier writer holds), then XLEN,
+    which says that nothing before it was lost (a failover that lost the last appends): no read of the record. An
+    id already taken by the same delta is a copy of this very write (resent): it answers as the first did and
+    changes nothing. Anything else adds nothing (an entry added after a loss is deleted again at once) and answers
+    FENCED: the writer sends the same delta owner-checked, which says what holds; a gone stream is not made again
+    (NOMKSTREAM). A later delivery always fences before it writes, so a writer whose lease went can never add past
+    it. The writer checks the most bytes itself (it sends the setting) and learns of a cancellation from its lease
+    renewal (at least once a second): a fenced write reads nothing but its stream. It costs Valkey about half an
+    owner-checked one (make bench ARGS="--only ST").
   Each delta written is also published (sharded pub/sub, SPUBLISH) on the channel named as the stream's key, as
   `<entry id>\n<p>\n<k>\n<t>`: a process that follows jobs' output (OutputFeed) takes it from there, one delivery to
   its one subscribed connection, instead of a blocked XREAD woken per delta and sent again. Only what was written is
@@ -40,11 +41,13 @@
             output before this delta), the text, the tokens of the output up to and including it, and the expiry
             (s) to give the stream with an attempt's first append ('' for the others: the attempt's timeout plus
             the result TTL, so a stream nobody closes still goes);
-            'f' (fenced), the id to add with (`<ms>-*`), the id it must get, the position, the text, the tokens
+            'f' (fenced), the id to add with, the stream's length once it is added, the position, the text, the
+            tokens
 
   Returns 0 when every delta was fenced and written (the cheapest answer), else one reply per delta, in order:
   a fenced one 0 (written) or -15 FENCED (nothing written; send it owner-checked); an owner-checked one
-  {code, kept bytes after the call, cancel requested (1) or not (0), id of the entry written ('' when none)}:
+  {code, kept bytes after the call, cancel requested (1) or not (0), id of the entry written ('' when none), and
+  with an id the stream's length}:
     0                appended, or already there (a resend)
     -1 NOT_FOUND     no such job
     -4 TERMINAL      the job has ended: nothing written
@@ -79,21 +82,22 @@ local function publish(outKey, id, position, tokens, text)
   rcall('SPUBLISH', outKey, id .. '\n' .. position .. '\n' .. tokens .. '\n' .. text)
 end
 
-local function fenced(outKey, addId, fence, position, text, tokens)
-  local written, id = pcall(rcall, 'XADD', outKey, 'NOMKSTREAM', addId, 'p', position, 't', text, 'k', tokens)
-  if not written or id == fence then
-    if written then
+local function fenced(outKey, fence, length, position, text, tokens)
+  local written, id = pcall(rcall, 'XADD', outKey, 'NOMKSTREAM', fence, 'p', position, 't', text, 'k', tokens)
+  if written and id then
+    if rcall('XLEN', outKey) == tonumber(length) then
       publish(outKey, id, position, tokens, text)
       return 0
     end
+    rcall('XDEL', outKey, id)  -- entries before it were lost (a failover): not after a gap
     return CODE_FENCED
   end
-  if type(id) == 'string' then
-    rcall('XDEL', outKey, id)
-    local mine = rcall('XRANGE', outKey, fence, fence)[1]
-    if mine and mine[2][2] == position and mine[2][4] == text then
-      return 0  -- a copy of a write that was made (resent): already there
-    end
+  if written then
+    return CODE_FENCED  -- no stream any more
+  end
+  local mine = rcall('XRANGE', outKey, fence, fence)[1]
+  if mine and mine[2][2] == position and mine[2][4] == text then
+    return 0  -- a copy of a write that was made (resent): already there
   end
   return CODE_FENCED
 end
@@ -117,7 +121,10 @@ local function checked(jobKey, outKey, entryId, lease, position, text, tokens, t
   local size = #text
   position = tonumber(position)
   if position + size <= kept then
-    return {0, kept, cancel, (position + size == kept) and last or ''}  -- a resend answers as the first run
+    if position + size == kept then  -- a resend answers as the first run
+      return {0, kept, cancel, last, rcall('XLEN', outKey)}
+    end
+    return {0, kept, cancel, ''}
   elseif position ~= kept then
     return {CODE_MISPLACED, kept, cancel, ''}
   elseif kept + size > maxBytes then
@@ -129,7 +136,7 @@ local function checked(jobKey, outKey, entryId, lease, position, text, tokens, t
   if ttl ~= '' then
     rcall('EXPIRE', outKey, ttl)
   end
-  return {0, kept + size, cancel, id}
+  return {0, kept + size, cancel, id, rcall('XLEN', outKey)}
 end
 
 local replies, all = {}, true

@@ -198,3 +198,80 @@ def test_the_first_choice_text_of_chat_and_completions() -> None:
     assert output.first_choice_text({"choices": [{"index": 1, "text": "b"}, {"index": 0, "text": "a"}]}) == "a"
     assert output.first_choice_text({"choices": [{"index": 0, "message": {"content": None}}]}) is None
     assert output.first_choice_text("text") is None
+
+
+async def test_a_fenced_append_asks_for_the_id_after_the_writers_last_and_reads_nothing_else(q: Queue) -> None:
+    d = await running(q)
+    first = await put(q, d, 0, "Hel", 1, first=True)
+    assert first == output.Appended(0, 3, False) and first.fence is not None
+    second = await output.append(q, d.job.id, "", "", 3, "lo", 2, ttl_s=600, first=False, fence=first.fence)
+    assert second == output.Appended(0, 5, False)
+    assert first.fence is not None and second.entry == first.fence.id
+    third = await output.append(q, d.job.id, "", "", 5, "!", 3, ttl_s=600, first=False, fence=second.fence)
+    assert third.code == 0
+    ids = [entry_id for entry_id, _ in await q.redis.xrange(q.keys.out(d.job.id))]
+    assert ids == [first.entry, second.entry, third.entry]
+    assert await output.kept(q, d.job.id) == output.Kept("Hello!", 3)
+
+
+async def test_a_later_delivery_fences_the_stream_and_an_earlier_writer_adds_nothing_after_it(q: Queue) -> None:
+    d = await running(q)
+    said = await put(q, d, 0, "Hel", 1, first=True)
+    said = await output.append(q, d.job.id, "", "", 3, "lo", 2, ttl_s=600, first=False, fence=said.fence)
+    await q.release(d)
+    [again], _ = await q.read("w2", 1)
+    # the earlier writer, its lease gone, still writes once before the fence: the fence's read includes it
+    late = await output.append(q, d.job.id, "", "", 5, " ", 3, ttl_s=600, first=False, fence=said.fence)
+    assert late.code == 0
+    fenced = await output.fence(q, again.job.id, again.entry_id, again.lease, 600)
+    assert fenced.code == 0 and fenced.kept == output.Kept("Hello ", 3)
+    # after the fence: neither of its ways adds anything
+    assert (await output.append(q, d.job.id, "", "", 6, "stale", 4, ttl_s=600, first=False, fence=late.fence)
+            ).code == Code.FENCED
+    assert (await put(q, d, 6, "stale", 4)).code == Code.STALE_OWNER
+    assert (await output.fence(q, d.job.id, d.entry_id, d.lease, 600)).code == Code.STALE_OWNER
+    ours = await output.append(q, again.job.id, "", "", 6, "world", 5, ttl_s=600, first=False, fence=fenced.fence)
+    assert ours.code == 0
+    assert await output.kept(q, d.job.id) == output.Kept("Hello world", 5)
+
+
+async def test_a_fenced_append_after_lost_entries_adds_nothing_and_the_writer_resends_owner_checked(q: Queue
+                                                                                                    ) -> None:
+    d = await running(q)
+    said = await put(q, d, 0, "abc", 1, first=True)
+    said = await output.append(q, d.job.id, "", "", 3, "def", 2, ttl_s=600, first=False, fence=said.fence)
+    # what a failover that lost the last append leaves: the stream as it was before it, its last id included
+    before = [(entry_id, fields) for entry_id, fields in await q.redis.xrange(q.keys.out(d.job.id))
+              if entry_id != said.entry]
+    await q.redis.delete(q.keys.out(d.job.id))
+    for entry_id, fields in before:
+        await q.redis.xadd(q.keys.out(d.job.id), fields, id=entry_id)
+    lost = await output.append(q, d.job.id, "", "", 6, "ghi", 3, ttl_s=600, first=False, fence=said.fence)
+    assert lost.code == Code.FENCED and await q.redis.xrange(q.keys.out(d.job.id)) == before
+    assert await put(q, d, 6, "ghi", 3) == output.Appended(Code.MISPLACED, 3, False)
+    assert (await put(q, d, 3, "defghi", 3)).code == 0
+    assert await output.kept(q, d.job.id) == output.Kept("abcdefghi", 3)
+
+
+async def test_a_fenced_append_to_a_closed_or_gone_stream_adds_nothing(q: Queue) -> None:
+    d = await running(q)
+    said = await put(q, d, 0, "abc", 1, first=True)
+    await q.finish(d, JobStatus.SUCCEEDED, result=result("abc"))
+    await output.close(q, [d.job.id])
+    closed = await q.redis.xrange(q.keys.out(d.job.id))
+    assert (await output.append(q, d.job.id, "", "", 3, "x", 2, ttl_s=600, first=False, fence=said.fence)
+            ).code == Code.FENCED
+    assert await q.redis.xrange(q.keys.out(d.job.id)) == closed
+    await q.redis.delete(q.keys.out(d.job.id))
+    assert (await output.append(q, d.job.id, "", "", 3, "x", 2, ttl_s=600, first=False, fence=said.fence)
+            ).code == Code.FENCED
+    assert not await q.redis.exists(q.keys.out(d.job.id))  # NOMKSTREAM: a gone stream is not made again
+
+
+async def test_a_fenced_append_past_the_most_bytes_is_answered_full_unsent(q: Queue) -> None:
+    q.settings = q.settings.replace(output_max_bytes=5)
+    d = await running(q)
+    said = await put(q, d, 0, "abc", 1, first=True)
+    full = await output.append(q, d.job.id, "", "", 3, "def", 2, ttl_s=600, first=False, fence=said.fence)
+    assert full == output.Appended(Code.OUTPUT_FULL, 3, False)
+    assert await output.kept(q, d.job.id) == output.Kept("abc", 1)
