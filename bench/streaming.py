@@ -63,11 +63,19 @@ CONCURRENT = 25
 Phase = Callable[[Queue, Callable[[], Awaitable[Any]], frozenset[str]], Awaitable[float]]
 
 
-def appends_per_job(rate: float, flush_ms: int) -> int:
+def appends_per_job(rate: float, flush_ms: int, flush_max_ms: int = 0) -> int:
     """Appends a streamed job of :data:`TOKENS` tokens makes at ``rate`` tokens/s: the first piece at once, then one
-    per interval while it runs."""
-    seconds = TOKENS / rate
-    return 1 + int(seconds * 1000 // flush_ms) if flush_ms else TOKENS
+    per interval while it runs, the interval doubling after each write from ``flush_ms`` up to ``flush_max_ms``
+    (gpu_worker/output.py)."""
+    if not flush_ms:
+        return TOKENS
+    end, at, interval, writes = TOKENS / rate * 1000, 0.0, float(flush_ms), 1
+    longest = max(flush_ms, flush_max_ms)
+    while at + interval <= end + 1e-6:
+        at += interval
+        writes += 1
+        interval = min(interval * 2, longest)
+    return writes
 
 
 # ---------------------------------------------------------------------- Valkey cost
@@ -228,7 +236,7 @@ async def _costs(server: instrcost.CallgrindValkey, n: int) -> dict[str, Any]:
     return {"unstreamed": plain, "streamed": streamed, "floor": floor}
 
 
-def valkey_cost(n: int, flush_ms: int) -> dict[str, Any]:
+def valkey_cost(n: int, flush_ms: int, flush_max_ms: int = 0) -> dict[str, Any]:
     why = instrcost.available()
     if why:
         return {"skipped": why}
@@ -246,11 +254,14 @@ def valkey_cost(n: int, flush_ms: int) -> dict[str, Any]:
     floor = counted["floor"]
     by_rate = {}
     for rate in RATES:
-        appends = appends_per_job(rate, flush_ms)
+        appends = appends_per_job(rate, flush_ms, flush_max_ms)
         total = fixed + appends * per_append
+        steady = appends_per_job(rate, flush_ms)  # every write INFERQ_OUTPUT_FLUSH_MS apart, none longer
         by_rate[str(rate)] = {
             "appends": appends, "kinstructions": round(total / 1000, 1),
             "ratio_to_unstreamed": round(total / plain, 2),
+            "appends_at_fixed_interval": steady,
+            "ratio_at_fixed_interval": round((fixed + steady * per_append) / plain, 2),
             # the unstreamed job plus only its writes at the floor: no watch, no first look, no close, no owner
             # check, no resend safety; what no protocol on these commands goes below
             "floor_ratio_to_unstreamed": round((plain + appends * floor["write_woken"]) / plain, 2),
@@ -263,7 +274,8 @@ def valkey_cost(n: int, flush_ms: int) -> dict[str, Any]:
     return {
         "method": f"{n} jobs per run, valkey-server under callgrind; the streamed job watched, {TOKENS} tokens "
                   f"({TEXT_BYTES} bytes) in {low} and {high} appends, each job followed by a reader (one blocking "
-                  f"XREAD woken per append); the cost a line in the appends; INFERQ_OUTPUT_FLUSH_MS={flush_ms}",
+                  f"XREAD woken per append); the cost a line in the appends; INFERQ_OUTPUT_FLUSH_MS={flush_ms}, "
+                  f"INFERQ_OUTPUT_FLUSH_MAX_MS={flush_max_ms}",
         "kinstructions_per_job": kilo,
         "kinstructions_per_append": round(per_append / 1000, 2),
         "floor_kinstructions_per_write": {k: round(v / 1000, 1) for k, v in floor.items()},
@@ -345,9 +357,9 @@ def time_to_first_token(requests: int, log_dir: Path) -> dict[str, Any]:
 
 
 def run(report: dict[str, Any], quick: bool = False) -> dict[str, Any]:
-    flush_ms = Settings().output_flush_ms
-    report["flush_ms"] = flush_ms
-    report["valkey_cost"] = valkey_cost(100 if quick else 200, flush_ms)
+    settings = Settings()
+    report["flush_ms"], report["flush_max_ms"] = settings.output_flush_ms, settings.output_flush_max_ms
+    report["valkey_cost"] = valkey_cost(100 if quick else 200, settings.output_flush_ms, settings.output_flush_max_ms)
     with tempfile.TemporaryDirectory(prefix="inferq-bench-st-") as tmp:
         report["ttft"] = time_to_first_token(20 if quick else 60, Path(tmp))
     return report
@@ -369,11 +381,14 @@ def render(part: dict[str, Any]) -> str:
         lines.append(f"Valkey cost: not measured ({cost['skipped']})")
     elif cost:
         rates = ", ".join(f"{r} tok/s: {v['appends']} appends, {v['kinstructions']:.0f} k, "
-                          f"{v['ratio_to_unstreamed']:.2f}x" for r, v in cost["by_decode_rate"].items())
+                          f"{v['ratio_to_unstreamed']:.2f}x (every write {part.get('flush_ms')} ms apart: "
+                          f"{v.get('appends_at_fixed_interval')}, {v.get('ratio_at_fixed_interval')}x)"
+                          for r, v in cost["by_decode_rate"].items())
         lines.append(f"Valkey instructions per {TOKENS}-token job (callgrind): unstreamed "
                      f"{cost['unstreamed_kinstructions']:.1f} k; streamed {cost['kinstructions_fixed']:.1f} k + "
                      f"{cost['kinstructions_per_append']:.2f} k per append (with its reader's wake); {rates} "
-                     f"[INFERQ_OUTPUT_FLUSH_MS={part.get('flush_ms')}]")
+                     f"[INFERQ_OUTPUT_FLUSH_MS={part.get('flush_ms')}, "
+                     f"INFERQ_OUTPUT_FLUSH_MAX_MS={part.get('flush_max_ms')}]")
         floor = cost.get("floor_kinstructions_per_write")
         if floor:
             goal = cost["by_decode_rate"].get(str(GOAL_RATE), {})

@@ -10,19 +10,21 @@ the stream before it writes (``fenceoutput.lua``), reading the kept output in th
 - only while someone watches the job (its record's ``watch``: the front door's ``stream: true``, or a reader of
   ``GET /v1/jobs/{id}/stream``, which the worker learns at the start or from a lease renewal: :meth:`go_live`). A job
   nobody watches costs Redis nothing more while it runs: its result has the whole text;
-- the first piece at once (the time to first token), then at most one write per ``INFERQ_OUTPUT_FLUSH_MS`` with
-  everything made meanwhile, or sooner once ``INFERQ_OUTPUT_FLUSH_TOKENS`` tokens wait: the Valkey cost of a streamed
-  job is bounded by its run time, not its tokens (docs/benchmarks.md). The intervals of every job of a worker end
-  on the same ticks (multiples of the interval on the event loop's clock), so their writes go together: one script
-  call for all (:class:`Appends`);
+- the first piece at once (the time to first token), then one write per interval with everything made meanwhile,
+  or sooner once ``INFERQ_OUTPUT_FLUSH_TOKENS`` tokens wait. The interval starts at ``INFERQ_OUTPUT_FLUSH_MS`` and
+  doubles after each write up to ``INFERQ_OUTPUT_FLUSH_MAX_MS``: a short answer comes in several pieces, and the
+  Valkey cost of a streamed job is bounded by its run time, not its tokens, within twice an unstreamed job's for a
+  10-second answer (docs/benchmarks.md, ST). The intervals of every job of a worker end on the same ticks
+  (multiples of ``INFERQ_OUTPUT_FLUSH_MS`` on the event loop's clock), so their writes go together: one script call
+  for all (:class:`Appends`);
 - an attempt that does not succeed (a retry, a timeout, a hand-back at shutdown) writes all it made before its
   outcome (:meth:`settle`), watched or not, so the next attempt continues after it and the deltas always spell the
   final text.
 
 Writing the output is best effort: a Redis fault delays a batch to the next flush, and nothing here fails a job or
-the worker (the result is written as always). An append's answer also says when cancellation was requested: the
-writer aborts the job at once (``on_cancel``), without waiting for the next lease renewal, so the model server
-stops generating for it within a flush.
+the worker (the result is written as always). An owner-checked append's answer also says when cancellation was
+requested: the writer aborts the job at once (``on_cancel``); a fenced one reads nothing but its stream, and the
+lease renewal (at least once a second) tells of a cancel then.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ async def output_for(queue: Any, settings: Settings, delivery: Delivery, body: d
         kept, fence = fenced.kept, fenced.fence
     return OutputWriter(queue, delivery, kept, live=job.watched, flush_ms=settings.output_flush_ms,
                         flush_tokens=settings.output_flush_tokens, ttl_s=ttl_s, on_cancel=on_cancel,
-                        appends=appends, fence=fence)
+                        appends=appends, fence=fence, flush_max_ms=settings.output_flush_max_ms)
 
 
 class OutputWriter:
@@ -94,7 +96,7 @@ class OutputWriter:
 
     def __init__(self, queue: Any, delivery: Delivery, kept: Kept, *, live: bool, flush_ms: int, flush_tokens: int,
                  ttl_s: int, on_cancel: Callable[[], object] | None = None, appends: Appends | None = None,
-                 fence: output.Fence | None = None) -> None:
+                 fence: output.Fence | None = None, flush_max_ms: int = 0) -> None:
         self.queue = queue
         self.appends = appends or Appends(queue)
         self.delivery = delivery
@@ -102,6 +104,8 @@ class OutputWriter:
         self.kept_tokens = kept.tokens
         self.live = live
         self.flush_s = flush_ms / 1000.0
+        self.flush_max_s = max(flush_ms, flush_max_ms) / 1000.0
+        """The longest interval: it starts at ``flush_s`` and doubles after each write up to this."""
         self.flush_tokens = flush_tokens
         self.ttl_s = ttl_s
         self.on_cancel = on_cancel
@@ -128,6 +132,12 @@ class OutputWriter:
         """When this attempt wrote its first token (``time.monotonic()``): with :attr:`made`, its rate."""
         self.expected: int | None = None
         """The tokens this attempt will write in all, when its backend said (:meth:`expect`)."""
+
+    @property
+    def interval_s(self) -> float:
+        """The interval after the last write: ``flush_s`` after the first, doubling after each, up to
+        ``flush_max_s``."""
+        return min(self.flush_s * 2 ** min(max(self.writes - 1, 0), 30), self.flush_max_s)
 
     @property
     def made(self) -> int:
@@ -202,9 +212,9 @@ class OutputWriter:
         if self._last_flush is None or not self.flush_s:
             self._start()  # the first piece at once: the time to first token
             return
-        # the first tick of the interval's multiples after the last write's interval: every job's writes on the
-        # same ticks, so they go together
-        due = (math.floor((self._last_flush + self.flush_s) / self.flush_s + 1e-9)) * self.flush_s
+        # the interval doubles after each write (the first piece's included), up to its longest; it ends on a tick
+        # of the shortest interval's multiples: every job's writes on the same ticks, so they go together
+        due = (math.floor((self._last_flush + self.interval_s) / self.flush_s + 1e-9)) * self.flush_s
         if due <= now:
             self._start()
         else:

@@ -48,8 +48,9 @@ def mock(**controls: Any) -> dict[str, Any]:
 
 
 def test_a_jobs_output_is_read_in_pieces_before_it_ends_and_spells_its_final_text(up: Emulator) -> None:
+    # written at once, then 0.5, 1.5 and 3.5 s in (the interval doubles): four pieces while it runs
     job = up.submit({"body": {"model": "mock", "messages": [{"role": "user", "content": WORDS}],
-                              "mock": {"latency_ms": 3000}}})
+                              "mock": {"latency_ms": 5000}}})
     pieces: list[str] = []
     pages_before_end = 0
     cursor = None

@@ -260,7 +260,9 @@ PRODUCTION_DEFAULTS: dict[str, str] = {
     "model": "none: the template deploys one queue (a model registry's stacks set it: scripts/gen_model_stacks.py)",
     "models": "none: one queue, INFERQ_QUEUE (a model registry's stacks set it)",
     "openai_api_key": "the vLLM sidecar on localhost takes no key",
-    "output_flush_ms": "a watched job's output written every 500 ms (docs/benchmarks.md, ST: its Valkey cost)",
+    "output_flush_ms": "a watched job's output written 500 ms after its first piece, then at doubling intervals",
+    "output_flush_max_ms": "the intervals between writes of output end at 2.5 s (docs/benchmarks.md, ST: its Valkey "
+                           "cost within twice an unstreamed job's)",
     "output_flush_tokens": "no early write by tokens: the interval alone bounds a streamed job's writes",
     "redis_max_connections": "1,000 connections per process, far above what one process holds",
     "redis_timeout_s": "2 s socket timeout: a frozen cache is a prompt 503, a failover's pause is waited out",

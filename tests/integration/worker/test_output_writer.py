@@ -1,6 +1,8 @@
 """The worker's side of a job's output (gpu_worker/output.py) against a real Valkey: nothing written while nobody
-watches, the first piece at once and the rest batched once watched, everything an attempt made written when it does
-not succeed, a cancellation learnt from an append, and a misplaced batch sent again from where the stream ends."""
+watches, the first piece at once and the rest batched once watched, at intervals that double up to their longest,
+everything an attempt made written when it does not succeed, a cancellation learnt from an append, later batches
+fenced, a refused or misplaced batch sent again from where the stream ends, and a later attempt that fences the
+stream against the writer of an earlier one."""
 
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ async def started(queue: Queue, **request: object) -> Delivery:
 
 
 def writer(queue: Queue, d: Delivery, *, live: bool, kept: Kept = Kept(), flush_ms: int = 10_000,
-           flush_tokens: int = 0, on_cancel: object = None) -> OutputWriter:
+           flush_tokens: int = 0, on_cancel: object = None, flush_max_ms: int = 0,
+           fence: output.Fence | None = None) -> OutputWriter:
     return OutputWriter(queue, d, kept, live=live, flush_ms=flush_ms, flush_tokens=flush_tokens, ttl_s=600,
-                        on_cancel=on_cancel)  # type: ignore[arg-type]
+                        on_cancel=on_cancel, flush_max_ms=flush_max_ms, fence=fence)  # type: ignore[arg-type]
 
 
 async def text_of(queue: Queue, job_id: str) -> str:
@@ -136,3 +139,94 @@ async def test_a_misplaced_batch_is_sent_again_from_where_the_stream_ends(queue:
     await queue.redis.hdel(queue.keys.job(d.job.id), "out")
     w.write("def")
     await eventually_async(lambda: _is(text_of(queue, d.job.id), "abcdef"), what="the resend")
+
+
+async def test_the_interval_doubles_after_each_write_up_to_its_longest(queue: Queue) -> None:
+    d = await started(queue, watch=True)
+    w = writer(queue, d, live=True, flush_ms=0, flush_max_ms=2500)
+    w.writes = 3
+    assert w.interval_s == 0  # with no interval there is nothing to double: every delta at once
+    w = writer(queue, d, live=True, flush_ms=500, flush_max_ms=2500)
+    intervals = []
+    for n in range(1, 7):
+        w.writes = n
+        intervals.append(w.interval_s)
+    assert intervals == [0.5, 1.0, 2.0, 2.5, 2.5, 2.5]
+    steady = writer(queue, d, live=True, flush_ms=500, flush_max_ms=0)  # at or below the interval: it stays
+    steady.writes = 5
+    assert steady.interval_s == 0.5
+
+
+async def test_the_next_write_waits_for_the_doubled_interval_on_a_tick_of_the_first(queue: Queue) -> None:
+    d = await started(queue, watch=True)
+    w = writer(queue, d, live=True, flush_ms=1000, flush_max_ms=60_000)
+    w.write("a")
+    await eventually_async(lambda: _wrote(w), what="the first piece")
+    for n in (1, 2, 3):
+        w.writes = n  # as after n writes
+        w._last_flush = asyncio.get_running_loop().time()
+        w.write("b")  # scheduled, not sent: the timer holds it
+        assert w._timer is not None
+        wait = w._timer.when() - w._last_flush
+        assert w.interval_s - 1.0 < wait <= w.interval_s and w._timer.when() % 1.0 < 1e-6
+        w._timer.cancel()
+        w._timer = None
+        w._unsent.clear()
+
+
+async def test_later_batches_are_fenced_each_asking_for_the_id_after_the_last(queue: Queue) -> None:
+    d = await started(queue, watch=True)
+    w = writer(queue, d, live=True, flush_ms=0)
+    for i, piece in enumerate(("one", " two", " three", " four")):
+        w.write(piece)
+        await eventually_async(lambda n=i + 1: _writes(w, n), what=f"write {i + 1}")
+    ids = [entry_id for entry_id, _ in await queue.redis.xrange(queue.keys.out(d.job.id))]
+    ms = {entry_id.split("-")[0] for entry_id in ids}
+    assert len(ids) == 4 and len(ms) == 1  # one owner-checked (its id by the server's clock), three fenced after it
+    assert [int(entry_id.split("-")[1]) for entry_id in ids] == list(range(int(ids[0].split("-")[1]), 4 + int(
+        ids[0].split("-")[1])))
+    assert await text_of(queue, d.job.id) == "one two three four"
+
+
+async def test_a_fenced_batch_refused_is_sent_again_owner_checked_from_where_the_stream_ends(queue: Queue) -> None:
+    d = await started(queue, watch=True)
+    w = writer(queue, d, live=True, flush_ms=0)
+    w.write("abc")
+    await eventually_async(lambda: _writes(w, 1), what="the first piece")
+    w.write("def")
+    await eventually_async(lambda: _writes(w, 2), what="the first fenced write")
+    # what a failover that lost the last append leaves: the stream as before it, its last id included
+    key = queue.keys.out(d.job.id)
+    [kept, _lost] = await queue.redis.xrange(key)
+    await queue.redis.delete(key)
+    await queue.redis.xadd(key, kept[1], id=kept[0])
+    w.write("ghi")
+    await eventually_async(lambda: _is(text_of(queue, d.job.id), "abcdefghi"), what="the resend")
+
+
+async def test_a_later_attempt_fences_the_stream_and_its_earlier_writer_writes_no_more(queue: Queue) -> None:
+    from gpu_worker.output import output_for
+
+    d = await started(queue, watch=True)
+    first = writer(queue, d, live=True, flush_ms=0)
+    first.write("Hello")
+    await eventually_async(lambda: _writes(first, 1), what="the first piece")
+    first.write(",")
+    await eventually_async(lambda: _writes(first, 2), what="a fenced write")
+    await queue.release(d)
+    [again], _ = await queue.read("w2", 1)
+    second = await output_for(queue, queue.settings, again, chat("hello"), 60.0, lambda: None)
+    assert second is not None and second.kept == "Hello,"
+    first.write(" stale")
+    await eventually_async(lambda: _writes(first, 3), what="the stale writer's fenced write")
+    await eventually_async(lambda: _writes(first, 4), what="its owner-checked resend, refused")
+    second.write(" world")
+    await eventually_async(lambda: _is(text_of(queue, d.job.id), "Hello, world"), what="the continuation")
+    first.write(" more")
+    await asyncio.sleep(0.05)  # proves the stopped writer sends nothing more
+    assert first.writes == 4 and await text_of(queue, d.job.id) == "Hello, world"
+
+
+async def _writes(w: OutputWriter, n: int) -> bool:
+    return w.writes >= n
+
