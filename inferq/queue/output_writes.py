@@ -105,7 +105,9 @@ def append_call(queue: Any, items: Sequence[Delta]) -> tuple[str, list[str], lis
             args += ["f", d.fence.id, d.fence.length, d.position, d.text, d.tokens]
         else:
             keys += [queue.keys.job(d.job_id), queue.keys.out(d.job_id)]
-            args += ["c", d.entry_id, d.lease, d.position, d.text, d.tokens, d.ttl_s if d.first else ""]
+            # an owner-checked write (an attempt's first, or a resend that may make the stream again) gives the
+            # stream its expiry
+            args += ["c", d.entry_id, d.lease, d.position, d.text, d.tokens, d.ttl_s]
     return ("appendoutput", keys, args)
 
 

@@ -39,8 +39,8 @@
   ARGV[2..] per delta, in the order of the keys, its way then its values:
             'c' (owner-checked), the entry id of the delivery, its lease token (from start), the position (bytes of
             output before this delta), the text, the tokens of the output up to and including it, and the expiry
-            (s) to give the stream with an attempt's first append ('' for the others: the attempt's timeout plus
-            the result TTL, so a stream nobody closes still goes);
+            (s) to give the stream ('' for none: the attempt's timeout plus the result TTL, so a stream nobody
+            closes still goes);
             'f' (fenced), the id to add with, the stream's length once it is added, the position, the text, the
             tokens
 
