@@ -60,9 +60,8 @@ SCRIPTING = ("evalsha", "script|load")
 SCRIPT_COMMANDS = (
     "del", "exists", "expire", "expireat", "get", "hdel", "hexists", "hget", "hgetall", "hincrby", "hlen", "hmget",
     "hset", "hsetnx", "hstrlen", "persist", "pexpire", "pexpireat", "pttl", "rpush", "set", "time", "xack", "xadd",
-    "spublish", "xclaim", "xdel", "xinfo|groups", "xlen", "xpending", "xrange", "xrevrange", "xsetid", "xtrim",
-    "zadd", "zcard", "zcount", "zpopmax", "zrange", "zrangebyscore", "zrem", "zremrangebylex", "zremrangebyscore",
-    "zscore",
+    "spublish", "xclaim", "xdel", "xinfo|groups", "xlen", "xpending", "xrange", "xrevrange", "xtrim", "zadd", "zcard",
+    "zcount", "zpopmax", "zrange", "zrangebyscore", "zrem", "zremrangebylex", "zremrangebyscore", "zscore",
 )
 """What inferq/queue/scripts/*.lua call (redis.call): allowed to every role, which all run scripts (SPUBLISH: a job's
 output, on its channel in :data:`CHANNEL_PATTERN`)."""
