@@ -196,7 +196,7 @@ class OutputReader:
         (the job as it is). ``fresh``: the job as this process just queued it (no output yet, and watched if it
         is to be): the first page is that job, with no read, unless subscribing took longer than
         :data:`CATCH_UP_AFTER_S` (a cluster client waits for its reader's poll): then the job may have written
-        already, and the stream is read at once."""
+        already, and its stream (not its record: the job is as queued unless the stream ended) is read at once."""
         deadline = None if wait_s is None else time.monotonic() + wait_s
         feed = self.queue.output_feed
         followed: Followed | None = None
@@ -205,10 +205,12 @@ class OutputReader:
             followed = await feed.follow(self._out)  # before the first read: nothing published after it is missed
         except ResponseError:
             pass  # the cache refuses sharded pub/sub (logged once by the feed): a blocked XREAD per page, as before
-        if followed is not None and time.monotonic() - subscribing > CATCH_UP_AFTER_S:
-            fresh = None
+        catch_up = followed is not None and time.monotonic() - subscribing > CATCH_UP_AFTER_S
         try:
             page = Page(fresh, cursor) if fresh is not None else await self.read(cursor)
+            if fresh is not None and catch_up and self._apply(page, await self._range(cursor)):
+                page.job = await self._read_job()  # it ended meanwhile
+                page = await self._finish(page) if page.job is not None else page
             if followed is not None and (page.job is None or page.done):
                 await feed.leave(followed)  # the last page: nothing more to follow, whenever the caller closes
             yield page

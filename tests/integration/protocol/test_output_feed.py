@@ -272,3 +272,18 @@ async def test_a_follower_slow_to_subscribe_reads_what_its_fresh_job_wrote_meanw
     await put(q, d, 5, " on")
     assert (await asyncio.wait_for(nxt, 10.0)).deltas == [{"index": 1, "delta": " on"}]
     await pages.aclose()
+
+
+async def test_a_follower_slow_to_subscribe_to_a_fresh_job_that_ended_meanwhile_gets_its_whole_text(
+        q: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = await running(q)
+    await put(q, d, 0, "early")
+    body = {"object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "early and late"}, "finish_reason": "stop"}]}
+    await q.finish(d, JobStatus.SUCCEEDED, result={"status_code": 200, "body": body})
+    await output.close(q, [d.job.id])
+    monkeypatch.setattr(output, "CATCH_UP_AFTER_S", 0.0)  # every subscription "slow"
+    pages = OutputReader(q, d.job.id, "t", slice_s=30.0).follow(Cursor(), fresh=d.job)
+    first = await asyncio.wait_for(pages.__anext__(), 10.0)
+    assert first.done and "".join(delta["delta"] for delta in first.deltas) == "early and late"
+    await pages.aclose()
