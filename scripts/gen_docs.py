@@ -73,6 +73,19 @@ SETTING_DOCS: dict[str, str] = {
     "tenant_max_depth": "Unfinished jobs of one tenant past which that tenant's submits get 429, beside the global "
     "`INFERQ_MAX_QUEUE_DEPTH`. 0: no per-tenant limit.",
     "max_body_bytes": "Largest request body the gateway reads; above it 413, before any parsing.",
+    "output_flush_ms": "A worker writes a watched job's output to Redis at most once per this many milliseconds (the "
+    "first piece at once, for the time to first token): the deltas made meanwhile go in one write, every "
+    "job's at once. The interval doubles after each write, up to `INFERQ_OUTPUT_FLUSH_MAX_MS`: a short "
+    "answer comes in several pieces, a long one costs few writes. Each write, with its delivery to a "
+    "following gateway, costs Valkey about a tenth of a whole unstreamed job (docs/benchmarks.md, ST). "
+    "Lower it for smoother streams at that price. 0: every delta at once.",
+    "output_flush_max_ms": "The longest interval between a worker's writes of a watched job's output: the interval "
+    "starts at `INFERQ_OUTPUT_FLUSH_MS` and doubles after each write up to this. At the defaults a 10-second answer "
+    "makes 6 writes (at 0, 0.5, 1.5, 3.5, 6 and 8.5 s) and costs Valkey under twice an unstreamed job "
+    "(docs/benchmarks.md, ST); a fixed 500 ms (this set to 500) makes 21 and costs about 3.3 times. At or "
+    "below `INFERQ_OUTPUT_FLUSH_MS` (0 included): the interval stays `INFERQ_OUTPUT_FLUSH_MS`.",
+    "output_flush_tokens": "A worker writes a running job's output early, before its interval is over, once this "
+    "many tokens are waiting. 0: by time only.",
     "result_ttl_s": "How long a terminal job's record (its result) is kept; also how long an idempotency key is "
     "kept from the submit, and how far back the dead-letter stream reaches.",
     "inline_max_bytes": "Largest request or result kept inline in the job record; larger payloads go to S3 "

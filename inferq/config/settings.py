@@ -265,37 +265,10 @@ class Settings:
             "its result. The stream's text goes when the job ends.",
         },
     )
-    output_flush_ms: int = field(
-        default=500,
-        metadata={
-            "parse": _int(0, 60_000),
-            "doc": "A worker writes a watched job's output to Redis at most once per this many milliseconds (the "
-            "first piece at once, for the time to first token): the deltas made meanwhile go in one write, every "
-            "job's at once. The interval doubles after each write, up to `INFERQ_OUTPUT_FLUSH_MAX_MS`: a short "
-            "answer comes in several pieces, a long one costs few writes. Each write, with its delivery to a "
-            "following gateway, costs Valkey about a tenth of a whole unstreamed job (docs/benchmarks.md, ST). "
-            "Lower it for smoother streams at that price. 0: every delta at once.",
-        },
-    )
-    output_flush_max_ms: int = field(
-        default=2500,
-        metadata={
-            "parse": _int(0, 600_000),
-            "doc": "The longest interval between a worker's writes of a watched job's output: the interval starts at "
-            "`INFERQ_OUTPUT_FLUSH_MS` and doubles after each write up to this. At the defaults a 10-second answer "
-            "makes 6 writes (at 0, 0.5, 1.5, 3.5, 6 and 8.5 s) and costs Valkey under twice an unstreamed job "
-            "(docs/benchmarks.md, ST); a fixed 500 ms (this set to 500) makes 21 and costs about 3.3 times. At or "
-            "below `INFERQ_OUTPUT_FLUSH_MS` (0 included): the interval stays `INFERQ_OUTPUT_FLUSH_MS`.",
-        },
-    )
-    output_flush_tokens: int = field(
-        default=0,
-        metadata={
-            "parse": _int(0, 1_000_000),
-            "doc": "A worker writes a running job's output early, before `INFERQ_OUTPUT_FLUSH_MS` is over, once this "
-            "many tokens are waiting. 0: by time only.",
-        },
-    )
+    # a watched job's output: the first piece at once, then intervals doubling from the first to the longest
+    output_flush_ms: int = _setting(500, _int(0, 60_000))
+    output_flush_max_ms: int = _setting(2500, _int(0, 600_000))
+    output_flush_tokens: int = _setting(0, _int(0, 1_000_000))
     sync_wait_s: float = field(
         default=25.0,
         metadata={
