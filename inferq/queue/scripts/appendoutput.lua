@@ -130,13 +130,19 @@ local function checked(jobKey, outKey, entryId, lease, position, text, tokens, t
   elseif kept + size > maxBytes then
     return {CODE_OUTPUT_FULL, kept, cancel, ''}
   end
-  local id = rcall('XADD', outKey, '*', 'p', position, 't', text, 'k', tokens)
+  local id, length
+  if job[5] then
+    id = rcall('XADD', outKey, '*', 'p', position, 't', text, 'k', tokens)
+    length = rcall('XLEN', outKey)
+  else  -- the job's first output: whatever the stream still holds (an end entry before a redrive) goes
+    id, length = rcall('XADD', outKey, 'MAXLEN', 1, '*', 'p', position, 't', text, 'k', tokens), 1
+  end
   publish(outKey, id, position, tokens, text)
   rcall('HSET', jobKey, 'out', kept + size)
   if ttl ~= '' then
     rcall('EXPIRE', outKey, ttl)
   end
-  return {0, kept + size, cancel, id, rcall('XLEN', outKey)}
+  return {0, kept + size, cancel, id, length}
 end
 
 local replies, all = {}, true

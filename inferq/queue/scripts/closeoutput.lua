@@ -33,8 +33,7 @@ for i = 0, #KEYS / 2 - 1 do
   else
     if job[2] then
       rcall('HDEL', jobKey, 'out')
-      rcall('XTRIM', outKey, 'MAXLEN', 0)
-      local id = rcall('XADD', outKey, '*', 'end', status)
+      local id = rcall('XADD', outKey, 'MAXLEN', 1, '*', 'end', status)  -- the end entry alone stays
       rcall('SPUBLISH', outKey, id .. '\nend\n' .. status)
       rcall('PEXPIRE', outKey, ARGV[1])
     end
