@@ -86,6 +86,8 @@ async def output_for(queue: Any, settings: Settings, delivery: Delivery, body: d
     if job.has_output:  # fenced first: a writer of an earlier delivery adds nothing after what is read here
         fenced = await output.fence(queue, job.id, delivery.entry_id, delivery.lease, ttl_s)
         kept, fence = fenced.kept, fenced.fence
+        if fenced.cancel:
+            on_cancel()
     return OutputWriter(queue, delivery, kept, live=job.watched, flush_ms=settings.output_flush_ms,
                         flush_tokens=settings.output_flush_tokens, ttl_s=ttl_s, on_cancel=on_cancel,
                         appends=appends, fence=fence, flush_max_ms=settings.output_flush_max_ms)
@@ -128,6 +130,8 @@ class OutputWriter:
         """Whether the job has output in its stream (kept, or written here): it is closed once the job ends."""
         self.writes = 0
         """Appends sent (tests, benchmarks)."""
+        self._written = 0
+        """Appends that wrote: the interval doubles after each."""
         self.first_at: float | None = None
         """When this attempt wrote its first token (``time.monotonic()``): with :attr:`made`, its rate."""
         self.expected: int | None = None
@@ -137,7 +141,7 @@ class OutputWriter:
     def interval_s(self) -> float:
         """The interval after the last write: ``flush_s`` after the first, doubling after each, up to
         ``flush_max_s``."""
-        return min(self.flush_s * 2 ** min(max(self.writes - 1, 0), 30), self.flush_max_s)
+        return min(self.flush_s * 2 ** min(max(self._written - 1, 0), 30), self.flush_max_s)
 
     @property
     def made(self) -> int:
@@ -259,6 +263,7 @@ class OutputWriter:
         if appended.code == 0:
             self._sent = appended.kept
             self.wrote = True
+            self._written += 1
         elif appended.code == Code.FENCED:  # the stream is not as this writer left it: owner-checked, at once
             self._unsent.insert(0, text)
             self._unsent_tokens += batch_tokens

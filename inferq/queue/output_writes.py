@@ -150,8 +150,10 @@ async def append(queue: Any, job_id: str, entry_id: str, lease: str, position: i
 async def fence(queue: Any, job_id: str, entry_id: str, lease: str, ttl_s: int) -> Fenced:
     """Fence the job's output stream for the delivery ``entry_id`` holding ``lease`` and read the output kept
     before the fence (``fenceoutput.lua``): what a later attempt continues after."""
-    reply = await queue.scripts("fenceoutput", [queue.keys.job(job_id), queue.keys.out(job_id)],
-                                [entry_id, lease, ttl_s])
+    # replicated (INFERQ_REDIS_WAIT_REPLICAS): a failover that kept the delivery's start must keep its fence too, or
+    # a writer of an earlier delivery could write again where the fence was
+    [reply] = await queue._write([("fenceoutput", [queue.keys.job(job_id), queue.keys.out(job_id)],
+                                   [entry_id, lease, ttl_s])], replicated=True)
     code = int(reply[0])
     if code != 0:
         return Fenced(code, Kept(), None)

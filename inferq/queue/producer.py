@@ -322,7 +322,7 @@ class Producer(QueueCore):
         under the same limits as :meth:`enqueue`. A job that killed the model server (``engine_died``) is an
         operator's to redrive (``operator``), else OperatorOnly; ``any_tenant``: another tenant's job too."""
         keys = [*self.keys.fair_lanes, self.keys.stats, self.keys.dlq, self.keys.tenants, self.keys.job(job_id),
-                self.keys.done(job_id), self.keys.dlq_index]
+                self.keys.done(job_id), self.keys.dlq_index, self.keys.out(job_id)]
         args = [tenant, now or now_ms(), new_token(), self.settings.max_queue_depth, self.settings.tenant_max_depth,
                 "1" if operator else "0", "1" if any_tenant else "0", self.fair_flag]
         [reply] = await self._write([("redrive", keys, args)], replicated=True)

@@ -25,7 +25,9 @@
     (NOMKSTREAM). A later delivery always fences before it writes, so a writer whose lease went can never add past
     it. The writer checks the most bytes itself (it sends the setting) and learns of a cancellation from its lease
     renewal (at least once a second): a fenced write reads nothing but its stream. It costs Valkey about half an
-    owner-checked one (make bench ARGS="--only ST").
+    owner-checked one (make bench ARGS="--only ST"). So a job ended by someone else than its writer (a reclaim past
+    its most deliveries dead-letters it) may take its writer's fenced writes until that writer's next renewal, on a
+    stream nobody closes; a job that did not succeed has no final text for them to disagree with.
   Each delta written is also published (sharded pub/sub, SPUBLISH) on the channel named as the stream's key, as
   `<entry id>\n<p>\n<k>\n<t>`: a process that follows jobs' output (OutputFeed) takes it from there, one delivery to
   its one subscribed connection, instead of a blocked XREAD woken per delta and sent again. Only what was written is

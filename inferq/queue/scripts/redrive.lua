@@ -17,6 +17,8 @@
   KEYS[13] job record
   KEYS[14] done (long-poll wakeup)
   KEYS[15] dlq index (per tenant: keys.dlq_index)
+  KEYS[16] the job's output stream: a redriven job starts its output again (nothing an earlier run kept, or a closed
+           stream's end entry, is left for its first write to follow; closeoutput.lua, appendoutput.lua)
 
   ARGV[1] tenant
   ARGV[2] now (ms)
@@ -91,7 +93,8 @@ rcall('DEL', doneKey)
 -- strikes: the engine deaths counted against it (retry.lua); the cause is fixed, so a redriven job starts clean.
 -- run_ms, gpu_ms: its dead-lettering counted them in its usage (includes/meter); the next ending counts only its own
 rcall('HDEL', jobKey, 'result', 'error', 'last_error', 'started_at', 'finished_at', 'dlq_entry', 'cancel', 'worker',
-  'expires_at', 'lease', 'strikes', 'run_ms', 'gpu_ms')
+  'expires_at', 'lease', 'strikes', 'run_ms', 'gpu_ms', 'out')
+rcall('DEL', KEYS[16])
 local laneAt = 1
 for i, name in ipairs(LANE_KEYS) do
   if name == job[7] then

@@ -275,3 +275,37 @@ async def test_a_fenced_append_past_the_most_bytes_is_answered_full_unsent(q: Qu
     full = await output.append(q, d.job.id, "", "", 3, "def", 2, ttl_s=600, first=False, fence=said.fence)
     assert full == output.Appended(Code.OUTPUT_FULL, 3, False)
     assert await output.kept(q, d.job.id) == output.Kept("abc", 1)
+
+
+async def test_a_redriven_job_starts_its_output_again(q: Queue) -> None:
+    d = await running(q)
+    said = await put(q, d, 0, "first run", 1, first=True)
+    assert said.code == 0
+    error = {"type": "server_error", "message": "boom"}
+    assert (await q.retry(d, delay_ms=0, error=error, dead_letter="max_attempts")).value == "dead_lettered"
+    await q.redrive("t", d.job.id)  # the stream was never closed: its worker wrote, then the job was dead-lettered
+    assert not await q.redis.exists(q.keys.out(d.job.id))
+    [again], _ = await q.read("w2", 1)
+    assert not again.job.has_output  # nothing kept to continue after: its first write starts the stream afresh
+    first = await put(q, again, 0, "second", 1, first=True)
+    assert first.code == 0 and first.length == 1
+    assert await output.kept(q, d.job.id) == output.Kept("second", 1)
+
+
+async def test_a_fence_is_written_as_the_delivery_start_is_when_replicas_must_acknowledge(q: Queue) -> None:
+    d = await running(q)
+    await put(q, d, 0, "kept", 1, first=True)
+    await q.release(d)
+    [again], _ = await q.read("w2", 1)
+    calls: list[int] = []
+    real = q.scripts.replicated
+
+    async def counted(calls_: list[tuple[str, list[str], list[object]]], replicas: int, timeout_ms: int
+                      ) -> list[object]:
+        calls.append(replicas)
+        return await real(calls_, 0, timeout_ms)  # no replica here: WAIT 0 answers at once
+
+    q.settings = q.settings.replace(redis_wait_replicas=1)
+    q.scripts.replicated = counted  # type: ignore[method-assign]
+    fenced = await output.fence(q, again.job.id, again.entry_id, again.lease, 600)
+    assert fenced.code == 0 and fenced.kept.text == "kept" and calls == [1]

@@ -144,16 +144,16 @@ async def test_a_misplaced_batch_is_sent_again_from_where_the_stream_ends(queue:
 async def test_the_interval_doubles_after_each_write_up_to_its_longest(queue: Queue) -> None:
     d = await started(queue, watch=True)
     w = writer(queue, d, live=True, flush_ms=0, flush_max_ms=2500)
-    w.writes = 3
+    w._written = 3
     assert w.interval_s == 0  # with no interval there is nothing to double: every delta at once
     w = writer(queue, d, live=True, flush_ms=500, flush_max_ms=2500)
     intervals = []
     for n in range(1, 7):
-        w.writes = n
+        w._written = n
         intervals.append(w.interval_s)
     assert intervals == [0.5, 1.0, 2.0, 2.5, 2.5, 2.5]
     steady = writer(queue, d, live=True, flush_ms=500, flush_max_ms=0)  # at or below the interval: it stays
-    steady.writes = 5
+    steady._written = 5
     assert steady.interval_s == 0.5
 
 
@@ -163,7 +163,7 @@ async def test_the_next_write_waits_for_the_doubled_interval_on_a_tick_of_the_fi
     w.write("a")
     await eventually_async(lambda: _wrote(w), what="the first piece")
     for n in (1, 2, 3):
-        w.writes = n  # as after n writes
+        w._written = n  # as after n writes
         w._last_flush = asyncio.get_running_loop().time()
         w.write("b")  # scheduled, not sent: the timer holds it
         assert w._timer is not None
