@@ -177,9 +177,7 @@ async def test_the_next_write_waits_for_the_doubled_interval_on_a_tick_of_the_fi
 async def test_later_batches_are_fenced_each_asking_for_the_id_after_the_last(queue: Queue) -> None:
     d = await started(queue, watch=True)
     w = writer(queue, d, live=True, flush_ms=0)
-    for i, piece in enumerate(("one", " two", " three", " four")):
-        w.write(piece)
-        await eventually_async(lambda n=i + 1: _writes(w, n), what=f"write {i + 1}")
+    await wrote_each(w, "one", " two", " three", " four")
     ids = [entry_id for entry_id, _ in await queue.redis.xrange(queue.keys.out(d.job.id))]
     ms = {entry_id.split("-")[0] for entry_id in ids}
     assert len(ids) == 4 and len(ms) == 1  # one owner-checked (its id by the server's clock), three fenced after it
@@ -191,10 +189,7 @@ async def test_later_batches_are_fenced_each_asking_for_the_id_after_the_last(qu
 async def test_a_fenced_batch_refused_is_sent_again_owner_checked_from_where_the_stream_ends(queue: Queue) -> None:
     d = await started(queue, watch=True)
     w = writer(queue, d, live=True, flush_ms=0)
-    w.write("abc")
-    await eventually_async(lambda: _writes(w, 1), what="the first piece")
-    w.write("def")
-    await eventually_async(lambda: _writes(w, 2), what="the first fenced write")
+    await wrote_each(w, "abc", "def")  # the first owner-checked, the second fenced
     # what a failover that lost the last append leaves: the stream as before it, its last id included
     key = queue.keys.out(d.job.id)
     [kept, _lost] = await queue.redis.xrange(key)
@@ -209,10 +204,7 @@ async def test_a_later_attempt_fences_the_stream_and_its_earlier_writer_writes_n
 
     d = await started(queue, watch=True)
     first = writer(queue, d, live=True, flush_ms=0)
-    first.write("Hello")
-    await eventually_async(lambda: _writes(first, 1), what="the first piece")
-    first.write(",")
-    await eventually_async(lambda: _writes(first, 2), what="a fenced write")
+    await wrote_each(first, "Hello", ",")
     await queue.release(d)
     [again], _ = await queue.read("w2", 1)
     second = await output_for(queue, queue.settings, again, chat("hello"), 60.0, lambda: None)
@@ -229,4 +221,12 @@ async def test_a_later_attempt_fences_the_stream_and_its_earlier_writer_writes_n
 
 async def _writes(w: OutputWriter, n: int) -> bool:
     return w.writes >= n
+
+
+async def wrote_each(w: OutputWriter, *pieces: str) -> None:
+    """Write each piece and wait until the writer has sent it (``flush_ms=0``: a write each)."""
+    for piece in pieces:
+        sent = w.writes + 1
+        w.write(piece)
+        await eventually_async(lambda sent=sent: _writes(w, sent), what=f"the write of {piece!r}")
 
