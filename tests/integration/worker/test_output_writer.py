@@ -214,8 +214,8 @@ async def test_a_later_attempt_fences_the_stream_and_its_earlier_writer_writes_n
     await eventually_async(lambda: _writes(first, 4), what="its owner-checked resend, refused")
     second.write(" world")
     await eventually_async(lambda: _is(text_of(queue, d.job.id), "Hello, world"), what="the continuation")
-    first.write(" more")
-    await asyncio.sleep(0.05)  # proves the stopped writer sends nothing more
+    first.write(" more")  # a stopped writer schedules nothing: no write under way, none due
+    assert first._task is None and first._timer is None
     assert first.writes == 4 and await text_of(queue, d.job.id) == "Hello, world"
 
 
