@@ -116,8 +116,8 @@ async def _streamed_once(q: Queue, n: int, appends: int, phase: Phase) -> dict[s
             await asyncio.sleep(0)  # the readers block on their streams first
             # as the worker writes: the first owner-checked, each later one fenced by the id of the one before
             answers = await output.append_many(q, [
-                output.Delta(d.job.id, d.entry_id, d.lease, i * len(piece), piece, i + 1, 600, i == 0,
-                             fences.get(d.job.id)) for d in batch])
+                output.Delta(d.job.id, d.entry_id, d.lease, i * len(piece), piece, i + 1, 600, fences.get(d.job.id))
+                for d in batch])
             assert all(a.code == 0 for a in answers), answers
             fences = {d.job.id: a.fence for d, a in zip(batch, answers, strict=True)}
             await asyncio.gather(*(pages[d.job.id] for d in batch))  # each woken, its page read

@@ -119,7 +119,6 @@ class OutputWriter:
         """Bytes the stream holds, as far as its answers said."""
         self._unsent: list[str] = []
         self._unsent_tokens = 0
-        self._first = True
         self._fence = fence
         """What this attempt's next batch asks for (None: its next batch is owner-checked)."""
         self._last_flush: float | None = None
@@ -245,7 +244,7 @@ class OutputWriter:
         d = self.delivery
         try:
             appended = await self.appends(output.Delta(d.job.id, d.entry_id, d.lease, self._sent, text, tokens,
-                                                       self.ttl_s, self._first, self._fence))
+                                                       self.ttl_s, self._fence))
         except Exception as exc:
             if classify(exc) is Fault.BUG:
                 log.exception("writing the output failed; the job goes on without streaming")
@@ -255,7 +254,6 @@ class OutputWriter:
             self._unsent_tokens += batch_tokens
             return
         self.writes += 1
-        self._first = False
         if appended.cancel and self.on_cancel is not None:
             on_cancel, self.on_cancel = self.on_cancel, None
             on_cancel()

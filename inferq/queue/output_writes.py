@@ -56,9 +56,8 @@ class Appended:
 
 @dataclass(frozen=True)
 class Delta:
-    """One delta to append: whose (the job, and the delivery's entry and lease), where, what, whether it is the
-    attempt's first append (which gives the stream its expiry, ``ttl_s``), and the id it asks for (``fence``;
-    None: owner-checked)."""
+    """One delta to append: whose (the job, and the delivery's entry and lease), where, what, the stream's expiry
+    (``ttl_s``, given by an owner-checked write), and what it asks for (``fence``; None: owner-checked)."""
 
     job_id: str
     entry_id: str
@@ -67,7 +66,6 @@ class Delta:
     text: str
     tokens: int
     ttl_s: int
-    first: bool
     fence: Fence | None = None
 
 
@@ -139,10 +137,10 @@ def _answer(d: Delta, reply: Any) -> Appended:
 
 
 async def append(queue: Any, job_id: str, entry_id: str, lease: str, position: int, text: str, tokens: int, *,
-                 ttl_s: int, first: bool, fence: Fence | None = None) -> Appended:
+                 ttl_s: int, fence: Fence | None = None) -> Appended:
     """Append ``text`` at byte ``position`` of the job's output, as the holder of delivery ``entry_id`` with
     ``lease`` (``fence``: the id it asks for instead); see ``appendoutput.lua``."""
-    [appended] = await append_many(queue, [Delta(job_id, entry_id, lease, position, text, tokens, ttl_s, first,
+    [appended] = await append_many(queue, [Delta(job_id, entry_id, lease, position, text, tokens, ttl_s,
                                                  fence)])
     return appended
 

@@ -43,8 +43,7 @@ class Worker:
     async def say(self, text: str) -> None:
         d = self.delivery
         assert d is not None
-        appended = await output.append(self.queue, d.job.id, d.entry_id, d.lease, self.position, text, 1, ttl_s=600,
-                                       first=self.position == 0)
+        appended = await output.append(self.queue, d.job.id, d.entry_id, d.lease, self.position, text, 1, ttl_s=600)
         assert appended.code == 0
         self.position = appended.kept
 

@@ -23,9 +23,8 @@ async def running(q: Queue, consumer: str = "w1") -> Delivery:
     return delivery
 
 
-async def put(q: Queue, d: Delivery, position: int, text: str, tokens: int = 1, first: bool = False
-              ) -> output.Appended:
-    return await output.append(q, d.job.id, d.entry_id, d.lease, position, text, tokens, ttl_s=600, first=first)
+async def put(q: Queue, d: Delivery, position: int, text: str, tokens: int = 1) -> output.Appended:
+    return await output.append(q, d.job.id, d.entry_id, d.lease, position, text, tokens, ttl_s=600)
 
 
 def result(text: str) -> dict[str, object]:
@@ -35,7 +34,7 @@ def result(text: str) -> dict[str, object]:
 
 async def test_appends_are_placed_by_position_and_a_reader_follows_them(q: Queue) -> None:
     d = await running(q)
-    assert await put(q, d, 0, "Hel", 1, first=True) == output.Appended(0, 3, False)
+    assert await put(q, d, 0, "Hel", 1) == output.Appended(0, 3, False)
     assert await put(q, d, 3, "lo ✓", 2) == output.Appended(0, 9, False)  # bytes, not characters
     assert (await q.get(d.job.id)).has_output  # type: ignore[union-attr]
     reader = OutputReader(q, d.job.id, "t")
@@ -67,10 +66,10 @@ async def test_only_the_holder_of_a_running_delivery_may_append(q: Queue) -> Non
     # reclaimed by another worker (claim_idle_ms=0): the first holder's appends write nothing more
     [taken], _ = await q.reclaim("w2", 1)
     assert (await put(q, d, 4, "two")).code == Code.STALE_OWNER
-    assert await put(q, taken, 4, "two", first=True) == output.Appended(0, 7, False)
+    assert await put(q, taken, 4, "two") == output.Appended(0, 7, False)
     assert await q.finish(taken, JobStatus.SUCCEEDED, result=result("one two")) is not None
     assert (await put(q, taken, 7, "!")).code == Code.TERMINAL
-    assert (await output.append(q, "job_none", "1-1", "x", 0, "a", 1, ttl_s=60, first=True)).code == Code.NOT_FOUND
+    assert (await output.append(q, "job_none", "1-1", "x", 0, "a", 1, ttl_s=60)).code == Code.NOT_FOUND
 
 
 async def test_an_append_answers_a_cancellation_request(q: Queue) -> None:
@@ -115,7 +114,7 @@ async def test_a_job_that_goes_on_keeps_its_output_for_the_next_attempt(q: Queue
     assert again.job.has_output
     kept = await output.kept(q, again.job.id)
     assert kept == output.Kept("Hello", 2) and kept.size == 5
-    assert (await put(q, again, kept.size, " world", 3, first=True)).code == 0
+    assert (await put(q, again, kept.size, " world", 3)).code == 0
     page = await OutputReader(q, d.job.id, "t").read(Cursor())
     assert "".join(x["delta"] for x in page.deltas) == "Hello world"
 
@@ -202,12 +201,12 @@ def test_the_first_choice_text_of_chat_and_completions() -> None:
 
 async def test_a_fenced_append_asks_for_the_id_after_the_writers_last_and_reads_nothing_else(q: Queue) -> None:
     d = await running(q)
-    first = await put(q, d, 0, "Hel", 1, first=True)
+    first = await put(q, d, 0, "Hel", 1)
     assert first == output.Appended(0, 3, False) and first.fence is not None
-    second = await output.append(q, d.job.id, "", "", 3, "lo", 2, ttl_s=600, first=False, fence=first.fence)
+    second = await output.append(q, d.job.id, "", "", 3, "lo", 2, ttl_s=600, fence=first.fence)
     assert second == output.Appended(0, 5, False)
     assert first.fence is not None and second.entry == first.fence.id
-    third = await output.append(q, d.job.id, "", "", 5, "!", 3, ttl_s=600, first=False, fence=second.fence)
+    third = await output.append(q, d.job.id, "", "", 5, "!", 3, ttl_s=600, fence=second.fence)
     assert third.code == 0
     ids = [entry_id for entry_id, _ in await q.redis.xrange(q.keys.out(d.job.id))]
     assert ids == [first.entry, second.entry, third.entry]
@@ -216,21 +215,21 @@ async def test_a_fenced_append_asks_for_the_id_after_the_writers_last_and_reads_
 
 async def test_a_later_delivery_fences_the_stream_and_an_earlier_writer_adds_nothing_after_it(q: Queue) -> None:
     d = await running(q)
-    said = await put(q, d, 0, "Hel", 1, first=True)
-    said = await output.append(q, d.job.id, "", "", 3, "lo", 2, ttl_s=600, first=False, fence=said.fence)
+    said = await put(q, d, 0, "Hel", 1)
+    said = await output.append(q, d.job.id, "", "", 3, "lo", 2, ttl_s=600, fence=said.fence)
     await q.release(d)
     [again], _ = await q.read("w2", 1)
     # the earlier writer, its lease gone, still writes once before the fence: the fence's read includes it
-    late = await output.append(q, d.job.id, "", "", 5, " ", 3, ttl_s=600, first=False, fence=said.fence)
+    late = await output.append(q, d.job.id, "", "", 5, " ", 3, ttl_s=600, fence=said.fence)
     assert late.code == 0
     fenced = await output.fence(q, again.job.id, again.entry_id, again.lease, 600)
     assert fenced.code == 0 and fenced.kept == output.Kept("Hello ", 3)
     # after the fence: neither of its ways adds anything
-    assert (await output.append(q, d.job.id, "", "", 6, "stale", 4, ttl_s=600, first=False, fence=late.fence)
+    assert (await output.append(q, d.job.id, "", "", 6, "stale", 4, ttl_s=600, fence=late.fence)
             ).code == Code.FENCED
     assert (await put(q, d, 6, "stale", 4)).code == Code.STALE_OWNER
     assert (await output.fence(q, d.job.id, d.entry_id, d.lease, 600)).code == Code.STALE_OWNER
-    ours = await output.append(q, again.job.id, "", "", 6, "world", 5, ttl_s=600, first=False, fence=fenced.fence)
+    ours = await output.append(q, again.job.id, "", "", 6, "world", 5, ttl_s=600, fence=fenced.fence)
     assert ours.code == 0
     assert await output.kept(q, d.job.id) == output.Kept("Hello world", 5)
 
@@ -238,15 +237,15 @@ async def test_a_later_delivery_fences_the_stream_and_an_earlier_writer_adds_not
 async def test_a_fenced_append_after_lost_entries_adds_nothing_and_the_writer_resends_owner_checked(q: Queue
                                                                                                     ) -> None:
     d = await running(q)
-    said = await put(q, d, 0, "abc", 1, first=True)
-    said = await output.append(q, d.job.id, "", "", 3, "def", 2, ttl_s=600, first=False, fence=said.fence)
+    said = await put(q, d, 0, "abc", 1)
+    said = await output.append(q, d.job.id, "", "", 3, "def", 2, ttl_s=600, fence=said.fence)
     # what a failover that lost the last append leaves: the stream as it was before it, its last id included
     before = [(entry_id, fields) for entry_id, fields in await q.redis.xrange(q.keys.out(d.job.id))
               if entry_id != said.entry]
     await q.redis.delete(q.keys.out(d.job.id))
     for entry_id, fields in before:
         await q.redis.xadd(q.keys.out(d.job.id), fields, id=entry_id)
-    lost = await output.append(q, d.job.id, "", "", 6, "ghi", 3, ttl_s=600, first=False, fence=said.fence)
+    lost = await output.append(q, d.job.id, "", "", 6, "ghi", 3, ttl_s=600, fence=said.fence)
     assert lost.code == Code.FENCED and await q.redis.xrange(q.keys.out(d.job.id)) == before
     assert await put(q, d, 6, "ghi", 3) == output.Appended(Code.MISPLACED, 3, False)
     assert (await put(q, d, 3, "defghi", 3)).code == 0
@@ -255,15 +254,15 @@ async def test_a_fenced_append_after_lost_entries_adds_nothing_and_the_writer_re
 
 async def test_a_fenced_append_to_a_closed_or_gone_stream_adds_nothing(q: Queue) -> None:
     d = await running(q)
-    said = await put(q, d, 0, "abc", 1, first=True)
+    said = await put(q, d, 0, "abc", 1)
     await q.finish(d, JobStatus.SUCCEEDED, result=result("abc"))
     await output.close(q, [d.job.id])
     closed = await q.redis.xrange(q.keys.out(d.job.id))
-    assert (await output.append(q, d.job.id, "", "", 3, "x", 2, ttl_s=600, first=False, fence=said.fence)
+    assert (await output.append(q, d.job.id, "", "", 3, "x", 2, ttl_s=600, fence=said.fence)
             ).code == Code.FENCED
     assert await q.redis.xrange(q.keys.out(d.job.id)) == closed
     await q.redis.delete(q.keys.out(d.job.id))
-    assert (await output.append(q, d.job.id, "", "", 3, "x", 2, ttl_s=600, first=False, fence=said.fence)
+    assert (await output.append(q, d.job.id, "", "", 3, "x", 2, ttl_s=600, fence=said.fence)
             ).code == Code.FENCED
     assert not await q.redis.exists(q.keys.out(d.job.id))  # NOMKSTREAM: a gone stream is not made again
 
@@ -271,15 +270,15 @@ async def test_a_fenced_append_to_a_closed_or_gone_stream_adds_nothing(q: Queue)
 async def test_a_fenced_append_past_the_most_bytes_is_answered_full_unsent(q: Queue) -> None:
     q.settings = q.settings.replace(output_max_bytes=5)
     d = await running(q)
-    said = await put(q, d, 0, "abc", 1, first=True)
-    full = await output.append(q, d.job.id, "", "", 3, "def", 2, ttl_s=600, first=False, fence=said.fence)
+    said = await put(q, d, 0, "abc", 1)
+    full = await output.append(q, d.job.id, "", "", 3, "def", 2, ttl_s=600, fence=said.fence)
     assert full == output.Appended(Code.OUTPUT_FULL, 3, False)
     assert await output.kept(q, d.job.id) == output.Kept("abc", 1)
 
 
 async def test_a_redriven_job_starts_its_output_again(q: Queue) -> None:
     d = await running(q)
-    said = await put(q, d, 0, "first run", 1, first=True)
+    said = await put(q, d, 0, "first run", 1)
     assert said.code == 0
     error = {"type": "server_error", "message": "boom"}
     assert (await q.retry(d, delay_ms=0, error=error, dead_letter="max_attempts")).value == "dead_lettered"
@@ -287,14 +286,14 @@ async def test_a_redriven_job_starts_its_output_again(q: Queue) -> None:
     assert not await q.redis.exists(q.keys.out(d.job.id))
     [again], _ = await q.read("w2", 1)
     assert not again.job.has_output  # nothing kept to continue after: its first write starts the stream afresh
-    first = await put(q, again, 0, "second", 1, first=True)
+    first = await put(q, again, 0, "second", 1)
     assert first.code == 0 and first.length == 1
     assert await output.kept(q, d.job.id) == output.Kept("second", 1)
 
 
 async def test_a_fence_is_written_as_the_delivery_start_is_when_replicas_must_acknowledge(q: Queue) -> None:
     d = await running(q)
-    await put(q, d, 0, "kept", 1, first=True)
+    await put(q, d, 0, "kept", 1)
     await q.release(d)
     [again], _ = await q.read("w2", 1)
     calls: list[int] = []

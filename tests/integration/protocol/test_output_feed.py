@@ -31,8 +31,7 @@ async def running(q: Queue) -> Delivery:
 
 
 async def put(q: Queue, d: Delivery, position: int, text: str) -> None:
-    appended = await output.append(q, d.job.id, d.entry_id, d.lease, position, text, position + 1, ttl_s=600,
-                                   first=position == 0)
+    appended = await output.append(q, d.job.id, d.entry_id, d.lease, position, text, position + 1, ttl_s=600)
     assert appended.code == 0
 
 

@@ -56,16 +56,16 @@ async def test_every_script_on_each_of_its_paths_answers_the_same_and_changes_no
     assert await q.renew("w1", [first, second]) == [Lease.HELD, Lease.HELD]       # renew
     assert await output.watch(q, first.job.id, "t")                                 # watchoutput
     assert await q.renew("w1", [first]) == [Lease.WATCHED]                          # renew: watched
-    said = await output.append(q, first.job.id, first.entry_id, first.lease, 0, "Hel", 1, ttl_s=60, first=True)
+    said = await output.append(q, first.job.id, first.entry_id, first.lease, 0, "Hel", 1, ttl_s=60)
     assert said.code == 0                                                           # appendoutput
-    said = await output.append(q, first.job.id, first.entry_id, first.lease, 9, "x", 2, ttl_s=60, first=False)
+    said = await output.append(q, first.job.id, first.entry_id, first.lease, 9, "x", 2, ttl_s=60)
     assert said.code == Code.MISPLACED                                              # appendoutput: misplaced
     fenced = await output.fence(q, first.job.id, first.entry_id, first.lease, 60)
     assert fenced.kept.text == "Hel"                                                # fenceoutput
-    said = await output.append(q, first.job.id, first.entry_id, first.lease, 3, "lo", 2, ttl_s=60, first=False,
+    said = await output.append(q, first.job.id, first.entry_id, first.lease, 3, "lo", 2, ttl_s=60,
                                fence=fenced.fence)
     assert said.code == 0                                                           # appendoutput: fenced
-    said = await output.append(q, first.job.id, first.entry_id, first.lease, 5, "!", 3, ttl_s=60, first=False,
+    said = await output.append(q, first.job.id, first.entry_id, first.lease, 5, "!", 3, ttl_s=60,
                                fence=fenced.fence)
     assert said.code == Code.FENCED                                                 # appendoutput: fenced, refused
     assert await q.finish(first, JobStatus.SUCCEEDED, result=RESULT) is Outcome.WRITTEN    # finish

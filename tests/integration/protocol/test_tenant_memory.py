@@ -101,7 +101,7 @@ async def test_the_most_one_tenant_can_hold_at_the_deployed_defaults_is_what_the
         flushes = DEFAULTS.max_attempts * JOB_TIMEOUT_S * 1000 // DEFAULTS.output_flush_ms
         size = OUTPUT // flushes
         deltas = [output.Delta(stream_job.id, streaming.entry_id, streaming.lease, i * size, "x" * size, i + 1,
-                               3600, i == 0) for i in range(flushes)]
+                               3600) for i in range(flushes)]
         for first_delta in range(0, flushes, 1000):
             assert {a.code for a in await output.append_many(q, deltas[first_delta:first_delta + 1000])} == {0}
         stream = int(await q.redis.memory_usage(q.keys.out(stream_job.id), samples=0) or 0)
