@@ -49,8 +49,8 @@ from inferq.queue.output_writes import (  # noqa: F401 (the writes, named here a
     close_call,
     entry_delta,
     fence,
-    is_refusal,
     kept,
+    pairs,
     watch,
 )
 from inferq.redis.connection import pipelined
@@ -186,7 +186,7 @@ class OutputReader:
             return page, False, False
         if not page.job.watched and not page.job.status.terminal and self.tenant is not None:
             await watch(self.queue, self.job_id, self.tenant)  # its worker writes its output from now on
-        return page, self._apply(page, _pairs(entries)), len(entries) >= PAGE_ENTRIES
+        return page, self._apply(page, pairs(entries)), len(entries) >= PAGE_ENTRIES
 
     async def follow(self, cursor: Cursor, wait_s: float | None = None, *, fresh: Job | None = None) -> Any:
         """Pages as the output arrives, until the job ends (the last page is ``done``) or ``wait_s`` passes (None:
@@ -251,7 +251,7 @@ class OutputReader:
 
     async def _range(self, cursor: Cursor) -> list[tuple[str, dict[str, str]]]:
         entries = await self.queue.redis.xrange(self._out, cursor.after, "+", count=PAGE_ENTRIES)
-        return _pairs(entries)
+        return pairs(entries)
 
     # ------------------------------------------------------------------ parts
 
@@ -311,13 +311,3 @@ class OutputReader:
             page.deltas.append({"index": cursor.index, "delta": raw[cursor.offset:].decode(errors="replace")})
             page.cursor = Cursor(cursor.entry, len(raw), cursor.index + 1)
         return page
-
-
-def _pairs(entries: Any) -> list[tuple[str, dict[str, str]]]:
-    """``XRANGE``'s answer through :func:`pipelined` as ``[(id, fields)]``, decoded or not."""
-    out = []
-    for entry_id, fields in entries or ():
-        if isinstance(fields, list):  # a raw pipelined reply: flat field/value list
-            fields = dict(zip(fields[::2], fields[1::2], strict=True))
-        out.append((entry_id, fields))
-    return out

@@ -129,7 +129,7 @@ async def append_many(queue: Any, items: Sequence[Delta]) -> list[Appended]:
 
 def _answer(d: Delta, reply: Any) -> Appended:
     if isinstance(reply, list):  # owner-checked
-        entry = _text(reply[3])
+        entry = reply[3]
         return Appended(int(reply[0]), int(reply[1]), bool(int(reply[2])), entry, int(reply[4]) if entry else 0)
     if int(reply) == 0 and d.fence is not None:  # fenced, written: the id it asked for
         return Appended(0, d.position + len(d.text.encode()), False, d.fence.id, d.fence.length)
@@ -155,8 +155,8 @@ async def fence(queue: Any, job_id: str, entry_id: str, lease: str, ttl_s: int) 
     code = int(reply[0])
     if code != 0:
         return Fenced(code, Kept(), None)
-    entries = [(_text(entry_id), _fields(fields)) for entry_id, fields in reply[3]]
-    return Fenced(0, kept_of(entries), Fence.after(_text(reply[1]), len(entries) + 1), bool(int(reply[2])))
+    entries = pairs(reply[3])
+    return Fenced(0, kept_of(entries), Fence.after(reply[1], len(entries) + 1), bool(int(reply[2])))
 
 
 def close_call(queue: Any, job_ids: Sequence[str]) -> tuple[str, list[str], list[Any]]:
@@ -210,16 +210,13 @@ def entry_delta(fields: dict[str, str]) -> tuple[int, str, int] | None:
     return int(at), said, int(fields.get("k") or 0)
 
 
-def is_refusal(code: int) -> bool:
-    """An append the writer should stop after (the job is not its to write any more, or the stream is full)."""
-    return code in (Code.NOT_FOUND, Code.TERMINAL, Code.STALE_OWNER, Code.OUTPUT_FULL)
 
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _fields(fields: Any) -> dict[str, str]:
-    """A script's entry fields (a flat list, bytes or not) as a dict of str."""
-    flat = [_text(v) for v in fields]
-    return dict(zip(flat[::2], flat[1::2], strict=True))
+def pairs(entries: Any) -> list[tuple[str, dict[str, str]]]:
+    """Stream entries as ``[(id, fields)]``: an ``XRANGE`` through :func:`~inferq.redis.connection.pipelined`, or a
+    script's, answers each entry's fields as a flat field/value list."""
+    out = []
+    for entry_id, fields in entries or ():
+        if isinstance(fields, list):
+            fields = dict(zip(fields[::2], fields[1::2], strict=True))
+        out.append((entry_id, fields))
+    return out
